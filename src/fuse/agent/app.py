@@ -1,0 +1,91 @@
+"""The host agent's FastAPI app: the public host API."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+
+from .. import http_errors
+from ..auth import bearer_checker
+from . import probe as probe_mod
+
+
+@dataclass
+class AgentConfig:
+    state_dir: Path
+    token: str | None = None
+    backend: str = "qemu"
+    max_vms: int | None = None
+    reserve_mib: int = 256
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def agent_id(state_dir: Path) -> str:
+    """A stable identity for this agent, so a controller that reaches one
+    machine under two names can tell (usage counts it once)."""
+    path = state_dir / "agent-id"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex + "\n")
+    return path.read_text().strip()
+
+
+def _vm_manager(cfg: AgentConfig):
+    """The VM manager, when the VM layer is present (it holds the live
+    figures); None keeps the probe-only agent working."""
+    try:
+        from .vms import VmManager
+    except ImportError:
+        return None
+    return VmManager(cfg.state_dir, backend=cfg.backend, ram_mb=cfg.facts["ram_mb"], cpus=cfg.facts["cpus"],
+                     max_vms=cfg.max_vms, reserve_mib=cfg.reserve_mib)
+
+
+def create_app(cfg: AgentConfig) -> FastAPI:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.facts:
+        cfg.facts = probe_mod.probe(cfg.state_dir)
+    ident = agent_id(cfg.state_dir)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        vms = _vm_manager(cfg)
+        app.state.vms = vms
+        app.state.events = getattr(vms, "events", None)
+        if vms is not None:
+            await vms.start()
+        try:
+            yield
+        finally:
+            if vms is not None:
+                await vms.close()
+
+    app = FastAPI(title="fuse host agent", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(bearer_checker(cfg.token))])
+    http_errors.install(app)
+    app.state.config = cfg
+
+    @app.get("/v1/host", summary="Describe this host: probed hardware and live room.")
+    async def get_host(request: Request) -> dict[str, Any]:
+        facts = dict(cfg.facts)
+        facts["storage_gb"] = probe_mod.storage_gb(cfg.state_dir)
+        live = {"free_vcpus": facts["cpus"], "free_mem_mib": max(0, probe_mod.mem_available_mb() - cfg.reserve_mib),
+                "vm_count": 0, "memory_pressure": False, "bundles": []}
+        vms = getattr(request.app.state, "vms", None)
+        if vms is not None:
+            live.update(vms.summary())
+        return {"agent_id": ident, "backend": cfg.backend,
+                "platform": f"linux/{facts['arch']}/{cfg.backend}",
+                "max_vms": cfg.max_vms, **facts, **live}
+
+    try:
+        from .api.vms import router as vms_router
+    except ImportError:
+        vms_router = None
+    if vms_router is not None:
+        app.include_router(vms_router)
+    return app

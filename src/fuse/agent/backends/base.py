@@ -1,0 +1,163 @@
+"""The backend interface: how the VM manager runs one VM on some hypervisor.
+
+A backend is stateless between calls. Everything it needs to find a VM
+again (pid file, API/QMP socket, console log, state files) lives in the VM's
+directory, named by ``BootSpec`` — that is what lets a restarted agent adopt
+VMs it did not start in this process.
+
+    start(spec)  -> pid        boot from the bundle
+    pid(spec)    -> pid|None   the live process, checked against pid reuse
+    stop(spec)                 kill; returns once no process is left
+    sleep(spec)  -> files      write memory + device state, stop the process
+    wake(spec)   -> pid        start from the state files, resume the guest
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONSOLE = "console.log"
+STATE_DIR = "state"
+
+
+class BackendError(RuntimeError):
+    """A hypervisor operation failed (the message says how)."""
+
+
+@dataclass(frozen=True)
+class BootSpec:
+    """Everything needed to (re)build a VM's process, identical on wake.
+
+    ``platform`` is fixed when the VM is created (accelerator, machine, guest
+    TSC frequency) and travels with the VM when it moves, because a VM must
+    wake on the command line it slept with.
+    """
+
+    name: str
+    vm_dir: Path
+    vcpus: int
+    mem_mib: int
+    entry: str
+    kernel: Path
+    initrd: Path
+    platform: dict[str, Any] = field(default_factory=dict)
+    drives: tuple[Path, ...] = ()
+
+    @property
+    def console(self) -> Path:
+        return self.vm_dir / CONSOLE
+
+    @property
+    def state_dir(self) -> Path:
+        return self.vm_dir / STATE_DIR
+
+
+class Backend(ABC):
+    """One hypervisor. Subclasses implement the lifecycle; see the module doc."""
+
+    name: str = ""
+
+    @abstractmethod
+    def platform(self) -> dict[str, Any]:
+        """The platform a new VM gets on this host (``backend``, ``arch``,
+        ``machine``, ``accel``, ...)."""
+
+    def incompatible(self, platform: dict[str, Any]) -> str | None:
+        """Why a VM that slept on ``platform`` cannot wake here, or None."""
+        mine = self.platform()
+        for key in ("backend", "arch", "machine", "accel"):
+            if platform.get(key) != mine.get(key):
+                return f"platform {key} is {platform.get(key)!r} there, {mine.get(key)!r} here"
+        return None
+
+    @abstractmethod
+    async def start(self, spec: BootSpec) -> int: ...
+
+    @abstractmethod
+    def pid(self, spec: BootSpec) -> int | None: ...
+
+    @abstractmethod
+    async def stop(self, spec: BootSpec) -> None: ...
+
+    @abstractmethod
+    async def sleep(self, spec: BootSpec) -> list[str]:
+        """Write state files into ``spec.state_dir``; return their names."""
+
+    @abstractmethod
+    async def wake(self, spec: BootSpec) -> int: ...
+
+
+# -- process helpers shared by backends --------------------------------------
+
+def process_alive(pid: int | None, marker: str) -> bool:
+    """True when ``pid`` is a live (non-zombie) process whose command line
+    contains ``marker`` (the VM's directory) — so a recycled pid is never
+    mistaken for our VM."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # The state letter follows the parenthesised command name.
+    if stat[stat.rindex(")") + 2] in "ZX":
+        return False
+    return marker.encode() in cmdline
+
+
+def read_pidfile(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def kill_and_wait(pid: int | None, marker: str, timeout: float = 10.0) -> None:
+    """SIGKILL the process and wait until it is gone (or a zombie, which
+    holds no memory and is reaped by its parent)."""
+    if not process_alive(pid, marker):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    await wait_gone(pid, marker, timeout)
+
+
+async def wait_gone(pid: int | None, marker: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while process_alive(pid, marker):
+        if time.monotonic() > deadline:
+            raise BackendError(f"process {pid} did not exit within {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of a process, in seconds (None once it is gone)."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # fields[0] is the state (field 3); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def get_backend(name: str, **kwargs: Any) -> Backend:
+    """The backend registered under ``name`` (explicit registry, no discovery)."""
+    if name == "qemu":
+        from .qemu import QemuBackend
+        return QemuBackend(**kwargs)
+    if name == "firecracker":
+        from .firecracker import FirecrackerBackend
+        return FirecrackerBackend(**kwargs)
+    raise ValueError(f"unknown backend {name!r} (qemu, firecracker)")

@@ -1,0 +1,252 @@
+"""QEMU backend: microvm + the bundle's uncompressed kernel, KVM or TCG.
+
+Facts this relies on are measured in QEMU-NOTES.md:
+
+- QEMU runs with ``-daemonize -pidfile``: the launching call returns only
+  once the QMP socket listens (or with QEMU's own error), and the VM is
+  never a child of the agent, so it outlives an agent restart and every VM
+  (started here or adopted) is watched the same way, by pid.
+- KVM is used only when a short boot probe proves it runs the bundle's
+  kernel: nested PVM KVMs answer ``/dev/kvm`` yet cannot boot Debian kernels.
+  Otherwise TCG, which needs ``tsc_early_khz`` on microvm.
+- Sleep is an ``exec:`` migration to a file (QEMU 7.2 has no ``file:``);
+  wake is the identical command line plus ``-incoming`` from that file,
+  then ``cont``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp import QMPClient
+
+from ..bundle import Bundle
+from .base import (Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile,
+                   wait_gone)
+
+QEMU = "qemu-system-x86_64"
+STATE_FILE = "state.bin"
+# x86 COMMAND_LINE_SIZE is 2048; base64 grows the entry by 4/3 and the fixed
+# arguments take ~150 bytes.
+MAX_ENTRY_BYTES = 1300
+_KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 pci=off i8042.noaux i8042.nokbd"
+
+
+def host_tsc_khz() -> int:
+    """The host's TSC frequency in kHz, which TCG guests on microvm need
+    (they hang calibrating it otherwise). The kernel log has the exact
+    figure; /proc/cpuinfo's clock is the fallback."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+        if m := re.search(r"tsc: (?:Refined TSC clocksource calibration|Detected): ([\d.]+) MHz", log):
+            return int(float(m.group(1)) * 1000)
+    with contextlib.suppress(OSError):
+        if m := re.search(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text()):
+            return int(float(m.group(1)) * 1000)
+    return 2_000_000
+
+
+def qemu_version() -> str:
+    out = subprocess.run([QEMU, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"version (\S+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def qmp_path(vm_dir: Path) -> Path:
+    """The VM's QMP socket. Unix socket paths are limited to 108 bytes, so a
+    deep state dir gets a short, deterministic path under the temp dir (the
+    same on adoption)."""
+    path = vm_dir / "qmp.sock"
+    if len(str(path)) < 100:
+        return path
+    digest = hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / f"fuse-qmp-{digest}.sock"
+
+
+@contextlib.asynccontextmanager
+async def qmp_session(path: Path, timeout: float = 5.0):
+    """A connected QMP client; retries while QEMU is still creating the socket."""
+    client = QMPClient("fuse-agent")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await client.connect(str(path))
+            break
+        except Exception as exc:  # ConnectError wraps OSError; both mean "not yet"
+            if time.monotonic() > deadline:
+                raise BackendError(f"cannot reach QMP at {path}: {exc}") from exc
+            await asyncio.sleep(0.02)
+    try:
+        yield client
+    finally:
+        # disconnect() may raise EOFError after `quit` (QEMU-NOTES pitfalls).
+        with contextlib.suppress(Exception):
+            await client.disconnect()
+
+
+class QemuBackend(Backend):
+    """Runs VMs as daemonized ``qemu-system-x86_64`` processes."""
+
+    name = "qemu"
+
+    def __init__(self, state_dir: Path | None = None, accel: str | None = None):
+        self.state_dir = state_dir
+        self._accel = accel or os.environ.get("FUSE_QEMU_ACCEL") or None
+        self._tsc_khz = host_tsc_khz()
+        self._version = qemu_version()
+
+    # -- platform --------------------------------------------------------------
+
+    @property
+    def accel(self) -> str:
+        return self._accel or "tcg"
+
+    def platform(self) -> dict[str, Any]:
+        return {"backend": "qemu", "arch": "x86_64", "machine": "microvm", "accel": self.accel,
+                "tsc_khz": self._tsc_khz, "qemu": self._version}
+
+    async def probe_accel(self, bundle: Bundle | None, kvm_answers: bool) -> str:
+        """Settle the accelerator: KVM only if the bundle's kernel really
+        boots under it (a 10 s probe, cached per QEMU version and bundle)."""
+        if self._accel:
+            return self._accel
+        if not kvm_answers or bundle is None:
+            return "tcg"  # not cached: a bundle may appear later
+        cache = self.state_dir / "accel.json" if self.state_dir else None
+        key = {"qemu": self._version, "bundle": bundle.fingerprint}
+        with contextlib.suppress(OSError, ValueError):
+            saved = json.loads(cache.read_text())
+            if saved.get("key") == key:
+                self._accel = saved["accel"]
+                return self._accel
+        ok = await asyncio.to_thread(self._boot_probe, bundle)
+        self._accel = "kvm" if ok else "tcg"
+        if cache:
+            cache.write_text(json.dumps({"key": key, "accel": self._accel}) + "\n")
+        return self._accel
+
+    def _boot_probe(self, bundle: Bundle) -> bool:
+        with tempfile.TemporaryDirectory(prefix="fuse-kvm-probe-") as tmp:
+            spec = BootSpec(name="kvm-probe", vm_dir=Path(tmp), vcpus=1, mem_mib=128, entry="true",
+                            kernel=bundle.vmlinux, initrd=bundle.initrd,
+                            platform={**self.platform(), "accel": "kvm"})
+            argv = self.argv(spec, daemon=False)
+            try:
+                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            except subprocess.TimeoutExpired:
+                return False  # spinning in the decompressor: the PVM symptom
+            return "FUSE-EXIT 0" in spec.console.read_text(errors="replace") if spec.console.exists() else False
+
+    # -- command line ----------------------------------------------------------
+
+    def argv(self, spec: BootSpec, *, daemon: bool = True, incoming: Path | None = None) -> list[str]:
+        """The QEMU command line. Apart from ``-incoming`` it depends only on
+        the spec, so a VM wakes on exactly the command line it slept with."""
+        accel = spec.platform.get("accel", self.accel)
+        entry = base64.b64encode(spec.entry.encode()).decode()
+        append = _KERNEL_ARGS
+        if accel == "tcg":
+            append += f" tsc_early_khz={spec.platform.get('tsc_khz', self._tsc_khz)}"
+        append += f" fuse_entry={entry}"
+        argv = [QEMU, "-name", f"fuse-{spec.name}", "-M", "microvm", "-accel", accel]
+        if accel == "kvm":
+            argv += ["-cpu", "host"]
+        argv += ["-m", str(spec.mem_mib), "-smp", str(spec.vcpus), "-nodefaults", "-no-user-config",
+                 "-display", "none", "-no-reboot",
+                 # append=on: a woken VM's console continues the same log.
+                 "-chardev", f"file,id=ser0,path={spec.console},append=on", "-serial", "chardev:ser0",
+                 "-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", append]
+        if daemon:
+            argv += ["-qmp", f"unix:{qmp_path(spec.vm_dir)},server=on,wait=off",
+                     "-pidfile", str(spec.vm_dir / "qemu.pid"), "-daemonize"]
+        if incoming is not None:
+            argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
+        return argv
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def _launch(self, spec: BootSpec, incoming: Path | None = None) -> int:
+        spec.vm_dir.mkdir(parents=True, exist_ok=True)
+        (spec.vm_dir / "qemu.pid").unlink(missing_ok=True)
+        qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        err_path = spec.vm_dir / "qemu.err"
+        with open(err_path, "wb") as err:
+            # With -daemonize this returns once QEMU is set up (QMP listening).
+            proc = await asyncio.to_thread(subprocess.run, self.argv(spec, incoming=incoming),
+                                           stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+        pid = read_pidfile(spec.vm_dir / "qemu.pid")
+        if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
+            detail = err_path.read_text(errors="replace").strip()[-500:]
+            raise BackendError(f"qemu failed to start (exit {proc.returncode}): {detail}")
+        return pid
+
+    async def start(self, spec: BootSpec) -> int:
+        return await self._launch(spec)
+
+    def pid(self, spec: BootSpec) -> int | None:
+        pid = read_pidfile(spec.vm_dir / "qemu.pid")
+        return pid if process_alive(pid, str(spec.vm_dir)) else None
+
+    async def stop(self, spec: BootSpec) -> None:
+        await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
+        qmp_path(spec.vm_dir).unlink(missing_ok=True)
+
+    async def sleep(self, spec: BootSpec) -> list[str]:
+        pid = self.pid(spec)
+        if pid is None:
+            raise BackendError(f"vm {spec.name} has no running qemu process")
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        partial = spec.state_dir / (STATE_FILE + ".partial")
+        async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+            # The default bandwidth cap (~128 MiB/s) would make sleep crawl.
+            await qmp.execute("migrate-set-parameters", {"max-bandwidth": 10_000_000_000})
+            await qmp.execute("stop")
+            await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(partial))}"})
+            while True:
+                info = await qmp.execute("query-migrate")
+                status = info.get("status")
+                if status == "completed":
+                    break
+                if status in ("failed", "cancelled"):
+                    await qmp.execute("cont")  # the guest carries on as if never asked
+                    raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
+                await asyncio.sleep(0.005)
+            with contextlib.suppress(Exception):
+                await qmp.execute("quit")
+        await wait_gone(pid, str(spec.vm_dir))
+        os.replace(partial, spec.state_dir / STATE_FILE)
+        qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        return [STATE_FILE]
+
+    async def wake(self, spec: BootSpec) -> int:
+        state = spec.state_dir / STATE_FILE
+        if not state.is_file():
+            raise BackendError(f"vm {spec.name} has no state file to wake from")
+        pid = await self._launch(spec, incoming=state)
+        try:
+            async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+                deadline = time.monotonic() + 120
+                while (status := (await qmp.execute("query-status"))["status"]) == "inmigrate":
+                    if time.monotonic() > deadline:
+                        raise BackendError("loading state timed out")
+                    await asyncio.sleep(0.005)
+                if status not in ("paused", "postmigrate", "running"):
+                    raise BackendError(f"loading state left the vm {status}")
+                if status != "running":
+                    await qmp.execute("cont")
+        except BaseException:
+            await kill_and_wait(pid, str(spec.vm_dir))
+            raise
+        return pid

@@ -1,0 +1,266 @@
+"""Guest bundles: the kernel and initramfs every fuse VM boots.
+
+A bundle is a directory ``<state-dir>/bundles/<name>/`` holding
+
+- ``vmlinux``: the uncompressed kernel pulled out of Debian's
+  ``linux-image-<version>-amd64`` bzImage. It has a PVH entry point, so QEMU's
+  microvm boots it directly and skips the in-guest decompressor (about 3x
+  faster under TCG, see QEMU-NOTES.md);
+- ``initrd.cpio.gz``: busybox-static, its applet links and fuse's guest init;
+- ``manifest.json``: name, kernel and busybox versions, file hashes and the
+  fingerprint.
+
+The build is reproducible: the cpio archive is written here (sorted entries,
+fixed inode numbers, mtime 0, owner root) and gzipped with mtime 0, so the same
+inputs give the same bytes and the same SHA-256 fingerprint on every host. The
+controller relies on that: a sleeping VM may only move to a host whose bundle
+has the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1  # bump when the bundle layout or packing changes
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A built bundle on this host."""
+
+    name: str
+    path: Path
+    fingerprint: str
+    kernel: str
+
+    @property
+    def vmlinux(self) -> Path:
+        return self.path / "vmlinux"
+
+    @property
+    def initrd(self) -> Path:
+        return self.path / "initrd.cpio.gz"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def guest_init() -> bytes:
+    """fuse's guest init script (package data)."""
+    return resources.files("fuse.agent").joinpath("guest/init").read_bytes()
+
+
+# -- kernel -----------------------------------------------------------------
+
+def kernel_package() -> str:
+    """The versioned kernel package that ``linux-image-amd64`` points at,
+    e.g. ``linux-image-6.1.0-57-amd64``."""
+    out = subprocess.run(["apt-cache", "depends", "linux-image-amd64"], capture_output=True,
+                         text=True, check=True).stdout
+    m = re.search(r"Depends:\s*(linux-image-\S+-amd64)", out)
+    if not m:
+        raise RuntimeError(f"apt-cache depends linux-image-amd64 names no kernel:\n{out}")
+    return m.group(1)
+
+
+def fetch_kernel_deb(cache_dir: Path, package: str | None = None, progress: Progress = print) -> Path:
+    """The kernel .deb, downloaded once with ``apt-get download`` and kept in
+    ``cache_dir`` (70 MB: every later build reuses it)."""
+    package = package or kernel_package()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache_dir.glob(f"{package}_*.deb"))
+    if found:
+        return found[-1]
+    progress(f"downloading {package}")
+    # apt-get download writes into its cwd; a scratch dir keeps half-written
+    # files out of the cache.
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        subprocess.run(["apt-get", "download", "-q", package], cwd=tmp, check=True,
+                       capture_output=True)
+        deb = next(Path(tmp).glob(f"{package}_*.deb"))
+        return Path(shutil.move(str(deb), cache_dir / deb.name))
+
+
+def read_bzimage(deb: Path) -> tuple[str, bytes]:
+    """(kernel release, bzImage bytes) from a linux-image .deb. Only the one
+    member is unpacked (``dpkg -x`` would write ~400 MB of modules we never
+    use)."""
+    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True,
+                          check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            m = re.fullmatch(r"\.?/?boot/vmlinuz-(.+)", member.name)
+            if m and member.isfile():
+                return m.group(1), tar.extractfile(member).read()
+    raise RuntimeError(f"{deb.name} holds no /boot/vmlinuz-*")
+
+
+def extract_vmlinux(bzimage: bytes) -> bytes:
+    """The uncompressed ELF kernel inside a bzImage whose payload is xz:
+    find the xz magic and decompress from there (trailing data after the
+    stream is ignored)."""
+    start = 0
+    while (at := bzimage.find(_XZ_MAGIC, start)) >= 0:
+        try:
+            out = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(bzimage[at:])
+        except lzma.LZMAError:
+            out = b""
+        if out.startswith(b"\x7fELF"):
+            return out
+        start = at + 1
+    raise RuntimeError("no xz-compressed ELF kernel found in the bzImage")
+
+
+# -- initramfs ---------------------------------------------------------------
+
+def _cpio_entry(ino: int, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)) -> bytes:
+    """One ``newc`` record with fixed owner (root) and mtime (0)."""
+    nlink = 2 if stat.S_ISDIR(mode) else 1
+    fields = [ino, mode, 0, 0, nlink, 0, len(data), 0, 0, rdev[0], rdev[1], len(name) + 1, 0]
+    head = b"070701" + b"".join(b"%08X" % f for f in fields) + name.encode() + b"\0"
+    head += b"\0" * (-len(head) % 4)
+    return head + data + b"\0" * (-len(data) % 4)
+
+
+def build_initramfs(busybox: Path, init: bytes, applets: list[str]) -> bytes:
+    """A gzipped newc cpio: /bin/busybox, one symlink per applet, /init and
+    /dev/console (the kernel opens it for init before devtmpfs exists)."""
+    dirs = {"bin", "dev", "etc", "proc", "root", "sbin", "sys", "tmp", "usr", "usr/bin", "usr/sbin"}
+    files: dict[str, tuple[int, bytes, tuple[int, int]]] = {
+        "bin/busybox": (stat.S_IFREG | 0o755, busybox.read_bytes(), (0, 0)),
+        "init": (stat.S_IFREG | 0o755, init, (0, 0)),
+        "dev/console": (stat.S_IFCHR | 0o600, b"", (5, 1)),
+    }
+    for applet in applets:
+        applet = applet.strip("/")
+        # Linking busybox to itself would overwrite the binary.
+        if applet and applet != "bin/busybox" and applet not in files:
+            dirs.add(os.path.dirname(applet))
+            files[applet] = (stat.S_IFLNK | 0o777, b"/bin/busybox", (0, 0))
+    entries = [(d, stat.S_IFDIR | 0o755, b"", (0, 0)) for d in dirs if d]
+    entries += [(name, *spec) for name, spec in files.items()]
+    out = io.BytesIO()
+    for ino, (name, mode, data, rdev) in enumerate(sorted(entries), start=1):
+        out.write(_cpio_entry(ino, name, mode, data, rdev))
+    out.write(_cpio_entry(0, "TRAILER!!!", 0))
+    gz = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=gz, mtime=0, compresslevel=6) as f:
+        f.write(out.getvalue())
+    return gz.getvalue()
+
+
+def busybox_info(busybox: Path) -> tuple[str, list[str]]:
+    """(version, applet paths) of a busybox binary."""
+    banner = subprocess.run([str(busybox)], capture_output=True, text=True).stdout
+    m = re.search(r"BusyBox (v\S+)", banner)
+    applets = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    return (m.group(1) if m else "unknown"), sorted(applets)
+
+
+# -- bundles -----------------------------------------------------------------
+
+def fingerprint(files: dict[str, str]) -> str:
+    """SHA-256 over the sorted (file name, file hash) pairs: the content of a
+    bundle, independent of its name or where it was built."""
+    text = "".join(f"{name} {digest}\n" for name, digest in sorted(files.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None = None,
+                 kernel_deb: Path | None = None, busybox: Path = Path("/bin/busybox"),
+                 progress: Progress = print) -> dict[str, Any]:
+    """Build (or confirm) bundle ``name`` under ``state_dir/bundles`` and
+    return its manifest. A bundle whose recorded inputs match is left alone,
+    so repeated builds are cheap."""
+    cache_dir = cache_dir or state_dir / "cache"
+    deb = kernel_deb or fetch_kernel_deb(cache_dir, progress=progress)
+    init = guest_init()
+    inputs = {"format": FORMAT, "kernel_deb": deb.name, "kernel_deb_sha256": sha256_file(deb),
+              "busybox_sha256": sha256_file(busybox), "init_sha256": hashlib.sha256(init).hexdigest()}
+    dest = state_dir / "bundles" / name
+    existing = _read_manifest(dest)
+    if existing and existing.get("inputs") == inputs and _files_intact(dest, existing):
+        progress(f"bundle {name} is up to date ({existing['fingerprint'][:12]})")
+        return existing
+
+    progress(f"extracting kernel from {deb.name}")
+    release, bzimage = read_bzimage(deb)
+    vmlinux = extract_vmlinux(bzimage)
+    progress("packing initramfs")
+    bb_version, applets = busybox_info(busybox)
+    initrd = build_initramfs(busybox, init, applets)
+
+    files = {"vmlinux": hashlib.sha256(vmlinux).hexdigest(),
+             "initrd.cpio.gz": hashlib.sha256(initrd).hexdigest()}
+    manifest = {"name": name, "format": FORMAT, "kernel": release, "busybox": bb_version,
+                "files": files, "fingerprint": fingerprint(files), "inputs": inputs}
+    # Write into a sibling dir and swap it in, so a crash never leaves a
+    # half-written bundle that running VMs or the probe would see.
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    (tmp / "vmlinux").write_bytes(vmlinux)
+    (tmp / "initrd.cpio.gz").write_bytes(initrd)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    if dest.exists():
+        # A running VM keeps its open kernel file; replacing the dir is safe.
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    progress(f"bundle {name}: kernel {release}, busybox {bb_version}, "
+             f"fingerprint {manifest['fingerprint'][:12]}")
+    return manifest
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _files_intact(path: Path, manifest: dict[str, Any]) -> bool:
+    # Sizes are a cheap check; hashing 60 MB on every start is not worth it.
+    return all((path / f).is_file() for f in manifest.get("files", {}))
+
+
+def get_bundle(state_dir: Path, name: str) -> Bundle | None:
+    """The built bundle ``name``, or None."""
+    path = state_dir / "bundles" / name
+    manifest = _read_manifest(path)
+    if not manifest or not _files_intact(path, manifest):
+        return None
+    return Bundle(name=name, path=path, fingerprint=manifest["fingerprint"], kernel=manifest["kernel"])
+
+
+def list_bundles(state_dir: Path) -> list[dict[str, str]]:
+    """Every built bundle on this host: ``[{name, fingerprint, kernel}]``."""
+    root = state_dir / "bundles"
+    out = []
+    if root.is_dir():
+        for path in sorted(root.iterdir()):
+            if not path.name.startswith(".") and (b := get_bundle(state_dir, path.name)):
+                out.append({"name": b.name, "fingerprint": b.fingerprint, "kernel": b.kernel})
+    return out

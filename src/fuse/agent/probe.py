@@ -1,0 +1,168 @@
+"""Read a host's hardware facts from the machine itself.
+
+Every figure here comes from the kernel or a vendor tool, never from
+configuration: the controller trusts these over an operator's guess.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# The Firecracker release this agent's firecracker backend is written and
+# tested against (its API calls, snapshot format). Live migration needs the
+# same release on both hosts.
+FIRECRACKER_PINNED = "v1.10.1"
+
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+_KVM_GET_API_VERSION = 0xAE00
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2
+    cpu.max quota when one is set."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def ram_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
+    return _meminfo_kib(meminfo, "MemTotal") // 1024
+
+
+def mem_available_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
+    return _meminfo_kib(meminfo, "MemAvailable") // 1024
+
+
+def _meminfo_kib(meminfo: Path, key: str) -> int:
+    for line in meminfo.read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{key} missing from {meminfo}")
+
+
+def storage_gb(state_dir: Path) -> int:
+    """Free space (GiB) of the file system holding the state dir."""
+    return shutil.disk_usage(state_dir).free // 2**30
+
+
+def arch() -> str:
+    m = platform.machine()
+    return _GOARCH.get(m, m)
+
+
+def kvm_device_answers(dev: str = "/dev/kvm") -> bool:
+    """True when /dev/kvm opens and answers KVM_GET_API_VERSION (12). Whether
+    a stock guest kernel actually boots under it is the backend's boot probe
+    (nested PVM KVMs answer here yet cannot run ordinary kernels)."""
+    try:
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return fcntl.ioctl(fd, _KVM_GET_API_VERSION) == 12
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _run(cmd: list[str], timeout: float = 10) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def qemu_version() -> str:
+    out = _run(["qemu-system-x86_64", "--version"]) or ""
+    m = re.search(r"version (\S+)", out)
+    return m.group(1) if m else ""
+
+
+def firecracker_release() -> str:
+    """`firecracker --version` prints e.g. "Firecracker v1.10.1"; "" when
+    no binary is on PATH."""
+    out = _run(["firecracker", "--version"]) or ""
+    m = re.search(r"v\d+\.\d+\.\d+\S*", out)
+    return m.group(0) if m else ""
+
+
+def parse_nvidia_gpus(csv: str) -> list[dict[str, Any]]:
+    """Parse `nvidia-smi --query-gpu=name,uuid,pci.bus_id,memory.total,
+    driver_version,mig.mode.current --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in csv.strip().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 6:
+            continue
+        mig_mode = f[5] if f[5] not in ("[N/A]", "N/A") else ""
+        gpus.append({
+            "model": f[0], "uuid": f[1], "pci_bus_id": f[2],
+            "memory_mb": int(float(f[3])) if f[3].replace(".", "").isdigit() else 0,
+            "driver_version": f[4], "mig_capable": bool(mig_mode), "mig_mode": mig_mode,
+        })
+    return gpus
+
+
+_MIG_PROFILE_LINE = re.compile(r"MIG\s+(\S+)\s+\d+\s+(\d+)/(\d+)")
+
+
+def parse_mig_profiles(text: str) -> dict[str, int]:
+    """Parse `nvidia-smi mig -lgip`: each profile line reads
+    `|   0  MIG 1g.10gb       19     7/7        9.50 ...`; the count is the
+    free instances of that profile, summed across GPUs."""
+    profiles: dict[str, int] = {}
+    for m in _MIG_PROFILE_LINE.finditer(text):
+        profiles[m.group(1)] = profiles.get(m.group(1), 0) + int(m.group(3))
+    return profiles
+
+
+def gpu_kind_label(model: str) -> str:
+    """"NVIDIA A100-SXM4-80GB" -> "nvidia:A100" (the label the catalogue uses)."""
+    m = re.search(r"(A100|H100|H200|L40S|L4|A10G|A10|T4|V100|B200)", model)
+    return f"nvidia:{m.group(1)}" if m else (f"nvidia:{model}" if model else "")
+
+
+def probe_gpus() -> dict[str, Any]:
+    csv = _run(["nvidia-smi", "--query-gpu=name,uuid,pci.bus_id,memory.total,driver_version,"
+                "mig.mode.current", "--format=csv,noheader,nounits"])
+    if not csv:
+        return {"gpus": 0, "gpu_kind": "", "gpu_devices": [], "mig_profiles": {}}
+    devices = parse_nvidia_gpus(csv)
+    mig = {}
+    if any(d["mig_mode"] == "Enabled" for d in devices):
+        mig = parse_mig_profiles(_run(["nvidia-smi", "mig", "-lgip"]) or "")
+    return {"gpus": len(devices), "gpu_kind": gpu_kind_label(devices[0]["model"]) if devices else "",
+            "gpu_devices": devices, "mig_profiles": mig}
+
+
+def probe(state_dir: Path) -> dict[str, Any]:
+    """The static hardware facts of this machine."""
+    facts = {
+        "cpus": usable_cpus(),
+        "ram_mb": ram_mb(),
+        "storage_gb": storage_gb(state_dir),
+        "arch": arch(),
+        "kvm": kvm_device_answers(),
+        "qemu_version": qemu_version(),
+        "firecracker": firecracker_release(),
+        "firecracker_pinned": FIRECRACKER_PINNED,
+    }
+    facts.update(probe_gpus())
+    return facts

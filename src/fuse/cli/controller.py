@@ -1,0 +1,139 @@
+"""`fuse controller ...`: run the controller and drive it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .output import api_errors, emit_json, table
+
+app = typer.Typer(help="Run the fleet controller and drive it.", no_args_is_help=True)
+hosts_app = typer.Typer(help="Register and manage hosts.", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+_conn: dict[str, Optional[str]] = {"url": None, "token": None}
+
+
+@app.callback()
+def _options(
+    url: Optional[str] = typer.Option(None, envvar="FUSE_URL", help="Controller: unix:///path or http(s)://host:port."),
+    token: Optional[str] = typer.Option(None, envvar="FUSE_TOKEN", help="Controller token (TCP)."),
+) -> None:
+    _conn.update(url=url, token=token)
+
+
+def client():
+    from ..client import Client
+    return Client(_conn["url"], _conn["token"])
+
+
+def default_state_dir() -> Path:
+    return Path("/var/lib/fuse-controller") if os.geteuid() == 0 else Path.home() / ".local/share/fuse-controller"
+
+
+@app.command()
+def serve(
+    state_dir: Path = typer.Option(None, help="Where the embedded SQLite store lives."),
+    listen: Optional[str] = typer.Option(None, help="Also serve TCP on HOST:PORT (needs --token)."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="FUSE_CONTROLLER_TOKEN",
+                                        help="Token required on TCP on every route but /v1/healthz."),
+    db: Optional[str] = typer.Option(None, help="postgresql://... for a shared store (default: SQLite)."),
+    socket: Optional[Path] = typer.Option(None, help="Owner-only unix socket (default: the standard one)."),
+    no_socket: bool = typer.Option(False, help="Serve TCP only."),
+) -> None:
+    """Serve the controller API."""
+    from ..controller.app import create_app
+    from ..controller.service import Controller, default_controller_socket
+    from ..serving import serve as run
+
+    if listen and not token:
+        raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
+    ctl = Controller(state_dir or default_state_dir(), db=db, token=token)
+    sock = None if no_socket else (socket or default_controller_socket())
+    typer.echo(f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}".strip())
+    asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock))
+
+
+def _host_rows(hosts):
+    for h in hosts:
+        c, a = h.capacity, h.allocated
+        yield (h.id, h.url, h.state, h.backend, "yes" if h.connected else "no", c.arch,
+               f"{a.cpus}/{c.cpus}", f"{a.ram_mb}/{c.ram_mb}", c.storage_gb, f"{a.vm_count}/{c.vm_count}",
+               f"{c.gpus} {c.gpu_kind}".strip())
+
+
+HOST_COLUMNS = ["id", "url", "state", "backend", "connected", "arch", "cpus", "ram MB", "disk GB", "vms", "gpus"]
+
+
+@hosts_app.command("add")
+def hosts_add(
+    name: str = typer.Option(..., help="The host's id."),
+    addr: str = typer.Option(..., help="local | unix:///path | http(s)://h:p | ssh://user@h[:p] | h:p (mutual TLS)."),
+    vm_count: int = typer.Option(16, help="VM-count policy (never probed)."),
+    agent_token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="The agent's bearer token."),
+    region: Optional[str] = typer.Option(None),
+    backend: str = typer.Option("qemu", help="qemu or firecracker."),
+    cpus: int = typer.Option(0, help="0: probe."), ram_mb: int = typer.Option(0, help="0: probe."),
+    storage_gb: int = typer.Option(0, help="0: probe."),
+    gpus: int = typer.Option(0), gpu_kind: str = typer.Option(""),
+    json_: bool = typer.Option(False, "--json"),
+) -> None:
+    """Register a host, probing what is left at 0."""
+    from ..models.hosts import HostCapacity, RegisterHostRequest
+    req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
+                              capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
+                                                    storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind))
+    with api_errors(), client() as c:
+        host = c.hosts.register(req)
+    if json_:
+        emit_json(host)
+        return
+    table(HOST_COLUMNS, _host_rows([host]))
+    for w in host.warnings:
+        typer.echo(f"warning: {w}")
+
+
+@hosts_app.command("list")
+def hosts_list(json_: bool = typer.Option(False, "--json")) -> None:
+    """Every host with capacity and allocations."""
+    with api_errors(), client() as c:
+        hosts = c.hosts.list()
+    emit_json(hosts) if json_ else table(HOST_COLUMNS, _host_rows(hosts))
+
+
+@hosts_app.command("get")
+def hosts_get(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
+    with api_errors(), client() as c:
+        host = c.hosts.get(host_id)
+    emit_json(host) if json_ else table(HOST_COLUMNS, _host_rows([host]))
+
+
+def _action(verb: str):
+    def run(host_id: str) -> None:
+        with api_errors(), client() as c:
+            getattr(c.hosts, verb)(host_id)
+        typer.echo(f"host {host_id}: {verb} done")
+    run.__name__ = f"hosts_{verb}"
+    run.__doc__ = {"cordon": "Stop new placements on a host.", "uncordon": "Resume placements (ends a drain).",
+                   "drain": "Stop placements and move every VM away.", "deregister": "Remove a host."}[verb]
+    return run
+
+
+for _verb in ("cordon", "uncordon", "drain"):
+    hosts_app.command(_verb)(_action(_verb))
+hosts_app.command("remove")(_action("deregister"))
+
+
+def _mount_optional() -> None:
+    try:
+        from . import fleet  # vms, move, moves, events, usage
+        fleet.mount(app)
+    except ImportError:
+        pass
+
+
+_mount_optional()

@@ -1,0 +1,87 @@
+"""`fuse host ...`: run and inspect a host agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .output import emit_json, table
+
+app = typer.Typer(help="Run a host agent, probe this machine, and manage host certificates.", no_args_is_help=True)
+
+
+def default_state_dir() -> Path:
+    return Path("/var/lib/fuse-host") if os.geteuid() == 0 else Path.home() / ".local/share/fuse-host"
+
+
+@app.command()
+def serve(
+    listen: Optional[str] = typer.Option(None, help="TCP address HOST:PORT for the host API."),
+    token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="Bearer token required on TCP."),
+    state_dir: Path = typer.Option(None, help="Where VMs, bundles and records live."),
+    backend: str = typer.Option("qemu", help="qemu or firecracker."),
+    socket: Optional[Path] = typer.Option(None, help="Owner-only unix socket for the local transport "
+                                          "(default: the standard agent socket when --listen is not given)."),
+    max_vms: Optional[int] = typer.Option(None, help="VM-count policy enforced by admission."),
+    reserve_mib: int = typer.Option(256, help="Memory kept for the host itself."),
+    tls_cert: Optional[Path] = typer.Option(None, help="Serve mutual TLS with this certificate..."),
+    tls_key: Optional[Path] = typer.Option(None, help="...its key..."),
+    tls_ca: Optional[Path] = typer.Option(None, help="...accepting only clients this CA signed."),
+) -> None:
+    """Serve the public host API."""
+    from ..agent.app import AgentConfig, create_app
+    from ..serving import serve as run, tls_server_options
+    from ..transport import default_agent_socket
+
+    if backend not in ("qemu", "firecracker"):
+        raise typer.BadParameter("backend must be qemu or firecracker")
+    state_dir = state_dir or default_state_dir()
+    if listen is None and socket is None:
+        socket = default_agent_socket()
+    ssl_opts = None
+    if tls_cert or tls_key or tls_ca:
+        if not (tls_cert and tls_key and tls_ca):
+            raise typer.BadParameter("--tls-cert, --tls-key and --tls-ca go together")
+        ssl_opts = tls_server_options(str(tls_cert), str(tls_key), str(tls_ca))
+    elif listen and not token:
+        typer.echo("warning: serving TCP without --token: anyone who reaches it can use it", err=True)
+    app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
+                                  reserve_mib=reserve_mib))
+    typer.echo(f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}".strip())
+    asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts))
+
+
+@app.command()
+def probe(state_dir: Path = typer.Option(None), json_: bool = typer.Option(False, "--json")) -> None:
+    """Print this machine's hardware facts, as the agent would report them."""
+    from ..agent.probe import probe as do_probe
+
+    state_dir = state_dir or default_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    facts = do_probe(state_dir)
+    if json_:
+        emit_json(facts)
+    else:
+        table(["fact", "value"], sorted(facts.items()), title="host probe")
+
+
+def _mount_optional() -> None:
+    """Sub-commands of other layers (relay, ca, cert) mount when present."""
+    try:
+        from .tls import ca_app, cert_app
+        app.add_typer(ca_app, name="ca")
+        app.add_typer(cert_app, name="cert")
+    except ImportError:
+        pass
+    try:
+        from .relay import relay
+        app.command()(relay)
+    except ImportError:
+        pass
+
+
+_mount_optional()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from . import _core
+from ._core import Call
+from .hosts import HostsAPI
+
+
+class AsyncClient:
+    """The asynchronous fuse client: the same resources as `Client`, whose
+    methods return awaitables. Use as `async with fuse.AsyncClient(...) as c`."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = _core.DEFAULT_TIMEOUT,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        base, uds = _core.resolve_url(url)
+        if transport is None and uds:
+            transport = httpx.AsyncHTTPTransport(uds=uds)
+        self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
+                                       transport=transport)
+        self.hosts = HostsAPI(self._send)
+        from . import _resources
+        _resources.attach(self)
+
+    async def _send(self, call: Call) -> Any:
+        kw = {"timeout": call.timeout} if call.timeout is not None else {}
+        resp = await self._http.request(call.method, call.path, params=call.params,
+                                        json=_core.body_json(call.body), **kw)
+        _core.check(resp)
+        return call.parse(resp)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

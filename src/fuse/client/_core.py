@@ -1,0 +1,110 @@
+"""The SDK's core: it builds requests and reads responses, and does no I/O.
+
+`Client` and `AsyncClient` only move bytes; every resource method returns a
+`Call` that either of them sends, so one resource class serves both (in the
+async client its methods return awaitables).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class ApiError(Exception):
+    """An error answer from a fuse API: `status` (HTTP), `code` (stable,
+    e.g. "conflict"), `message` (for people), `details` (the rest of the
+    error object, e.g. `hosts` for fleet_full)."""
+
+    def __init__(self, status: int, code: str = "", message: str = "", details: dict | None = None):
+        self.status, self.code, self.message = status, code, message
+        self.details = details or {}
+        super().__init__(f"{status} {code}: {message}")
+
+
+def is_conflict(err: object) -> bool:
+    return isinstance(err, ApiError) and (err.code == "conflict" or err.status == 409)
+
+
+def is_not_found(err: object) -> bool:
+    return isinstance(err, ApiError) and err.code == "not_found"
+
+
+def is_invalid_argument(err: object) -> bool:
+    return isinstance(err, ApiError) and err.code == "invalid_argument"
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    body: Any = None
+    parse: Callable[[httpx.Response], Any] = field(default=lambda r: r.json() if r.content else None)
+    timeout: float | None = None
+
+
+def path(base: str, *parts: str) -> str:
+    """`base` plus each part, percent-encoded (ids are free-form)."""
+    return base + "".join("/" + quote(p, safe="") for p in parts)
+
+
+def body_json(body: Any) -> Any:
+    if isinstance(body, BaseModel):
+        return body.model_dump(mode="json", exclude_none=True)
+    return body
+
+
+def check(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    code, message, details = "", resp.reason_phrase, {}
+    try:
+        err = resp.json().get("error", {})
+        code, message = err.get("code", ""), err.get("message", message)
+        details = {k: v for k, v in err.items() if k not in ("code", "message")}
+    except Exception:
+        message = resp.text[:500] or message
+    raise ApiError(resp.status_code, code, message, details)
+
+
+def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
+    return lambda r: cls.model_validate(r.json())
+
+
+def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.Response], Any]:
+    def parse(r: httpx.Response):
+        data = r.json()
+        return [cls.model_validate(x) for x in (data[key] if key else data)]
+    return parse
+
+
+def none(_: httpx.Response) -> None:
+    return None
+
+
+def resolve_url(url: str | None) -> tuple[str, str | None]:
+    """(base_url, unix socket path or None). No url: $FUSE_URL, else the
+    controller's default owner-only socket."""
+    if not url:
+        url = os.environ.get("FUSE_URL", "")
+    if not url:
+        from ..controller.service import default_controller_socket
+        return "http://fuse", str(default_controller_socket())
+    if url.startswith("unix://"):
+        return "http://fuse", url[len("unix://"):]
+    if url.startswith(("http://", "https://")):
+        return url.rstrip("/"), None
+    raise ValueError(f"url {url!r} must be unix:///path or http(s)://host:port")
+
+
+def headers(token: str | None) -> dict[str, str]:
+    token = token if token is not None else os.environ.get("FUSE_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}

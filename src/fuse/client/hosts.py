@@ -1,0 +1,44 @@
+"""client.hosts: the host registry (seed 000)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..models.hosts import Host, HostPage, RegisterHostRequest
+from ._core import Call, model, none, path
+
+
+class HostsAPI:
+    def __init__(self, send: Callable[[Call], Any]):
+        self._send = send
+
+    def register(self, request: RegisterHostRequest) -> Host:
+        """Register (or re-register) a host; capacity fields left at 0 are probed."""
+        return self._send(Call("POST", "/v1/hosts", body=request, parse=model(Host)))
+
+    def list(self) -> list[Host]:
+        """Every registered host, with declared capacity and live allocations."""
+        return self._send(Call("GET", "/v1/hosts", parse=lambda r: HostPage.model_validate(r.json()).hosts))
+
+    def list_page(self, *, limit: int = 0, cursor: str = "") -> HostPage:
+        params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v}
+        return self._send(Call("GET", "/v1/hosts", params=params, parse=model(HostPage)))
+
+    def get(self, host_id: str) -> Host:
+        return self._send(Call("GET", path("/v1/hosts", host_id), parse=model(Host)))
+
+    def cordon(self, host_id: str) -> None:
+        """Stop new placements on the host; what runs keeps running."""
+        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "cordon"}, parse=none))
+
+    def uncordon(self, host_id: str) -> None:
+        """Resume placements (also ends a drain)."""
+        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "uncordon"}, parse=none))
+
+    def drain(self, host_id: str) -> None:
+        """Mark the host draining and move every VM on it away."""
+        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, parse=none))
+
+    def deregister(self, host_id: str) -> None:
+        """Remove the host; 409 conflict while VMs are assigned to it."""
+        return self._send(Call("DELETE", path("/v1/hosts", host_id), parse=none))

@@ -1,0 +1,2 @@
+"""The fuse controller: host registry, placement, moves, events, usage and
+the elastic pool, over one store."""

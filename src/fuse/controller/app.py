@@ -1,0 +1,44 @@
+"""The controller's REST API (OpenAPI 3 at /openapi.json). Routes turn
+requests into service calls; they never touch the store or a host."""
+
+from __future__ import annotations
+
+import contextlib
+from fastapi import Depends, FastAPI
+
+from .. import http_errors
+from ..auth import bearer_checker
+from .routes import controller as controller_routes
+from .routes import hosts as host_routes
+from .service import Controller
+
+
+def create_app(ctl: Controller) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await ctl.start()
+        try:
+            yield
+        finally:
+            await ctl.close()
+
+    app = FastAPI(title="fuse controller", version="0.1.0", lifespan=lifespan,
+                  description="Places VMs across hosts by best fit, moves them, merges events and usage, "
+                              "and runs the elastic pool.")
+    http_errors.install(app)
+    app.state.ctl = ctl
+    auth = [Depends(bearer_checker(ctl.token))]
+
+    @app.get("/v1/healthz", summary="Liveness check (no token needed).", tags=["controller"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.include_router(host_routes.router, dependencies=auth)
+    app.include_router(controller_routes.router, dependencies=auth)
+    for name in ("vms", "events", "usage", "moves", "pool", "prewarm"):
+        try:
+            mod = __import__(f"fuse.controller.routes.{name}", fromlist=["router"])
+        except ImportError:
+            continue
+        app.include_router(mod.router, dependencies=auth)
+    return app

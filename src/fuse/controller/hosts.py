@@ -1,0 +1,192 @@
+"""The host registry (seed 000): register with probing, cordon, drain,
+deregister.
+
+Re-registering an id that exists is an update, never a reset: the host keeps
+its state (a cordoned or draining host stays so), its creation time and every
+VM assigned to it (allocations are derived from those VMs, so they cannot be
+zeroed); url, token, region, labels and capacity are replaced by the new
+request, re-probed, and last_seen is set again because this is a
+registration. Moving an id to another url while VMs are assigned to it is a
+409 conflict: those VMs live on the old machine.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ..errors import Conflict, HostUnreachable, InvalidArgument, NotFound
+from ..models.hosts import BACKENDS, Host, HostCapacity, RegisterHostRequest
+from ..transport import HostConnection, TlsSettings, transport_kind
+from .store import Store
+
+# mig-parted's profile names: `<n>g.<m>gb`, optionally a compute-instance
+# prefix `<k>c.` and attribute suffixes such as `+me`, `+gfx`, `+me.all`.
+MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z]+(\.[a-z]+)?)*$")
+PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
+
+
+def validate(req: RegisterHostRequest) -> str:
+    """Static checks (400 invalid_argument); returns the backend."""
+    if not req.id or not req.id.strip():
+        raise InvalidArgument("id is required")
+    if len(req.id) > 255:
+        raise InvalidArgument("id is longer than 255 characters")
+    if not req.url:
+        raise InvalidArgument("url is required")
+    try:
+        transport_kind(req.url)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    backend = req.backend or "firecracker"
+    if backend not in BACKENDS:
+        raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    cap = req.capacity
+    if cap.vm_count <= 0:
+        raise InvalidArgument("capacity.vm_count is required and must be greater than 0: "
+                              "it is scheduling policy and is never probed")
+    for field in (*PROBED_FIELDS, "gpus"):
+        if getattr(cap, field) < 0:
+            raise InvalidArgument(f"capacity.{field} must not be negative")
+    if cap.gpus > 0 and backend != "qemu":
+        raise InvalidArgument(f"only qemu hosts may declare capacity.gpus > 0 (backend is {backend})")
+    if cap.mig_profiles:
+        if backend != "qemu":
+            raise InvalidArgument(f"only qemu hosts may declare capacity.mig_profiles (backend is {backend})")
+        for name, count in cap.mig_profiles.items():
+            if not MIG_PROFILE.match(name):
+                raise InvalidArgument(f"capacity.mig_profiles: {name!r} is not a MIG profile name "
+                                      "in mig-parted form such as 1g.10gb or 1g.10gb+me")
+            if count <= 0:
+                raise InvalidArgument(f"capacity.mig_profiles[{name!r}] must be greater than 0, not {count}")
+    return backend
+
+
+async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> dict[str, Any]:
+    """GET /v1/host on the agent. Unreachable: HostUnreachable; token
+    refused: 502 `unauthorized` (the controller's request was fine; the
+    agent behind it said no)."""
+    conn = HostConnection(url, token, tls)
+    try:
+        resp = await conn.request("GET", "/v1/host")
+    finally:
+        await conn.close()
+    if resp.status_code == 401:
+        raise HostUnreachable(f"the host agent at {url} rejected the token", code="unauthorized")
+    if resp.status_code != 200:
+        raise HostUnreachable(f"the host agent at {url} answered {resp.status_code}: {resp.text[:200]}")
+    return resp.json()
+
+
+def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
+    out = cap.model_copy(deep=True)
+    if probed is None:
+        out.firecracker = out.firecracker_pinned = ""
+        return out
+    for field in PROBED_FIELDS:
+        declared, real = getattr(cap, field), int(probed.get(field, 0))
+        if declared == 0:
+            setattr(out, field, real)
+        elif declared > real:
+            warnings.append(f"capacity.{field}: declared {declared} exceeds probed {real}; keeping the declared value")
+    out.arch = probed.get("arch", "") or out.arch
+    real_kind = probed.get("gpu_kind", "") or ""
+    if not cap.gpu_kind:
+        out.gpu_kind = real_kind
+    elif cap.gpu_kind != real_kind:
+        warnings.append(f"capacity.gpu_kind: declared {cap.gpu_kind!r} differs from probed "
+                        f"{real_kind or 'none'!r}; keeping the declared value")
+    if backend == "qemu":
+        if cap.gpus == 0:
+            out.gpus = int(probed.get("gpus", 0))
+        if not cap.mig_profiles and probed.get("mig_profiles"):
+            out.mig_profiles = dict(probed["mig_profiles"])
+        out.gpu_devices = probed.get("gpu_devices", [])
+        out.firecracker = out.firecracker_pinned = ""
+    else:
+        # Declared values are ignored: these are only ever what the agent said.
+        out.firecracker = probed.get("firecracker", "") or ""
+        out.firecracker_pinned = probed.get("firecracker_pinned", "") or ""
+    if probed.get("backend") and probed["backend"] != backend:
+        warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
+    return out
+
+
+class HostRegistry:
+    def __init__(self, store: Store, tls=lambda: None, live=lambda host_id: {}):
+        self.store = store
+        self._tls = tls        # () -> TlsSettings | None, the controller's current identity
+        self._live = live      # host id -> poller's live figures
+
+    async def register(self, req: RegisterHostRequest) -> tuple[Host, bool]:
+        backend = validate(req)
+        warnings: list[str] = []
+        try:
+            probed = await probe_host(req.url, req.token, self._tls())
+        except HostUnreachable as exc:
+            missing = [f for f in PROBED_FIELDS if getattr(req.capacity, f) == 0]
+            if exc.code == "unauthorized" or missing:
+                if missing and exc.code != "unauthorized":
+                    exc.message += f"; declare capacity {', '.join(missing)} explicitly to register without a probe"
+                    exc.args = (exc.message,)
+                raise
+            probed = None
+            warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
+        cap = merge_capacity(req.capacity, backend, probed, warnings)
+        now = time.time()
+        with self.store.tx() as conn:
+            old = self.store.get_host(req.id, conn)
+            if old and old["url"] != req.url and self.store.vms_on(req.id, conn):
+                vm = self.store.vms_on(req.id, conn)[0]["name"]
+                raise Conflict(f"host {req.id} still has vm {vm} assigned; it cannot move to {req.url}")
+            row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
+                       backend=backend, labels=req.labels or {}, capacity=cap.model_dump(mode="json"),
+                       state=old["state"] if old else "active",
+                       agent_id=(probed or {}).get("agent_id", "") or (old or {}).get("agent_id", ""),
+                       last_seen=now, created_at=old["created_at"] if old else now, updated_at=now)
+            self.store.put_host(conn, row)
+            self.store.add_event("host_added", {"id": req.id, "url": req.url, "reregistered": bool(old)},
+                                 host=req.id, conn=conn)
+        host = self.get(req.id)
+        host.warnings = warnings
+        return host, old is None
+
+    def _to_host(self, row: dict, alloc: dict[str, dict[str, int]]) -> Host:
+        a = alloc.get(row["id"], {})
+        return Host(
+            id=row["id"], url=row["url"], region=row["region"], state=row["state"], backend=row["backend"],
+            labels=row["labels"] or {}, capacity=HostCapacity.model_validate(row["capacity"]),
+            allocated=HostCapacity(cpus=a.get("cpus", 0), ram_mb=a.get("ram_mb", 0), vm_count=a.get("vm_count", 0)),
+            last_seen=row["last_seen"], created_at=row["created_at"], updated_at=row["updated_at"],
+            agent_id=row["agent_id"], **self._live(row["id"]))
+
+    def get(self, host_id: str) -> Host:
+        row = self.store.get_host(host_id)
+        if row is None:
+            raise NotFound(f"host {host_id} not found")
+        return self._to_host(row, self.store.allocated())
+
+    def list(self) -> list[Host]:
+        alloc = self.store.allocated()
+        return [self._to_host(r, alloc) for r in self.store.list_hosts()]
+
+    def set_state(self, host_id: str, state: str) -> None:
+        if not self.store.set_host_state(host_id, state):
+            raise NotFound(f"host {host_id} not found")
+        self.store.add_event(f"host_{state}" if state != "active" else "host_uncordoned", {"id": host_id}, host=host_id)
+
+    def deregister(self, host_id: str) -> None:
+        with self.store.tx() as conn:
+            if self.store.get_host(host_id, conn) is None:
+                raise NotFound(f"host {host_id} not found")
+            assigned = self.store.vms_on(host_id, conn)
+            if assigned:
+                raise Conflict(f"host {host_id} still has vm {assigned[0]['name']} assigned")
+            self.store.delete_host(conn, host_id)
+            self.store.add_event("host_removed", {"id": host_id}, host=host_id, conn=conn)
+
+    def token(self, host_id: str) -> str:
+        row = self.store.get_host(host_id)
+        return row["token"] if row else ""
+

@@ -1,0 +1,185 @@
+"""First-fit decreasing: the baseline, the fallback, and the "never worse" check.
+
+What Karpenter-style packers do: take the items largest first (a ``together``
+group is one item of its whole size), put each into the first machine with
+room in the preference order — own devices, running cloud hosts (cheapest
+extra first), machines already opened by this plan — and when none has room,
+open the offer with the lowest billed cost per VM it can take of what is left,
+within every cap. It never looks back, which is why the exact planner beats it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuse.controller.pool.model import (
+    PlanModel,
+    billed_secs,
+    fits_per_machine,
+    host_reject,
+    host_vcpus,
+    offer_reject,
+    offer_vcpus,
+)
+from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations
+
+
+class _Bins:
+    """Free room of every machine the packer may use, as numpy arrays (first-fit scans them)."""
+
+    def __init__(self, model: PlanModel, start: Solution):
+        c = model.constraints
+        # Own devices first (free), then running cloud hosts, cheapest per hour first.
+        order = sorted(range(len(model.hosts)), key=lambda h: (not model.hosts[h].own, model.hosts[h].usd_per_hour, h))
+        self.kind = ["host"] * len(order)
+        self.index = list(order)
+        self.cpu = np.array([host_vcpus(model.hosts[h], c) for h in order], dtype=np.int64)
+        self.mem = np.array([model.hosts[h].mem_mib for h in order], dtype=np.int64)
+        self.slots = np.full(len(order), 1 << 40, dtype=np.int64)  # VMs it may still take
+        pos = {h: b for b, h in enumerate(order)}
+        for (g, h), k in start.on_hosts.items():
+            self.cpu[pos[h]] -= k * model.groups[g].cpus
+            self.mem[pos[h]] -= k * model.groups[g].mem_mib
+
+    def open(self, model: PlanModel, machine: int, t: int) -> int:
+        o = model.offers[t]
+        self.kind.append("new")
+        self.index.append(machine)
+        self.cpu = np.append(self.cpu, offer_vcpus(o, model.constraints))
+        self.mem = np.append(self.mem, o.mem_mib)
+        self.slots = np.append(self.slots, 1 if o.one_space else 1 << 40)
+        return len(self.kind) - 1
+
+
+def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
+    """First-fit decreasing over a sorted model; respects every constraint of the model.
+
+    ``start`` (feasible, not changed) is a partial plan to complete: the exact
+    planner uses it to repair VMs its packing step could not fit.
+    """
+    c, groups = model.constraints, model.groups
+    start = start or Solution()
+    sol = Solution(on_hosts=dict(start.on_hosts))
+    bins = _Bins(model, start)
+    cap_hosts = min(x for x in (c.max_new_hosts, c.exact_new_hosts, 1 << 30) if x is not None)
+    per_type = [0] * len(model.offers)
+    family: dict[str, int] = {}
+    usd_h = 0.0
+    for m in start.machines:
+        o = model.offers[m.offer]
+        sol.machines.append(Machine(offer=m.offer, counts=dict(m.counts)))
+        b = bins.open(model, len(sol.machines) - 1, m.offer)
+        for g, k in m.counts.items():
+            bins.cpu[b] -= k * groups[g].cpus
+            bins.mem[b] -= k * groups[g].mem_mib
+            bins.slots[b] -= k
+        per_type[m.offer] += 1
+        family[o.quota_family] = family.get(o.quota_family, 0) + o.vcpus
+        usd_h += o.usd_per_hour
+    placed = start.placed(len(groups))
+
+    host_ok = [[host_reject(grp, h, c, size=False) is None for h in model.hosts] for grp in groups]
+    offer_ok = [[offer_reject(grp, o, c, size=False) is None for o in model.offers] for grp in groups]
+
+    def allowed_bin(g: int, b: int) -> bool:
+        if bins.kind[b] == "host":
+            return host_ok[g][bins.index[b]]
+        return offer_ok[g][sol.machines[bins.index[b]].offer]
+
+    def within_budget(extra: float = 0.0) -> bool:
+        return c.monthly_usd_left is None or cost_usd(model, sol) + extra <= c.monthly_usd_left + 1e-9
+
+    def add(g: int, b: int, k: int) -> None:
+        bins.cpu[b] -= k * groups[g].cpus
+        bins.mem[b] -= k * groups[g].mem_mib
+        bins.slots[b] -= k
+        if bins.kind[b] == "host":
+            key = (g, bins.index[b])
+            sol.on_hosts[key] = sol.on_hosts.get(key, 0) + k
+        else:
+            m = sol.machines[bins.index[b]]
+            m.counts[g] = m.counts.get(g, 0) + k
+
+    items = sorted(range(len(groups)), key=lambda g: (
+        -(groups[g].mem_mib * (groups[g].count if groups[g].together else 1)),
+        -groups[g].cpus, groups[g].name))
+    for g in items:
+        grp = groups[g]
+        left = grp.count - placed[g]
+        unit = grp.count if grp.together else 1
+        if left <= 0 or (grp.together and placed[g] > 0):
+            continue
+        fit = np.minimum(np.minimum(bins.cpu // grp.cpus, bins.mem // grp.mem_mib), bins.slots)
+        for b in np.flatnonzero(fit >= unit):
+            if left == 0:
+                break
+            if not allowed_bin(g, int(b)):
+                continue
+            k = min(left, int(fit[b])) if unit == 1 else unit
+            add(g, int(b), k)
+            if not within_budget():
+                add(g, int(b), -k)  # the longer work would overrun the monthly budget
+                continue
+            left -= k
+        while left > 0:
+            best = None
+            for t, o in enumerate(model.offers):
+                if not offer_ok[g][t]:
+                    continue
+                if not o.one_space and sum(1 for m in sol.machines if not model.offers[m.offer].one_space) >= cap_hosts:
+                    continue
+                if o.limit is not None and per_type[t] >= o.limit:
+                    continue
+                if o.quota_family in c.quotas and family.get(o.quota_family, 0) + o.vcpus > c.quotas[o.quota_family]:
+                    continue
+                if c.max_usd_per_hour is not None and usd_h + o.usd_per_hour > c.max_usd_per_hour + 1e-9:
+                    continue
+                take = 1 if o.one_space else min(left, fits_per_machine(grp, offer_vcpus(o, c), o.mem_mib))
+                if take < unit:
+                    continue
+                usd = o.usd_per_hour * billed_secs(o, grp.duration_secs) / 3600
+                if not within_budget(usd):
+                    continue
+                if best is None or usd / take < best[0] - 1e-12:
+                    best = (usd / take, t, take)
+            if best is None:
+                break
+            _, t, take = best
+            o = model.offers[t]
+            sol.machines.append(Machine(offer=t))
+            per_type[t] += 1
+            family[o.quota_family] = family.get(o.quota_family, 0) + o.vcpus
+            usd_h += o.usd_per_hour
+            add(g, bins.open(model, len(sol.machines) - 1, t), take)
+            left -= take
+    sol = _meet_exact_hosts(model, sol)
+    if violations(model, sol):
+        # splitting for the hosts pin can break a cap: then the baseline adds nothing
+        sol = Solution(on_hosts=sol.on_hosts)
+        if violations(model, sol):
+            sol = Solution()
+    return sol
+
+
+def _meet_exact_hosts(model: PlanModel, sol: Solution) -> Solution:
+    """The ``hosts`` pin asks for exactly N new hosts: split the fullest machines onto
+    copies of their type until there are N, or give up (nothing new) when it cannot."""
+    n = model.constraints.exact_new_hosts
+    if n is None:
+        return sol
+    hosts_new = [m for m in sol.machines if not model.offers[m.offer].one_space]
+    while len(hosts_new) < n:
+        m = max(hosts_new, key=lambda m: sum(m.counts.values()), default=None)
+        if m is None or sum(m.counts.values()) < 2:
+            break
+        # move one non-together VM to a fresh machine of the same type
+        g = next((g for g, k in sorted(m.counts.items()) if k > 0 and not model.groups[g].together), None)
+        if g is None:
+            break
+        m.counts[g] -= 1
+        fresh = Machine(offer=m.offer, counts={g: 1})
+        sol.machines.append(fresh)
+        hosts_new.append(fresh)
+    if len(hosts_new) != n:
+        return Solution(on_hosts=sol.on_hosts, machines=[])
+    return sol

@@ -1,0 +1,206 @@
+"""The planning model: what the elastic planner sees.
+
+A model is plain data (pydantic, so it round-trips through the ``json`` field
+of a plan and ``fuse pool plan --model FILE.json``):
+
+    PlanModel
+     ├── groups       DemandGroup   identical VMs: count × (cpus, mem_mib), kind,
+     │                              duration, together, pins
+     ├── hosts        PoolHost      machines already in the pool with free room:
+     │                              own devices (free) or running cloud hosts
+     │                              (paid for ``paid_secs_left`` more seconds)
+     ├── offers       Offer         machine types a linked cloud can add
+     └── constraints  Constraints   budget caps, quotas, exact new-host count
+
+Everything the solver needs to decide "may group g use machine m" lives in
+``host_reject`` / ``offer_reject``, which return a reason (a string) or None,
+so every rejection can be explained to the operator.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KVM_KINDS = frozenset({"vm", "microvm"})
+KINDS = frozenset({"container", "vm", "microvm"})
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DemandGroup(_Data):
+    """``count`` identical VMs. Pins restrict where they may go."""
+
+    name: str
+    count: int = Field(ge=0)
+    cpus: int = Field(ge=1)
+    mem_mib: int = Field(ge=1)
+    kind: str = "microvm"
+    image: str = "linux"
+    arch: str | None = None  # None: any architecture
+    together: bool = False  # all on one machine (forks of one checkpoint)
+    duration_secs: int = Field(default=3600, ge=0)
+    provider: str | None = None
+    region: str | None = None
+    instance_type: str | None = None
+    devices_only: bool = False  # only the operator's own devices
+    no_scale: bool = False  # no new machines
+
+    @property
+    def needs_kvm(self) -> bool:
+        return self.kind in KVM_KINDS
+
+
+class PoolHost(_Data):
+    """A machine already in the pool, with the room it has free now."""
+
+    name: str
+    vcpus: int = Field(ge=0)  # free vCPUs
+    mem_mib: int = Field(ge=0)  # free MiB
+    arch: str = "amd64"
+    kvm: bool = True
+    own: bool = True  # an operator's device: free to use
+    provider: str = ""
+    region: str = ""
+    usd_per_hour: float = Field(default=0.0, ge=0)
+    paid_secs_left: int = Field(default=0, ge=0)  # already-billed time still ahead
+    billing_step_secs: int = Field(default=1, ge=1)
+
+
+class Offer(_Data):
+    """A machine type a linked cloud can add, in one region."""
+
+    provider: str
+    type_name: str
+    region: str
+    arch: str
+    vcpus: int = Field(ge=1)
+    mem_mib: int = Field(ge=1)  # usable: RAM less what the agent and OS keep
+    disk_gb: int = 0
+    gpu: str = ""
+    kvm: bool = False
+    metal: bool = False
+    usd_per_hour: float = Field(ge=0)
+    billing_step_secs: int = Field(default=1, ge=1)
+    billing_min_secs: int = Field(default=0, ge=0)
+    boot_secs: int = Field(default=90, ge=0)
+    limit: int | None = Field(default=None, ge=0)  # at most this many of the type
+    quota_family: str = ""
+    one_space: bool = False  # a one-VM supplier's sandbox (Modal), not a host
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.type_name}/{self.region}"
+
+
+class Constraints(_Data):
+    """Caps on what the plan may add. None: no cap."""
+
+    max_usd_per_hour: float | None = Field(default=None, ge=0)  # added by new machines
+    max_new_hosts: int | None = Field(default=None, ge=0)  # one_space sandboxes not counted
+    exact_new_hosts: int | None = Field(default=None, ge=0)  # the request's ``hosts`` pin
+    allow_metal: bool = True
+    monthly_usd_left: float | None = Field(default=None, ge=0)  # caps projected_usd
+    quotas: dict[str, int] = Field(default_factory=dict)  # quota family -> vCPUs
+    cpu_overcommit: float = Field(default=1.0, gt=0)  # vCPUs sold per vCPU
+
+
+class PlanModel(_Data):
+    """The whole input of ``plan``. ``sorted()`` gives the canonical order."""
+
+    groups: list[DemandGroup] = Field(default_factory=list)
+    hosts: list[PoolHost] = Field(default_factory=list)
+    offers: list[Offer] = Field(default_factory=list)
+    constraints: Constraints = Field(default_factory=Constraints)
+    time_limit_secs: float = Field(default=5.0, gt=0)
+    seed: int = 0
+
+    def sorted(self) -> PlanModel:
+        """The same model with inputs in canonical order, so plans are reproducible."""
+        return self.model_copy(update={
+            "groups": sorted(self.groups, key=lambda g: g.name),
+            "hosts": sorted(self.hosts, key=lambda h: h.name),
+            "offers": sorted(self.offers, key=lambda o: (o.usd_per_hour, o.key)),
+        })
+
+
+def ceil_to(secs: float, step: int) -> int:
+    """``secs`` rounded up to a whole number of ``step``-second billing steps."""
+    return int(math.ceil(max(secs, 0) / step - 1e-9)) * step
+
+
+def billed_secs(offer: Offer, duration_secs: int) -> int:
+    """Seconds a new machine is billed for work lasting ``duration_secs``: boot + work,
+    rounded up to the billing step, at least the minimum."""
+    return max(offer.billing_min_secs, ceil_to(duration_secs + offer.boot_secs, offer.billing_step_secs))
+
+
+def extra_secs(host: PoolHost, duration_secs: int) -> int:
+    """Billed seconds a running cloud host adds to keep going for ``duration_secs``
+    beyond what is already paid (0 on own devices and within the paid time)."""
+    if host.own or host.usd_per_hour == 0:
+        return 0
+    return ceil_to(duration_secs - host.paid_secs_left, host.billing_step_secs)
+
+
+def fits_per_machine(group: DemandGroup, vcpus: float, mem_mib: int) -> int:
+    """How many VMs of ``group`` fit in (vcpus, mem_mib)."""
+    return int(min(vcpus // group.cpus, mem_mib // group.mem_mib))
+
+
+def host_reject(group: DemandGroup, host: PoolHost, c: Constraints, size: bool = True) -> str | None:
+    """Why ``group`` may not use existing ``host`` at all, or None (``size=False``: rules only)."""
+    if group.needs_kvm and not host.kvm:
+        return f"kind {group.kind} needs KVM"
+    if group.arch and host.arch != group.arch:
+        return f"arch {host.arch} is not {group.arch}"
+    if group.devices_only and not host.own:
+        return "devices_only"
+    if group.provider and not host.own and host.provider != group.provider:
+        return f"provider is not {group.provider}"
+    if not size:
+        return None
+    need = group.count if group.together else 1
+    if fits_per_machine(group, host.vcpus * c.cpu_overcommit, host.mem_mib) < max(need, 1):
+        return "no room" if need <= 1 else f"no room for all {need} together"
+    return None
+
+
+def offer_reject(group: DemandGroup, offer: Offer, c: Constraints, size: bool = True) -> str | None:
+    """Why ``group`` may not go on a new ``offer`` machine at all, or None (``size=False``: rules only)."""
+    if group.devices_only or group.no_scale:
+        return "devices_only" if group.devices_only else "no_scale"
+    if group.needs_kvm and not offer.kvm:
+        return f"kind {group.kind} needs KVM (metal types only)"
+    if offer.metal and not c.allow_metal:
+        return "allow_metal is off"
+    if group.arch and offer.arch != group.arch:
+        return f"arch {offer.arch} is not {group.arch}"
+    if group.provider and offer.provider != group.provider:
+        return f"provider is not {group.provider}"
+    if group.region and offer.region != group.region:
+        return f"region is not {group.region}"
+    if group.instance_type and offer.type_name != group.instance_type:
+        return f"type is not {group.instance_type}"
+    if offer.limit == 0:
+        return "type limit 0"
+    if not size:
+        return None
+    need = group.count if group.together else 1
+    if offer.one_space and need > 1:
+        return "one_space holds one VM"
+    if fits_per_machine(group, offer.vcpus * c.cpu_overcommit, offer.mem_mib) < max(need, 1):
+        return "too small" if need <= 1 else f"too small for all {need} together"
+    return None
+
+
+def offer_vcpus(offer: Offer, c: Constraints) -> int:
+    """Sellable vCPUs of one machine of ``offer`` (overcommit applied)."""
+    return int(offer.vcpus * c.cpu_overcommit)
+
+
+def host_vcpus(host: PoolHost, c: Constraints) -> int:
+    return int(host.vcpus * c.cpu_overcommit)

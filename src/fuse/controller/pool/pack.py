@@ -1,0 +1,106 @@
+"""Realise the aggregate answer: split VM counts over ``N`` identical machines.
+
+The exact planner decides, per machine type and billing class, *how many*
+machines (N) and *how many* VMs of each group (z_g) go on them, with capacity
+summed over the N machines. That is a relaxation: it ignores that a VM cannot
+straddle two machines. This module finds the per-machine split, first by
+first-fit decreasing (almost always enough when VMs are small against the
+machine), then by a small exact CP-SAT feasibility model over the N machines.
+When both fail the aggregate optimum is not packable and the planner repairs.
+"""
+
+from __future__ import annotations
+
+
+def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
+         one_space: bool) -> list[dict[int, int]] | None:
+    """items: (group, count, cpus, mem) with count<0 meaning one together item of -count VMs."""
+    free_cpu, free_mem = [cap_cpu] * n_bins, [cap_mem] * n_bins
+    slots = [1 if one_space else 1 << 40] * n_bins
+    bins: list[dict[int, int]] = [dict() for _ in range(n_bins)]
+    order = sorted(items, key=lambda it: (-abs(it[1]) * it[3] if it[1] < 0 else -it[3], -it[2], it[0]))
+    for g, count, cpu, mem in order:
+        if count < 0:  # together: the whole group in one bin
+            k = -count
+            for b in range(n_bins):
+                if free_cpu[b] >= k * cpu and free_mem[b] >= k * mem and slots[b] >= k:
+                    free_cpu[b] -= k * cpu
+                    free_mem[b] -= k * mem
+                    slots[b] -= k
+                    bins[b][g] = k
+                    break
+            else:
+                return None
+            continue
+        left = count
+        for b in range(n_bins):
+            k = min(left, free_cpu[b] // cpu, free_mem[b] // mem, slots[b])
+            if k > 0:
+                free_cpu[b] -= k * cpu
+                free_mem[b] -= k * mem
+                slots[b] -= k
+                bins[b][g] = bins[b].get(g, 0) + k
+                left -= k
+                if left == 0:
+                    break
+        if left:
+            return None
+    return bins
+
+
+def _exact(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
+           one_space: bool, time_limit: float, seed: int) -> list[dict[int, int]] | None:
+    from ortools.sat.python import cp_model  # the solver is imported only where it is used
+
+    m = cp_model.CpModel()
+    a: dict[tuple[int, int], cp_model.IntVar] = {}
+    for i, (g, count, cpu, mem) in enumerate(items):
+        k = abs(count)
+        col = []
+        for b in range(n_bins):
+            if count < 0:
+                use = m.new_bool_var(f"t{i}_{b}")
+                a[i, b] = use  # 1: the together group is on bin b
+                col.append(use)
+            else:
+                a[i, b] = m.new_int_var(0, min(k, cap_cpu // cpu, cap_mem // mem), f"a{i}_{b}")
+                col.append(a[i, b])
+        m.add(sum(col) == (1 if count < 0 else k))
+    for b in range(n_bins):
+        vms = [a[i, b] * (abs(it[1]) if it[1] < 0 else 1) for i, it in enumerate(items)]
+        m.add(sum(v * it[2] for v, it in zip(vms, items)) <= cap_cpu)
+        m.add(sum(v * it[3] for v, it in zip(vms, items)) <= cap_mem)
+        if one_space:
+            m.add(sum(vms) <= 1)
+    # the bins are identical: order them by how many of the first item they hold
+    for b in range(n_bins - 1):
+        m.add(a[0, b] >= a[0, b + 1])
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    bins: list[dict[int, int]] = [dict() for _ in range(n_bins)]
+    for (i, b), var in a.items():
+        v = solver.value(var)
+        if v:
+            g, count = items[i][0], items[i][1]
+            bins[b][g] = bins[b].get(g, 0) + (abs(count) if count < 0 else v)
+    return bins
+
+
+def pack(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int, *,
+         one_space: bool = False, time_limit: float = 0.2, seed: int = 0) -> list[dict[int, int]] | None:
+    """Split the items over ``n_bins`` machines of (cap_cpu, cap_mem), or None if it cannot.
+
+    ``items`` are (group, count, cpus each, MiB each); a negative count is one
+    ``together`` group of ``-count`` VMs that must share a machine. Returns one
+    {group: count} per machine (some may be empty).
+    """
+    if n_bins == 0:
+        return [] if not any(it[1] for it in items) else None
+    got = _ffd(items, n_bins, cap_cpu, cap_mem, one_space)
+    if got is None and n_bins <= 64:
+        got = _exact(items, n_bins, cap_cpu, cap_mem, one_space, time_limit, seed)
+    return got

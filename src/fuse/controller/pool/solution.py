@@ -1,0 +1,219 @@
+"""A placement, its cost, its feasibility, and its rendering as an ``ElasticPlan``.
+
+One ``Solution`` type is shared by the exact planner, the greedy baseline and
+the tests, so "cost" and "feasible" mean the same thing everywhere:
+
+    cost = Σ new machines  usd_per_hour × billed_secs(offer, D_m) / 3600
+         + Σ running hosts usd_per_hour × extra_secs(host, D_h) / 3600
+
+where ``D`` is the longest duration of the work placed on that machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fuse.controller.pool.model import (
+    PlanModel,
+    billed_secs,
+    extra_secs,
+    host_reject,
+    host_vcpus,
+    offer_reject,
+    offer_vcpus,
+)
+from fuse.models.pool import ElasticAssignment, ElasticNewHost, ElasticPlan, ElasticUnplaced
+
+
+@dataclass
+class Machine:
+    """A new machine of ``model.offers[offer]`` holding ``counts[g]`` VMs of group g."""
+
+    offer: int
+    counts: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Solution:
+    """VM counts per (group, existing host) and per new machine."""
+
+    on_hosts: dict[tuple[int, int], int] = field(default_factory=dict)
+    machines: list[Machine] = field(default_factory=list)
+
+    def placed(self, n_groups: int) -> list[int]:
+        out = [0] * n_groups
+        for (g, _), k in self.on_hosts.items():
+            out[g] += k
+        for m in self.machines:
+            for g, k in m.counts.items():
+                out[g] += k
+        return out
+
+
+def _duration(model: PlanModel, counts: dict[int, int]) -> int:
+    return max((model.groups[g].duration_secs for g, k in counts.items() if k > 0), default=0)
+
+
+def machine_billed_secs(model: PlanModel, m: Machine) -> int:
+    return billed_secs(model.offers[m.offer], _duration(model, m.counts))
+
+
+def host_durations(model: PlanModel, sol: Solution) -> dict[int, int]:
+    dur: dict[int, int] = {}
+    for (g, h), k in sol.on_hosts.items():
+        if k > 0:
+            dur[h] = max(dur.get(h, 0), model.groups[g].duration_secs)
+    return dur
+
+
+def cost_usd(model: PlanModel, sol: Solution) -> float:
+    """What the plan costs: new machines billed, plus running hosts' extra billed time."""
+    total = sum(model.offers[m.offer].usd_per_hour * machine_billed_secs(model, m) for m in sol.machines)
+    for h, d in host_durations(model, sol).items():
+        total += model.hosts[h].usd_per_hour * extra_secs(model.hosts[h], d)
+    return total / 3600.0
+
+
+def added_usd_per_hour(model: PlanModel, sol: Solution) -> float:
+    return sum(model.offers[m.offer].usd_per_hour for m in sol.machines)
+
+
+def ready_in_secs(model: PlanModel, sol: Solution) -> int:
+    return max((model.offers[m.offer].boot_secs for m in sol.machines), default=0)
+
+
+def violations(model: PlanModel, sol: Solution) -> list[str]:
+    """Every way ``sol`` breaks the model (empty: feasible). Used by tests and as a guard."""
+    c, out = model.constraints, []
+    placed = sol.placed(len(model.groups))
+    for g, grp in enumerate(model.groups):
+        if placed[g] > grp.count:
+            out.append(f"{grp.name}: {placed[g]} placed of {grp.count}")
+    bins: dict[tuple[str, int], dict[int, int]] = {}
+    for (g, h), k in sol.on_hosts.items():
+        if k > 0:
+            bins.setdefault(("host", h), {})[g] = k
+    for i, m in enumerate(sol.machines):
+        if not any(k > 0 for k in m.counts.values()):
+            out.append(f"new machine {i} is empty")
+        bins[("new", i)] = {g: k for g, k in m.counts.items() if k > 0}
+    for (kind, i), counts in bins.items():
+        if kind == "host":
+            h = model.hosts[i]
+            cap_cpu, cap_mem, label, one = host_vcpus(h, c), h.mem_mib, h.name, False
+        else:
+            o = model.offers[sol.machines[i].offer]
+            cap_cpu, cap_mem, label, one = offer_vcpus(o, c), o.mem_mib, f"new {i} {o.key}", o.one_space
+        if sum(model.groups[g].cpus * k for g, k in counts.items()) > cap_cpu:
+            out.append(f"{label}: vCPUs over capacity")
+        if sum(model.groups[g].mem_mib * k for g, k in counts.items()) > cap_mem:
+            out.append(f"{label}: memory over capacity")
+        if one and sum(counts.values()) > 1:
+            out.append(f"{label}: one_space holds one VM")
+        for g, k in counts.items():
+            grp = model.groups[g]
+            # size was checked above on the whole bin; here only the rules
+            why = (host_reject(grp, model.hosts[i], c, size=False) if kind == "host"
+                   else offer_reject(grp, model.offers[sol.machines[i].offer], c, size=False))
+            if why:
+                out.append(f"{label}: {grp.name} not allowed ({why})")
+            if grp.together and k != grp.count:
+                out.append(f"{label}: together group {grp.name} split")
+    hosts_new = [m for m in sol.machines if not model.offers[m.offer].one_space]
+    if c.max_new_hosts is not None and len(hosts_new) > c.max_new_hosts:
+        out.append(f"{len(hosts_new)} new hosts > max_new_hosts {c.max_new_hosts}")
+    # the hosts pin: exactly N new hosts, or a refused plan that places nothing
+    if c.exact_new_hosts is not None and len(hosts_new) != c.exact_new_hosts and sum(placed) > 0:
+        out.append(f"{len(hosts_new)} new hosts != hosts pin {c.exact_new_hosts}")
+    if c.max_usd_per_hour is not None and added_usd_per_hour(model, sol) > c.max_usd_per_hour + 1e-9:
+        out.append("max_usd_per_hour exceeded")
+    if c.monthly_usd_left is not None and cost_usd(model, sol) > c.monthly_usd_left + 1e-6:
+        out.append("monthly budget exceeded")
+    per_type = Counter(m.offer for m in sol.machines)
+    for t, n in per_type.items():
+        if model.offers[t].limit is not None and n > model.offers[t].limit:
+            out.append(f"{model.offers[t].key}: {n} > limit {model.offers[t].limit}")
+    fam: Counter[str] = Counter()
+    for m in sol.machines:
+        fam[model.offers[m.offer].quota_family] += model.offers[m.offer].vcpus
+    for f, v in fam.items():
+        if f in c.quotas and v > c.quotas[f]:
+            out.append(f"quota {f}: {v} vCPUs > {c.quotas[f]}")
+    return out
+
+
+def better(model: PlanModel, a: Solution, b: Solution) -> bool:
+    """Is ``a`` strictly better than ``b``: more VMs placed, then cheaper."""
+    pa, pb = sum(a.placed(len(model.groups))), sum(b.placed(len(model.groups)))
+    if pa != pb:
+        return pa > pb
+    return cost_usd(model, a) < cost_usd(model, b) - 1e-9
+
+
+def unplaced_reason(model: PlanModel, g: int) -> str:
+    """Why group g (partly) has no place: no machine can hold it at all, or the caps."""
+    grp, c = model.groups[g], model.constraints
+    why = Counter(host_reject(grp, h, c) for h in model.hosts)
+    why.update(offer_reject(grp, o, c) for o in model.offers)
+    if why[None] == 0:
+        if not why:
+            return "no hosts in the pool and no offers"
+        parts = [f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4)]
+        return "no machine can hold it: " + "; ".join(parts)
+    caps = [f"{k}={v}" for k, v in (
+        ("max_new_hosts", c.max_new_hosts), ("hosts", c.exact_new_hosts),
+        ("max_usd_per_hour", c.max_usd_per_hour), ("monthly_usd_left", c.monthly_usd_left),
+    ) if v is not None]
+    caps += [f"quota {f}={v}" for f, v in sorted(c.quotas.items())]
+    caps += [f"limit {o.type_name}={o.limit}" for o in model.offers if o.limit is not None]
+    return "no room within the caps: " + ", ".join(caps) if caps else "no room left in the pool"
+
+
+def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: float,
+            notes: list[str] | None = None) -> ElasticPlan:
+    """Render ``sol`` as the seed's ``ElasticPlan``, with one explain line per decision."""
+    groups, hosts, offers = model.groups, model.hosts, model.offers
+    assignments, explain = [], []
+    durs = host_durations(model, sol)
+    for (g, h), k in sorted(sol.on_hosts.items()):
+        if k <= 0:
+            continue
+        host = hosts[h]
+        assignments.append(ElasticAssignment(group=groups[g].name, host=host.name, count=k))
+        if host.own:
+            why = "own device, free"
+        else:
+            extra = host.usd_per_hour * extra_secs(host, durs[h]) / 3600
+            why = f"running cloud host, ${extra:.4f} extra billed" if extra else "running cloud host, within paid time"
+        explain.append(f"{k} × {groups[g].name} on {host.name} ({why})")
+    new_hosts = []
+    for i, m in enumerate(sol.machines):
+        o = offers[m.offer]
+        billed = machine_billed_secs(model, m)
+        new_hosts.append(ElasticNewHost(provider=o.provider, type_name=o.type_name, region=o.region,
+                                        usd_per_hour=o.usd_per_hour, boot_secs=o.boot_secs,
+                                        billed_secs=billed, one_space=o.one_space))
+        what = []
+        for g, k in sorted(m.counts.items()):
+            if k > 0:
+                assignments.append(ElasticAssignment(group=groups[g].name, host="", new_index=i, count=k))
+                what.append(f"{k} × {groups[g].name}")
+        explain.append(f"new #{i} {o.key} (${o.usd_per_hour}/h, {billed} s billed = "
+                       f"${o.usd_per_hour * billed / 3600:.4f}, boots in {o.boot_secs} s): {', '.join(what)}")
+    unplaced = []
+    for g, p in enumerate(sol.placed(len(groups))):
+        if p < groups[g].count:
+            reason = unplaced_reason(model, g)
+            unplaced.append(ElasticUnplaced(group=groups[g].name, count=groups[g].count - p, reason=reason))
+            explain.append(f"{groups[g].count - p} × {groups[g].name} unplaced: {reason}")
+    projected = cost_usd(model, sol)
+    explain.append(f"solver {solver}: ${projected:.4f} projected, lower bound ${lower_bound_usd:.4f}")
+    explain.extend(notes or [])
+    plan = ElasticPlan(assignments=assignments, new_hosts=new_hosts, unplaced=unplaced,
+                       added_usd_per_hour=round(added_usd_per_hour(model, sol), 6),
+                       projected_usd=round(projected, 6), lower_bound_usd=round(min(lower_bound_usd, projected), 6),
+                       solver=solver, ready_in_secs=ready_in_secs(model, sol), explain=explain)
+    body = {"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json", exclude={"json"})}
+    return plan.model_copy(update={"json": json.dumps(body, sort_keys=True)})

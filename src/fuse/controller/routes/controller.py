@@ -1,0 +1,50 @@
+"""/v1/controller: the controller's own settings (its client certificate for
+mutual-TLS hosts, and the placement policy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from fastapi import APIRouter, Request
+
+from ...errors import InvalidArgument
+from ...models.base import Record
+
+router = APIRouter(tags=["controller"])
+
+
+class ControllerSettings(Record):
+    cert: Optional[str] = None
+    key: Optional[str] = None
+    ca: Optional[str] = None
+    placement: Literal["best_fit"] = "best_fit"
+
+
+def _public(s: dict) -> dict:
+    # The key's path is a secret's location; the settings never show it.
+    return {k: v for k, v in s.items() if k != "key"} | {"key_set": bool(s.get("key"))}
+
+
+@router.get("/v1/controller", summary="getController: settings, without the key.")
+async def get_controller(request: Request) -> dict:
+    return _public(request.app.state.ctl.settings())
+
+
+@router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).")
+async def put_controller(request: Request, body: ControllerSettings) -> dict:
+    given = [f for f in ("cert", "key", "ca") if getattr(body, f)]
+    if given and len(given) != 3:
+        raise InvalidArgument("cert, key and ca go together: give all three or none")
+    for f in given:
+        if not Path(getattr(body, f)).is_file():
+            raise InvalidArgument(f"{f}: no file at {getattr(body, f)}")
+    if given:
+        from ...transport import TlsSettings
+        try:
+            TlsSettings(body.cert, body.key, body.ca).context()
+        except Exception as exc:
+            raise InvalidArgument(f"the certificate, key and CA do not load together: {exc}") from None
+    ctl = request.app.state.ctl
+    ctl.store.put_setting("controller", body.model_dump(exclude_none=True))
+    return _public(ctl.settings())

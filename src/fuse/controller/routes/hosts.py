@@ -1,0 +1,90 @@
+"""/v1/hosts: the host registry, wire-compatible with the Fuse orchestrator's
+hosts API (folsom-fuse)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from ...errors import InvalidArgument
+from ...models.hosts import Host, HostPage, RegisterHostRequest
+
+router = APIRouter(tags=["hosts"])
+
+
+def _ctl(request: Request):
+    return request.app.state.ctl
+
+
+def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
+    """Accept seed 000's `{id, url, ...}` and seed 004's `{name, addr}`. The
+    short form is the operator's `hosts add`: a missing vm_count there takes
+    the CLI's documented default of 16 rather than failing."""
+    if not isinstance(body, dict):
+        raise InvalidArgument("body must be a JSON object")
+    body = dict(body)
+    if "id" not in body and "name" in body:
+        body["id"] = body.pop("name")
+        body.setdefault("capacity", {})
+        if isinstance(body["capacity"], dict):
+            body["capacity"].setdefault("vm_count", 16)
+    if "url" not in body and "addr" in body:
+        body["url"] = body.pop("addr")
+    try:
+        return RegisterHostRequest.model_validate(body)
+    except Exception as exc:  # pydantic.ValidationError
+        errs = getattr(exc, "errors", lambda: [])()
+        first = errs[0] if errs else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise InvalidArgument(f"{where}: {first.get('msg', exc)}" if where else str(exc)) from None
+
+
+@router.post("/v1/hosts", status_code=201, response_model=Host, summary="registerHost: add a host, probing its hardware.")
+async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
+    host, created = await _ctl(request).hosts.register(_register_body(body))
+    return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+def _cursor_decode(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
+    except Exception:
+        raise InvalidArgument("cursor is not one this server issued") from None
+
+
+@router.get("/v1/hosts", response_model=HostPage, summary="listHosts: every host with capacity and allocations.")
+async def list_hosts(request: Request, limit: int = Query(0, ge=0), cursor: str = "") -> HostPage:
+    hosts = _ctl(request).hosts.list()
+    if cursor:
+        after = _cursor_decode(cursor)
+        hosts = [h for h in hosts if h.id > after]
+    nxt = None
+    if limit and len(hosts) > limit:
+        hosts = hosts[:limit]
+        nxt = base64.urlsafe_b64encode(hosts[-1].id.encode()).decode().rstrip("=")
+    return HostPage(hosts=hosts, next_cursor=nxt)
+
+
+@router.get("/v1/hosts/{host_id}", response_model=Host, summary="getHost: one host by id.")
+async def get_host(request: Request, host_id: str) -> Host:
+    return _ctl(request).hosts.get(host_id)
+
+
+@router.post("/v1/hosts/{host_id}", status_code=204, summary="actOnHost: cordon, uncordon or drain.")
+async def host_action(request: Request, host_id: str,
+                      action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
+    ctl = _ctl(request)
+    if action == "drain":
+        await ctl.drain(host_id)
+    else:
+        ctl.hosts.set_state(host_id, "cordoned" if action == "cordon" else "active")
+    return Response(status_code=204)
+
+
+@router.delete("/v1/hosts/{host_id}", status_code=204, summary="deregisterHost: remove a host with no VMs assigned.")
+async def deregister_host(request: Request, host_id: str) -> Response:
+    _ctl(request).hosts.deregister(host_id)
+    return Response(status_code=204)

@@ -1,0 +1,67 @@
+"""The controller's services, wired once and shared by the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from ..transport import TlsSettings
+from .hosts import HostRegistry
+from .store import Store, engine_url
+
+
+def default_controller_socket() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/fuse-controller.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "fuse-controller.sock" if runtime else Path(f"/tmp/fuse-{os.getuid()}/fuse-controller.sock")
+
+
+class Controller:
+    def __init__(self, state_dir: Path, db: str | None = None, token: str | None = None,
+                 poll_interval: float = 1.0):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(engine_url(db, self.state_dir))
+        self.token = token
+        self.poll_interval = poll_interval
+        self.fleet = None  # the pollers, once started (fuse.controller.fleet)
+        self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live)
+        self.new_events = asyncio.Event()
+
+    # ---- controller settings (PUT /v1/controller) ---------------------------
+    def settings(self) -> dict[str, Any]:
+        return self.store.get_setting("controller", {"placement": "best_fit"})
+
+    def tls_settings(self) -> TlsSettings | None:
+        s = self.settings()
+        if s.get("cert") and s.get("key") and s.get("ca"):
+            return TlsSettings(cert=s["cert"], key=s["key"], ca=s["ca"])
+        return None
+
+    def _live(self, host_id: str) -> dict[str, Any]:
+        return self.fleet.live(host_id) if self.fleet is not None else {}
+
+    async def start(self) -> None:
+        try:
+            from .fleet import Fleet
+        except ImportError:
+            return
+        self.fleet = Fleet(self)
+        await self.fleet.start()
+
+    async def close(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.close()
+        self.store.close()
+
+    async def drain(self, host_id: str) -> dict[str, Any]:
+        """Stop placements on the host and move every VM away (the moves
+        service does the moving once present)."""
+        self.hosts.set_state(host_id, "draining")
+        moves = getattr(self, "moves", None)
+        if moves is not None:
+            return await moves.drain(host_id)
+        return {"host": host_id, "moving": [], "stuck": []}

@@ -1,0 +1,219 @@
+"""The controller's store: SQLite by default (zero set-up), PostgreSQL for
+several replicas sharing one fleet. SQLAlchemy Core keeps one code path for
+both; every write is one transaction."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, Text,
+                        UniqueConstraint, create_engine, delete, event, func, insert, select, update)
+from sqlalchemy.engine import Connection, Engine
+
+metadata = MetaData()
+
+hosts = Table(
+    "hosts", metadata,
+    Column("id", String(255), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("token", Text, nullable=False, default=""),  # never returned by any API
+    Column("region", String(255), nullable=False, default=""),
+    Column("backend", String(32), nullable=False),
+    Column("labels", JSON, nullable=False, default=dict),
+    Column("capacity", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("agent_id", String(64), nullable=False, default=""),
+    Column("last_seen", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+vms = Table(
+    "vms", metadata,
+    Column("name", String(255), primary_key=True),
+    Column("host", String(255), nullable=False, index=True),
+    Column("vcpus", Integer, nullable=False),
+    Column("mem_mib", Integer, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("record", JSON, nullable=False, default=dict),
+    Column("created_at", Float, nullable=False),
+)
+
+events = Table(
+    "events", metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("host", String(255), nullable=False, default=""),
+    Column("host_event_id", BigInteger, nullable=True),
+    Column("data", JSON, nullable=False, default=dict),
+    UniqueConstraint("host", "host_event_id", name="uq_events_host_event"),
+)
+
+# How far the controller has read each host's own event log.
+host_cursors = Table(
+    "host_cursors", metadata,
+    Column("host", String(255), primary_key=True),
+    Column("agent_id", String(64), nullable=False, default=""),
+    Column("cursor", BigInteger, nullable=False, default=0),
+)
+
+settings = Table(
+    "settings", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", JSON, nullable=False),
+)
+
+moves = Table(
+    "moves", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("vm", String(255), nullable=False, index=True),
+    Column("source", String(255), nullable=False),
+    Column("target", String(255), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("record", JSON, nullable=False, default=dict),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+
+def engine_url(db: str | None, state_dir: Path) -> str:
+    if not db:
+        return f"sqlite:///{state_dir / 'fuse.db'}"
+    if db.startswith("postgresql://") or db.startswith("postgres://"):
+        return "postgresql+psycopg://" + db.split("://", 1)[1]
+    return db
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        kwargs: dict[str, Any] = {"future": True}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.is_sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn, _):
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.close()
+        # SQLite allows one writer; serialise writes in-process rather than
+        # collecting "database is locked" errors under concurrent creates.
+        self._write_lock = threading.Lock() if self.is_sqlite else None
+        metadata.create_all(self.engine)
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        if self._write_lock is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._write_lock, self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- hosts -------------------------------------------------------------
+    def get_host(self, host_id: str, conn: Connection | None = None) -> dict | None:
+        q = select(hosts).where(hosts.c.id == host_id)
+        if conn is not None:
+            row = conn.execute(q).mappings().first()
+        else:
+            with self.read() as c:
+                row = c.execute(q).mappings().first()
+        return dict(row) if row else None
+
+    def list_hosts(self) -> list[dict]:
+        with self.read() as c:
+            return [dict(r) for r in c.execute(select(hosts).order_by(hosts.c.id)).mappings()]
+
+    def put_host(self, conn: Connection, row: dict) -> None:
+        if self.get_host(row["id"], conn) is None:
+            conn.execute(insert(hosts).values(**row))
+        else:
+            conn.execute(update(hosts).where(hosts.c.id == row["id"]).values(**row))
+
+    def set_host_state(self, host_id: str, state: str) -> bool:
+        with self.tx() as c:
+            n = c.execute(update(hosts).where(hosts.c.id == host_id)
+                          .values(state=state, updated_at=time.time())).rowcount
+        return n > 0
+
+    def delete_host(self, conn: Connection, host_id: str) -> None:
+        conn.execute(delete(hosts).where(hosts.c.id == host_id))
+        conn.execute(delete(host_cursors).where(host_cursors.c.host == host_id))
+
+    # ---- vms ---------------------------------------------------------------
+    def vms_on(self, host_id: str, conn: Connection | None = None) -> list[dict]:
+        q = select(vms).where(vms.c.host == host_id).order_by(vms.c.name)
+        if conn is not None:
+            return [dict(r) for r in conn.execute(q).mappings()]
+        with self.read() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def list_vms(self) -> list[dict]:
+        with self.read() as c:
+            return [dict(r) for r in c.execute(select(vms).order_by(vms.c.name)).mappings()]
+
+    def vms_named(self, name: str) -> list[dict]:
+        with self.read() as c:
+            return [dict(r) for r in c.execute(select(vms).where(vms.c.name == name)).mappings()]
+
+    def allocated(self) -> dict[str, dict[str, int]]:
+        """Per host: the VMs assigned to it and their summed shape."""
+        q = select(vms.c.host, func.count(), func.coalesce(func.sum(vms.c.vcpus), 0),
+                   func.coalesce(func.sum(vms.c.mem_mib), 0)).group_by(vms.c.host)
+        with self.read() as c:
+            return {h: {"vm_count": n, "cpus": int(cpu), "ram_mb": int(mem)} for h, n, cpu, mem in c.execute(q)}
+
+    # ---- events ------------------------------------------------------------
+    def add_event(self, type_: str, data: dict, host: str = "", host_event_id: int | None = None,
+                  ts: float | None = None, conn: Connection | None = None) -> None:
+        row = dict(ts=ts or time.time(), type=type_, host=host, host_event_id=host_event_id, data=data)
+        if conn is not None:
+            conn.execute(insert(events).values(**row))
+        else:
+            with self.tx() as c:
+                c.execute(insert(events).values(**row))
+
+    def events_after(self, cursor: int, limit: int = 500) -> list[dict]:
+        q = select(events).where(events.c.id > cursor).order_by(events.c.id).limit(limit)
+        with self.read() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def last_event_id(self) -> int:
+        with self.read() as c:
+            return int(c.execute(select(func.coalesce(func.max(events.c.id), 0))).scalar_one())
+
+    # ---- settings ----------------------------------------------------------
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        with self.read() as c:
+            v = c.execute(select(settings.c.value).where(settings.c.key == key)).scalar_one_or_none()
+        return default if v is None else v
+
+    def put_setting(self, key: str, value: Any) -> None:
+        with self.tx() as c:
+            if c.execute(select(settings.c.key).where(settings.c.key == key)).first():
+                c.execute(update(settings).where(settings.c.key == key).values(value=value))
+            else:
+                c.execute(insert(settings).values(key=key, value=value))
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,1 @@
+"""Wire records shared by the server and the SDK (pydantic v2)."""

@@ -1,0 +1,96 @@
+"""Host registry records (seed 000), wire-compatible with folsom-fuse."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from .base import Record
+
+HostState = Literal["active", "cordoned", "draining"]
+BACKENDS = ("firecracker", "qemu")
+
+
+class GPUDevice(Record):
+    uuid: str = ""
+    model: str = ""
+    pci_bus_id: str = ""
+    memory_mb: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""
+    compute_cap: str = ""
+    mig_capable: bool = False
+    mig_mode: str = ""
+    iommu_group: str = ""
+
+
+class MIGInstance(Record):
+    uuid: str = ""
+    profile: str = ""
+    kind: str = ""
+    parent_gpu_uuid: str = ""
+
+
+class HostCapacity(Record):
+    """A host's resource envelope. On `capacity`, cpus/ram_mb/storage_gb left
+    at 0 are probed; vm_count is policy and always declared."""
+
+    cpus: int = 0
+    ram_mb: int = 0
+    storage_gb: int = 0
+    vm_count: int = 0
+    arch: str = ""
+    gpus: int = 0
+    gpu_kind: str = ""
+    mig_profiles: Optional[dict[str, int]] = None
+    mig_instances: list[MIGInstance] = Field(default_factory=list)
+    mig_instance_uuids: list[str] = Field(default_factory=list)
+    gpu_devices: list[GPUDevice] = Field(default_factory=list)
+    # Probed at registration only; a declared value is ignored.
+    firecracker: str = ""
+    firecracker_pinned: str = ""
+
+
+class RegisterHostRequest(Record):
+    id: str
+    url: str
+    token: Optional[str] = None
+    region: Optional[str] = None
+    backend: Optional[str] = None
+    labels: Optional[dict[str, str]] = None
+    capacity: HostCapacity = Field(default_factory=HostCapacity)
+
+
+class Host(Record):
+    """The controller's view of a registered host. The agent token is stored
+    but never part of this record."""
+
+    id: str = ""
+    url: str = ""
+    region: str = ""
+    state: str = ""
+    backend: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    capacity: HostCapacity = Field(default_factory=HostCapacity)
+    allocated: HostCapacity = Field(default_factory=HostCapacity)
+    last_seen: Optional[datetime] = None
+    created_at: Optional[datetime] = None
+    updated_at: Optional[datetime] = None
+    # Only ever populated on the response to register.
+    warnings: list[str] = Field(default_factory=list)
+    # Live view from the controller's poller (fuse extension; ignored by
+    # folsom-fuse): whether the host answers, and its free room.
+    connected: bool = False
+    free_vcpus: int = 0
+    free_mem_mib: int = 0
+    memory_pressure: bool = False
+    platform: str = ""
+    bundles: list[dict] = Field(default_factory=list)
+    agent_id: str = ""
+
+
+class HostPage(Record):
+    hosts: list[Host] = Field(default_factory=list)
+    next_cursor: Optional[str] = None

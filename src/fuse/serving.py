@@ -1,0 +1,99 @@
+"""Run an ASGI app on TCP and/or an owner-only unix socket.
+
+We bind the unix socket ourselves rather than letting uvicorn do it: uvicorn
+chmods its sockets 0666, and a control socket must be owner-only (0600, in a
+0700 directory when fuse creates the directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+
+def owner_only_socket(path: Path) -> socket.socket:
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is born 0600: no window where others may connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def trusted(app: Any) -> Any:
+    """Mark requests that arrive over the owner-only socket: file-system
+    permissions already authenticated them, so no bearer token is asked."""
+
+    async def wrapper(scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            scope = dict(scope, fuse_trusted=True)
+        await app(scope, receive, send)
+
+    return wrapper
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen wants HOST:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None = None,
+                ssl_options: dict[str, Any] | None = None, ready: asyncio.Event | None = None) -> None:
+    """Serve until cancelled or signalled. The first server runs the app's
+    lifespan; the second (if any) shares it."""
+    servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = []
+    lifespan = "on"
+    if listen:
+        host, port = parse_listen(listen)
+        cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
+                             **(ssl_options or {}))
+        servers.append((uvicorn.Server(cfg), None))
+        lifespan = "off"
+    if socket_path:
+        sock = owner_only_socket(Path(socket_path))
+        cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan)
+        servers.append((uvicorn.Server(cfg), [sock]))
+    if not servers:
+        raise ValueError("nothing to serve on: give a listen address or a socket path")
+    if len(servers) == 2:
+        # Only the first installs signal handlers; have it stop the other.
+        servers[1][0].install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
+
+    async def _ready():
+        while not all(s.started for s, _ in servers):
+            await asyncio.sleep(0.02)
+        if ready:
+            ready.set()
+
+    asyncio.create_task(_ready())
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for s, _ in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if socket_path and Path(socket_path).exists():
+            Path(socket_path).unlink()
+
+
+def tls_server_options(cert: str, key: str, ca: str) -> dict[str, Any]:
+    """uvicorn options for a mutual-TLS listener: only clients whose
+    certificate the CA signed get in."""
+    return {"ssl_certfile": cert, "ssl_keyfile": key, "ssl_ca_certs": ca,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED}
