@@ -222,6 +222,7 @@ def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None
     # half-written bundle that running VMs or the probe would see.
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    tmp.chmod(0o755)
     (tmp / "vmlinux").write_bytes(vmlinux)
     (tmp / "initrd.cpio.gz").write_bytes(initrd)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -25,6 +25,9 @@ from typing import Any
 
 CONSOLE = "console.log"
 STATE_DIR = "state"
+# The entry travels base64-encoded on the kernel command line (x86
+# COMMAND_LINE_SIZE is 2048; base64 grows it by 4/3; fixed arguments ~150).
+MAX_ENTRY_BYTES = 1300
 
 
 class BackendError(RuntimeError):

@@ -38,9 +38,6 @@ from .base import (Backend, BackendError, BootSpec, kill_and_wait, process_alive
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
-# x86 COMMAND_LINE_SIZE is 2048; base64 grows the entry by 4/3 and the fixed
-# arguments take ~150 bytes.
-MAX_ENTRY_BYTES = 1300
 _KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 pci=off i8042.noaux i8042.nokbd"
 
 

@@ -1,0 +1,154 @@
+"""Host API routes for VMs, moves' incoming side, events and usage.
+
+Routes only parse and call the ``VmManager`` (``request.app.state.vms``);
+errors are ``fuse.errors`` exceptions, which the app maps to
+``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from ...errors import InvalidArgument
+from ...models.vm import CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
+from ..events import MAX_LIMIT
+from ..vms import VmManager
+
+router = APIRouter(tags=["vms"])
+MAX_READ = 64 * 2**20
+MAX_WAIT_S = 60.0
+
+
+def _vms(request: Request) -> VmManager:
+    return request.app.state.vms
+
+
+def _dump(vm) -> dict[str, Any]:
+    return vm.model_dump(mode="json")
+
+
+@router.post("/v1/host/vms", status_code=201, summary="Create a VM: admit it and boot it.")
+async def create_vm(request: Request, body: CreateVmRequest) -> dict[str, Any]:
+    return _dump(await _vms(request).create(body))
+
+
+@router.get("/v1/host/vms", summary="List this host's VMs.")
+async def list_vms(request: Request) -> dict[str, Any]:
+    return {"vms": [_dump(v) for v in _vms(request).list()]}
+
+
+@router.get("/v1/host/vms/{name}", summary="Get one VM.")
+async def get_vm(request: Request, name: str) -> dict[str, Any]:
+    return _dump(_vms(request).get(name))
+
+
+@router.get("/v1/host/vms/{name}/console", summary="Serial console output from a byte offset.")
+async def get_console(request: Request, name: str, offset: int = 0) -> dict[str, Any]:
+    return _vms(request).console(name, offset)
+
+
+@router.delete("/v1/host/vms/{name}", status_code=204,
+               summary="Stop and remove a VM (a VM held by a move needs its move_id).")
+async def delete_vm(request: Request, name: str, move_id: str | None = None) -> Response:
+    await _vms(request).delete(name, move_id)
+    return Response(status_code=204)
+
+
+@router.post("/v1/host/vms/{name}/sleep", summary="Write the VM's state to files and stop its process.")
+async def sleep_vm(request: Request, name: str, body: SleepRequest | None = None) -> dict[str, Any]:
+    return _dump(await _vms(request).sleep(name, (body or SleepRequest()).move_id))
+
+
+@router.post("/v1/host/vms/{name}/wake", summary="Resume a sleeping VM from its files, or clear its mark.")
+async def wake_vm(request: Request, name: str, body: WakeRequest | None = None) -> dict[str, Any]:
+    body = body or WakeRequest()
+    return _dump(await _vms(request).wake(name, body.move_id, body.clear_mark))
+
+
+@router.get("/v1/host/vms/{name}/files", summary="A sleeping VM's state files, with sizes and SHA-256.")
+async def list_files(request: Request, name: str) -> dict[str, Any]:
+    return {"files": [f.model_dump() for f in _vms(request).state_files(name)]}
+
+
+@router.get("/v1/host/vms/{name}/files/{file}", summary="Read a state file by byte range.")
+async def read_file(request: Request, name: str, file: str, offset: int = 0,
+                    length: int = Query(default=4 * 2**20, ge=1, le=MAX_READ)) -> Response:
+    path = _vms(request).state_file(name, file)
+    size = path.stat().st_size
+    if not 0 <= offset <= size:
+        raise InvalidArgument(f"offset {offset} is outside {file} ({size} bytes)")
+
+    def _read() -> bytes:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return os.pread(fd, min(length, size - offset), offset)
+        finally:
+            os.close(fd)
+    data = await asyncio.to_thread(_read)
+    return Response(content=data, media_type="application/octet-stream",
+                    headers={"X-File-Size": str(size), "X-Offset": str(offset)})
+
+
+@router.post("/v1/host/incoming", status_code=201, summary="Begin receiving a moved VM (reserves room).")
+async def begin_incoming(request: Request, body: IncomingRequest) -> dict[str, Any]:
+    return await _vms(request).incoming.begin(body)
+
+
+@router.get("/v1/host/incoming", summary="Incoming moves in flight or installed but not yet woken.")
+async def list_incoming(request: Request) -> dict[str, Any]:
+    return {"incoming": _vms(request).incoming.list()}
+
+
+@router.put("/v1/host/incoming/{move_id}/files/{file}", summary="Write raw bytes at an offset.")
+async def put_incoming_file(request: Request, move_id: str, file: str, offset: int = 0) -> dict[str, Any]:
+    return await _vms(request).incoming.write(move_id, file, offset, await request.body())
+
+
+@router.post("/v1/host/incoming/{move_id}/install", summary="Verify the files; install as a sleeping VM.")
+async def install_incoming(request: Request, move_id: str) -> dict[str, Any]:
+    return _dump(await _vms(request).incoming.install(move_id))
+
+
+@router.delete("/v1/host/incoming/{move_id}", status_code=204, summary="Abort an incoming move (idempotent).")
+async def abort_incoming(request: Request, move_id: str) -> Response:
+    await _vms(request).incoming.abort(move_id)
+    return Response(status_code=204)
+
+
+@router.get("/v1/host/events", summary="Events with id > since, oldest first (long poll with wait_s).")
+async def list_events(request: Request, since: int = 0, limit: int = 100, wait_s: float = 0) -> dict[str, Any]:
+    events = request.app.state.events
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
+    await events.wait(since, min(max(wait_s, 0.0), MAX_WAIT_S))
+    items = events.list(since, limit)
+    return {"events": items, "next": items[-1]["id"] if items else max(since, 0),
+            "last_id": events.last_id}
+
+
+@router.get("/v1/host/usage", summary="Per-VM metering over [from, to) with exact totals.")
+async def get_usage(request: Request, from_: str | None = Query(default=None, alias="from"),
+                    to: str | None = None) -> dict[str, Any]:
+    start, end = _instant(from_, "from") or 0.0, _instant(to, "to")
+    if end is not None and end < start:
+        raise InvalidArgument("to must not be before from")
+    return _vms(request).metering.usage(start, end)
+
+
+def _instant(value: str | None, what: str) -> float | None:
+    """Unix seconds or an ISO 8601 time."""
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None

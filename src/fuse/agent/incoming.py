@@ -1,0 +1,207 @@
+"""The receiving side of a move: reserve room, take files by range, verify,
+install as a sleeping VM.
+
+    POST   /v1/host/incoming                    begin: admission + reservation
+    PUT    /v1/host/incoming/{move}/files/{f}   bytes at an offset (any order)
+    POST   /v1/host/incoming/{move}/install     SHA-256 check -> sleeping VM
+    DELETE /v1/host/incoming/{move}             abort (idempotent)
+
+While receiving, the VM exists in state ``incoming`` and holds its memory,
+so admission counts it. Installed, it is ``sleeping``, still marked with the
+move id (only that move wakes it) and still ``reserved``, so the wake that
+completes the move cannot be refused for room. Entries are persisted, so a
+restarted agent (or controller, via ``GET /v1/host/incoming``) can finish or
+abort what was in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Conflict, InvalidArgument, NotFound, VmExists
+from ..models.vm import IncomingRequest, StateFile, Vm
+from . import bundle as bundles
+
+if TYPE_CHECKING:
+    from .vms import VmManager
+
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MAX_CHUNK = 64 * 2**20
+
+
+class IncomingMoves:
+    """Incoming moves of one host; works on its ``VmManager``."""
+
+    def __init__(self, mgr: VmManager):
+        self.mgr = mgr
+        self.dir = mgr.state_dir / "incoming"
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def load(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.dir.glob("*.json")):
+            entry = json.loads(path.read_text())
+            vm = self.mgr.vms.get(entry["name"])
+            if vm is not None and vm.state == "incoming" and vm.move_id == entry["move_id"]:
+                self.entries[entry["move_id"]] = entry
+            else:
+                path.unlink()  # its VM was installed or removed before a crash
+
+    def _persist(self, entry: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / f"{entry['move_id']}.json").write_text(json.dumps(entry))
+
+    def _entry(self, move_id: str) -> dict[str, Any]:
+        entry = self.entries.get(move_id)
+        if entry is None:
+            raise NotFound(f"no incoming move {move_id} on this host")
+        return entry
+
+    def _state_path(self, entry: dict[str, Any], file: str) -> Path:
+        if file not in {f["name"] for f in entry["files"]}:
+            raise NotFound(f"move {entry['move_id']} declared no file {file}")
+        return self.mgr.vm_dir(entry["name"]) / "state" / file
+
+    async def begin(self, req: IncomingRequest) -> dict[str, Any]:
+        """Admit the arriving VM and reserve its memory."""
+        mgr, name = self.mgr, req.vm.name
+        names = [f.name for f in req.files]
+        if len(set(names)) != len(names) or not all(_FILE_NAME.match(n) for n in names):
+            raise InvalidArgument("file names must be unique plain names")
+        async with mgr.admit_lock:
+            if (entry := self.entries.get(req.move_id)) is not None:
+                if entry["name"] != name:
+                    raise Conflict(f"move {req.move_id} is already bringing vm {entry['name']}")
+                return self.describe(entry)
+            if name in mgr.vms:
+                raise VmExists(f"a vm named {name} already exists on this host")
+            b = bundles.get_bundle(mgr.state_dir, req.vm.bundle)
+            if b is None or b.fingerprint != req.vm.bundle_fingerprint:
+                have = b.fingerprint[:12] if b else "none"
+                raise Conflict(f"bundle {req.vm.bundle} here has fingerprint {have}, the vm needs "
+                               f"{req.vm.bundle_fingerprint[:12]}", code="bundle_mismatch")
+            if why := mgr.backend.incompatible(req.platform):
+                raise Conflict(why, code="platform_mismatch")
+            if reason := mgr.admission(req.vm.shape.mem_mib):
+                raise mgr.refuse(reason, name)
+            created = req.vm.created_at or _now()
+            vm = Vm(name=name, state="incoming", shape=req.vm.shape, entry=req.vm.entry, bundle=b.name,
+                    bundle_fingerprint=b.fingerprint, created_at=created, platform=req.platform,
+                    move_id=req.move_id, files=req.files,
+                    history=[{"state": "incoming", "time": _now().isoformat(), "move_id": req.move_id}])
+            (mgr.vm_dir(name) / "state").mkdir(parents=True, exist_ok=True)
+            mgr.vms[name] = vm
+            mgr.save(vm)
+            entry = {"move_id": req.move_id, "name": name, "created_at": _now().isoformat(),
+                     "files": [f.model_dump() for f in req.files]}
+            self.entries[req.move_id] = entry
+            self._persist(entry)
+            mgr.events.emit("vm_state", vm=name, to="incoming", move_id=req.move_id)
+        return self.describe(entry)
+
+    async def write(self, move_id: str, file: str, offset: int, data: bytes) -> dict[str, Any]:
+        """Write ``data`` at ``offset`` of a declared file."""
+        entry = self._entry(move_id)
+        path = self._state_path(entry, file)
+        size = next(f["size"] for f in entry["files"] if f["name"] == file)
+        if offset < 0 or offset + len(data) > size:
+            raise InvalidArgument(f"bytes {offset}..{offset + len(data)} fall outside {file} ({size} bytes)")
+        if len(data) > MAX_CHUNK:
+            raise InvalidArgument(f"chunks are at most {MAX_CHUNK} bytes")
+
+        def _write() -> None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, data, offset)
+            finally:
+                os.close(fd)
+        await asyncio.to_thread(_write)
+        return {"file": file, "offset": offset, "written": len(data)}
+
+    async def install(self, move_id: str) -> Vm:
+        """Verify every file's size and SHA-256; the VM becomes sleeping
+        (marked with the move, memory still reserved)."""
+        mgr = self.mgr
+        if move_id not in self.entries:
+            for vm in mgr.vms.values():  # installed already: idempotent
+                if vm.move_id == move_id and vm.state == "sleeping":
+                    return vm
+        entry = self._entry(move_id)
+        vm = mgr.get(entry["name"])
+        async with mgr.lock(vm.name):
+            for f in entry["files"]:
+                path = self._state_path(entry, f["name"])
+                size, digest = await asyncio.to_thread(_size_and_hash, path)
+                if size != f["size"] or digest != f["sha256"]:
+                    raise Conflict(f"file {f['name']} does not match: {size} bytes sha256 {digest[:12]}, "
+                                   f"expected {f['size']} bytes sha256 {f['sha256'][:12]}",
+                                   code="checksum_mismatch")
+            vm.files = [StateFile(**f) for f in entry["files"]]
+            vm.reserved = True
+            mgr.transition(vm, "sleeping", f"installed by move {move_id}")
+            self._forget(move_id)
+        return vm
+
+    async def abort(self, move_id: str) -> None:
+        """Undo a move's incoming side, received or installed-but-not-woken:
+        free the reservation and the files. Unknown ids are fine."""
+        mgr = self.mgr
+        name = self.entries[move_id]["name"] if move_id in self.entries else next(
+            (v.name for v in mgr.vms.values() if v.move_id == move_id and v.state == "sleeping"
+             and v.reserved), None)
+        if name is None or name not in mgr.vms:
+            return
+        async with mgr.lock(name):
+            vm = mgr.vms.get(name)
+            if vm is not None and vm.move_id == move_id and vm.state in ("incoming", "sleeping"):
+                await self.abort_vm(vm)
+
+    async def abort_vm(self, vm: Vm) -> None:
+        """Remove an incoming (or installed, unwoken) VM. Caller holds its lock."""
+        move_id = vm.move_id
+        self.mgr.transition(vm, "deleted", f"move {move_id} aborted")
+        if move_id:
+            self._forget(move_id)
+            self.mgr.events.emit("incoming_aborted", vm=vm.name, move_id=move_id)
+
+    def _forget(self, move_id: str) -> None:
+        self.entries.pop(move_id, None)
+        (self.dir / f"{move_id}.json").unlink(missing_ok=True)
+
+    def describe(self, entry: dict[str, Any]) -> dict[str, Any]:
+        state_dir = self.mgr.vm_dir(entry["name"]) / "state"
+        received = 0
+        for f in entry["files"]:
+            path = state_dir / f["name"]
+            received += min(path.stat().st_size, f["size"]) if path.exists() else 0
+        return {"move_id": entry["move_id"], "name": entry["name"], "state": "receiving",
+                "files": entry["files"], "received_bytes": received,
+                "total_bytes": sum(f["size"] for f in entry["files"]), "created_at": entry["created_at"]}
+
+    def list(self) -> list[dict[str, Any]]:
+        """Receiving moves, and installed VMs a move has not woken yet."""
+        out = [self.describe(e) for e in self.entries.values()]
+        for vm in self.mgr.vms.values():
+            if vm.state == "sleeping" and vm.reserved and vm.move_id:
+                total = sum(f.size for f in vm.files)
+                out.append({"move_id": vm.move_id, "name": vm.name, "state": "installed",
+                            "files": [f.model_dump() for f in vm.files], "received_bytes": total,
+                            "total_bytes": total, "created_at": vm.created_at.isoformat()})
+        return sorted(out, key=lambda e: e["created_at"])
+
+
+def _size_and_hash(path: Path) -> tuple[int, str]:
+    if not path.exists():
+        return 0, hashlib.sha256().hexdigest()
+    return path.stat().st_size, bundles.sha256_file(path)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

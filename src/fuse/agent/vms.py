@@ -1,0 +1,421 @@
+"""The VM manager: admission, lifecycle, sleep/wake and adoption on one host.
+
+Every VM is a record ``<state-dir>/vms/<name>/vm.json`` (the ``Vm`` wire
+record) next to its console log, pid file and state files. Each change of
+state goes through ``_transition``, which checks ``TRANSITIONS``, appends to
+the record's history, writes the record and emits a ``vm_state`` event — so
+a restarted agent finds exactly what the last one knew, and adopts the VMs
+still running (their QEMU processes are daemons, not our children).
+
+Admission is the host's final word: see ``admission_refusal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
+from ..models.vm import CreateVmRequest, StateFile, Vm
+from . import bundle as bundles
+from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
+from .backends.base import MAX_ENTRY_BYTES, BackendError, BootSpec, get_backend
+from .events import EventLog
+from .incoming import IncomingMoves
+from .metering import Metering
+
+# state -> states it may move to, and what moves it there.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "creating": frozenset({
+        "running",    # the hypervisor process is up
+        "failed",     # it could not start (or the agent died mid-boot)
+        "deleted",    # never reached: delete waits for the boot to finish
+    }),
+    "incoming": frozenset({
+        "sleeping",   # a move's files arrived and verified (install)
+        "deleted",    # the move was aborted
+    }),
+    "running": frozenset({
+        "sleeping",   # sleep: state written to files, process gone
+        "exited",     # the entry finished; the guest printed FUSE-EXIT
+        "failed",     # the process died without the guest saying why
+        "deleted",    # DELETE: process killed
+    }),
+    "sleeping": frozenset({
+        "running",    # wake: same command line, state loaded, cont
+        "deleted",    # DELETE, or a completed move removes the source copy
+    }),
+    "exited": frozenset({"deleted"}),
+    "failed": frozenset({"deleted"}),
+    "deleted": frozenset(),  # terminal
+}
+
+_EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)\r?$", re.M)
+CONSOLE_CHUNK = 64 * 1024
+MONITOR_INTERVAL = 0.1
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class VmManager:
+    """Runs this host's VMs. ``await start()`` adopts what is on disk;
+    ``await close()`` leaves VMs running (they outlive the agent)."""
+
+    def __init__(self, state_dir: Path, backend: str = "qemu", *, ram_mb: int, cpus: int,
+                 max_vms: int | None = None, reserve_mib: int = 256,
+                 pressure: Callable[[int], str | None] | None = None):
+        self.state_dir = Path(state_dir)
+        self.root = self.state_dir / "vms"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.backend = get_backend(backend, state_dir=self.state_dir)
+        self.ram_mb, self.cpus = ram_mb, cpus
+        self.max_vms, self.reserve_mib = max_vms, reserve_mib
+        self.pressure = pressure or (lambda ask: memory_pressure(ask, reserve_mib))
+        self.events = EventLog(self.state_dir / "events.jsonl")
+        self.metering = Metering(self.state_dir / "metering.json")
+        self.incoming = IncomingMoves(self)
+        self.vms: dict[str, Vm] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Held from the admission check to the reservation it makes, so two
+        # concurrent asks can never both see the same free memory.
+        self.admit_lock = asyncio.Lock()
+        self._monitor: asyncio.Task | None = None
+
+    # -- records ---------------------------------------------------------------
+
+    def vm_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def save(self, vm: Vm) -> None:
+        vm.updated_at = now()
+        path = self.vm_dir(vm.name) / "vm.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(vm.model_dump_json(indent=1))
+        os.replace(tmp, path)
+
+    def transition(self, vm: Vm, to: str, reason: str | None = None) -> None:
+        """Move ``vm`` to state ``to``: checked, recorded, persisted, announced."""
+        if to not in TRANSITIONS[vm.state]:
+            raise Conflict(f"vm {vm.name} is {vm.state}; it cannot become {to}")
+        entry: dict[str, Any] = {"state": to, "time": now().isoformat()}
+        if reason:
+            entry["reason"] = reason
+        before, vm.state = vm.state, to
+        vm.history.append(entry)
+        if to in ("failed",) and reason:
+            vm.reason = reason
+        if to == "deleted":
+            shutil.rmtree(self.vm_dir(vm.name), ignore_errors=True)
+            self.vms.pop(vm.name, None)
+        else:
+            self.save(vm)
+        data = {"from": before, "to": to} | ({"reason": reason} if reason else {})
+        if to == "exited":
+            data["exit_status"] = vm.exit_status
+        self.events.emit("vm_state", vm=vm.name, **data)
+
+    def get(self, name: str) -> Vm:
+        vm = self.vms.get(name)
+        if vm is None:
+            raise NotFound(f"no vm named {name} on this host")
+        return vm
+
+    def list(self) -> list[Vm]:
+        return sorted(self.vms.values(), key=lambda v: (v.created_at, v.name))
+
+    def spec(self, vm: Vm) -> BootSpec:
+        b = bundles.get_bundle(self.state_dir, vm.bundle)
+        if b is None:
+            raise FuseError(f"bundle {vm.bundle} is missing on this host", code="bundle_missing")
+        return BootSpec(name=vm.name, vm_dir=self.vm_dir(vm.name), vcpus=vm.shape.vcpus,
+                        mem_mib=vm.shape.mem_mib, entry=vm.entry, kernel=b.vmlinux, initrd=b.initrd,
+                        platform=vm.platform)
+
+    # -- admission -------------------------------------------------------------
+
+    def held_mib(self) -> int:
+        return sum(v.shape.mem_mib for v in self.vms.values() if _holds_memory(v))
+
+    def admission(self, mem_mib: int) -> str | None:
+        """Why this host refuses ``mem_mib`` more, or None (call under
+        ``admit_lock`` and reserve before releasing it)."""
+        active = sum(1 for v in self.vms.values() if _holds_memory(v))
+        return admission_refusal(ask_mib=mem_mib, held_mib=self.held_mib(), ram_mb=self.ram_mb,
+                                 reserve_mib=self.reserve_mib, vm_count=active, max_vms=self.max_vms,
+                                 pressure=self.pressure(mem_mib))
+
+    def refuse(self, reason: str, name: str | None) -> HostFull:
+        self.events.emit("admission_refused", vm=name, reason=reason)
+        return HostFull(reason)
+
+    def summary(self) -> dict[str, Any]:
+        """Live room for ``GET /v1/host``."""
+        running = [v for v in self.vms.values() if v.state in ("creating", "running")]
+        return {
+            "free_vcpus": self.cpus - sum(v.shape.vcpus for v in running),
+            "free_mem_mib": max(0, self.ram_mb - self.reserve_mib - self.held_mib()),
+            "vm_count": sum(1 for v in self.vms.values() if _holds_memory(v)),
+            "vms_total": len(self.vms),
+            "memory_pressure": self.pressure(0) is not None,
+            "accel": getattr(self.backend, "accel", None),
+            "bundles": bundles.list_bundles(self.state_dir),
+        }
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def create(self, req: CreateVmRequest) -> Vm:
+        """Admit and boot a VM; returns it running (or raises)."""
+        b = bundles.get_bundle(self.state_dir, req.bundle or "linux")
+        if b is None:
+            raise InvalidArgument(f"no bundle named {req.bundle} on this host (fuse bundle build)")
+        if len(req.entry.encode()) > MAX_ENTRY_BYTES:
+            raise InvalidArgument(f"entry is longer than {MAX_ENTRY_BYTES} bytes")
+        await self._settle_accel(b)
+        async with self.admit_lock:
+            name = req.name or f"vm-{secrets.token_hex(4)}"
+            if name in self.vms:
+                raise VmExists(f"a vm named {name} already exists on this host")
+            if reason := self.admission(req.shape.mem_mib):
+                raise self.refuse(reason, name)
+            vm = Vm(name=name, state="creating", shape=req.shape, entry=req.entry, bundle=b.name,
+                    bundle_fingerprint=b.fingerprint, created_at=now(), platform=self.backend.platform(),
+                    history=[{"state": "creating", "time": now().isoformat()}])
+            shutil.rmtree(self.vm_dir(name), ignore_errors=True)  # leftovers of a crashed delete
+            self.vms[name] = vm
+            self.save(vm)
+            self.events.emit("vm_state", vm=name, to="creating")
+        async with self.lock(name):
+            try:
+                vm.pid = await self.backend.start(self.spec(vm))
+            except (BackendError, OSError) as exc:
+                self.transition(vm, "failed", str(exc))
+                raise FuseError(f"vm {name} failed to boot: {exc}", code="boot_failed") from exc
+            self.metering.start(name, vm.shape.mem_mib, vm.pid)
+            self.transition(vm, "running")
+        return vm
+
+    async def delete(self, name: str, move_id: str | None = None) -> None:
+        """Stop (no process left) and remove a VM and its files."""
+        vm = self.get(name)
+        async with self.lock(name):
+            _check_mark(vm, move_id)
+            if vm.state == "incoming":
+                await self.incoming.abort_vm(vm)
+                return
+            self.metering.stop(name)
+            await self.backend.stop(_bare_spec(self, vm))
+            self.transition(vm, "deleted")
+        self._locks.pop(name, None)
+
+    async def sleep(self, name: str, move_id: str | None = None) -> Vm:
+        """Write the VM's memory and device state to files and stop its
+        process. Sleeping an already sleeping VM only (re)marks it."""
+        vm = self.get(name)
+        async with self.lock(name):
+            if vm.state == "sleeping":
+                if move_id and move_id != vm.move_id:
+                    _check_mark(vm, move_id)
+                    vm.move_id = move_id
+                    self.save(vm)
+                    self.events.emit("vm_marked", vm=name, move_id=move_id)
+                return vm
+            if "sleeping" not in TRANSITIONS[vm.state]:
+                raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep")
+            spec = self.spec(vm)
+            self.metering.sample(name)
+            try:
+                names = await self.backend.sleep(spec)
+            except BackendError as exc:
+                raise FuseError(f"vm {name} could not sleep: {exc}", code="sleep_failed") from exc
+            self.metering.stop(name)
+            vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
+            self.metering.state_written(name, sum(f.size for f in vm.files))
+            vm.move_id, vm.pid = move_id, None
+            self.transition(vm, "sleeping")
+        return vm
+
+    async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False) -> Vm:
+        """Resume a sleeping VM from its files (a marked VM only for its own
+        move); or, with ``clear_mark``, just drop the mark."""
+        vm = self.get(name)
+        async with self.lock(name):
+            _check_mark(vm, move_id)
+            if clear_mark:
+                if vm.move_id:
+                    vm.move_id = None
+                    self.save(vm)
+                    self.events.emit("vm_unmarked", vm=name, move_id=move_id)
+                return vm
+            if vm.state == "running":
+                return vm
+            if vm.state != "sleeping":
+                raise Conflict(f"vm {name} is {vm.state}; only a sleeping vm can wake")
+            if not vm.reserved:
+                async with self.admit_lock:
+                    if reason := self.admission(vm.shape.mem_mib):
+                        raise self.refuse(reason, name)
+                    vm.reserved = True  # counted from here, so no create takes the room
+            spec = self.spec(vm)
+            try:
+                vm.pid = await self.backend.wake(spec)
+            except (BackendError, OSError) as exc:
+                vm.reserved = vm.move_id is not None  # an arrived move keeps its room
+                raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
+            self.metering.start(name, vm.shape.mem_mib, vm.pid)
+            shutil.rmtree(spec.state_dir, ignore_errors=True)  # stale once the guest runs on
+            vm.files, vm.reserved, vm.move_id = [], False, None
+            self.transition(vm, "running")
+        return vm
+
+    def console(self, name: str, offset: int = 0, limit: int = CONSOLE_CHUNK) -> dict[str, Any]:
+        """Serial output from byte ``offset``; ``next_offset`` continues it."""
+        vm = self.get(name)
+        if offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        path = self.vm_dir(vm.name) / "console.log"
+        data = b""
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(limit)
+        # Never split a UTF-8 character across two reads.
+        cut = len(data)
+        while cut > 0 and cut > len(data) - 4:
+            try:
+                text = data[:cut].decode()
+                break
+            except UnicodeDecodeError:
+                cut -= 1
+        else:
+            text, cut = data.decode(errors="replace"), len(data)
+        return {"text": text, "offset": offset, "next_offset": offset + cut}
+
+    def state_files(self, name: str) -> list[StateFile]:
+        """A sleeping VM's state files (sizes and SHA-256 taken at sleep)."""
+        vm = self.get(name)
+        if vm.state != "sleeping":
+            raise Conflict(f"vm {name} is {vm.state}; only a sleeping vm has state files")
+        return vm.files
+
+    def state_file(self, name: str, file: str) -> Path:
+        if file not in {f.name for f in self.state_files(name)}:
+            raise NotFound(f"vm {name} has no state file {file}")
+        return self.vm_dir(name) / "state" / file
+
+    # -- watching and adoption -------------------------------------------------
+
+    async def start(self) -> None:
+        """Load every record and adopt what still runs; then watch."""
+        for path in sorted(self.root.glob("*/vm.json")):
+            try:
+                vm = Vm.model_validate_json(path.read_text())
+            except ValueError:
+                continue
+            self.vms[vm.name] = vm
+        self.incoming.load()
+        for vm in list(self.vms.values()):
+            if vm.state in ("creating", "running"):
+                pid = self.backend.pid(_bare_spec(self, vm))
+                if pid:
+                    vm.pid = pid
+                    if vm.state == "creating":
+                        self.transition(vm, "running", "adopted after agent restart")
+                    self.events.emit("vm_adopted", vm=vm.name, pid=pid)
+                    if self.metering._open_segment(vm.name) is None:
+                        self.metering.start(vm.name, vm.shape.mem_mib, pid)
+                else:
+                    self._ended(vm)
+        b = bundles.get_bundle(self.state_dir, "linux")
+        if b:
+            await self._settle_accel(b)
+        self._monitor = asyncio.create_task(self._watch())
+
+    async def close(self) -> None:
+        """Stop watching. VMs keep running; the next agent adopts them."""
+        if self._monitor:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        for vm in self.vms.values():
+            if vm.state == "running":
+                self.metering.sample(vm.name)
+        self.metering.save()
+        self.events.close()
+
+    async def _settle_accel(self, b: bundles.Bundle) -> None:
+        probe = getattr(self.backend, "probe_accel", None)
+        if probe is not None:
+            from .probe import kvm_device_answers
+            await probe(b, kvm_device_answers())
+
+    async def _watch(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL)
+            ticks += 1
+            for vm in list(self.vms.values()):
+                if vm.state != "running" or self.lock(vm.name).locked():
+                    continue  # a sleep/delete in progress owns the process
+                if self.backend.pid(_bare_spec(self, vm)) is None:
+                    self._ended(vm)
+                elif ticks % 20 == 0:
+                    self.metering.sample(vm.name)
+            if ticks % 100 == 0:
+                self.metering.save()
+
+    def _ended(self, vm: Vm) -> None:
+        """The VM's process is gone without us stopping it."""
+        self.metering.stop(vm.name)
+        vm.pid = None
+        status = _exit_status(self.vm_dir(vm.name) / "console.log")
+        if status is None:
+            why = "agent restarted during boot" if vm.state == "creating" else \
+                "the hypervisor process ended without the guest reporting an exit status"
+            self.transition(vm, "failed", why)
+        else:
+            vm.exit_status = status
+            self.transition(vm, "exited")
+
+
+def _holds_memory(vm: Vm) -> bool:
+    return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and vm.reserved)
+
+
+def _check_mark(vm: Vm, move_id: str | None) -> None:
+    if vm.move_id and vm.move_id != move_id:
+        raise Conflict(f"vm {vm.name} is held by move {vm.move_id}", code="move_in_progress")
+
+
+def _bare_spec(mgr: VmManager, vm: Vm) -> BootSpec:
+    """A spec good enough to find (pid, sockets) a VM whose bundle may be gone."""
+    return BootSpec(name=vm.name, vm_dir=mgr.vm_dir(vm.name), vcpus=vm.shape.vcpus,
+                    mem_mib=vm.shape.mem_mib, entry=vm.entry, kernel=Path("/"), initrd=Path("/"),
+                    platform=vm.platform)
+
+
+def _describe(path: Path) -> StateFile:
+    return StateFile(name=path.name, size=path.stat().st_size, sha256=bundles.sha256_file(path))
+
+
+def _exit_status(console: Path) -> int | None:
+    try:
+        with open(console, "rb") as f:
+            f.seek(max(0, console.stat().st_size - 65536))
+            tail = f.read()
+    except OSError:
+        return None
+    marks = _EXIT_MARK.findall(tail)
+    return int(marks[-1]) if marks else None

@@ -1,0 +1,49 @@
+"""`fuse bundle ...`: build and list guest bundles (kernel + initramfs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .output import emit_json, table
+
+app = typer.Typer(help="Build and list guest bundles.", no_args_is_help=True)
+
+
+def _state_dir(state_dir: Optional[Path]) -> Path:
+    from .host import default_state_dir
+    return state_dir or default_state_dir()
+
+
+@app.command()
+def build(
+    name: str = typer.Option("linux", help="Bundle name (VMs ask for it by name)."),
+    state_dir: Optional[Path] = typer.Option(None, help="The host agent's state dir."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Where the kernel .deb is kept (default: STATE/cache)."),
+    kernel_deb: Optional[Path] = typer.Option(None, help="Use this linux-image .deb instead of apt-get download."),
+    json_: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Assemble a bundle from Debian's kernel and busybox-static; the same
+    inputs always give the same fingerprint."""
+    from ..agent.bundle import build_bundle
+
+    state = _state_dir(state_dir)
+    say = (lambda msg: typer.echo(msg, err=True)) if json_ else typer.echo
+    manifest = build_bundle(state, name, cache_dir=cache_dir, kernel_deb=kernel_deb, progress=say)
+    if json_:
+        emit_json(manifest)
+
+
+@app.command("list")
+def list_(state_dir: Optional[Path] = typer.Option(None), json_: bool = typer.Option(False, "--json")) -> None:
+    """The bundles this host has."""
+    from ..agent.bundle import list_bundles
+
+    rows = list_bundles(_state_dir(state_dir))
+    if json_:
+        emit_json(rows)
+    else:
+        table(["name", "kernel", "fingerprint"], [(b["name"], b["kernel"], b["fingerprint"]) for b in rows],
+              title="bundles")
