@@ -15,7 +15,8 @@ from rich.table import Table
 
 from ..client import ApiError
 
-console = Console()
+# Wide enough for the host table when piped (rich assumes 80 columns then).
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def plain(obj: Any) -> Any:

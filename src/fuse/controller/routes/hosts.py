@@ -68,12 +68,12 @@ async def list_hosts(request: Request, limit: int = Query(0, ge=0), cursor: str 
     return HostPage(hosts=hosts, next_cursor=nxt)
 
 
-@router.get("/v1/hosts/{host_id}", response_model=Host, summary="getHost: one host by id.")
+@router.get("/v1/hosts/{host_id:path}", response_model=Host, summary="getHost: one host by id.")
 async def get_host(request: Request, host_id: str) -> Host:
     return _ctl(request).hosts.get(host_id)
 
 
-@router.post("/v1/hosts/{host_id}", status_code=204, summary="actOnHost: cordon, uncordon or drain.")
+@router.post("/v1/hosts/{host_id:path}", status_code=204, summary="actOnHost: cordon, uncordon or drain.")
 async def host_action(request: Request, host_id: str,
                       action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
     ctl = _ctl(request)
@@ -84,7 +84,7 @@ async def host_action(request: Request, host_id: str,
     return Response(status_code=204)
 
 
-@router.delete("/v1/hosts/{host_id}", status_code=204, summary="deregisterHost: remove a host with no VMs assigned.")
+@router.delete("/v1/hosts/{host_id:path}", status_code=204, summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str) -> Response:
     _ctl(request).hosts.deregister(host_id)
     return Response(status_code=204)

@@ -1,0 +1,117 @@
+"""`fuse up`: the main job on one machine. Starts a controller (embedded
+SQLite) and a local host agent, registers the host, builds the guest bundle,
+places a VM through the controller and shows its console; then keeps
+serving until Ctrl-C, when it removes the VM and stops both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .output import console, table
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fuse.cli", *args], stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait(pred, what: str, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited: {log.read_text()[-2000:]}")
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{what} did not start in {timeout:.0f}s; see {log}")
+
+
+def up(
+    state_dir: Path = typer.Option(Path("fuse-state"), help="Where the controller, agent and bundles keep state."),
+    entry: str = typer.Option("echo hello from a fuse VM; uname -sr; sleep 3600", help="The demo VM's command."),
+    once: bool = typer.Option(False, help="Stop everything after showing the VM instead of serving."),
+    vm_name: str = typer.Option("hello", help="The demo VM's name."),
+    mem_mib: int = typer.Option(128), vcpus: int = typer.Option(1),
+) -> None:
+    """Run a controller with a local host agent and a VM, on this machine."""
+    import httpx
+
+    import fuse
+    from .host import default_state_dir  # noqa: F401  (documents the agent's own default)
+
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ctl_sock, agent_sock = state_dir / "run" / "controller.sock", state_dir / "run" / "agent.sock"
+    (state_dir / "run").mkdir(mode=0o700, exist_ok=True)
+    agent_log, ctl_log = state_dir / "agent.log", state_dir / "controller.log"
+    agent = _spawn(["host", "serve", "--state-dir", str(state_dir / "agent"), "--socket", str(agent_sock)], agent_log)
+    ctl = _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"), "--socket", str(ctl_sock)], ctl_log)
+    procs = [agent, ctl]
+    client = None
+    try:
+        def ok(sock: Path, path: str) -> bool:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
+                return c.get(path, timeout=2).status_code == 200
+        _wait(lambda: ok(agent_sock, "/v1/host"), "host agent", agent, agent_log)
+        _wait(lambda: ok(ctl_sock, "/v1/healthz"), "controller", ctl, ctl_log)
+        console.print(f"controller on unix://{ctl_sock}, host agent on unix://{agent_sock}")
+        client = fuse.Client(f"unix://{ctl_sock}")
+        host = client.hosts.register(fuse.RegisterHostRequest(
+            id="local", url=f"unix://{agent_sock}", backend="qemu", capacity=fuse.HostCapacity(vm_count=8)))
+        for w in host.warnings:
+            console.print(f"warning: {w}")
+        from .controller import HOST_COLUMNS, _host_rows
+        table(HOST_COLUMNS, _host_rows(client.hosts.list()), title="hosts")
+        if hasattr(client, "vms"):
+            _run_vm(client, state_dir, vm_name, entry, vcpus, mem_mib)
+        if once:
+            return
+        console.print("serving; Ctrl-C stops the VM, the agent and the controller")
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        if client is not None:
+            if hasattr(client, "vms"):
+                try:
+                    client.vms.delete(vm_name)
+                except Exception:
+                    pass
+            client.close()
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _run_vm(client, state_dir: Path, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
+    from ..agent.bundle import build_bundle
+    console.print("building the guest bundle (Debian kernel + busybox initramfs)...")
+    b = build_bundle(state_dir / "agent", name="linux")
+    console.print(f"bundle linux {b['fingerprint'][:16]}")
+    vm = client.vms.create({"name": name, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry})
+    console.print(f"vm {vm['name']} placed on {vm['host']}: {vm['state']}")
+    deadline, offset, seen = time.monotonic() + 120, 0, ""
+    while time.monotonic() < deadline and "hello" not in seen:
+        out = client.vms.console(name, offset=offset)
+        seen += out.get("text", "")
+        offset = out.get("next_offset", offset)
+        time.sleep(0.5)
+    console.print("console:\n" + seen.strip())
+
+
+def mount(app: typer.Typer) -> None:
+    app.command("up")(up)

@@ -1,0 +1,244 @@
+"""Every rule of seed 000's host registry, against a real agent process."""
+
+from __future__ import annotations
+
+import pytest
+
+import fuse
+from fuse import HostCapacity, RegisterHostRequest
+from support import start_agent
+
+
+def reg(client, agent, **kw):
+    cap = kw.pop("capacity", HostCapacity(vm_count=4))
+    req = RegisterHostRequest(id=kw.pop("id", "h1"), url=kw.pop("url", agent.url), token=kw.pop("token", agent.token),
+                              capacity=cap, **kw)
+    return client.hosts.register(req)
+
+
+def api_error(fn, *a, **kw) -> fuse.ApiError:
+    with pytest.raises(fuse.ApiError) as info:
+        fn(*a, **kw)
+    return info.value
+
+
+def probed(agent):
+    import httpx
+    return httpx.get(agent.url + "/v1/host", headers={"Authorization": f"Bearer {agent.token}"}).json()
+
+
+def test_seed_sample_runs_as_written(client, agent):
+    agent_token = agent.token
+    host = client.hosts.register(
+        fuse.RegisterHostRequest(
+            id="prod-east-1",
+            url=agent.url,
+            token=agent_token,
+            region="us-east",
+            backend="firecracker",
+            capacity=fuse.HostCapacity(vm_count=20),  # cpus/ram_mb/storage_gb left at 0 to probe
+        )
+    )
+    for w in host.warnings:
+        print("warning:", w)
+    real = probed(agent)
+    assert host.id == "prod-east-1" and host.region == "us-east" and host.state == "active"
+    assert (host.capacity.cpus, host.capacity.ram_mb) == (real["cpus"], real["ram_mb"])
+    assert host.capacity.storage_gb > 0 and host.capacity.vm_count == 20
+
+
+def test_rule1_id_is_primary_key_backend_defaults_to_firecracker_token_never_returned(client, agent):
+    host = reg(client, agent, id="any free-form id/with spaces")
+    assert host.backend == "firecracker"
+    assert client.hosts.get("any free-form id/with spaces").id == "any free-form id/with spaces"
+    raw = client._http.get("/v1/hosts").text + client._http.get("/v1/hosts/any%20free-form%20id%2Fwith%20spaces").text
+    assert agent.token not in raw and "token" not in raw
+
+
+@pytest.mark.parametrize("backend,code", [("firecracker", 400), ("qemu", None)],
+                         ids=["a firecracker host may not declare gpus", "a qemu host may declare gpus"])
+def test_rule2_only_qemu_hosts_declare_gpus(client, agent, backend, code):
+    cap = HostCapacity(vm_count=2, gpus=1, gpu_kind="nvidia:T4")
+    if code:
+        err = api_error(reg, client, agent, backend=backend, capacity=cap)
+        assert (err.status, err.code) == (400, "invalid_argument") and "gpus" in err.message
+        assert client.hosts.list() == []
+    else:
+        assert reg(client, agent, backend=backend, capacity=cap).capacity.gpus == 1
+
+
+def test_rule3_zero_is_probed_declared_is_kept_and_overcommit_warns(client, agent):
+    real = probed(agent)
+    host = reg(client, agent, capacity=HostCapacity(vm_count=2, cpus=real["cpus"] * 8, ram_mb=1024))
+    assert host.capacity.cpus == real["cpus"] * 8          # declared above the probe: kept
+    assert host.capacity.ram_mb == 1024                    # declared below: kept, no warning
+    assert host.capacity.storage_gb == real["storage_gb"] or abs(host.capacity.storage_gb - real["storage_gb"]) <= 1
+    capacity_warnings = [w for w in host.warnings if w.startswith("capacity.")]
+    assert len(capacity_warnings) == 1
+    w = capacity_warnings[0]
+    assert "cpus" in w and str(real["cpus"] * 8) in w and str(real["cpus"]) in w
+
+
+def test_rule4_unreachable_with_a_field_to_probe_is_502_and_stores_nothing(client, tmp_path):
+    from support import free_port
+    req = RegisterHostRequest(id="gone", url=f"http://127.0.0.1:{free_port()}", token="t",
+                              capacity=HostCapacity(vm_count=2, cpus=4, ram_mb=4096))
+    err = api_error(client.hosts.register, req)
+    assert err.status == 502 and err.code == "host_unreachable" and "storage_gb" in err.message
+    assert client.hosts.list() == []
+
+
+def test_rule4_unreachable_with_all_declared_registers_with_a_warning(client):
+    from support import free_port
+    host = client.hosts.register(RegisterHostRequest(
+        id="declared", url=f"http://127.0.0.1:{free_port()}", token="t",
+        capacity=HostCapacity(vm_count=2, cpus=4, ram_mb=4096, storage_gb=50)))
+    assert (host.capacity.cpus, host.capacity.ram_mb, host.capacity.storage_gb) == (4, 4096, 50)
+    assert any("unreachable" in w for w in host.warnings)
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["with fields to probe", "with everything declared"])
+def test_rule4_agent_rejecting_the_token_is_502_unauthorized(client, agent, declared):
+    cap = HostCapacity(vm_count=2, cpus=1, ram_mb=512, storage_gb=1) if declared else HostCapacity(vm_count=2)
+    err = api_error(reg, client, agent, token="wrong", capacity=cap)
+    assert (err.status, err.code) == (502, "unauthorized")
+    assert client.hosts.list() == []
+
+
+@pytest.mark.parametrize("vm_count", [None, 0, -3], ids=["missing", "zero", "negative"])
+def test_rule5_vm_count_is_required(client, agent, vm_count):
+    body = {"id": "h", "url": agent.url, "token": agent.token, "capacity": {} if vm_count is None else {"vm_count": vm_count}}
+    r = client._http.post("/v1/hosts", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
+    assert "vm_count" in r.json()["error"]["message"]
+    assert client.hosts.list() == []
+
+
+def test_rule6_gpu_kind_is_filled_by_the_probe_or_warns_when_it_differs(client, agent):
+    real = probed(agent)
+    host = reg(client, agent, backend="qemu")
+    assert host.capacity.gpu_kind == real["gpu_kind"]
+    host = reg(client, agent, id="h2", backend="qemu", capacity=HostCapacity(vm_count=2, gpu_kind="nvidia:H100"))
+    assert host.capacity.gpu_kind == "nvidia:H100"
+    assert any("gpu_kind" in w and "nvidia:H100" in w for w in host.warnings)
+
+
+@pytest.mark.parametrize("profiles,ok", [
+    ({"1g.10gb": 4}, True), ({"1g.10gb+me": 1, "7g.80gb": 1, "3g.40gb": 2}, True), ({"1c.2g.20gb": 1}, True),
+    ({"big": 1}, False), ({"1g10gb": 1}, False), ({"1g.10gb": 0}, False), ({"2g.20gb": -1}, False),
+], ids=["one profile", "several profiles and a +me suffix", "a compute-instance profile",
+        "an unknown name", "a malformed name", "a zero count", "a negative count"])
+def test_rule7_mig_profiles_are_validated(client, agent, profiles, ok):
+    cap = HostCapacity(vm_count=2, mig_profiles=profiles)
+    if ok:
+        assert reg(client, agent, backend="qemu", capacity=cap).capacity.mig_profiles == profiles
+    else:
+        err = api_error(reg, client, agent, backend="qemu", capacity=cap)
+        assert (err.status, err.code) == (400, "invalid_argument")
+
+
+def test_rule7_mig_profiles_are_qemu_only(client, agent):
+    err = api_error(reg, client, agent, backend="firecracker", capacity=HostCapacity(vm_count=2, mig_profiles={"1g.10gb": 1}))
+    assert (err.status, err.code) == (400, "invalid_argument")
+
+
+def test_rule8_warnings_only_on_the_register_response(client, agent):
+    host = reg(client, agent, capacity=HostCapacity(vm_count=2, cpus=999))
+    assert host.warnings
+    assert client.hosts.get("h1").warnings == [] and client.hosts.list()[0].warnings == []
+
+
+def test_rule9_list_get_cordon_uncordon_and_deregister(client, agent):
+    reg(client, agent, id="a")
+    reg(client, agent, id="b")
+    assert [h.id for h in client.hosts.list()] == ["a", "b"]
+    client.hosts.cordon("a")
+    assert client.hosts.get("a").state == "cordoned"
+    client.hosts.uncordon("a")
+    assert client.hosts.get("a").state == "active"
+    client.hosts.deregister("a")
+    assert [h.id for h in client.hosts.list()] == ["b"]
+    err = api_error(client.hosts.get, "a")
+    assert (err.status, err.code) == (404, "not_found")
+    assert fuse.is_not_found(err)
+
+
+def test_rule9_list_reports_allocated_figures(client, agent, controller):
+    from fuse.controller.store import Store, engine_url, vms
+    reg(client, agent, id="a")
+    store = Store(engine_url(None, controller.state_dir))
+    with store.tx() as c:
+        c.execute(vms.insert().values(name="vm-abc", host="a", vcpus=2, mem_mib=512, state="running", record={},
+                                      created_at=0))
+    host = client.hosts.get("a")
+    assert (host.allocated.cpus, host.allocated.ram_mb, host.allocated.vm_count) == (2, 512, 1)
+    err = api_error(client.hosts.deregister, "a")
+    assert (err.status, err.code) == (409, "conflict")
+    assert err.message == "host a still has vm vm-abc assigned"
+    assert fuse.is_conflict(err)
+    store.close()
+
+
+def test_rule10_state_and_last_seen_is_never_refreshed(client, agent):
+    import time
+    host = reg(client, agent)
+    time.sleep(1.2)  # past a poll or two
+    again = client.hosts.get("h1")
+    assert again.last_seen == host.last_seen and again.state == "active"
+
+
+@pytest.mark.parametrize("backend", ["qemu", "firecracker"])
+def test_rule11_firecracker_release_is_probed_and_declared_values_ignored(client, agent, backend):
+    real = probed(agent)
+    host = reg(client, agent, backend=backend,
+               capacity=HostCapacity(vm_count=2, firecracker="v9.9.9", firecracker_pinned="v9.9.9"))
+    if backend == "qemu":
+        assert (host.capacity.firecracker, host.capacity.firecracker_pinned) == ("", "")
+    else:
+        assert (host.capacity.firecracker, host.capacity.firecracker_pinned) == (real["firecracker"], real["firecracker_pinned"])
+
+
+def test_rule12_reregistering_keeps_state_and_allocations(client, agent, controller):
+    from fuse.controller.store import Store, engine_url, vms
+    first = reg(client, agent, region="r1")
+    client.hosts.cordon("h1")
+    store = Store(engine_url(None, controller.state_dir))
+    with store.tx() as c:
+        c.execute(vms.insert().values(name="vm-1", host="h1", vcpus=1, mem_mib=256, state="running", record={},
+                                      created_at=0))
+    again = reg(client, agent, region="r2", capacity=HostCapacity(vm_count=9))
+    assert again.state == "cordoned" and again.region == "r2" and again.capacity.vm_count == 9
+    assert again.allocated.vm_count == 1 and again.created_at == first.created_at
+    # Pointing the id at another machine while VMs are assigned there is refused.
+    other = start_agent(controller.state_dir.parent, name="agent-other")
+    try:
+        err = api_error(reg, client, other, region="r3")
+        assert (err.status, err.code) == (409, "conflict")
+    finally:
+        other.stop()
+    store.close()
+
+
+def test_state_survives_a_controller_restart(tmp_path, agent):
+    from support import start_controller
+    ctl = start_controller(tmp_path, name="ctl-restart")
+    with fuse.Client(ctl.url) as c:
+        reg(c, agent)
+        c.hosts.cordon("h1")
+    ctl.stop()
+    ctl = start_controller(tmp_path, name="ctl-restart")
+    try:
+        with fuse.Client(ctl.url) as c:
+            assert c.hosts.get("h1").state == "cordoned"
+    finally:
+        ctl.stop()
+
+
+def test_seed_004_short_form_and_wire_envelope(client, agent):
+    r = client._http.post("/v1/hosts", json={"name": "edge", "addr": str(agent.socket) and f"unix://{agent.socket}"})
+    assert r.status_code == 201, r.text
+    assert r.json()["capacity"]["vm_count"] == 16
+    r = client._http.post("/v1/hosts/edge", params={"action": "explode"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
+    r = client._http.post("/v1/hosts", json={"name": "x", "addr": "not an address"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"

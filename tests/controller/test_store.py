@@ -1,0 +1,67 @@
+"""The store on both engines: SQLite (embedded default) and a real,
+throwaway PostgreSQL server; two controllers sharing one PostgreSQL fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+import fuse
+from fuse.controller.store import Store, engine_url
+from support import start_controller
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return None
+    pg = request.getfixturevalue("postgres")
+    return pg.create_db(f"fuse_{abs(hash(str(tmp_path))) % 10**8}")
+
+
+def test_registry_round_trip_and_restart(tmp_path, agent, db_url):
+    ctl = start_controller(tmp_path, db=db_url)
+    try:
+        with fuse.Client(ctl.url) as c:
+            c.hosts.register(fuse.RegisterHostRequest(id="h1", url=agent.url, token=agent.token,
+                                                      capacity=fuse.HostCapacity(vm_count=3)))
+            c.hosts.cordon("h1")
+    finally:
+        ctl.stop()
+    ctl = start_controller(tmp_path, db=db_url)
+    try:
+        with fuse.Client(ctl.url) as c:
+            h = c.hosts.get("h1")
+            assert h.state == "cordoned" and h.capacity.vm_count == 3
+    finally:
+        ctl.stop()
+    if db_url is None:
+        assert (tmp_path / "controller" / "fuse.db").exists()
+
+
+def test_two_controllers_share_one_postgresql_fleet(tmp_path, agent, postgres):
+    url = postgres.create_db("fuse_shared")
+    a = start_controller(tmp_path, db=url, name="ctl-a")
+    b = start_controller(tmp_path, db=url, name="ctl-b")
+    try:
+        with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
+            ca.hosts.register(fuse.RegisterHostRequest(id="shared", url=agent.url, token=agent.token,
+                                                       capacity=fuse.HostCapacity(vm_count=2)))
+            assert [h.id for h in cb.hosts.list()] == ["shared"]
+            cb.hosts.cordon("shared")
+            assert ca.hosts.get("shared").state == "cordoned"
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_events_get_increasing_ids_on_both_engines(tmp_path, db_url):
+    store = Store(db_url and engine_url(db_url, tmp_path) or engine_url(None, tmp_path))
+    try:
+        for i in range(5):
+            store.add_event("placed", {"i": i}, host="h")
+        got = store.events_after(0)
+        assert [e["data"]["i"] for e in got] == list(range(5))
+        assert [e["id"] for e in got] == sorted(e["id"] for e in got)
+        assert store.events_after(got[2]["id"])[0]["data"]["i"] == 3
+    finally:
+        store.close()

@@ -1,0 +1,153 @@
+"""Shared builders for tests: real agent and controller processes on
+loopback, free ports, a throwaway PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+FUSE = [sys.executable, "-m", "fuse.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except Exception as exc:  # still starting
+            last = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}: {last!r}")
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen
+    log: Path
+    url: str = ""
+    socket: Path | None = None
+    token: str | None = None
+    state_dir: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def logs(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+def _spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    fh = open(log, "ab")
+    return subprocess.Popen(FUSE + args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def start_agent(tmp: Path, *, token: str | None = "agent-token", backend: str = "qemu", port: int | None = None,
+                socket_path: Path | None = None, extra: list[str] | None = None, name: str = "agent",
+                env: dict | None = None) -> Proc:
+    state = tmp / name
+    state.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    sock = socket_path or (tmp / f"{name}.sock")
+    args = ["host", "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--backend", backend,
+            "--socket", str(sock)] + (["--token", token] if token else []) + (extra or [])
+    p = Proc(_spawn(args, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"http://127.0.0.1:{port}",
+             socket=sock, token=token, state_dir=state)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    wait_until(lambda: p.popen.poll() is None and httpx.get(p.url + "/v1/host", headers=headers, timeout=2).status_code == 200,
+               what=f"agent {name} ({p.logs()[-500:] if p.popen.poll() is not None else ''})")
+    return p
+
+
+def start_controller(tmp: Path, *, db: str | None = None, name: str = "controller", token: str | None = None,
+                     listen: bool = False, env: dict | None = None) -> Proc:
+    state = tmp / name
+    sock = tmp / f"{name}.sock"
+    args = ["controller", "serve", "--state-dir", str(state), "--socket", str(sock)]
+    port = None
+    if db:
+        args += ["--db", db]
+    if listen:
+        port = free_port()
+        args += ["--listen", f"127.0.0.1:{port}", "--token", token or "controller-token"]
+    p = Proc(_spawn(args, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"unix://{sock}", socket=sock,
+             token=token, state_dir=state, extra={"port": port})
+    transport = httpx.HTTPTransport(uds=str(sock))
+    with httpx.Client(transport=transport, base_url="http://c") as c:
+        wait_until(lambda: p.popen.poll() is None and c.get("/v1/healthz", timeout=2).status_code == 200,
+                   what=f"controller ({p.logs()[-800:]})")
+    return p
+
+
+class Postgres:
+    """A throwaway PostgreSQL server (initdb + pg_ctl) on a free loopback port,
+    run as the `postgres` user since initdb refuses root."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="fuse-pg-"))
+        self.port = free_port()
+        self.bin = self._bindir()
+
+    @staticmethod
+    def _bindir() -> Path:
+        for cand in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+            if (cand / "initdb").exists():
+                return cand
+        found = shutil.which("initdb")
+        if not found:
+            raise FileNotFoundError("no initdb: install postgresql")
+        return Path(found).resolve().parent
+
+    def _run(self, *args: str) -> None:
+        cmd = [str(a) for a in args]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def start(self) -> "Postgres":
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        data = self.dir / "data"
+        self._run(self.bin / "initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync")
+        self._run(self.bin / "pg_ctl", "-D", data, "-l", self.dir / "pg.log", "-w", "-t", "60", "-o",
+                  f"-p {self.port} -k {self.dir} -h 127.0.0.1 -F", "start")
+        return self
+
+    def create_db(self, name: str) -> str:
+        self._run(self.bin / "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        try:
+            self._run(self.bin / "pg_ctl", "-D", self.dir / "data", "-m", "immediate", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
