@@ -1,0 +1,158 @@
+"""Sleep and wake a counting guest; move it to a second host through the
+incoming side of the host API, 4 MiB at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from conftest import COUNTER, counted, qemu_pids
+
+pytestmark = pytest.mark.qemu
+CHUNK = 4 * 2**20
+
+
+async def _counting(host, name="counter", upto=5):
+    r = await host.client.post("/v1/host/vms", json={
+        "name": name, "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER})
+    assert r.status_code == 201, r.text
+    await host.wait_console(name, lambda t: len(counted(t)) >= upto)
+
+
+def _continues(text: str, before: int) -> None:
+    """The guest kept counting from where it was: no restart, no gap."""
+    numbers = counted(text)
+    assert text.count("FUSE-ENTRY-START") == 1, "the guest rebooted"
+    assert numbers == list(range(len(numbers))), numbers
+    assert len(numbers) > before + 2
+
+
+async def test_a_sleeping_guest_wakes_where_it_stopped(make_host):
+    host = await make_host()
+    await _counting(host)
+
+    vm = (await host.client.post("/v1/host/vms/counter/sleep")).json()
+    assert vm["state"] == "sleeping" and vm["pid"] is None
+    assert not qemu_pids(str(host.vms.vm_dir("counter")))
+    assert host.vms.summary()["free_mem_mib"] == 4096 - 256  # a sleeping vm holds no memory
+    files = (await host.client.get("/v1/host/vms/counter/files")).json()["files"]
+    assert [f["name"] for f in files] == ["state.bin"] and files[0]["size"] > 1_000_000
+
+    # Read by range, as a move copies it, and check the advertised hash.
+    digest, offset = hashlib.sha256(), 0
+    while offset < files[0]["size"]:
+        r = await host.client.get("/v1/host/vms/counter/files/state.bin",
+                                  params={"offset": offset, "length": CHUNK})
+        assert r.status_code == 200 and int(r.headers["x-file-size"]) == files[0]["size"]
+        digest.update(r.content)
+        offset += len(r.content)
+    assert digest.hexdigest() == files[0]["sha256"]
+
+    before = len(counted(await host.console("counter")))
+    await asyncio.sleep(1)
+    assert len(counted(await host.console("counter"))) == before  # asleep means no progress
+
+    vm = (await host.client.post("/v1/host/vms/counter/wake")).json()
+    assert vm["state"] == "running" and vm["files"] == []
+    _continues(await host.wait_console("counter", lambda t: len(counted(t)) >= before + 5), before)
+
+    usage = (await host.client.get("/v1/host/usage", params={"from": 0})).json()
+    row = next(r for r in usage["vms"] if r["vm"] == "counter")
+    assert row["state_bytes_written"] == files[0]["size"]
+    assert row["cpu_seconds"] > 0 and row["wall_seconds"] > 1
+    assert abs(row["mem_mib_seconds"] - 128 * row["wall_seconds"]) < 0.01
+    assert usage["totals"]["state_bytes_written"] == files[0]["size"]
+
+
+async def test_a_marked_vm_wakes_only_for_its_move(make_host):
+    host = await make_host()
+    await _counting(host, upto=1)
+    assert (await host.client.post("/v1/host/vms/counter/sleep", json={"move_id": "m1"})).json()["move_id"] == "m1"
+
+    for body in ({}, {"move_id": "m2"}):
+        r = await host.client.post("/v1/host/vms/counter/wake", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "move_in_progress")
+    r = await host.client.post("/v1/host/vms/counter/sleep", json={"move_id": "m2"})
+    assert r.status_code == 409  # another move cannot take it over
+    r = await host.client.delete("/v1/host/vms/counter")
+    assert r.status_code == 409  # nor can it be deleted behind the move's back
+
+    vm = (await host.client.post("/v1/host/vms/counter/wake", json={"move_id": "m1", "clear_mark": True})).json()
+    assert vm["state"] == "sleeping" and vm["move_id"] is None
+    assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
+
+
+async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
+    src, dst = await make_host("src"), await make_host("dst", ram_mb=1024)
+    await _counting(src)
+    vm = (await src.client.post("/v1/host/vms/counter/sleep", json={"move_id": "mv1"})).json()
+    before = len(counted(await src.console("counter")))
+
+    # A wrong fingerprint or platform is refused before anything is reserved.
+    record = {k: vm[k] for k in ("name", "shape", "entry", "bundle", "bundle_fingerprint")}
+    bad = await dst.client.post("/v1/host/incoming", json={
+        "move_id": "bad", "vm": {**record, "bundle_fingerprint": "0" * 64}, "platform": vm["platform"],
+        "files": vm["files"]})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (409, "bundle_mismatch")
+    bad = await dst.client.post("/v1/host/incoming", json={
+        "move_id": "bad", "vm": record, "platform": {**vm["platform"], "machine": "q35"}, "files": vm["files"]})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (409, "platform_mismatch")
+
+    r = await dst.client.post("/v1/host/incoming", json={
+        "move_id": "mv1", "vm": record, "platform": vm["platform"], "files": vm["files"]})
+    assert r.status_code == 201, r.text
+    assert dst.vms.summary()["free_mem_mib"] == 1024 - 256 - 128  # room reserved while copying
+    listed = (await dst.client.get("/v1/host/incoming")).json()["incoming"]
+    assert [(i["move_id"], i["state"], i["received_bytes"]) for i in listed] == [("mv1", "receiving", 0)]
+
+    size = vm["files"][0]["size"]
+    # Copy the chunks in reverse order: offsets, not arrival order, place them.
+    for offset in reversed(range(0, size, CHUNK)):
+        data = (await src.client.get("/v1/host/vms/counter/files/state.bin",
+                                     params={"offset": offset, "length": CHUNK})).content
+        r = await dst.client.put(f"/v1/host/incoming/mv1/files/state.bin", params={"offset": offset},
+                                 content=data)
+        assert r.status_code == 200, r.text
+    installed = (await dst.client.post("/v1/host/incoming/mv1/install")).json()
+    assert installed["state"] == "sleeping" and installed["move_id"] == "mv1" and installed["reserved"]
+    assert (await dst.client.get("/v1/host/incoming")).json()["incoming"][0]["state"] == "installed"
+
+    woke = (await dst.client.post("/v1/host/vms/counter/wake", json={"move_id": "mv1"})).json()
+    assert woke["state"] == "running" and woke["move_id"] is None
+    assert (await src.client.delete("/v1/host/vms/counter", params={"move_id": "mv1"})).status_code == 204
+    # The console moved with nothing: the destination log starts after the move.
+    await dst.wait_console("counter", lambda t: len(counted(t)) >= 3)
+    numbers = counted(await dst.console("counter"))
+    assert numbers[0] == before and numbers == list(range(before, before + len(numbers)))
+
+
+async def test_incoming_checks_hashes_and_abort_frees_everything(make_host):
+    dst = await make_host(ram_mb=1024)
+    data = b"fuse" * 1000
+    files = [{"name": "state.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+    fp = dst.vms.summary()["bundles"][0]["fingerprint"]
+    body = {"move_id": "m9", "vm": {"name": "v", "shape": {"vcpus": 1, "mem_mib": 700}, "entry": "true",
+                                    "bundle": "linux", "bundle_fingerprint": fp},
+            "platform": dst.vms.backend.platform(), "files": files}
+    assert (await dst.client.post("/v1/host/incoming", json=body)).status_code == 201
+    assert (await dst.client.post("/v1/host/incoming", json=body)).status_code == 201  # idempotent
+    # The reservation counts: a create that would overcommit is refused.
+    r = await dst.client.post("/v1/host/vms", json={"shape": {"vcpus": 1, "mem_mib": 128}, "entry": "true"})
+    assert r.json()["error"]["code"] == "host_full"
+    r = await dst.client.put("/v1/host/incoming/m9/files/state.bin", params={"offset": 3990}, content=b"x" * 20)
+    assert r.status_code == 400  # past the declared size
+
+    await dst.client.put("/v1/host/incoming/m9/files/state.bin", content=data[:-1] + b"!")
+    r = await dst.client.post("/v1/host/incoming/m9/install")
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "checksum_mismatch")
+    await dst.client.put("/v1/host/incoming/m9/files/state.bin", params={"offset": len(data) - 1},
+                         content=data[-1:])
+    assert (await dst.client.post("/v1/host/incoming/m9/install")).json()["state"] == "sleeping"
+
+    for _ in range(2):  # abort after install frees the unwoken copy; twice is fine
+        assert (await dst.client.delete("/v1/host/incoming/m9")).status_code == 204
+    assert dst.vms.vms == {} and dst.vms.summary()["free_mem_mib"] == 1024 - 256
+    assert (await dst.client.get("/v1/host/incoming")).json()["incoming"] == []
+    assert not dst.vms.vm_dir("v").exists()

@@ -1,0 +1,85 @@
+"""Real VMs through the host API: boot, run the entry, report its exit,
+refuse what does not fit, and leave no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from conftest import COUNTER, qemu_pids
+
+pytestmark = pytest.mark.qemu
+
+
+async def test_entry_runs_and_its_exit_status_is_recorded(make_host):
+    host = await make_host()
+    r = await host.client.post("/v1/host/vms", json={
+        "name": "echo", "shape": {"vcpus": 1, "mem_mib": 128},
+        "entry": "echo hello-from-fuse; uname -r; exit 7"})
+    assert r.status_code == 201, r.text
+    vm = r.json()
+    assert vm["state"] == "running" and vm["bundle"] == "linux" and len(vm["bundle_fingerprint"]) == 64
+    assert vm["platform"]["accel"] in ("tcg", "kvm")
+
+    vm = await host.wait_state("echo", {"exited", "failed"})
+    assert vm["state"] == "exited", vm
+    assert vm["exit_status"] == 7
+    text = await host.console("echo")
+    assert "hello-from-fuse" in text and "FUSE-EXIT 7" in text
+    assert not qemu_pids(str(host.vms.vm_dir("echo")))
+
+    # Tailing: from an offset the console returns only what follows.
+    first = (await host.client.get("/v1/host/vms/echo/console", params={"offset": 0})).json()
+    tail = (await host.client.get("/v1/host/vms/echo/console",
+                                  params={"offset": first["next_offset"] - 10})).json()
+    assert tail["text"] == first["text"][-10:] and tail["next_offset"] == first["next_offset"]
+
+    events = (await host.client.get("/v1/host/events", params={"since": 0})).json()["events"]
+    assert [e["to"] for e in events if e["type"] == "vm_state"] == ["creating", "running", "exited"]
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
+
+    assert (await host.client.delete("/v1/host/vms/echo")).status_code == 204
+    assert (await host.client.get("/v1/host/vms/echo")).status_code == 404
+    assert not host.vms.vm_dir("echo").exists()
+
+
+async def test_delete_of_a_running_vm_leaves_no_process_and_a_killed_vm_is_failed(make_host):
+    host = await make_host()
+    for name in ("a", "b"):
+        r = await host.client.post("/v1/host/vms", json={
+            "name": name, "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER})
+        assert r.status_code == 201, r.text
+    # A taken name is refused while the first still runs.
+    r = await host.client.post("/v1/host/vms", json={
+        "name": "a", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "true"})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "vm_exists")
+
+    pid_a = (await host.client.get("/v1/host/vms/a")).json()["pid"]
+    assert qemu_pids(str(host.vms.vm_dir("a"))) == [pid_a]
+    assert (await host.client.delete("/v1/host/vms/a")).status_code == 204
+    assert not qemu_pids(str(host.vms.vm_dir("a")))
+
+    # Killed from outside: the agent notices and records why.
+    os.kill((await host.client.get("/v1/host/vms/b")).json()["pid"], signal.SIGKILL)
+    vm = await host.wait_state("b", {"failed", "exited"}, timeout=10)
+    assert vm["state"] == "failed" and "without the guest reporting" in vm["reason"]
+    summary = host.vms.summary()
+    assert summary["vm_count"] == 0 and summary["free_mem_mib"] == 4096 - 256
+
+
+async def test_concurrent_creates_never_overcommit_memory(make_host):
+    # 1024 - 256 reserve = 768 MiB free: room for one 512 MiB VM, not two.
+    host = await make_host(ram_mb=1024)
+    ask = {"shape": {"vcpus": 1, "mem_mib": 512}, "entry": "sleep 30"}
+    replies = await asyncio.gather(*[
+        host.client.post("/v1/host/vms", json={"name": f"c{i}", **ask}) for i in range(3)])
+    codes = sorted((r.status_code, r.json().get("error", {}).get("code")) for r in replies)
+    assert codes == [(201, None), (409, "host_full"), (409, "host_full")], [r.text for r in replies]
+    refusal = next(r for r in replies if r.status_code == 409).json()["error"]["message"]
+    assert "not enough memory" in refusal and "512 MiB" in refusal
+    assert host.vms.summary()["free_mem_mib"] == 1024 - 256 - 512
+    refused = (await host.client.get("/v1/host/events", params={"since": 0})).json()["events"]
+    assert sum(e["type"] == "admission_refused" for e in refused) == 2
