@@ -1,0 +1,53 @@
+"""The agent is a real process (`fuse host serve`): restart it under running
+VMs and they are adopted, not lost or orphaned."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from conftest import COUNTER, counted, install_bundle, qemu_pids
+from support import start_agent, wait_until
+
+pytestmark = pytest.mark.qemu
+
+
+def test_restarting_the_agent_keeps_its_vms(tmp_path, bundle_dir):
+    install_bundle(bundle_dir, tmp_path / "agent")
+    agent = start_agent(tmp_path)
+    auth = {"Authorization": f"Bearer {agent.token}"}
+    try:
+        with httpx.Client(base_url=agent.url, headers=auth, timeout=30) as c:
+            r = c.post("/v1/host/vms", json={"name": "keep", "shape": {"vcpus": 1, "mem_mib": 128},
+                                             "entry": COUNTER})
+            assert r.status_code == 201, r.text
+            pid = r.json()["pid"]
+            host = c.get("/v1/host").json()
+            assert host["vm_count"] == 1 and host["bundles"][0]["name"] == "linux"
+            assert host["free_mem_mib"] <= host["ram_mb"] - 256 - 128
+            wait_until(lambda: len(counted(c.get("/v1/host/vms/keep/console").json()["text"])) >= 2,
+                       timeout=60, what="the guest counting")
+            last_event = c.get("/v1/host/events").json()["last_id"]
+
+        agent.stop(signal.SIGKILL)  # no goodbye: the VM must not depend on one
+        assert qemu_pids(str(agent.state_dir)) == [pid]
+
+        agent = start_agent(tmp_path)
+        with httpx.Client(base_url=agent.url, headers=auth, timeout=30) as c:
+            vm = c.get("/v1/host/vms/keep").json()
+            assert (vm["state"], vm["pid"]) == ("running", pid)
+            events = c.get("/v1/host/events", params={"since": last_event}).json()["events"]
+            assert [e["type"] for e in events] == ["vm_adopted"] and events[0]["id"] == last_event + 1
+            before = len(counted(c.get("/v1/host/vms/keep/console").json()["text"]))
+            wait_until(lambda: len(counted(c.get("/v1/host/vms/keep/console").json()["text"])) > before + 2,
+                       timeout=30, what="the adopted guest counting on")
+            # Still fully managed after adoption: sleep, wake, delete.
+            assert c.post("/v1/host/vms/keep/sleep").json()["state"] == "sleeping"
+            assert c.post("/v1/host/vms/keep/wake").json()["state"] == "running"
+            assert c.delete("/v1/host/vms/keep").status_code == 204
+            assert c.get("/v1/host").json()["vm_count"] == 0
+        assert not qemu_pids(str(agent.state_dir))
+    finally:
+        agent.stop()

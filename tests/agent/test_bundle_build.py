@@ -1,0 +1,59 @@
+"""Guest bundles are reproducible: the same inputs, the same fingerprint."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from fuse.agent import bundle as b
+
+
+def test_initramfs_bytes_depend_only_on_inputs(tmp_path):
+    busybox = tmp_path / "busybox"
+    busybox.write_bytes(b"\x7fELF fake busybox")
+    one = b.build_initramfs(busybox, b"#!/bin/sh\n", ["bin/sh", "sbin/poweroff", "bin/busybox"])
+    two = b.build_initramfs(busybox, b"#!/bin/sh\n", ["sbin/poweroff", "bin/sh"])  # order does not matter
+    assert one == two
+    assert b.build_initramfs(busybox, b"#!/bin/sh\necho\n", ["bin/sh"]) != one
+    raw = gzip.decompress(one)
+    assert raw.startswith(b"070701") and b"TRAILER!!!" in raw
+    assert raw.count(b"bin/busybox\0") == 1  # an applet link never overwrites busybox itself
+    assert b"dev/console" in raw and b"init\0" in raw
+
+
+def test_vmlinux_is_found_after_the_xz_magic():
+    elf = b"\x7fELF" + bytes(range(256)) * 64
+    bzimage = b"MZ setup code \xfd7zXZ\x00 not really" + lzma.compress(elf, format=lzma.FORMAT_XZ) + b"trailer"
+    assert b.extract_vmlinux(bzimage) == elf
+    with pytest.raises(RuntimeError):
+        b.extract_vmlinux(b"MZ no payload")
+
+
+def test_the_fingerprint_covers_content_not_order():
+    assert b.fingerprint({"a": "1", "b": "2"}) == b.fingerprint({"b": "2", "a": "1"})
+    assert b.fingerprint({"a": "1", "b": "2"}) != b.fingerprint({"a": "1", "b": "3"})
+
+
+@pytest.mark.qemu
+def test_the_real_bundle_rebuilds_to_the_same_fingerprint(bundle_dir, tmp_path):
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    assert manifest["kernel"].endswith("-amd64") and manifest["busybox"].startswith("v")
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((bundle_dir / name).read_bytes()).hexdigest() == digest
+    assert (bundle_dir / "vmlinux").read_bytes()[:4] == b"\x7fELF"
+
+    # A fresh build from the same cached .deb into another state dir.
+    deb = next((bundle_dir.parent.parent / "cache").glob("linux-image-*.deb"))
+    again = b.build_bundle(tmp_path, "linux", kernel_deb=deb, progress=lambda _m: None)
+    assert again["fingerprint"] == manifest["fingerprint"]
+    assert b.list_bundles(tmp_path) == [{"name": "linux", "fingerprint": manifest["fingerprint"],
+                                         "kernel": manifest["kernel"]}]
+    # Unchanged inputs: the bundle is left alone.
+    said = []
+    b.build_bundle(tmp_path, "linux", kernel_deb=deb, progress=said.append)
+    assert said == [f"bundle linux is up to date ({manifest['fingerprint'][:12]})"]
