@@ -134,7 +134,7 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
                     continue
                 if c.max_usd_per_hour is not None and usd_h + o.usd_per_hour > c.max_usd_per_hour + 1e-9:
                     continue
-                take = 1 if o.one_space else min(left, fits_per_machine(grp, offer_vcpus(o, c), o.mem_mib))
+                take = min(1 if o.one_space else left, fits_per_machine(grp, offer_vcpus(o, c), o.mem_mib))
                 if take < unit:
                     continue
                 usd = o.usd_per_hour * billed_secs(o, grp.duration_secs) / 3600
@@ -154,10 +154,8 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
             left -= take
     sol = _meet_exact_hosts(model, sol)
     if violations(model, sol):
-        # splitting for the hosts pin can break a cap: then the baseline adds nothing
-        sol = Solution(on_hosts=sol.on_hosts)
-        if violations(model, sol):
-            sol = Solution()
+        # splitting for the hosts pin can break a cap: then the baseline adds nothing more
+        sol = start if not violations(model, start) else Solution()
     return sol
 
 

@@ -1,0 +1,246 @@
+"""The CP-SAT model of the planner (notation and objective: ``planner`` docstring).
+
+Split from ``planner`` so the orchestration (stages, packing, fallback) reads
+apart from the algebra. OR-Tools is imported inside the functions that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fuse.controller.pool.model import (
+    PlanModel,
+    billed_secs,
+    extra_secs,
+    fits_per_machine,
+    host_reject,
+    host_vcpus,
+    offer_reject,
+    offer_vcpus,
+)
+from fuse.controller.pool.solution import Solution
+
+MICRO = 1_000_000
+
+
+@dataclass
+class Formulation:
+    m: Any  # cp_model.CpModel
+    x: dict[tuple[int, int], Any] = field(default_factory=dict)  # (g, h) -> VMs (expr)
+    n: dict[tuple[int, int], Any] = field(default_factory=dict)  # (t, k) -> machines
+    z: dict[tuple[int, int, int], Any] = field(default_factory=dict)  # (g, t, k) -> VMs (expr)
+    groups_on: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    classes: dict[int, list[int]] = field(default_factory=dict)  # t -> [δ_k]
+    placed: list[Any] = field(default_factory=list)
+    cost: Any = 0
+    tie: Any = 0
+    tie_max: int = 0
+    _hint_vars: dict[Any, int] = field(default_factory=dict)
+
+    def hint(self, model: PlanModel, sol: Solution) -> None:
+        """Start the search from ``sol`` (the first-fit plan): a feasible incumbent at once."""
+        want: dict[tuple, int] = {}
+        for (g, h), k in sol.on_hosts.items():
+            want["x", g, h] = want.get(("x", g, h), 0) + k
+        for mach in sol.machines:
+            d = max(model.groups[g].duration_secs for g, k in mach.counts.items() if k > 0)
+            ks = self.classes.get(mach.offer, [])
+            if d not in ks:
+                return  # the machine's type was pruned as dominated: no exact hint
+            k = ks.index(d)
+            want["n", mach.offer, k] = want.get(("n", mach.offer, k), 0) + 1
+            for g, c in mach.counts.items():
+                want["z", g, mach.offer, k] = want.get(("z", g, mach.offer, k), 0) + c
+        for key, var in self._hint_vars.items():
+            self.m.add_hint(var, want.get(key, 0) if key[0] != "w" else int(want.get(key[1:], 0) > 0))
+
+
+    def hint_from(self, other: "Formulation", solver: Any) -> None:
+        """Start from another formulation's solution (same model, same variable keys)."""
+        for key, var in self._hint_vars.items():
+            src = other._hint_vars.get(key)
+            if src is not None:
+                self.m.add_hint(var, solver.value(src))
+
+
+def undominated_offers(model: PlanModel) -> list[int]:
+    """Offer indices worth modelling: t is dropped when another offer t' is at least as
+    big, no dearer for any duration, boots no slower, has no limit or quota of its own,
+    and every rule that admits a group to t admits it to t' (same arch, KVM, metal,
+    provider, region, and no group pins t's type). Any plan using t can use t' instead
+    at no more cost, so dropping t keeps the optimum and the bound valid."""
+    c, offers = model.constraints, model.offers
+    pinned = {g.instance_type for g in model.groups if g.instance_type}
+    keep = []
+    for t, o in enumerate(offers):
+        dominated = False
+        if not o.one_space and o.type_name not in pinned:
+            for u, p in enumerate(offers):
+                if u == t or p.one_space or p.limit is not None or p.quota_family in c.quotas:
+                    continue
+                if (p.arch, p.kvm, p.metal, p.provider, p.region) != (o.arch, o.kvm, o.metal, o.provider, o.region):
+                    continue
+                if p.vcpus < o.vcpus or p.mem_mib < o.mem_mib or p.usd_per_hour > o.usd_per_hour:
+                    continue
+                if p.boot_secs > o.boot_secs or p.billing_min_secs > o.billing_min_secs:
+                    continue
+                if p.billing_step_secs != o.billing_step_secs:
+                    continue
+                same = (p.vcpus, p.mem_mib, p.usd_per_hour, p.boot_secs, p.billing_min_secs) == \
+                       (o.vcpus, o.mem_mib, o.usd_per_hour, o.boot_secs, o.billing_min_secs)
+                if not same or u < t:  # of two identical offers keep the first
+                    dominated = True
+                    break
+        if not dominated:
+            keep.append(t)
+    return keep
+
+
+def build(model: PlanModel, kept: list[int]) -> Formulation:
+    """The aggregate model over existing hosts and the kept offers (no objective yet)."""
+    from ortools.sat.python import cp_model
+
+    c, groups = model.constraints, model.groups
+    f = Formulation(m=cp_model.CpModel())
+    m = f.m
+    placed: list[list[Any]] = [[] for _ in groups]
+    tie_terms, tie_max = [], 0
+    cost_terms = []
+
+    # existing hosts: explicit machines, so exact
+    for h, host in enumerate(model.hosts):
+        on_h = []
+        extra = []
+        for g, grp in enumerate(groups):
+            if host_reject(grp, host, c) is not None:
+                continue
+            if grp.together:
+                w = m.new_bool_var(f"wh{g}_{h}")
+                f._hint_vars["w", "x", g, h] = w
+                expr = grp.count * w
+            else:
+                cap = min(grp.count, fits_per_machine(grp, host_vcpus(host, c), host.mem_mib))
+                expr = m.new_int_var(0, cap, f"x{g}_{h}")
+                f._hint_vars["x", g, h] = expr
+            f.x[g, h] = expr
+            placed[g].append(expr)
+            on_h.append((grp, expr))
+            kappa = int(host.usd_per_hour * extra_secs(host, grp.duration_secs) * MICRO // 3600)
+            if kappa > 0:
+                extra.append((kappa, expr, grp.count))
+            if not host.own:
+                tie_terms.append(expr)
+                tie_max += grp.count
+        if not on_h:
+            continue
+        m.add(sum(gr.cpus * e for gr, e in on_h) <= host_vcpus(host, c))
+        m.add(sum(gr.mem_mib * e for gr, e in on_h) <= host.mem_mib)
+        if extra:
+            e_h = m.new_int_var(0, max(k for k, _, _ in extra), f"e{h}")
+            for kappa, expr, n in extra:
+                y = m.new_bool_var("")
+                m.add(expr <= n * y)
+                m.add(e_h >= kappa * y)
+            cost_terms.append(e_h)
+
+    # new machines: counts per (type, billing class)
+    ready = m.new_int_var(0, max((model.offers[t].boot_secs for t in kept), default=0), "ready")
+    per_family: dict[str, list[Any]] = {}
+    usd_terms, host_terms, monthly_terms = [], [], []
+    total = sum(g.count for g in groups)
+    for t in kept:
+        o = model.offers[t]
+        ok = [g for g, grp in enumerate(groups) if offer_reject(grp, o, c) is None]
+        if not ok:
+            continue
+        deltas = sorted({groups[g].duration_secs for g in ok})
+        f.classes[t] = deltas
+        cap_cpu = offer_vcpus(o, c)
+        n_type = []
+        for k, delta in enumerate(deltas):
+            on = [g for g in ok if groups[g].duration_secs <= delta]
+            ub = sum(groups[g].count for g in on)
+            for lim in (o.limit, c.max_new_hosts if not o.one_space else None, c.exact_new_hosts if not o.one_space else None):
+                if lim is not None:
+                    ub = min(ub, lim)
+            if c.max_usd_per_hour is not None and o.usd_per_hour > 0:
+                ub = min(ub, int(c.max_usd_per_hour / o.usd_per_hour + 1e-9))
+            if ub <= 0:
+                continue
+            n = m.new_int_var(0, ub, f"n{t}_{k}")
+            f.n[t, k] = n
+            f._hint_vars["n", t, k] = n
+            f.groups_on[t, k] = on
+            n_type.append(n)
+            vms = []
+            for g in on:
+                grp = groups[g]
+                q = 1 if o.one_space else fits_per_machine(grp, cap_cpu, o.mem_mib)
+                if grp.together:
+                    w = m.new_bool_var(f"wn{g}_{t}_{k}")
+                    f._hint_vars["w", "z", g, t, k] = w
+                    expr = grp.count * w
+                    m.add(w <= n)
+                else:
+                    expr = m.new_int_var(0, min(grp.count, q * ub), f"z{g}_{t}_{k}")
+                    f._hint_vars["z", g, t, k] = expr
+                    m.add(expr <= q * n)
+                f.z[g, t, k] = expr
+                placed[g].append(expr)
+                vms.append((grp, expr))
+                tie_terms.extend([expr, expr])
+            m.add(sum(gr.cpus * e for gr, e in vms) <= cap_cpu * n)
+            m.add(sum(gr.mem_mib * e for gr, e in vms) <= o.mem_mib * n)
+            m.add(sum(e for _, e in vms) >= n)  # no empty machine
+            if o.one_space:
+                m.add(sum(e for _, e in vms) <= n)
+            kappa = int(o.usd_per_hour * billed_secs(o, delta) * MICRO // 3600)
+            cost_terms.append(kappa * n)
+            usd_terms.append(round(o.usd_per_hour * MICRO) * n)
+            if not o.one_space:
+                host_terms.append(n)
+        if not n_type:
+            continue
+        used = m.new_bool_var(f"u{t}")
+        m.add(sum(n_type) <= (o.limit if o.limit is not None else total) * used)
+        m.add(ready >= o.boot_secs * used)
+        if o.limit is not None:
+            m.add(sum(n_type) <= o.limit)
+        per_family.setdefault(o.quota_family, []).extend(o.vcpus * n for n in n_type)
+    tie_max += 2 * total + max((model.offers[t].boot_secs for t in kept), default=0)
+
+    for fam, terms in per_family.items():
+        if fam in c.quotas:
+            m.add(sum(terms) <= c.quotas[fam])
+    if c.max_usd_per_hour is not None:
+        m.add(sum(usd_terms) <= int(c.max_usd_per_hour * MICRO + 1e-6))
+    if c.max_new_hosts is not None:
+        m.add(sum(host_terms) <= c.max_new_hosts)
+    if c.exact_new_hosts is not None:
+        m.add(sum(host_terms) == c.exact_new_hosts)
+    for g, terms in enumerate(placed):
+        expr = sum(terms) if terms else 0
+        if terms:
+            # for a together group this is Σ n_g·w ≤ n_g, i.e. at most one machine
+            m.add(expr <= groups[g].count)
+        f.placed.append(expr)
+    f.cost = sum(cost_terms) if cost_terms else 0
+    if c.monthly_usd_left is not None:
+        m.add(f.cost <= int(c.monthly_usd_left * MICRO))
+    f.tie = sum(tie_terms) + ready
+    f.tie_max = tie_max
+    return f
+
+
+def run(f: Formulation, model: PlanModel, time_limit: float) -> tuple[str, Any]:
+    """Solve on one core with the model's seed; returns (status name, solver)."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit, 0.05)
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = model.seed
+    st = solver.solve(f.m)
+    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
+    return names.get(st, "unknown"), solver
