@@ -78,6 +78,10 @@ def _describe(exc: Exception, addr: str) -> str:
         low += " connection refused"
     if any(isinstance(c, FileNotFoundError) for c in chain):
         low += " no such file"
+    if _HOSTPORT.match(addr):
+        tls = _describe_tls(chain, low, addr)
+        if tls:
+            return tls
     if isinstance(exc, ssl.SSLError) or "certificate" in low or "ssl" in low or "tls" in low:
         return f"TLS with {addr} failed: {text}"
     if "name or service not known" in low or "nodename nor servname" in low or "temporary failure in name" in low:
@@ -89,6 +93,22 @@ def _describe(exc: Exception, addr: str) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"{addr} did not answer in time"
     return f"cannot reach {addr}: {text}"
+
+
+def _describe_tls(chain: list[BaseException], low: str, addr: str) -> str | None:
+    """Say which side of a mutual-TLS handshake said no."""
+    verify = next((c for c in chain if isinstance(c, ssl.SSLCertVerificationError)), None)
+    if verify is not None or "certificate verify failed" in low:
+        why = getattr(verify, "verify_message", "") or "certificate verify failed"
+        return (f"TLS with {addr} failed: the host's certificate is not signed by the controller's CA "
+                f"or is not valid ({why})")
+    # With TLS 1.3 the host checks our certificate after the handshake and
+    # hangs up (at best with an alert): that is how it says no to us.
+    if any(s in low for s in ("alert", "server disconnected without sending", "connection reset",
+                              "unexpected eof")):
+        return (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
+                "by the host's CA, unexpired, and issued with --client)")
+    return None
 
 
 class HostConnection:

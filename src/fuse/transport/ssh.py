@@ -1,0 +1,444 @@
+"""`ssh://user@host[:port]`: the host API over an SSH login.
+
+How a request travels:
+
+    controller ── one SSH connection per host (asyncssh, keys only) ──▶ sshd
+      channel: exec `fuse host relay`  ◀── stdin/stdout ──▶  agent's unix socket
+
+Framing. The relay is a dumb byte pipe: it connects to the agent's owner-only
+socket and copies stdin → socket and socket → stdout until either side
+closes. Everything HTTP happens here: `SshTransport` writes real HTTP/1.1
+requests into the channel with h11 and parses the agent's responses out of it,
+so bodies stream in both directions in whatever chunks they come (a move's
+4 MiB pieces go through untouched and are never base64'd or re-framed).
+
+A channel is an HTTP/1.1 keep-alive connection to the agent. Starting the
+relay costs a Python start-up on the host, so a finished channel is kept for
+the next request, but only for `IDLE_CHANNEL_S`: uvicorn closes idle
+keep-alive connections after 5 s and we must not race it. At most
+`MAX_CHANNELS` are open per connection (sshd's MaxSessions defaults to 10).
+
+The SSH connection is shared by every `SshTransport` of the same target on
+the same event loop, opened lazily, reopened when lost, and closed
+`IDLE_CONNECTION_S` after its last user let go.
+
+Batch mode: only public keys are tried (never a password or
+keyboard-interactive prompt), and connect + handshake + login is bounded by
+`FUSE_SSH_CONNECT_TIMEOUT` (default 10 s). The host key must be in
+known_hosts. Every failure becomes `HostUnreachable` with one sentence.
+
+Environment (read when a connection is opened):
+
+    FUSE_SSH_KEY               private key to use (default: ~/.ssh/id_* and the SSH agent)
+    FUSE_SSH_KNOWN_HOSTS       known_hosts file (default: ~/.ssh/known_hosts)
+    FUSE_SSH_RELAY             command run on the host (default: `fuse host relay`)
+    FUSE_SSH_CONNECT_TIMEOUT   seconds (default 10)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import socket
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+from urllib.parse import urlsplit
+
+import asyncssh
+import h11
+import httpx
+
+from ..errors import HostUnreachable
+
+DEFAULT_RELAY = "fuse host relay"
+IDLE_CHANNEL_S = 2.0
+IDLE_CONNECTION_S = 60.0
+MAX_CHANNELS = 8
+READ_SIZE = 1 << 18
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    user: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, addr: str) -> "SshTarget":
+        parts = urlsplit(addr)
+        if parts.scheme != "ssh" or not parts.hostname:
+            raise ValueError(f"{addr!r} is not ssh://USER@HOST[:PORT]")
+        if parts.password is not None:
+            raise ValueError("ssh:// addresses take no password: fuse logs in with keys only")
+        if parts.path not in ("", "/"):
+            raise ValueError(f"{addr!r}: an ssh:// address has no path")
+        return cls(user=parts.username or getpass.getuser(), host=parts.hostname, port=parts.port or 22)
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"ssh://{self.user}@{self.hostport}"
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    key: str | None
+    known_hosts: str
+    relay: str
+    connect_timeout: float
+
+    @classmethod
+    def from_env(cls) -> "SshOptions":
+        return cls(key=os.environ.get("FUSE_SSH_KEY") or None,
+                   known_hosts=os.environ.get("FUSE_SSH_KNOWN_HOSTS") or str(Path.home() / ".ssh/known_hosts"),
+                   relay=os.environ.get("FUSE_SSH_RELAY") or DEFAULT_RELAY,
+                   connect_timeout=float(os.environ.get("FUSE_SSH_CONNECT_TIMEOUT") or 10.0))
+
+
+# ---------------------------------------------------------------- connecting
+
+async def _connect(t: SshTarget, o: SshOptions, timeout: float) -> asyncssh.SSHClientConnection:
+    """Log in, batch mode; every failure is one sentence."""
+    if not Path(o.known_hosts).is_file():
+        raise HostUnreachable(f"no known_hosts file at {o.known_hosts}, so the SSH host key of {t.hostport} "
+                              f"cannot be checked: add it (ssh-keyscan -p {t.port} {t.host} >> {o.known_hosts})")
+    keys: dict = {}
+    if o.key:
+        if not Path(o.key).is_file():
+            raise HostUnreachable(f"no SSH key at {o.key} (FUSE_SSH_KEY)")
+        keys = {"client_keys": [o.key], "agent_path": None}
+    which_key = f"the key {o.key}" if o.key else "none of the default keys (~/.ssh/id_*, the SSH agent)"
+    try:
+        return await asyncio.wait_for(asyncssh.connect(
+            t.host, t.port, username=t.user, known_hosts=o.known_hosts,
+            # Keys only: nothing may ever prompt (batch mode).
+            preferred_auth="publickey", password=None, password_auth=False, kbdint_auth=False,
+            host_based_auth=False, gss_auth=False,
+            connect_timeout=timeout, login_timeout=timeout,
+            keepalive_interval=15, keepalive_count_max=3, **keys), timeout + 1)
+    except asyncssh.HostKeyNotVerifiable:
+        raise HostUnreachable(f"the SSH host key of {t.hostport} is not trusted: it is missing from or does not "
+                              f"match {o.known_hosts}") from None
+    except asyncssh.PermissionDenied:
+        raise HostUnreachable(f"SSH login as {t.user} on {t.hostport} was refused: {which_key} is not "
+                              "authorised there (batch mode: no password is ever asked)") from None
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
+        raise HostUnreachable(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
+    except (asyncio.TimeoutError, TimeoutError):
+        raise HostUnreachable(f"SSH to {t.hostport} did not connect, shake hands and log in within "
+                              f"{timeout:g} s") from None
+    except ConnectionRefusedError:
+        raise HostUnreachable(f"connection to {t.hostport} was refused: is sshd listening on port {t.port}?") from None
+    except socket.gaierror as exc:
+        raise HostUnreachable(f"cannot resolve the host name {t.host}: {exc.strerror}") from None
+    except asyncssh.DisconnectError as exc:
+        raise HostUnreachable(f"SSH to {t.hostport} failed: {exc.reason}") from None
+    except OSError as exc:
+        raise HostUnreachable(f"cannot reach {t.hostport} over SSH: {exc.strerror or exc}") from None
+
+
+class _NoAnswer(Exception):
+    """The channel ended before any response byte: safe to retry on a fresh one."""
+
+
+class _Channel:
+    """One relay process: an HTTP/1.1 keep-alive connection to the agent."""
+
+    def __init__(self, process: asyncssh.SSHClientProcess):
+        self.process = process
+        self.http = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+        self.reused = False
+        self.closed = False
+
+    def usable(self, now: float) -> bool:
+        return (not self.closed and self.process.exit_status is None and not self.process.stdout.at_eof()
+                and now - self.idle_since < IDLE_CHANNEL_S)
+
+    async def write(self, data: bytes, timeout: float | None) -> None:
+        if data:
+            self.process.stdin.write(data)
+            await asyncio.wait_for(self.process.stdin.drain(), timeout)
+
+    async def next_event(self, timeout: float | None):
+        while True:
+            event = self.http.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await asyncio.wait_for(self.process.stdout.read(READ_SIZE), timeout)
+            self.http.receive_data(data)  # b"" is end of stream: h11 decides if that was fine
+
+    async def reason(self, target: SshTarget, relay: str) -> str:
+        """Why the relay ended without answering, in one sentence."""
+        try:
+            await asyncio.wait_for(self.process.wait_closed(), 3)
+        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            pass
+        try:
+            err = await asyncio.wait_for(self.process.stderr.read(4096), 1)
+        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            err = b""
+        text = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
+        status = self.process.exit_status
+        if status == 127:
+            return (f"the relay command `{relay}` was not found on {target.hostport}: install fuse there "
+                    "or set FUSE_SSH_RELAY")
+        if text:
+            return f"{target}: {text}"
+        return f"the relay on {target.hostport} ended without answering (exit status {status})"
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.process.close()
+
+
+class _Shared:
+    """The one SSH connection to a target (per event loop) and its idle channels."""
+
+    def __init__(self, target: SshTarget):
+        self.target = target
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.lock = asyncio.Lock()
+        self.open = 0                 # channels open, busy or idle (sshd's MaxSessions counts both)
+        self.wake = asyncio.Event()   # a channel came back or closed
+        self.idle: list[_Channel] = []
+        self.users = 0
+        self._closer: asyncio.TimerHandle | None = None
+
+    async def connection(self, opts: SshOptions, timeout: float) -> asyncssh.SSHClientConnection:
+        async with self.lock:
+            if self.conn is None or self.conn.is_closed():
+                self._drop_idle()
+                self.conn = await _connect(self.target, opts, timeout)
+            return self.conn
+
+    def lost(self, conn: asyncssh.SSHClientConnection) -> None:
+        if self.conn is conn:
+            self.conn = None
+            self._drop_idle()
+            conn.close()
+
+    async def channel(self, opts: SshOptions, timeout: float) -> _Channel:
+        """An idle channel if one is still fresh, else a new one; with
+        `MAX_CHANNELS` busy, wait for one to come back."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            now = loop.time()
+            while self.idle:
+                ch = self.idle.pop()
+                if ch.usable(now):
+                    ch.reused = True
+                    return ch
+                self.discard(ch)
+            if self.open < MAX_CHANNELS:
+                self.open += 1
+                try:
+                    return await self._open(opts, timeout)
+                except BaseException:
+                    self.open -= 1
+                    self.wake.set()
+                    raise
+            self.wake.clear()
+            if now >= deadline:
+                raise HostUnreachable(f"all {MAX_CHANNELS} SSH channels to {self.target.hostport} stayed busy "
+                                      f"for {timeout:g} s")
+            try:
+                await asyncio.wait_for(self.wake.wait(), deadline - now)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _open(self, opts: SshOptions, timeout: float) -> _Channel:
+        for attempt in (0, 1):
+            conn = await self.connection(opts, timeout)
+            try:
+                process = await asyncio.wait_for(conn.create_process(opts.relay, encoding=None), timeout)
+                return _Channel(process)
+            except (asyncssh.ChannelOpenError, asyncssh.DisconnectError, OSError) as exc:
+                # The shared connection died under us (sshd restarted, network
+                # blip): nothing was sent yet, so reconnect once and go on.
+                self.lost(conn)
+                if attempt:
+                    raise HostUnreachable(f"cannot open an SSH channel to {self.target.hostport}: "
+                                          f"{getattr(exc, 'reason', None) or exc}") from None
+            except asyncio.TimeoutError:
+                raise HostUnreachable(f"{self.target.hostport} did not open an SSH channel within "
+                                      f"{timeout:g} s") from None
+        raise AssertionError("unreachable")
+
+    def keep(self, ch: _Channel) -> None:
+        ch.idle_since = asyncio.get_running_loop().time()
+        self.idle.append(ch)
+        self.wake.set()
+
+    def discard(self, ch: _Channel) -> None:
+        if not ch.closed:
+            ch.close()
+            self.open -= 1
+            self.wake.set()
+
+    def _drop_idle(self) -> None:
+        idle, self.idle = self.idle, []
+        for ch in idle:
+            self.discard(ch)
+
+    def hold(self) -> None:
+        self.users += 1
+        if self._closer:
+            self._closer.cancel()
+            self._closer = None
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self._closer = asyncio.get_running_loop().call_later(IDLE_CONNECTION_S, self.close)
+
+    def close(self) -> None:
+        self._drop_idle()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+_shared: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[SshTarget, _Shared]]" = weakref.WeakKeyDictionary()
+
+
+def _shared_for(target: SshTarget) -> _Shared:
+    per_loop = _shared.setdefault(asyncio.get_running_loop(), {})
+    if target not in per_loop:
+        per_loop[target] = _Shared(target)
+    return per_loop[target]
+
+
+async def close_all() -> None:
+    """Close every shared connection of the running loop (tests, shutdown)."""
+    for s in _shared.pop(asyncio.get_running_loop(), {}).values():
+        conn = s.conn
+        s.close()
+        if conn is not None:
+            await conn.wait_closed()
+
+
+# ---------------------------------------------------------------- httpx seam
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, shared: _Shared, ch: _Channel, timeout: float | None):
+        self._shared, self._ch, self._timeout = shared, ch, timeout
+        self._done = False
+        self._released = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            while not self._done:
+                event = await self._ch.next_event(self._timeout)
+                if isinstance(event, h11.Data):
+                    yield bytes(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    self._done = True
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise httpx.RemoteProtocolError("the relay closed mid-response")
+        except asyncio.TimeoutError:
+            raise httpx.ReadTimeout("the host stopped sending the response") from None
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(f"the response was cut short: {exc}") from None
+        except (OSError, asyncssh.Error) as exc:
+            raise httpx.ReadError(f"the SSH channel failed mid-response: {exc}") from None
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        http = self._ch.http
+        if self._done and http.our_state is h11.DONE and http.their_state is h11.DONE:
+            http.start_next_cycle()
+            self._shared.keep(self._ch)
+        else:
+            self._shared.discard(self._ch)
+
+
+class SshTransport(httpx.AsyncBaseTransport):
+    """httpx transport that carries requests to a host agent over SSH."""
+
+    def __init__(self, addr: str):
+        self.target = SshTarget.parse(addr)
+        self._held: _Shared | None = None
+
+    def _shared(self) -> _Shared:
+        shared = _shared_for(self.target)
+        if self._held is not shared:
+            if self._held is not None:
+                self._held.release()
+            shared.hold()
+            self._held = shared
+        return shared
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        opts = SshOptions.from_env()
+        timeouts = request.extensions.get("timeout", {})
+        # Whichever bound is tighter: the operator's for SSH, or the caller's.
+        connect_t = min(t for t in (timeouts.get("connect"), opts.connect_timeout) if t)
+        read_t, write_t = timeouts.get("read"), timeouts.get("write")
+        shared = self._shared()
+        replayable = isinstance(request.stream, httpx.ByteStream)
+        for attempt in (0, 1):
+            ch = await shared.channel(opts, connect_t)
+            try:
+                head = await self._exchange(ch, request, read_t, write_t)
+            except _NoAnswer:
+                if attempt == 0 and ch.reused and replayable and request.method in IDEMPOTENT:
+                    shared.discard(ch)  # the agent closed this idle channel as we reused it
+                    continue
+                reason = await ch.reason(self.target, opts.relay)
+                shared.discard(ch)
+                raise HostUnreachable(reason) from None
+            except asyncio.TimeoutError:
+                shared.discard(ch)
+                raise httpx.ReadTimeout(f"{self.target} did not answer in time", request=request) from None
+            except BaseException:
+                shared.discard(ch)
+                raise
+            headers = [(k, v) for k, v in head.headers]
+            return httpx.Response(head.status_code, headers=headers, stream=_Body(shared, ch, read_t),
+                                  extensions={"http_version": b"HTTP/1.1", "reason_phrase": head.reason})
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, ch: _Channel, request: httpx.Request, read_t, write_t) -> h11.Response:
+        http = ch.http
+        # Keep-alive is HTTP/1.1's default; whatever the caller said about the
+        # connection is about its own hop, not this one.
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in (b"connection", b"keep-alive")]
+        try:
+            await ch.write(http.send(h11.Request(method=request.method, target=request.url.raw_path,
+                                                 headers=headers)), write_t)
+            async for chunk in request.stream:
+                await ch.write(http.send(h11.Data(data=chunk)), write_t)
+            await ch.write(http.send(h11.EndOfMessage()), write_t)
+        except asyncio.TimeoutError:
+            raise
+        except (BrokenPipeError, ConnectionError, asyncssh.Error):
+            pass  # the relay is gone; what it said (if anything) is read below
+        try:
+            while True:
+                event = await ch.next_event(read_t)
+                if isinstance(event, h11.Response):
+                    return event
+                if isinstance(event, h11.ConnectionClosed):
+                    raise _NoAnswer()
+                # InformationalResponse (100 Continue): wait for the real one.
+        except asyncio.TimeoutError:
+            raise  # (a TimeoutError is an OSError: keep it from the line below)
+        except (h11.RemoteProtocolError, OSError, asyncssh.Error):
+            # The stream ended or broke before a whole response head arrived.
+            raise _NoAnswer() from None
+
+    async def aclose(self) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None

@@ -1,0 +1,185 @@
+"""A small CA for mutual TLS between the controller and its hosts.
+
+    fuse host ca create --out ./ca                        -> ca/ca.pem, ca/ca.key
+    fuse host cert issue --ca ./ca --name rack1 --out d   -> d/rack1.pem, d/rack1.key, d/ca.pem
+    fuse host cert issue --ca ./ca --name controller --client --out d
+
+Keys are ECDSA P-256: every TLS stack speaks it, and keys and signatures stay
+small. The CA may sign certificates and nothing else (BasicConstraints ca,
+path length 0, KeyUsage keyCertSign/cRLSign). A host certificate is for
+serving (ExtendedKeyUsage serverAuth) and names the host plus the loopback
+names; a `--client` certificate is for the controller's side only
+(clientAuth). OpenSSL checks the purpose, so a host's certificate cannot be
+presented as the controller's, nor the other way round.
+
+Both ends trust only this CA: a host's listener requires a client certificate
+it signed (`fuse.serving.tls_server_options`), and the controller verifies the
+host's certificate against the CA given in `PUT /v1/controller`
+(`fuse.transport.TlsSettings`). Private keys are written 0600 and never
+overwritten by accident.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_CERT, CA_KEY = "ca.pem", "ca.key"
+CA_DAYS = 3650
+CERT_DAYS = 825          # the longest leaf lifetime browsers ever accepted; hosts rotate by re-issuing
+CLOCK_SKEW = dt.timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    cert: Path
+    key: Path
+    ca: Path
+
+
+def _write(path: Path, data: bytes, private: bool, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; refusing to overwrite it (pass --force to replace)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o600 if private else 0o644
+    # Created with its final mode: a key is never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+    """(not before, not after). A negative `days` makes a certificate that
+    has already expired, which is what the refusal tests need."""
+    now = dt.datetime.now(dt.timezone.utc)
+    after = now + dt.timedelta(days=days)
+    before = min(now - CLOCK_SKEW, after - dt.timedelta(days=1))
+    return before, after
+
+
+def create_ca(out: Path, *, name: str = "fuse CA", days: int = CA_DAYS, overwrite: bool = False) -> CertFiles:
+    """Make a CA in `out` (ca.pem, ca.key)."""
+    out = Path(out)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
+                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fuse")])
+    before, after = _validity(days)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(before).not_valid_after(after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                         key_cert_sign=True, crl_sign=True, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .add_extension(ski, critical=False)
+            .sign(key, hashes.SHA256()))
+    files = CertFiles(cert=out / CA_CERT, key=out / CA_KEY, ca=out / CA_CERT)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)  # the CA's own directory: owner-only
+    _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
+    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
+    return files
+
+
+def load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    ca_dir = Path(ca_dir)
+    cert_path, key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
+    for p in (cert_path, key_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"no {p.name} in {ca_dir}: make the CA with `fuse host ca create --out {ca_dir}`")
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path} is not an ECDSA key")
+    return cert, key
+
+
+def _alt_names(name: str) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    try:
+        names.append(x509.IPAddress(ipaddress.ip_address(name)))
+    except ValueError:
+        names.append(x509.DNSName(name))
+    for extra in (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")):
+        if extra not in names:
+            names.append(extra)
+    return names
+
+
+def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days: int = CERT_DAYS,
+               overwrite: bool = False) -> CertFiles:
+    """Issue `name`'s certificate from the CA in `ca_dir` into `out`
+    (NAME.pem, NAME.key, and a copy of ca.pem so the directory is all a host
+    or the controller needs). `client` makes a clientAuth certificate (the
+    controller's); otherwise it is a host's serverAuth certificate."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"--name must be a plain name, not {name!r}")
+    ca_cert, ca_key = load_ca(ca_dir)
+    out = Path(out)
+    key = ec.generate_private_key(ec.SECP256R1())
+    before, after = _validity(days)
+    eku = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
+                                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fuse")]))
+               .issuer_name(ca_cert.subject)
+               .public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(before).not_valid_after(after)
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                            key_cert_sign=False, crl_sign=False, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                              critical=False))
+    if not client:
+        builder = builder.add_extension(x509.SubjectAlternativeName(_alt_names(name)), critical=False)
+    else:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    files = CertFiles(cert=out / f"{name}.pem", key=out / f"{name}.key", ca=out / CA_CERT)
+    out.mkdir(parents=True, exist_ok=True)
+    _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
+    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    if Path(ca_dir).resolve() != out.resolve() and (not files.ca.exists() or files.ca.read_bytes() != ca_pem):
+        _write(files.ca, ca_pem, private=False, overwrite=True)
+    return files
+
+
+def describe(cert_path: Path) -> dict:
+    """Subject, issuer, validity and purpose of a certificate, for the CLI."""
+    cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    try:
+        eku = [o._name for o in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value]
+    except x509.ExtensionNotFound:
+        eku = []
+    try:
+        sans = [str(n.value) for n in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]
+    except x509.ExtensionNotFound:
+        sans = []
+    return {"subject": cert.subject.rfc4514_string(), "issuer": cert.issuer.rfc4514_string(),
+            "not_before": cert.not_valid_before_utc.isoformat(), "not_after": cert.not_valid_after_utc.isoformat(),
+            "purpose": eku, "names": sans, "serial": format(cert.serial_number, "x")}
