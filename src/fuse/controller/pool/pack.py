@@ -13,12 +13,14 @@ from __future__ import annotations
 
 
 def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
-         one_space: bool) -> list[dict[int, int]] | None:
-    """items: (group, count, cpus, mem) with count<0 meaning one together item of -count VMs."""
+         one_space: bool, partial: bool = False) -> list[dict[int, int]] | None:
+    """items: (group, count, cpus, mem) with count<0 meaning one together item of -count VMs.
+    ``partial``: place what fits and return the bins instead of None."""
     free_cpu, free_mem = [cap_cpu] * n_bins, [cap_mem] * n_bins
     slots = [1 if one_space else 1 << 40] * n_bins
     bins: list[dict[int, int]] = [dict() for _ in range(n_bins)]
-    order = sorted(items, key=lambda it: (-abs(it[1]) * it[3] if it[1] < 0 else -it[3], -it[2], it[0]))
+    # largest first: a together group's size is the whole group's
+    order = sorted(items, key=lambda it: (-(abs(it[1]) if it[1] < 0 else 1) * it[3], -it[2], it[0]))
     for g, count, cpu, mem in order:
         if count < 0:  # together: the whole group in one bin
             k = -count
@@ -30,7 +32,8 @@ def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
                     bins[b][g] = k
                     break
             else:
-                return None
+                if not partial:
+                    return None
             continue
         left = count
         for b in range(n_bins):
@@ -43,7 +46,7 @@ def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
                 left -= k
                 if left == 0:
                     break
-        if left:
+        if left and not partial:
             return None
     return bins
 
@@ -104,3 +107,9 @@ def pack(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
     if got is None and n_bins <= 64:
         got = _exact(items, n_bins, cap_cpu, cap_mem, one_space, time_limit, seed)
     return got
+
+
+def pack_partial(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int, *,
+                 one_space: bool = False) -> list[dict[int, int]]:
+    """First-fit what fits of the items into ``n_bins`` machines; the rest is left out."""
+    return _ffd(items, n_bins, cap_cpu, cap_mem, one_space, partial=True) or []

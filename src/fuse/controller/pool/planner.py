@@ -60,7 +60,7 @@ import time
 from fuse.controller.pool import formulation as F
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.pack import pack
+from fuse.controller.pool.pack import pack, pack_partial
 from fuse.controller.pool.solution import Machine, Solution, better, cost_usd, to_plan, violations
 from fuse.models.pool import ElasticPlan
 
@@ -150,8 +150,10 @@ def realise(model: PlanModel, f: F.Formulation, solver, deadline: float) -> tupl
         bins = pack(items, n, cap_cpu, o.mem_mib, one_space=o.one_space,
                     time_limit=min(0.2, max(0.0, deadline - time.monotonic())), seed=model.seed)
         if bins is None:
+            # the aggregate share does not split: keep what first fit places on
+            # these N machines; the greedy completion below places the rest
             ok = False
-            continue
+            bins = pack_partial(items, n, cap_cpu, o.mem_mib, one_space=o.one_space)
         full = [b for b in bins if b]
         if pin is not None and len(full) < len(bins):
             full = _spread(model, bins)

@@ -1,0 +1,112 @@
+"""Turn an ``ElasticPlanRequest`` and a pool snapshot into a ``PlanModel``.
+
+Defaults (the seed leaves them to the pool; these are ours, documented):
+
+=============  ==============================================================
+count          1
+image          ``linux``
+kind           from the image: ``windows*``/``macos*`` -> ``vm``; an OCI
+               reference (contains ``/`` or ``:``) or ``container*`` ->
+               ``container``; anything else (``linux``, distros) -> ``microvm``
+cpus, memory   the most common shape of earlier VMs of the image when
+               ``history`` is given; else 1 vCPU and 1024 MiB
+duration_secs  by caller class: interactive 3600, batch 14400, compat 3600,
+               persistent_agent 86400, none given 3600
+caps           the pool budget's (``Constraints``), narrowed by the request:
+               ``max_usd_per_hour`` takes the lower of the two, ``no_scale``
+               sets max new hosts to 0, ``hosts`` pins the exact count
+=============  ==============================================================
+
+The group is named ``request-0`` (the seed's example). Bad input raises
+``fuse.errors.InvalidArgument``: it crosses the API as a 400.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fuse.controller.pool.catalogue import default_catalogue
+from fuse.controller.pool.model import KINDS, Constraints, DemandGroup, Offer, PlanModel, PoolHost
+from fuse.errors import InvalidArgument
+from fuse.models.pool import ElasticPlanRequest
+
+DEFAULT_CPUS, DEFAULT_MEM_MIB, DEFAULT_IMAGE = 1, 1024, "linux"
+DURATION_BY_CALLER = {"interactive": 3600, "batch": 14400, "compat": 3600, "persistent_agent": 86400}
+DEFAULT_DURATION = 3600
+# hosts in these states take no new work (the registry's and the elastic host's states)
+UNUSABLE_STATES = frozenset({"cordoned", "draining", "offline", "gone", "unreachable", "deregistering"})
+
+
+def kind_of_image(image: str) -> str:
+    """The default kind for an image name (see the module table)."""
+    name = image.lower()
+    if name.startswith(("windows", "macos")):
+        return "vm"
+    if "/" in name or ":" in name or name.startswith("container"):
+        return "container"
+    return "microvm"
+
+
+def learned_shape(image: str, history: Iterable[Mapping[str, Any]] | None) -> tuple[int, int] | None:
+    """The most common (cpus, memory_mb) of earlier VMs of ``image``, or None."""
+    shapes = Counter((int(v["cpus"]), int(v["memory_mb"])) for v in (history or ())
+                     if v.get("image") == image and v.get("cpus") and v.get("memory_mb"))
+    # most_common breaks ties by first seen; sort first so the answer is stable
+    return max(sorted(shapes), key=lambda s: shapes[s]) if shapes else None
+
+
+def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
+    """A ``PoolHost`` from one snapshot dict, or None when the host takes no new work."""
+    if str(d.get("state", "")).lower() in UNUSABLE_STATES:
+        return None
+    return PoolHost(
+        name=str(d["name"]), vcpus=max(0, int(d.get("free_vcpus", d.get("cpus", 0)))),
+        mem_mib=max(0, int(d.get("free_mem_mib", d.get("mem_mib", 0)))),
+        arch=str(d.get("arch") or "amd64"), kvm=bool(d.get("kvm", True)), own=bool(d.get("own", True)),
+        provider=str(d.get("provider", "")), region=str(d.get("region", "")),
+        usd_per_hour=float(d.get("usd_per_hour", 0.0)), paid_secs_left=int(d.get("paid_secs_left", 0)),
+        billing_step_secs=int(d.get("billing_step_secs", 1)))
+
+
+def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, Any]] = (), *,
+                       offers: Iterable[Offer] | None = None, constraints: Constraints | None = None,
+                       history: Iterable[Mapping[str, Any]] | None = None,
+                       time_limit_secs: float = 5.0) -> PlanModel:
+    """The planning model for one request against the pool ``snapshot``."""
+    image = req.image or DEFAULT_IMAGE
+    kind = (req.kind or kind_of_image(image)).lower()
+    if kind not in KINDS:
+        raise InvalidArgument(f"kind must be one of {sorted(KINDS)}, not {req.kind!r}")
+    if req.caller is not None and req.caller not in DURATION_BY_CALLER:
+        raise InvalidArgument(f"caller must be one of {sorted(DURATION_BY_CALLER)}, not {req.caller!r}")
+    shape = learned_shape(image, history)
+    cpus = req.cpus or (shape[0] if shape else DEFAULT_CPUS)
+    mem = req.memory_mb or (shape[1] if shape else DEFAULT_MEM_MIB)
+    duration = req.duration_secs if req.duration_secs is not None else DURATION_BY_CALLER.get(req.caller or "", DEFAULT_DURATION)
+    group = DemandGroup(
+        name="request-0", count=1 if req.count is None else req.count, cpus=cpus, mem_mib=mem, kind=kind,
+        image=image, together=bool(req.together), duration_secs=duration, provider=req.provider,
+        region=req.region, instance_type=req.instance_type, devices_only=bool(req.devices_only),
+        no_scale=bool(req.no_scale))
+    offer_list = list(default_catalogue() if offers is None else offers)
+    if req.instance_type and not any(o.type_name == req.instance_type for o in offer_list):
+        raise InvalidArgument(f"unknown instance_type {req.instance_type!r}")
+    if req.provider and not any(o.provider == req.provider for o in offer_list) and not req.devices_only:
+        raise InvalidArgument(f"no linked cloud {req.provider!r}")
+    c = constraints or Constraints()
+    update: dict[str, Any] = {}
+    if req.max_usd_per_hour is not None:
+        update["max_usd_per_hour"] = min(req.max_usd_per_hour, c.max_usd_per_hour or req.max_usd_per_hour)
+    if req.no_scale or req.devices_only:
+        update["max_new_hosts"] = 0
+    if req.hosts is not None:
+        if req.no_scale or req.devices_only:
+            raise InvalidArgument("hosts pins new machines; no_scale/devices_only forbid them")
+        update["exact_new_hosts"] = req.hosts
+    hosts = [h for h in (host_from_snapshot(d) for d in snapshot) if h is not None]
+    if len({h.name for h in hosts}) != len(hosts):
+        raise InvalidArgument("pool snapshot names a host twice")
+    return PlanModel(groups=[group], hosts=hosts, offers=offer_list, constraints=c.model_copy(update=update),
+                     time_limit_secs=time_limit_secs)
