@@ -71,11 +71,22 @@ def _spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Po
                             env={**os.environ, **(env or {})}, start_new_session=True)
 
 
+def fake_bundle(state: Path, name: str = "linux", fingerprint: str = "fake-bundle-0001") -> None:
+    """A bundle manifest for agents on the fake backend (which boots nothing)."""
+    import json
+    d = state / "bundles" / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "manifest.json").write_text(json.dumps({"name": name, "fingerprint": fingerprint, "kernel": "fake",
+                                                 "files": {}}))
+
+
 def start_agent(tmp: Path, *, token: str | None = "agent-token", backend: str = "qemu", port: int | None = None,
                 socket_path: Path | None = None, extra: list[str] | None = None, name: str = "agent",
                 env: dict | None = None) -> Proc:
     state = tmp / name
     state.mkdir(parents=True, exist_ok=True)
+    if backend == "fake":
+        fake_bundle(state)
     port = port or free_port()
     sock = socket_path or (tmp / f"{name}.sock")
     args = ["host", "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--backend", backend,
@@ -151,3 +162,44 @@ class Postgres:
             self._run(self.bin / "pg_ctl", "-D", self.dir / "data", "-m", "immediate", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def reap(marker: Path | str) -> int:
+    """Kill every process whose command line mentions `marker` (a test's
+    state dir): VMs outlive their agent by design, tests must not."""
+    n = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(marker).encode() in cmd:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                n += 1
+            except ProcessLookupError:
+                pass
+    return n
+
+
+BUNDLE_HOME = Path(os.environ.get("FUSE_TEST_BUNDLES", "/tmp/fuse-test-bundles"))
+
+
+def real_bundle_dir() -> Path:
+    """The real guest bundle (Debian kernel + busybox), built once and cached."""
+    from fuse.agent.bundle import build_bundle
+    build_bundle(BUNDLE_HOME, "linux", progress=lambda _msg: None)
+    return BUNDLE_HOME / "bundles" / "linux"
+
+
+def install_bundle(bundle_dir: Path, state_dir: Path) -> None:
+    """Give an agent state dir a bundle (hard links: instant)."""
+    dest = state_dir / "bundles" / bundle_dir.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in bundle_dir.iterdir():
+        try:
+            os.link(f, dest / f.name)
+        except OSError:
+            shutil.copy2(f, dest / f.name)

@@ -34,6 +34,10 @@ class FuseError(Exception):
             self.code = code
         self.details = details or {}
 
+    def with_status(self, status: int) -> "FuseError":
+        self.http_status = status
+        return self
+
     def body(self) -> dict[str, Any]:
         return error_body(self.code, self.message, **self.details)
 

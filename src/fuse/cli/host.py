@@ -23,7 +23,7 @@ def serve(
     listen: Optional[str] = typer.Option(None, help="TCP address HOST:PORT for the host API."),
     token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="Bearer token required on TCP."),
     state_dir: Path = typer.Option(None, help="Where VMs, bundles and records live."),
-    backend: str = typer.Option("qemu", help="qemu or firecracker."),
+    backend: str = typer.Option("qemu", help="qemu or firecracker (fake: a test stand-in)."),
     socket: Optional[Path] = typer.Option(None, help="Owner-only unix socket for the local transport "
                                           "(default: the standard agent socket when --listen is not given)."),
     max_vms: Optional[int] = typer.Option(None, help="VM-count policy enforced by admission."),
@@ -37,7 +37,7 @@ def serve(
     from ..serving import serve as run, tls_server_options
     from ..transport import default_agent_socket
 
-    if backend not in ("qemu", "firecracker"):
+    if backend not in ("qemu", "firecracker", "fake"):
         raise typer.BadParameter("backend must be qemu or firecracker")
     state_dir = state_dir or default_state_dir()
     if listen is None and socket is None:

@@ -15,6 +15,14 @@ RESOURCES = {
 
 
 def attach(client: Any) -> None:
+    from ._core import Call
+
+    def usage(from_: int | str | None = None, to: int | str | None = None):
+        """Fleet usage: per-VM rows tagged with host, exact totals, unreachable hosts."""
+        params = {k: v for k, v in (("from", from_), ("to", to)) if v is not None}
+        return client._send(Call("GET", "/v1/usage", params=params))
+
+    client.usage = usage
     for attr, (mod, cls) in RESOURCES.items():
         try:
             api = getattr(importlib.import_module(mod), cls)

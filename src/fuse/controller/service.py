@@ -29,7 +29,12 @@ class Controller:
         self.poll_interval = poll_interval
         self.fleet = None  # the pollers, once started (fuse.controller.fleet)
         self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live)
-        self.new_events = asyncio.Event()
+        from .events import EventService
+        from .usage import UsageService
+        from .vms import VmService
+        self.vms = VmService(self)
+        self.events = EventService(self)
+        self.usage = UsageService(self)
 
     # ---- controller settings (PUT /v1/controller) ---------------------------
     def settings(self) -> dict[str, Any]:
@@ -45,10 +50,7 @@ class Controller:
         return self.fleet.live(host_id) if self.fleet is not None else {}
 
     async def start(self) -> None:
-        try:
-            from .fleet import Fleet
-        except ImportError:
-            return
+        from .fleet import Fleet
         self.fleet = Fleet(self)
         await self.fleet.start()
 
@@ -56,6 +58,25 @@ class Controller:
         if self.fleet is not None:
             await self.fleet.close()
         self.store.close()
+
+    async def register_host(self, req):
+        """Register, then poll the host at once so it is connected (and its
+        VMs adopted) when the reply goes out."""
+        host, created = await self.hosts.register(req)
+        if self.fleet is not None:
+            try:
+                await self.fleet.refresh(req.id)
+            except Exception:  # unreachable now: the poller keeps trying
+                pass
+            warnings = host.warnings
+            host = self.hosts.get(req.id)
+            host.warnings = warnings
+        return host, created
+
+    async def deregister_host(self, host_id: str) -> None:
+        self.hosts.deregister(host_id)
+        if self.fleet is not None:
+            await self.fleet.sync_hosts()
 
     async def drain(self, host_id: str) -> dict[str, Any]:
         """Stop placements on the host and move every VM away (the moves

@@ -163,4 +163,7 @@ def get_backend(name: str, **kwargs: Any) -> Backend:
     if name == "firecracker":
         from .firecracker import FirecrackerBackend
         return FirecrackerBackend(**kwargs)
-    raise ValueError(f"unknown backend {name!r} (qemu, firecracker)")
+    if name == "fake":
+        from .fake import FakeBackend
+        return FakeBackend(**kwargs)
+    raise ValueError(f"unknown backend {name!r} (qemu, firecracker, fake)")

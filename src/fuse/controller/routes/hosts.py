@@ -44,7 +44,7 @@ def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
 
 @router.post("/v1/hosts", status_code=201, response_model=Host, summary="registerHost: add a host, probing its hardware.")
 async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
-    host, created = await _ctl(request).hosts.register(_register_body(body))
+    host, created = await _ctl(request).register_host(_register_body(body))
     return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
 
 
@@ -86,5 +86,5 @@ async def host_action(request: Request, host_id: str,
 
 @router.delete("/v1/hosts/{host_id:path}", status_code=204, summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str) -> Response:
-    _ctl(request).hosts.deregister(host_id)
+    await _ctl(request).deregister_host(host_id)
     return Response(status_code=204)

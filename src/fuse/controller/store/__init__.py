@@ -36,7 +36,7 @@ hosts = Table(
 vms = Table(
     "vms", metadata,
     Column("name", String(255), primary_key=True),
-    Column("host", String(255), nullable=False, index=True),
+    Column("host", String(255), primary_key=True, index=True),
     Column("vcpus", Integer, nullable=False),
     Column("mem_mib", Integer, nullable=False),
     Column("state", String(32), nullable=False),
@@ -50,9 +50,10 @@ events = Table(
     Column("ts", Float, nullable=False),
     Column("type", String(64), nullable=False),
     Column("host", String(255), nullable=False, default=""),
+    Column("agent_id", String(64), nullable=False, default=""),
     Column("host_event_id", BigInteger, nullable=True),
     Column("data", JSON, nullable=False, default=dict),
-    UniqueConstraint("host", "host_event_id", name="uq_events_host_event"),
+    UniqueConstraint("host", "agent_id", "host_event_id", name="uq_events_host_event"),
 )
 
 # How far the controller has read each host's own event log.

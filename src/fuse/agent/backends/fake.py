@@ -1,0 +1,81 @@
+"""A fast stand-in hypervisor for tests of many hosts at once.
+
+Each "VM" is a small Python process (its command line carries the VM dir, so
+pid checks work as for QEMU) that writes a counter to its console. Sleep
+saves the counter to a state file and stops the process; wake starts a new
+one from that number — the same observable contract as QEMU's sleep/wake,
+at a fraction of the memory. It never runs the entry: the entry is only
+echoed. Select with `fuse host serve --backend fake`; real-VM tests use qemu.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .base import Backend, BootSpec, kill_and_wait, process_alive, read_pidfile
+
+_PROGRAM = r"""
+import os, sys, time
+vm_dir, start = sys.argv[1], int(sys.argv[2])
+state = os.path.join(vm_dir, "state", "counter")
+with open(os.path.join(vm_dir, "console.log"), "a", buffering=1) as out:
+    if start == 0:
+        out.write("fake vm: entry %s\n" % sys.argv[3])
+    i = start
+    while True:
+        out.write("%d\n" % i)
+        with open(state + ".tmp", "w") as f:
+            f.write(str(i))
+        os.replace(state + ".tmp", state)
+        i += 1
+        time.sleep(0.2)
+"""
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, **_: Any):
+        pass
+
+    def platform(self) -> dict[str, Any]:
+        return {"backend": "fake", "arch": "amd64", "machine": "fake", "accel": "none"}
+
+    def _pidfile(self, spec: BootSpec) -> Path:
+        return spec.vm_dir / "fake.pid"
+
+    def _spawn(self, spec: BootSpec, start: int) -> int:
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        p = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(spec.vm_dir), str(start), spec.entry[:200]],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        self._pidfile(spec).write_text(str(p.pid))
+        return p.pid
+
+    async def start(self, spec: BootSpec) -> int:
+        return self._spawn(spec, 0)
+
+    def pid(self, spec: BootSpec) -> int | None:
+        pid = read_pidfile(self._pidfile(spec))
+        return pid if process_alive(pid, str(spec.vm_dir)) else None
+
+    async def stop(self, spec: BootSpec) -> None:
+        await kill_and_wait(read_pidfile(self._pidfile(spec)), str(spec.vm_dir))
+
+    async def sleep(self, spec: BootSpec) -> list[str]:
+        await self.stop(spec)
+        counter = spec.state_dir / "counter"
+        if not counter.exists():
+            counter.write_text("0")
+        # A memory image stands in for guest RAM so moves copy real bytes.
+        (spec.state_dir / "memory.bin").write_bytes(b"\xa5" * (1 << 20) * max(1, spec.mem_mib // 64))
+        return ["counter", "memory.bin"]
+
+    async def wake(self, spec: BootSpec) -> int:
+        n = int((spec.state_dir / "counter").read_text() or 0)
+        await asyncio.sleep(0)
+        return self._spawn(spec, n + 1)

@@ -1,0 +1,137 @@
+"""`fuse controller vms|events|usage|move|moves`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import typer
+
+from .output import api_errors, emit_json, table
+
+vms_app = typer.Typer(help="VMs placed by the controller (no sub-command: list them).")
+
+
+def _client():
+    from .controller import client
+    return client()
+
+
+VM_COLUMNS = ["name", "host", "state", "vcpus", "mem MiB", "entry"]
+
+
+def _vm_rows(vms):
+    for v in vms:
+        shape = v.get("shape", {})
+        yield (v["name"], v.get("host", ""), v.get("state", ""), shape.get("vcpus", ""), shape.get("mem_mib", ""),
+               (v.get("entry") or "")[:40])
+
+
+@vms_app.callback(invoke_without_command=True)
+def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json")) -> None:
+    if ctx.invoked_subcommand is None:
+        with api_errors(), _client() as c:
+            vms = c.vms.list()
+        emit_json(vms) if json_ else table(VM_COLUMNS, _vm_rows(vms))
+
+
+@vms_app.command("create")
+def vms_create(
+    vcpus: int = typer.Option(1), mem_mib: int = typer.Option(256), entry: str = typer.Option(...),
+    name: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None, help="Pin to this host."),
+    bundle: str = typer.Option("linux"), json_: bool = typer.Option(False, "--json"),
+) -> None:
+    """Place a VM on the best host."""
+    body = {"shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry, "bundle": bundle}
+    if name:
+        body["name"] = name
+    if host:
+        body["host"] = host
+    with api_errors(), _client() as c:
+        vm = c.vms.create(body)
+    emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
+
+
+@vms_app.command("get")
+def vms_get(name: str, host: Optional[str] = None, json_: bool = typer.Option(False, "--json")) -> None:
+    with api_errors(), _client() as c:
+        vm = c.vms.get(name, host)
+    emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
+
+
+@vms_app.command("delete")
+def vms_delete(name: str, host: Optional[str] = None) -> None:
+    with api_errors(), _client() as c:
+        c.vms.delete(name, host)
+    typer.echo(f"vm {name} deleted")
+
+
+@vms_app.command("console")
+def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+    offset = 0
+    with api_errors(), _client() as c:
+        while True:
+            out = c.vms.console(name, offset, host)
+            typer.echo(out.get("text", ""), nl=False)
+            offset = out.get("next_offset", offset)
+            if not follow:
+                return
+            time.sleep(0.5)
+
+
+for _act in ("sleep", "wake"):
+    def _make(act: str):
+        def run(name: str, host: Optional[str] = None) -> None:
+            with api_errors(), _client() as c:
+                vm = getattr(c.vms, act)(name, host)
+            typer.echo(f"vm {name} on {vm.get('host')}: {vm.get('state')}")
+        run.__doc__ = {"sleep": "Write the VM's state to files and free its memory.",
+                       "wake": "Carry on from where the VM slept."}[act]
+        return run
+    vms_app.command(_act)(_make(_act))
+
+
+def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help="Keep following the stream."),
+           json_: bool = typer.Option(False, "--json"), wait_s: float = typer.Option(30)) -> None:
+    """The merged event stream (follows by default; Ctrl-C stops)."""
+    with api_errors(), _client() as c:
+        while True:
+            page = c.events.list(since, wait_s if follow else 0, 500)
+            for e in page["events"]:
+                if json_:
+                    typer.echo(json.dumps(e, sort_keys=True))
+                else:
+                    rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
+                    stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                    typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
+            since = page["next"]
+            if not follow:
+                return
+
+
+def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds or ISO time."),
+          to: Optional[str] = typer.Option(None), json_: bool = typer.Option(False, "--json")) -> None:
+    """Metering summed across the fleet."""
+    with api_errors(), _client() as c:
+        u = c.usage(from_, to)
+    if json_:
+        emit_json(u)
+        return
+    cols = ["host", "vm", "cpu_seconds", "mem_mib_seconds", "wall_seconds", "state_bytes_written"]
+    rows = [[r.get(k, "") for k in cols] for r in u["vms"]]
+    rows.append(["TOTAL", ""] + [u["totals"].get(k, "") for k in cols[2:]])
+    table(cols, rows, title="usage")
+    for h in u["unreachable"]:
+        typer.echo(f"unreachable: {h['host']}: {h['reason']}")
+
+
+def mount(app: typer.Typer) -> None:
+    app.add_typer(vms_app, name="vms")
+    app.command("events")(events)
+    app.command("usage")(usage)
+    try:
+        from .moves import mount as mount_moves
+        mount_moves(app)
+    except ImportError:
+        pass

@@ -1,0 +1,41 @@
+"""client.events: the merged event stream (cursor-based long poll)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from ._core import Call
+
+
+class EventsAPI:
+    def __init__(self, send: Callable[[Call], Any]):
+        self._send = send
+
+    def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict:
+        """`{"events": [...], "next": cursor}`; waits up to `wait_s` for news."""
+        return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
+                               timeout=wait_s + 30))
+
+    def follow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None) -> Iterator[dict]:
+        """Yield events as they come, resuming from the cursor (sync client)."""
+        n = 0
+        while max_events is None or n < max_events:
+            page = self.list(since, wait_s)
+            for e in page["events"]:
+                yield e
+                n += 1
+                if max_events is not None and n >= max_events:
+                    return
+            since = page["next"]
+
+    async def afollow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None) -> AsyncIterator[dict]:
+        """`follow` for the async client."""
+        n = 0
+        while max_events is None or n < max_events:
+            page = await self.list(since, wait_s)
+            for e in page["events"]:
+                yield e
+                n += 1
+                if max_events is not None and n >= max_events:
+                    return
+            since = page["next"]

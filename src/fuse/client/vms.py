@@ -1,0 +1,41 @@
+"""client.vms: VMs placed by the controller."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..models.base import Record
+from ._core import Call, none, path
+
+
+def _q(host: str | None) -> dict | None:
+    return {"host": host} if host else None
+
+
+class VmsAPI:
+    def __init__(self, send: Callable[[Call], Any]):
+        self._send = send
+
+    def create(self, body: dict | Record | None = None, **fields: Any) -> dict:
+        """Place a VM by best fit: `create({"shape": {"vcpus": 2, "mem_mib": 1024}, "entry": "..."})` or
+        `create(shape={...}, entry=..., name=..., host=...)`. 409 fleet_full/vm_exists."""
+        return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=300))
+
+    def list(self, host: str | None = None) -> list[dict]:
+        return self._send(Call("GET", "/v1/vms", params=_q(host), parse=lambda r: r.json()["vms"]))
+
+    def get(self, name: str, host: str | None = None) -> dict:
+        return self._send(Call("GET", path("/v1/vms", name), params=_q(host)))
+
+    def delete(self, name: str, host: str | None = None) -> None:
+        return self._send(Call("DELETE", path("/v1/vms", name), params=_q(host), parse=none, timeout=120))
+
+    def sleep(self, name: str, host: str | None = None) -> dict:
+        return self._send(Call("POST", path("/v1/vms", name, "sleep"), params=_q(host), timeout=180))
+
+    def wake(self, name: str, host: str | None = None) -> dict:
+        return self._send(Call("POST", path("/v1/vms", name, "wake"), params=_q(host), timeout=180))
+
+    def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
+        """`{"text", "offset", "next_offset"}`: the serial log from `offset`."""
+        return self._send(Call("GET", path("/v1/vms", name, "console"), params={"offset": offset, **(_q(host) or {})}))

@@ -1,0 +1,52 @@
+"""The merged event stream: every host's events tagged with the host, plus
+the controller's own (host_added, host_removed, host_connected,
+host_disconnected, placed, moves), under one cursor — the store's event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..errors import InvalidArgument
+
+MAX_LIMIT = 500
+MAX_WAIT_S = 60.0
+
+
+def wire(row: dict) -> dict[str, Any]:
+    out = {"id": row["id"], "time": row["ts"], "type": row["type"], "host": row["host"]}
+    if row.get("host_event_id") is not None:
+        out["host_event_id"] = row["host_event_id"]
+    out.update(row["data"] or {})
+    out["id"], out["type"], out["host"] = row["id"], row["type"], row["host"]
+    return out
+
+
+class EventService:
+    def __init__(self, ctl):
+        self.ctl = ctl
+
+    async def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict[str, Any]:
+        if since < 0:
+            raise InvalidArgument("since must be >= 0")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
+        if wait_s < 0:
+            raise InvalidArgument("wait_s must be >= 0")
+        deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
+        store = self.ctl.store
+        while True:
+            rows = store.events_after(since, limit)
+            if rows or time.monotonic() >= deadline:
+                break
+            changed = self.ctl.fleet.changed if self.ctl.fleet else asyncio.Event()
+            changed.clear()
+            # Wake on our own news at once; poll the store too, for other replicas.
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+            except asyncio.TimeoutError:
+                pass
+        events = [wire(r) for r in rows]
+        return {"events": events, "next": events[-1]["id"] if events else since}

@@ -1,0 +1,220 @@
+"""Host pollers: the controller's live view of every host.
+
+A poller per host reads `GET /v1/host` every second and its events with
+backoff (up to 500 a poll). Events are stored with the host's own event id
+under a unique (host, host_event_id) key, in the same transaction that moves
+the host's cursor, so across reconnects and controller restarts no event is
+stored twice or skipped. A host that stops answering is marked disconnected
+(no placements) and comes back by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from ..errors import HostUnreachable
+from ..transport import HostConnection
+from .store import events as events_t, host_cursors, vms as vms_t
+
+log = logging.getLogger("fuse.controller.fleet")
+EVENT_BATCH = 500
+
+
+@dataclass
+class HostView:
+    """What the controller last saw of one host."""
+    connected: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+    seen_at: float = 0.0
+    error: str = ""
+
+
+class Fleet:
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.store = ctl.store
+        self.views: dict[str, HostView] = {}
+        self._conns: dict[str, tuple[str, str, HostConnection]] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._sync: asyncio.Task | None = None
+        self.changed = asyncio.Event()  # set when events were stored
+
+    # ---- connections ---------------------------------------------------------
+    def conn(self, host_id: str) -> HostConnection:
+        row = self.store.get_host(host_id)
+        if row is None:
+            from ..errors import NotFound
+            raise NotFound(f"host {host_id} not found")
+        cached = self._conns.get(host_id)
+        tls = self.ctl.tls_settings()
+        key = (row["url"], row["token"] + repr(tls))
+        if cached and cached[:2] == key:
+            return cached[2]
+        conn = HostConnection(row["url"], row["token"] or None, tls)
+        if cached:
+            asyncio.ensure_future(cached[2].close())
+        self._conns[host_id] = (*key, conn)
+        return conn
+
+    def live(self, host_id: str) -> dict[str, Any]:
+        v = self.views.get(host_id)
+        if v is None:
+            return {}
+        s = v.summary
+        return {"connected": v.connected, "free_vcpus": int(s.get("free_vcpus", 0)),
+                "free_mem_mib": int(s.get("free_mem_mib", 0)), "memory_pressure": bool(s.get("memory_pressure")),
+                "platform": s.get("platform", ""), "bundles": s.get("bundles", [])}
+
+    # ---- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        self._sync = asyncio.create_task(self._sync_loop())
+        await self.sync_hosts()
+
+    async def close(self) -> None:
+        tasks = [*self._tasks.values()] + ([self._sync] if self._sync else [])
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for _, _, c in self._conns.values():
+            await c.close()
+
+    async def _sync_loop(self) -> None:
+        # Another replica (shared PostgreSQL) may add or remove hosts.
+        while True:
+            await asyncio.sleep(self.ctl.poll_interval)
+            await self.sync_hosts()
+
+    async def sync_hosts(self) -> None:
+        ids = {r["id"] for r in self.store.list_hosts()}
+        for host_id in ids - self._tasks.keys():
+            self._tasks[host_id] = asyncio.create_task(self._poll(host_id))
+        for host_id in self._tasks.keys() - ids:
+            self._tasks.pop(host_id).cancel()
+            self.views.pop(host_id, None)
+            c = self._conns.pop(host_id, None)
+            if c:
+                await c[2].close()
+
+    async def refresh(self, host_id: str) -> None:
+        """Poll a host now (after registration, or when a caller needs fresh
+        figures)."""
+        await self.sync_hosts()
+        await self._poll_once(host_id)
+
+    # ---- polling -------------------------------------------------------------
+    async def _poll(self, host_id: str) -> None:
+        backoff, next_events = 0.0, 0.0
+        while True:
+            try:
+                await self._poll_once(host_id, events=time.monotonic() >= next_events)
+                backoff = 0.0
+                next_events = 0.0
+            except HostUnreachable:
+                backoff = min(max(backoff * 2, self.ctl.poll_interval), 30.0)
+                next_events = time.monotonic() + backoff
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not kill the poller
+                log.exception("poller for %s", host_id)
+            await asyncio.sleep(self.ctl.poll_interval)
+
+    async def _poll_once(self, host_id: str, events: bool = True) -> None:
+        view = self.views.setdefault(host_id, HostView())
+        try:
+            conn = self.conn(host_id)
+            resp = await conn.request("GET", "/v1/host", timeout=5)
+            if resp.status_code != 200:
+                raise HostUnreachable(f"host answered {resp.status_code}")
+            summary = resp.json()
+            if not view.connected:
+                await self._adopt(host_id, conn)
+            view.summary, view.seen_at, view.error = summary, time.time(), ""
+            if not view.connected:
+                view.connected = True
+                self._controller_event("host_connected", host_id, {})
+            if events:
+                await self._pull_events(host_id, conn, summary.get("agent_id", ""))
+        except HostUnreachable as exc:
+            if view.connected or not view.error:
+                view.connected = False
+                self._controller_event("host_disconnected", host_id, {"reason": exc.message})
+            view.error = exc.message
+            raise
+
+    def _controller_event(self, type_: str, host_id: str, data: dict) -> None:
+        if self.store.get_host(host_id) is None:
+            return
+        self.store.add_event(type_, {"id": host_id, **data}, host=host_id)
+        self.changed.set()
+
+    async def _adopt(self, host_id: str, conn: HostConnection) -> None:
+        """Take in the VMs the host already runs (restarts, leftovers)."""
+        resp = await conn.request("GET", "/v1/host/vms")
+        if resp.status_code != 200:
+            return
+        self.upsert_vms(host_id, resp.json().get("vms", []), replace=True)
+
+    def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False) -> None:
+        keep = {r["name"] for r in records if r.get("state") != "deleted"}
+        with self.store.tx() as c:
+            known = {r["name"]: r for r in c.execute(select(vms_t).where(vms_t.c.host == host_id)).mappings()}
+            for r in records:
+                if r.get("state") == "deleted":
+                    continue
+                row = dict(vcpus=r["shape"]["vcpus"], mem_mib=r["shape"]["mem_mib"], state=r["state"], record=r)
+                if r["name"] in known:
+                    c.execute(update(vms_t).where(vms_t.c.host == host_id, vms_t.c.name == r["name"]).values(**row))
+                else:
+                    c.execute(insert(vms_t).values(name=r["name"], host=host_id, created_at=time.time(), **row))
+            if replace:
+                for name in known.keys() - keep:
+                    if known[name]["state"] not in ("moving",):
+                        c.execute(vms_t.delete().where(vms_t.c.host == host_id, vms_t.c.name == name))
+
+    async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str) -> None:
+        with self.store.read() as c:
+            cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
+        cursor = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
+        for _ in range(20):  # bounded catch-up per poll
+            resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
+            if resp.status_code != 200:
+                return
+            batch = resp.json().get("events", [])
+            if not batch:
+                return
+            vm_changed = self._store_events(host_id, agent_id, cursor, batch)
+            cursor = batch[-1]["id"]
+            self.changed.set()
+            if vm_changed:
+                await self._adopt(host_id, conn)
+            if len(batch) < EVENT_BATCH:
+                return
+
+    def _store_events(self, host_id: str, agent_id: str, cursor: int, batch: list[dict]) -> bool:
+        vm_changed = False
+        with self.store.tx() as c:
+            for e in batch:
+                data = {k: v for k, v in e.items() if k not in ("id", "time", "type")}
+                try:
+                    with c.begin_nested():
+                        c.execute(insert(events_t).values(ts=e.get("time", time.time()), type=e["type"], host=host_id,
+                                                          agent_id=agent_id, host_event_id=e["id"], data=data))
+                except IntegrityError:
+                    continue  # stored already (another replica, or a retry)
+                vm_changed = vm_changed or "vm" in e
+            last = batch[-1]["id"]
+            if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == host_id)).first():
+                c.execute(update(host_cursors).where(host_cursors.c.host == host_id).values(cursor=last, agent_id=agent_id))
+            else:
+                c.execute(insert(host_cursors).values(host=host_id, cursor=last, agent_id=agent_id))
+        return vm_changed

@@ -1,0 +1,199 @@
+"""VMs through the controller: best-fit placement with reservations, and
+the per-VM calls forwarded to the host that has the VM."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import ValidationError
+
+from ..errors import AmbiguousVm, FleetFull, FuseError, HostUnreachable, InvalidArgument, NotFound, VmExists
+from ..models.vm import CreateVmRequest
+from ..transport import HostConnection
+from .placement import FleetArrays, rank
+from .resources import Resources
+from .store import vms as vms_t
+
+
+class ControllerCreateVm(CreateVmRequest):
+    """The host's create body, plus an optional `host` to pin the VM."""
+    host: Optional[str] = None
+
+
+def host_error(resp, host: str) -> FuseError:
+    """Re-raise a host's error answer as ours, keeping its code."""
+    try:
+        err = resp.json()["error"]
+        code, msg = err.get("code", "internal"), err.get("message", resp.text)
+    except Exception:
+        code, msg = "internal", resp.text[:300]
+    e = FuseError(f"host {host}: {msg}", code=code)
+    e.http_status = resp.status_code
+    return e
+
+
+class VmService:
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.store = ctl.store
+        self._lock = asyncio.Lock()
+        self._pending: dict[str, Resources] = {}
+
+    @property
+    def fleet(self):
+        return self.ctl.fleet
+
+    # ---- placement -----------------------------------------------------------
+    def arrays(self, only: str | None = None, bundle: str | None = None) -> tuple[FleetArrays, dict[str, str]]:
+        rows = self.store.list_hosts()
+        if only is not None:
+            rows = [r for r in rows if r["id"] == only]
+        alloc = self.store.allocated()
+        n = len(rows)
+        cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
+        usable = np.zeros(n, dtype=bool)
+        reasons: dict[str, str] = {}
+        for i, r in enumerate(rows):
+            cap = r["capacity"]
+            a = alloc.get(r["id"], {})
+            p = self._pending.get(r["id"], Resources())
+            view = self.fleet.views.get(r["id"]) if self.fleet else None
+            s = view.summary if view else {}
+            cols["cv"][i], cols["cm"][i] = cap.get("cpus", 0), cap.get("ram_mb", 0)
+            # Believe the host only within its declared capacity.
+            cols["fv"][i] = min(s.get("free_vcpus", 0), cap.get("cpus", 0) - a.get("cpus", 0)) - p.vcpus
+            cols["fm"][i] = min(s.get("free_mem_mib", 0), cap.get("ram_mb", 0) - a.get("ram_mb", 0)) - p.mem_mib
+            cols["cnt"][i] = max(s.get("vm_count", 0), a.get("vm_count", 0)) + p.count
+            cols["lim"][i] = cap.get("vm_count", 0)
+            if r["state"] != "active":
+                reasons[r["id"]] = f"host is {r['state']}"
+            elif view is None or not view.connected:
+                reasons[r["id"]] = "host is disconnected" + (f": {view.error}" if view and view.error else "")
+            elif s.get("memory_pressure"):
+                reasons[r["id"]] = "host is under memory pressure"
+            elif bundle and s.get("bundles") is not None and bundle not in {b.get("name") for b in s["bundles"]}:
+                reasons[r["id"]] = f"host has no bundle {bundle}"
+            else:
+                usable[i] = True
+        return FleetArrays([r["id"] for r in rows], cols["cv"], cols["cm"], cols["fv"], cols["fm"], cols["cnt"],
+                           cols["lim"], usable), reasons
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            req = ControllerCreateVm.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvalidArgument(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        if req.host is not None and self.store.get_host(req.host) is None:
+            raise NotFound(f"host {req.host} not found")
+        name = req.name or f"vm-{secrets.token_hex(4)}"
+        ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
+        host_body = req.model_dump(mode="json", exclude={"host"}) | {"name": name}
+        reasons: dict[str, str] = {}
+        tried: set[str] = set()
+        while True:
+            async with self._lock:
+                fleet, unusable = self.arrays(only=req.host, bundle=req.bundle)
+                decision = rank(fleet, ask, unusable)
+                for h, why in decision.reasons.items():
+                    reasons.setdefault(h, why)
+                host = next((h for h in decision.order if h not in tried), None)
+                if host is None:
+                    break
+                self._pending[host] = self._pending.get(host, Resources()) + ask
+            tried.add(host)
+            try:
+                resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
+            except HostUnreachable as exc:
+                reasons[host] = exc.message
+                self._release(host, ask)
+                continue
+            if resp.status_code == 201:
+                vm = resp.json()
+                self._record(host, vm)
+                self._release(host, ask)
+                self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib},
+                                     host=host)
+                self.fleet.changed.set()
+                return vm | {"host": host}
+            self._release(host, ask)
+            err = host_error(resp, host)
+            if err.code == "vm_exists":
+                raise VmExists(f"a vm named {name} already exists on host {host}")
+            if resp.status_code == 400:
+                raise err
+            reasons[host] = err.message.split(": ", 1)[-1]
+        raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB)",
+                        details={"hosts": dict(sorted(reasons.items()))})
+
+    def _release(self, host: str, ask: Resources) -> None:
+        left = self._pending.get(host, Resources()) - ask
+        if left.count <= 0:
+            self._pending.pop(host, None)
+        else:
+            self._pending[host] = left
+
+    def _record(self, host: str, vm: dict) -> None:
+        self.fleet.upsert_vms(host, [vm])
+        view = self.fleet.views.get(host)
+        if view is not None:  # until the next poll says otherwise
+            s = view.summary
+            s["free_mem_mib"] = s.get("free_mem_mib", 0) - vm["shape"]["mem_mib"]
+            s["free_vcpus"] = s.get("free_vcpus", 0) - vm["shape"]["vcpus"]
+            s["vm_count"] = s.get("vm_count", 0) + 1
+
+    # ---- one VM --------------------------------------------------------------
+    def locate(self, name: str, host: str | None = None) -> str:
+        rows = self.store.vms_named(name)
+        if host is not None:
+            rows = [r for r in rows if r["host"] == host]
+        if not rows:
+            raise NotFound(f"vm {name} not found" + (f" on host {host}" if host else ""))
+        if len(rows) > 1:
+            raise AmbiguousVm(f"vm {name} is on several hosts ({', '.join(sorted(r['host'] for r in rows))}); "
+                              "pick one with host", details={"hosts": sorted(r["host"] for r in rows)})
+        return rows[0]["host"]
+
+    def list(self, host: str | None = None) -> list[dict]:
+        out = []
+        for r in self.store.list_vms():
+            if host is None or r["host"] == host:
+                out.append((r["record"] or {}) | {"name": r["name"], "host": r["host"], "state": r["state"]})
+        return out
+
+    async def _call(self, host: str, method: str, path: str, **kw):
+        resp = await self.fleet.conn(host).request(method, path, **kw)
+        if resp.status_code >= 400:
+            raise host_error(resp, host)
+        return resp
+
+    async def get(self, name: str, host: str | None = None) -> dict:
+        host = self.locate(name, host)
+        vm = (await self._call(host, "GET", f"/v1/host/vms/{name}")).json()
+        self.fleet.upsert_vms(host, [vm])
+        return vm | {"host": host}
+
+    async def delete(self, name: str, host: str | None = None) -> None:
+        host = self.locate(name, host)
+        try:
+            await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
+        except FuseError as exc:
+            if exc.code != "not_found":
+                raise
+        with self.store.tx() as c:
+            c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
+        self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host)
+
+    async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
+        host = self.locate(name, host)
+        vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
+        self.fleet.upsert_vms(host, [vm])
+        return vm | {"host": host}
+
+    async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
+        host = self.locate(name, host)
+        return (await self._call(host, "GET", f"/v1/host/vms/{name}/console", params={"offset": offset})).json()

@@ -1,0 +1,223 @@
+"""The controller against several real agent processes on loopback (fake
+backend: real agents, real HTTP, real admission; tiny stand-in VMs)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+import fuse
+from support import reap, start_agent, start_controller, wait_until
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    procs = []
+
+    def agent(name, **kw):
+        p = start_agent(tmp_path, backend="fake", name=name, **kw)
+        procs.append(p)
+        return p
+
+    ctl = start_controller(tmp_path)
+    procs.append(ctl)
+    client = fuse.Client(ctl.url)
+
+    def add(host_id, a, vm_count=10, ram_mb=4096, cpus=4):
+        return client.hosts.register(fuse.RegisterHostRequest(
+            id=host_id, url=a.url, token=a.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=vm_count, ram_mb=ram_mb, cpus=cpus)))
+
+    yield type("Fleet", (), {"agent": staticmethod(agent), "add": staticmethod(add), "client": client,
+                             "ctl": ctl, "tmp": tmp_path})
+    client.close()
+    for p in procs:
+        p.stop()
+    reap(tmp_path)
+
+
+def shape(mem=256, vcpus=1, **kw):
+    return {"shape": {"vcpus": vcpus, "mem_mib": mem}, "entry": "echo hi", **kw}
+
+
+def err(fn, *a, **kw) -> fuse.ApiError:
+    with pytest.raises(fuse.ApiError) as info:
+        fn(*a, **kw)
+    return info.value
+
+
+def test_best_fit_places_on_the_host_with_most_aligned_free_room(fleet):
+    fleet.add("small", fleet.agent("a1"), ram_mb=1024, cpus=2)
+    fleet.add("large", fleet.agent("a2"), ram_mb=8192, cpus=2)
+    vm = fleet.client.vms.create(shape(mem=512))
+    # small: 1/2*1 + 512/1024*1 = 1.0 ; large: 1/2*1 + 512/8192*1 = 0.5625
+    assert vm["host"] == "small" and vm["state"] == "running"
+    assert vm["name"].startswith("vm-")
+    listed = fleet.client.vms.list()
+    assert [(v["name"], v["host"]) for v in listed] == [(vm["name"], "small")]
+    events = fleet.client.events.list(0)["events"]
+    assert any(e["type"] == "placed" and e["vm"] == vm["name"] and e["host"] == "small" for e in events)
+
+
+def test_a_refusing_host_passes_the_vm_to_the_next(fleet):
+    # The controller believes "picky" has room for 10, but its own admission allows 1.
+    fleet.add("picky", fleet.agent("a1", extra=["--max-vms", "1"]), ram_mb=1024)
+    fleet.add("other", fleet.agent("a2"), ram_mb=8192)
+    first = fleet.client.vms.create(shape(mem=512))
+    assert first["host"] == "picky"
+    second = fleet.client.vms.create(shape(mem=512))
+    assert second["host"] == "other"
+
+
+def test_fleet_full_maps_every_host_to_its_reason(fleet):
+    fleet.add("cordoned", fleet.agent("a1"))
+    fleet.client.hosts.cordon("cordoned")
+    fleet.add("tiny", fleet.agent("a2"), ram_mb=300)
+    gone = fleet.agent("a3")
+    fleet.add("gone", gone)
+    gone.stop()
+    wait_until(lambda: not fleet.client.hosts.get("gone").connected, what="disconnect")
+    e = err(fleet.client.vms.create, shape(mem=512))
+    assert (e.status, e.code) == (409, "fleet_full")
+    reasons = e.details["hosts"]
+    assert set(reasons) == {"cordoned", "tiny", "gone"}
+    assert "cordoned" in reasons["cordoned"]
+    assert "512 MiB" in reasons["tiny"]
+    assert "disconnected" in reasons["gone"]
+
+
+def test_vm_exists_and_ambiguous_vm(fleet):
+    fleet.add("h1", fleet.agent("a1"))
+    fleet.add("h2", fleet.agent("a2"))
+    fleet.client.vms.create(shape(name="job1", host="h1"))
+    e = err(fleet.client.vms.create, shape(name="job1", host="h1"))
+    assert (e.status, e.code) == (409, "vm_exists")
+    fleet.client.vms.create(shape(name="job1", host="h2"))
+    e = err(fleet.client.vms.get, "job1")
+    assert (e.status, e.code) == (409, "ambiguous_vm")
+    assert fleet.client.vms.get("job1", host="h2")["host"] == "h2"
+    fleet.client.vms.delete("job1", host="h1")
+    assert fleet.client.vms.get("job1")["host"] == "h2"
+
+
+def test_bad_shape_is_invalid_argument(fleet):
+    fleet.add("h1", fleet.agent("a1"))
+    for body in ({"shape": {"vcpus": 0, "mem_mib": 256}, "entry": "x"}, {"entry": "x"},
+                 {"shape": {"vcpus": 1, "mem_mib": 256}, "entry": ""}):
+        e = err(fleet.client.vms.create, body)
+        assert (e.status, e.code) == (400, "invalid_argument")
+    assert fleet.client.vms.list() == []
+
+
+def test_200_concurrent_creates_against_room_for_50(fleet):
+    fleet.add("h1", fleet.agent("a1"), vm_count=25, ram_mb=65536)
+    fleet.add("h2", fleet.agent("a2"), vm_count=25, ram_mb=65536)
+
+    async def storm():
+        transport = httpx.AsyncHTTPTransport(uds=str(fleet.ctl.socket))
+        async with httpx.AsyncClient(transport=transport, base_url="http://c", timeout=120) as c:
+            return await asyncio.gather(*(c.post("/v1/vms", json=shape(mem=64)) for _ in range(200)))
+
+    replies = asyncio.run(storm())
+    codes = sorted(r.status_code for r in replies)
+    assert codes.count(201) == 50 and codes.count(409) == 150
+    assert all(r.json()["error"]["code"] == "fleet_full" for r in replies if r.status_code == 409)
+    per_host = {}
+    for v in fleet.client.vms.list():
+        per_host[v["host"]] = per_host.get(v["host"], 0) + 1
+    assert per_host == {"h1": 25, "h2": 25}
+    for h in ("h1", "h2"):
+        assert fleet.client.hosts.get(h).allocated.vm_count == 25
+
+
+def test_disconnect_and_reconnect(fleet):
+    a = fleet.agent("a1")
+    port = a.url.rsplit(":", 1)[1]
+    fleet.add("h1", a)
+    assert fleet.client.hosts.get("h1").connected
+    a.stop()
+    wait_until(lambda: not fleet.client.hosts.get("h1").connected, what="host marked disconnected")
+    e = err(fleet.client.vms.create, shape())
+    assert e.code == "fleet_full" and "disconnected" in e.details["hosts"]["h1"]
+    fleet.agent("a1", port=int(port))
+    wait_until(lambda: fleet.client.hosts.get("h1").connected, timeout=40, what="host reconnected")
+    assert fleet.client.vms.create(shape())["host"] == "h1"
+    types = [e["type"] for e in fleet.client.events.list(0, limit=500)["events"] if e["host"] == "h1"]
+    assert "host_disconnected" in types and types.index("host_connected") < types.index("host_disconnected")
+    assert types.count("host_connected") == 2
+
+
+def test_running_vms_are_adopted_on_registration_and_block_deregister(fleet):
+    a = fleet.agent("a1")
+    httpx.post(a.url + "/v1/host/vms", json=shape(name="early"), headers={"Authorization": f"Bearer {a.token}"},
+               timeout=30).raise_for_status()
+    fleet.add("h1", a)
+    assert [v["name"] for v in fleet.client.vms.list()] == ["early"]
+    e = err(fleet.client.hosts.deregister, "h1")
+    assert (e.status, e.code) == (409, "conflict") and e.message == "host h1 still has vm early assigned"
+    fleet.client.vms.delete("early")
+    fleet.client.hosts.deregister("h1")
+
+
+def test_event_cursor_resumes_across_a_controller_restart(fleet, tmp_path):
+    fleet.add("h1", fleet.agent("a1"))
+    fleet.client.vms.create(shape(name="one"))
+    wait_until(lambda: any(e.get("vm") == "one" and e["type"] == "vm_state" and e.get("to") == "running"
+                           for e in fleet.client.events.list(0, limit=500)["events"]), what="vm events")
+    page = fleet.client.events.list(0, limit=500)
+    cursor, seen = page["next"], page["events"]
+    fleet.ctl.stop()
+    fleet.ctl = start_controller(tmp_path)
+    with fuse.Client(fleet.ctl.url) as c:
+        assert c.events.list(cursor)["events"] == [] or all(e["id"] > cursor for e in c.events.list(cursor)["events"])
+        c.vms.create(shape(name="two"))
+        wait_until(lambda: any(e.get("vm") == "two" for e in c.events.list(cursor, limit=500)["events"]), what="new events")
+        after = c.events.list(cursor, limit=500)["events"]
+        everything = c.events.list(0, limit=500)["events"]
+    ids = [e["id"] for e in everything]
+    assert ids == sorted(set(ids))
+    host_ids = [(e["host"], e["host_event_id"]) for e in everything if "host_event_id" in e]
+    assert len(host_ids) == len(set(host_ids))  # no host event stored twice
+    assert [e["id"] for e in seen] + [e["id"] for e in after] == ids  # nothing skipped
+    fleet.ctl.stop()
+
+
+def test_long_poll_returns_when_an_event_arrives(fleet):
+    fleet.add("h1", fleet.agent("a1"))
+    cursor = fleet.client.events.list(0, limit=500)["next"]
+    threading.Timer(1.0, lambda: fleet.client.vms.create(shape(name="late"))).start()
+    t0 = time.monotonic()
+    page = fleet.client.events.list(cursor, wait_s=20)
+    waited = time.monotonic() - t0
+    assert page["events"] and 0.5 < waited < 15
+    t0 = time.monotonic()
+    assert fleet.client.events.list(10**9, wait_s=1)["events"] == []
+    assert time.monotonic() - t0 >= 0.9
+
+
+def test_follow_iterator(fleet):
+    fleet.add("h1", fleet.agent("a1"))
+    got = list(fleet.client.events.follow(0, wait_s=2, max_events=2))
+    assert len(got) == 2 and got[0]["id"] < got[1]["id"]
+
+
+def test_usage_counts_a_host_under_two_names_once_and_lists_unreachable(fleet):
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.add("alias", a)
+    gone = fleet.agent("a2")
+    fleet.add("gone", gone)
+    fleet.client.vms.create(shape(name="m1", host="h1"))
+    fleet.client.vms.create(shape(name="m2", host="h1"))
+    gone.stop()
+    time.sleep(0.5)
+    u = fleet.client.usage()
+    assert sorted((r["host"], r["vm"]) for r in u["vms"]) in ([("alias", "m1"), ("alias", "m2")], [("h1", "m1"), ("h1", "m2")])
+    assert [h["host"] for h in u["unreachable"]] == ["gone"]
+    wall = sum(r["wall_seconds"] for r in u["vms"])
+    assert abs(u["totals"]["wall_seconds"] - wall) < 1e-6
+    assert u["totals"]["state_bytes_written"] == sum(r["state_bytes_written"] for r in u["vms"])
