@@ -1,0 +1,113 @@
+"""The planner on hand-written models: preference order, caps, pins, KVM, together."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuse.controller.pool.catalogue import catalogue_source, default_catalogue
+from fuse.controller.pool.greedy import greedy
+from fuse.controller.pool.model import Constraints, DemandGroup, PlanModel, PoolHost, billed_secs
+from fuse.controller.pool.planner import plan
+from fuse.controller.pool.solution import cost_usd
+
+from pool_builders import offer
+
+SMALL, BIG = offer("small", 2, 4096, 0.10), offer("big", 8, 16384, 0.36)
+
+
+def group(count=4, cpus=2, mem=2048, **kw) -> DemandGroup:
+    return DemandGroup(name=kw.pop("name", "request-0"), count=count, cpus=cpus, mem_mib=mem,
+                       kind=kw.pop("kind", "container"), **kw)
+
+
+def test_own_devices_first_then_running_hosts_then_new_machines():
+    hosts = [PoolHost(name="dev", vcpus=2, mem_mib=2048, own=True),
+             PoolHost(name="cloud", vcpus=2, mem_mib=2048, own=False, usd_per_hour=0.5, paid_secs_left=7200)]
+    p = plan(PlanModel(groups=[group(3)], hosts=hosts, offers=[SMALL]))
+    where = {a.host or f"new{a.new_index}": a.count for a in p.assignments}
+    assert where == {"dev": 1, "cloud": 1, "new0": 1}
+    assert p.solver == "exact" and p.projected_usd == p.lower_bound_usd
+    assert p.ready_in_secs == SMALL.boot_secs
+
+
+def test_running_host_charges_only_the_time_beyond_what_is_paid():
+    host = PoolHost(name="cloud", vcpus=8, mem_mib=16384, own=False, usd_per_hour=3.6, paid_secs_left=600)
+    p = plan(PlanModel(groups=[group(2, duration_secs=1200)], hosts=[host], offers=[SMALL]))
+    # staying on costs 600 extra seconds at $3.6/h = $0.60; two small machines cost less
+    assert len(p.new_hosts) == 2
+    assert p.projected_usd == pytest.approx(2 * 0.10 * billed_secs(SMALL, 1200) / 3600, abs=1e-6)
+
+
+def test_new_machine_cost_is_billed_duration_plus_boot_rounded_up():
+    o = offer("stepped", 2, 4096, 0.36, billing_step_secs=3600, billing_min_secs=3600, boot_secs=90)
+    assert billed_secs(o, 3600) == 7200 and billed_secs(o, 10) == 3600
+    p = plan(PlanModel(groups=[group(1, duration_secs=3600)], offers=[o]))
+    assert p.new_hosts[0].billed_secs == 7200 and p.projected_usd == pytest.approx(0.72)
+
+
+def test_exact_beats_first_fit_decreasing_on_a_mix():
+    m = PlanModel(groups=[group(5, 2, 3000, name="a"), group(3, 1, 6000, name="b")], offers=[SMALL, BIG]).sorted()
+    p = plan(m)
+    assert p.solver == "exact"
+    assert p.projected_usd <= cost_usd(m, greedy(m)) + 1e-9
+
+
+@pytest.mark.parametrize("kind, placed", [("microvm", 0), ("container", 2)], ids=[
+    "a microvm needs KVM so it cannot go on a non-metal machine",
+    "a container goes anywhere"])
+def test_kvm_kinds_only_on_kvm_machines(kind, placed):
+    p = plan(PlanModel(groups=[group(2, kind=kind)], offers=[SMALL]))
+    assert sum(a.count for a in p.assignments) == placed
+    if not placed:
+        assert "needs KVM" in p.unplaced[0].reason
+
+
+def test_allow_metal_off_leaves_microvms_unplaced_on_the_default_catalogue():
+    m = PlanModel(groups=[group(2, kind="microvm")], offers=list(default_catalogue()),
+                  constraints=Constraints(allow_metal=False))
+    p = plan(m)
+    assert p.unplaced and p.unplaced[0].count == 2 and not p.new_hosts
+
+
+def test_together_group_lands_on_one_machine():
+    p = plan(PlanModel(groups=[group(4, together=True)], offers=[SMALL, BIG]))
+    assert len(p.new_hosts) == 1 and p.new_hosts[0].type_name == "big"
+
+
+def test_caps_bound_the_plan_and_unplaced_says_why():
+    p = plan(PlanModel(groups=[group(4)], offers=[SMALL], constraints=Constraints(max_new_hosts=2)))
+    assert len(p.new_hosts) == 2 and p.unplaced[0].count == 2
+    assert "max_new_hosts=2" in p.unplaced[0].reason
+    p = plan(PlanModel(groups=[group(4)], offers=[SMALL], constraints=Constraints(max_usd_per_hour=0.25)))
+    assert p.added_usd_per_hour <= 0.25 and len(p.new_hosts) == 2
+
+
+def test_hosts_pin_spreads_over_exactly_that_many_machines():
+    p = plan(PlanModel(groups=[group(4, 1, 1024)], offers=[BIG], constraints=Constraints(exact_new_hosts=3)))
+    assert len(p.new_hosts) == 3 and sum(a.count for a in p.assignments) == 4
+
+
+def test_quota_family_caps_vcpus():
+    o = SMALL.model_copy(update={"quota_family": "std"})
+    p = plan(PlanModel(groups=[group(4)], offers=[o], constraints=Constraints(quotas={"std": 4})))
+    assert len(p.new_hosts) == 2
+
+
+def test_default_catalogue_names_its_source_and_date():
+    src = catalogue_source()
+    assert "us-west-2" in src["source"] and src["date"] == "2026-12-02"
+    offers = default_catalogue()
+    assert {o.type_name for o in offers if o.kvm} == {"c6g.metal"}
+    assert all(o.one_space and not o.kvm for o in offers if o.provider == "modal")
+
+
+def test_one_thousand_vms_plan_is_feasible_and_bounded():
+    import random
+
+    rng = random.Random(7)
+    groups = [group(50, rng.choice([1, 2, 4]), rng.choice([1024, 2048, 4096]), name=f"g{i:02d}") for i in range(20)]
+    m = PlanModel(groups=groups, offers=list(default_catalogue()), time_limit_secs=3.0)
+    p = plan(m)
+    assert sum(a.count for a in p.assignments) == 1000
+    assert p.lower_bound_usd <= p.projected_usd
+    assert p.projected_usd <= cost_usd(m.sorted(), greedy(m.sorted())) + 1e-6
