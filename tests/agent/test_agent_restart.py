@@ -3,12 +3,16 @@ VMs and they are adopted, not lost or orphaned."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import httpx
 import pytest
 
 from conftest import COUNTER, counted, install_bundle, qemu_pids
+from fuse.agent.backends.qemu import qmp_path, qmp_session
+from fuse.agent.vms import VmManager
+from fuse.models.vm import CreateVmRequest
 from support import start_agent, wait_until
 
 pytestmark = pytest.mark.qemu
@@ -51,3 +55,36 @@ def test_restarting_the_agent_keeps_its_vms(tmp_path, bundle_dir):
         assert not qemu_pids(str(agent.state_dir))
     finally:
         agent.stop()
+
+
+async def test_a_vm_caught_mid_sleep_by_an_agent_crash_runs_on_after_adoption(tmp_path, bundle_dir):
+    state = tmp_path / "host"
+    install_bundle(bundle_dir, state)
+    first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await first.start()
+    second = None
+    try:
+        await first.create(CreateVmRequest.model_validate(
+            {"name": "c", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER}))
+        console = first.vm_dir("c") / "console.log"
+        while len(counted(console.read_text())) < 2:
+            await asyncio.sleep(0.05)
+        # What a crash between `stop` and the state file leaves: a paused guest.
+        async with qmp_session(qmp_path(first.vm_dir("c"))) as qmp:
+            await qmp.execute("stop")
+        await first.close()
+
+        second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+        await second.start()
+        assert second.get("c").state == "running"
+        before = len(counted(console.read_text()))
+        for _ in range(100):
+            if len(counted(console.read_text())) > before + 2:
+                break
+            await asyncio.sleep(0.05)
+        assert counted(console.read_text()) == list(range(len(counted(console.read_text()))))
+        assert len(counted(console.read_text())) > before + 2
+    finally:
+        mgr = second or first
+        await mgr.delete("c")
+        await mgr.close()

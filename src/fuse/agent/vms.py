@@ -331,6 +331,11 @@ class VmManager:
                 pid = self.backend.pid(_bare_spec(self, vm))
                 if pid:
                     vm.pid = pid
+                    if adopt := getattr(self.backend, "adopt", None):
+                        try:
+                            await adopt(_bare_spec(self, vm))
+                        except (BackendError, OSError) as exc:
+                            self.events.emit("vm_adopt_warning", vm=vm.name, reason=str(exc))
                     if vm.state == "creating":
                         self.transition(vm, "running", "adopted after agent restart")
                     self.events.emit("vm_adopted", vm=vm.name, pid=pid)

@@ -200,6 +200,18 @@ class QemuBackend(Backend):
         await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
         qmp_path(spec.vm_dir).unlink(missing_ok=True)
 
+    async def adopt(self, spec: BootSpec) -> None:
+        """Take over a VM a previous agent started. If that agent died in the
+        middle of a sleep, the guest is paused (stopped for migration):
+        resume it and drop the half-written state, so it runs on."""
+        async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+            with contextlib.suppress(Exception):
+                await qmp.execute("migrate_cancel")
+            status = (await qmp.execute("query-status"))["status"]
+            if status in ("paused", "postmigrate", "finish-migrate"):
+                await qmp.execute("cont")
+        (spec.state_dir / (STATE_FILE + ".partial")).unlink(missing_ok=True)
+
     async def sleep(self, spec: BootSpec) -> list[str]:
         pid = self.pid(spec)
         if pid is None:
