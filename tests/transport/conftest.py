@@ -121,8 +121,13 @@ class Pki:
         return str(d / f"{name}.pem"), str(d / f"{name}.key"), str(d / "ca.pem")
 
 
-def run_fuse(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FUSE, *args], capture_output=True, text=True, timeout=60, check=True)
+def run_fuse_all(commands: list[tuple[str, ...]]) -> None:
+    """Run `fuse ...` commands side by side (each is a Python start-up)."""
+    procs = [subprocess.Popen([FUSE, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for args in commands]
+    for args, proc in zip(commands, procs):
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"fuse {' '.join(args)} failed:\n{out}"
 
 
 @pytest.fixture(scope="session")
@@ -130,13 +135,14 @@ def pki(tmp_path_factory) -> Pki:
     root = tmp_path_factory.mktemp("pki")
     p = Pki(ca=root / "ca", host=root / "host", controller=root / "ctl", other_ca=root / "ca-b",
             other_host=root / "host-b", other_controller=root / "ctl-b", expired=root / "expired")
-    run_fuse("host", "ca", "create", "--out", str(p.ca))
-    run_fuse("host", "cert", "issue", "--ca", str(p.ca), "--name", "127.0.0.1", "--out", str(p.host))
-    run_fuse("host", "cert", "issue", "--ca", str(p.ca), "--name", "controller", "--client", "--out", str(p.controller))
-    run_fuse("host", "ca", "create", "--out", str(p.other_ca), "--name", "someone else's CA")
-    run_fuse("host", "cert", "issue", "--ca", str(p.other_ca), "--name", "127.0.0.1", "--out", str(p.other_host))
-    run_fuse("host", "cert", "issue", "--ca", str(p.other_ca), "--name", "controller", "--client",
-             "--out", str(p.other_controller))
+    run_fuse_all([("host", "ca", "create", "--out", str(p.ca)),
+                  ("host", "ca", "create", "--out", str(p.other_ca), "--name", "someone else's CA")])
+    run_fuse_all([
+        ("host", "cert", "issue", "--ca", str(p.ca), "--name", "127.0.0.1", "--out", str(p.host)),
+        ("host", "cert", "issue", "--ca", str(p.ca), "--name", "controller", "--client", "--out", str(p.controller)),
+        ("host", "cert", "issue", "--ca", str(p.other_ca), "--name", "127.0.0.1", "--out", str(p.other_host)),
+        ("host", "cert", "issue", "--ca", str(p.other_ca), "--name", "controller", "--client",
+         "--out", str(p.other_controller))])
     issue_cert(p.ca, "controller", p.expired, client=True, days=-1)
     return p
 
