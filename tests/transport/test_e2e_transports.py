@@ -130,6 +130,42 @@ def test_register_place_events_and_usage_over(fleet, transport):
         c.vms.delete(vm_name)  # stops the fake VM's process too
 
 
+def wait_move(c, move_id: str, timeout: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        move = c.moves.get(move_id)
+        if move["state"] in ("done", "failed"):
+            return move
+        time.sleep(0.2)
+    raise AssertionError(f"move {move_id} did not finish in {timeout} s: {move}")
+
+
+@pytest.mark.parametrize("transport", [t for t in TRANSPORTS if t != "local socket"])
+def test_a_vm_moves_there_and_back_over(fleet, transport):
+    """Sleep, copy the state files, wake: from the local host to one reached
+    over `transport` and home again, so bytes cross it in both directions."""
+    ctl, _, addrs = fleet
+    c = ctl.client()
+    if not hasattr(c, "moves") or not hasattr(c, "vms"):
+        pytest.skip("moves are not in this tree yet")
+    home, away = host_id("local socket"), host_id(transport)
+    for hid, t in ((home, "local socket"), (away, transport)):
+        c.hosts.register(fuse.RegisterHostRequest(
+            id=hid, url=addrs[t], token=AGENT_TOKEN if t == "http with a token" else None,
+            capacity=fuse.HostCapacity(vm_count=4)))
+    name = f"mover-{away}"
+    c.vms.create(shape={"vcpus": 1, "mem_mib": 64}, entry="echo moving", name=name, host=home)
+    try:
+        for to in (away, home):
+            move = wait_move(c, c.moves.create(name, to=to)["id"])
+            assert move["state"] == "done", move
+            if "copied_bytes" in move:
+                assert move["copied_bytes"] == move["total_bytes"] > 0, move
+            assert c.vms.get(name)["host"] == to
+    finally:
+        c.vms.delete(name)
+
+
 # ------------------------------------------------------------------ security figures
 
 def test_sockets_are_owner_only_in_an_owner_only_directory(fleet):
