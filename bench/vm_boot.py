@@ -39,7 +39,7 @@ from fuse.agent.backends.qemu import QemuBackend  # noqa: E402
 from fuse.agent.bundle import build_bundle, get_bundle  # noqa: E402
 
 MARK = "FUSE-ENTRY-START"
-POLL = 0.01
+POLL = 0.025  # both sides; a tight HTTP poll would itself steal CPU from the TCG guest
 
 
 def bare_qemu(bundle, work: Path, backend: QemuBackend, i: int) -> float:

@@ -9,7 +9,7 @@ import signal
 import httpx
 import pytest
 
-from conftest import COUNTER, counted, install_bundle, qemu_pids
+from agent_support import COUNTER, counted, install_bundle, qemu_pids
 from fuse.agent.backends.qemu import qmp_path, qmp_session
 from fuse.agent.vms import VmManager
 from fuse.models.vm import CreateVmRequest

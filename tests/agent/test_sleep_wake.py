@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from conftest import COUNTER, counted, qemu_pids
+from agent_support import COUNTER, counted, qemu_pids
 
 pytestmark = pytest.mark.qemu
 CHUNK = 4 * 2**20

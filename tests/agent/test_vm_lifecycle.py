@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from conftest import COUNTER, qemu_pids
+from agent_support import COUNTER, qemu_pids
 
 pytestmark = pytest.mark.qemu
 

@@ -212,6 +212,8 @@ class VmManager:
         """Stop (no process left) and remove a VM and its files."""
         vm = self.get(name)
         async with self.lock(name):
+            if self.vms.get(name) is not vm:  # a concurrent delete got there first
+                raise NotFound(f"no vm named {name} on this host")
             _check_mark(vm, move_id)
             if vm.state == "incoming":
                 await self.incoming.abort_vm(vm)
