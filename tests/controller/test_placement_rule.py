@@ -61,3 +61,24 @@ def test_vectorised_rank_matches_the_loop_on_random_fleets():
         loop = [dict(id=r[0], i=i, cap_vcpus=r[1], cap_mem=r[2], free_vcpus=r[3], free_mem=r[4], vm_count=r[5],
                      vm_limit=r[6], usable=r[7]) for i, r in enumerate(rows)]
         assert rank(f, ask).order == rank_loop(loop, ask)
+
+
+def test_best_is_the_first_of_the_order_on_random_fleets_with_ties_and_exclusions():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        n = int(rng.integers(1, 80))
+        shapes = [(4, 4096), (8, 16384), (16, 65536)]  # few shapes: identical hosts tie on score
+        rows = []
+        for i in range(n):
+            cv, cm = shapes[int(rng.integers(0, 3))]
+            rows.append((f"h{i:03d}", cv, cm, int(rng.choice([cv, cv // 2, -1])), int(rng.choice([cm, cm // 2, 0])),
+                         int(rng.integers(0, 3)), 4, bool(rng.random() > 0.1)))
+        f = fleet(rows)
+        for k in range(4):  # the first decision on a snapshot masks, later ones cut a sorted copy
+            ask = Resources.vm(int(rng.integers(0, 8)), int(rng.choice([0, 512, 2048, 8192])))
+            order = rank(f, ask).order
+            skip = set(rng.choice(order, size=min(len(order), int(rng.integers(0, 3))), replace=False).tolist()) \
+                if order else set()
+            want = next((h for h in order if h not in skip), None)
+            assert rank(f, ask).best(skip) == want
+            assert rank(f, ask).best() == (order[0] if order else None)

@@ -93,15 +93,15 @@ class VmService:
         name = req.name or f"vm-{secrets.token_hex(4)}"
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
         host_body = req.model_dump(mode="json", exclude={"host"}) | {"name": name}
-        reasons: dict[str, str] = {}
+        reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
+        decisions = []
         tried: set[str] = set()
         while True:
             async with self._lock:
                 fleet, unusable = self.arrays(only=req.host, bundle=req.bundle)
                 decision = rank(fleet, ask, unusable)
-                for h, why in decision.reasons.items():
-                    reasons.setdefault(h, why)
-                host = next((h for h in decision.order if h not in tried), None)
+                decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
+                host = decision.best(exclude=tried)
                 if host is None:
                     break
                 self._pending[host] = self._pending.get(host, Resources()) + ask
@@ -127,8 +127,12 @@ class VmService:
             if resp.status_code == 400:
                 raise err
             reasons[host] = err.message.split(": ", 1)[-1]
+        filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
+        for d in decisions:
+            for h, why in d.reasons.items():
+                filtered.setdefault(h, why)
         raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB)",
-                        details={"hosts": dict(sorted(reasons.items()))})
+                        details={"hosts": dict(sorted((filtered | reasons).items()))})
 
     def _release(self, host: str, ask: Resources) -> None:
         left = self._pending.get(host, Resources()) - ask
