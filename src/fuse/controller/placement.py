@@ -142,7 +142,7 @@ class Decision:
             score[skip_idx] = _OUT
             return self._winner(score, None, 0)
         s = f.by_free_mem
-        lo = int(np.searchsorted(s.free_mem, ask.mem_mib, side="left"))  # hosts [lo:] have the memory
+        lo = int(s.free_mem.searchsorted(ask.mem_mib))  # hosts [lo:] have the memory
         score = s.buf[: n - lo]
         tmp = s.tmp[: n - lo]
         np.multiply(s.cpu_room[lo:], ask.vcpus, score)
@@ -162,14 +162,14 @@ class Decision:
         top = score[j]
         if top < 0:
             return None
-        score[j] = _OUT
-        tie = score[score.argmax()] == top  # argmax: a cheaper reduction than max here
-        score[j] = top
-        if tie:
-            tied = lo + np.flatnonzero(score == top)
-            tied = perm[tied] if perm is not None else tied
-            return f.ids[int(tied[np.lexsort((tied, f.vm_count[tied]))[0]])]
-        return f.ids[int(perm[lo + j]) if perm is not None else j]
+        # One pass finds every host on the top score; usually just j. A tie goes to fewer VMs,
+        # then fleet order.
+        tied = np.flatnonzero(score == top)
+        if len(tied) == 1:
+            return f.ids[int(perm[lo + j]) if perm is not None else j]
+        tied += lo
+        tied = perm[tied] if perm is not None else tied
+        return f.ids[int(tied[np.lexsort((tied, f.vm_count[tied]))[0]])]
 
     @cached_property
     def _fits_mem(self) -> np.ndarray:
