@@ -10,7 +10,9 @@ import httpx
 import pytest
 
 from agent_support import COUNTER, counted, install_bundle, qemu_pids
-from fuse.agent.backends.qemu import qmp_path, qmp_session
+from fuse.agent.backends.base import BootSpec
+from fuse.agent.backends.qemu import QemuBackend, qmp_path, qmp_session
+from fuse.agent.bundle import get_bundle
 from fuse.agent.vms import VmManager
 from fuse.models.vm import CreateVmRequest
 from support import start_agent, wait_until
@@ -87,4 +89,23 @@ async def test_a_vm_caught_mid_sleep_by_an_agent_crash_runs_on_after_adoption(tm
     finally:
         mgr = second or first
         await mgr.delete("c")
+        await mgr.close()
+
+
+async def test_a_hypervisor_process_no_record_accounts_for_is_killed_on_start(tmp_path, bundle_dir):
+    state = tmp_path / "host"
+    install_bundle(bundle_dir, state)
+    b = get_bundle(state, "linux")
+    backend = QemuBackend(accel="tcg")
+    ghost = BootSpec(name="ghost", vm_dir=state / "vms" / "ghost", vcpus=1, mem_mib=128, entry="sleep 600",
+                     kernel=b.vmlinux, initrd=b.initrd, platform=backend.platform())
+    pid = await backend.start(ghost)
+    assert qemu_pids(str(ghost.vm_dir)) == [pid]
+
+    mgr = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await mgr.start()
+    try:
+        assert not qemu_pids(str(ghost.vm_dir))
+        assert [(e["type"], e["vm"], e["pid"]) for e in mgr.events.list()] == [("orphan_killed", "ghost", pid)]
+    finally:
         await mgr.close()

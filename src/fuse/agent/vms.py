@@ -27,7 +27,7 @@ from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, V
 from ..models.vm import CreateVmRequest, StateFile, Vm
 from . import bundle as bundles
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
-from .backends.base import MAX_ENTRY_BYTES, BackendError, BootSpec, get_backend
+from .backends.base import MAX_ENTRY_BYTES, BackendError, BootSpec, get_backend, kill_and_wait
 from .events import EventLog
 from .incoming import IncomingMoves
 from .metering import Metering
@@ -166,7 +166,8 @@ class VmManager:
         """Live room for ``GET /v1/host``."""
         running = [v for v in self.vms.values() if v.state in ("creating", "running")]
         return {
-            "free_vcpus": self.cpus - sum(v.shape.vcpus for v in running),
+            # vCPUs are time-shared and may be oversubscribed; free never reads below 0.
+            "free_vcpus": max(0, self.cpus - sum(v.shape.vcpus for v in running)),
             "free_mem_mib": max(0, self.ram_mb - self.reserve_mib - self.held_mib()),
             "vm_count": sum(1 for v in self.vms.values() if _holds_memory(v)),
             "vms_total": len(self.vms),
@@ -345,10 +346,31 @@ class VmManager:
                         self.metering.start(vm.name, vm.shape.mem_mib, pid)
                 else:
                     self._ended(vm)
+        await self._sweep_orphans()
         b = bundles.get_bundle(self.state_dir, "linux")
         if b:
             await self._settle_accel(b)
         self._monitor = asyncio.create_task(self._watch())
+
+    async def _sweep_orphans(self) -> None:
+        """Kill hypervisor processes under our VM dirs that no running
+        record accounts for (e.g. a crash between killing a VM and writing
+        its record): nothing may hold memory that admission cannot see."""
+        marker = str(self.root) + "/"
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker not in cmd or not any(h in cmd for h in ("qemu-system", "firecracker")):
+                continue
+            name = cmd.split(marker, 1)[1].split("/", 1)[0]
+            vm = self.vms.get(name)
+            if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
+                await kill_and_wait(int(proc.name), marker + name + "/")
+                self.events.emit("orphan_killed", vm=name, pid=int(proc.name))
 
     async def close(self) -> None:
         """Stop watching. VMs keep running; the next agent adopts them."""
