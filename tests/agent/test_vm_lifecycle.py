@@ -83,3 +83,22 @@ async def test_concurrent_creates_never_overcommit_memory(make_host):
     assert host.vms.summary()["free_mem_mib"] == 1024 - 256 - 512
     refused = (await host.client.get("/v1/host/events", params={"since": 0})).json()["events"]
     assert sum(e["type"] == "admission_refused" for e in refused) == 2
+
+
+async def test_kvm_is_used_only_when_a_boot_probe_proves_it(tmp_path, bundle_dir):
+    from fuse.agent.backends.qemu import QemuBackend
+    from fuse.agent.bundle import get_bundle
+    from fuse.agent.probe import kvm_device_answers
+
+    b = get_bundle(bundle_dir.parent.parent, "linux")
+    assert await QemuBackend(tmp_path).probe_accel(b, kvm_answers=False) == "tcg"
+    assert not (tmp_path / "accel.json").exists()  # nothing to cache: no boot was tried
+
+    if not kvm_device_answers():
+        pytest.skip("no /dev/kvm here: the boot probe has nothing to try")
+    backend = QemuBackend(tmp_path)
+    accel = await backend.probe_accel(b, kvm_answers=True)
+    # On a nested PVM KVM (these CI machines) the stock kernel cannot boot: tcg.
+    assert accel in ("kvm", "tcg") and backend.platform()["accel"] == accel
+    assert f'"accel": "{accel}"' in (tmp_path / "accel.json").read_text()
+    assert await QemuBackend(tmp_path).probe_accel(b, kvm_answers=True) == accel  # cached
