@@ -4,13 +4,25 @@ requests into service calls; they never touch the store or a host."""
 from __future__ import annotations
 
 import contextlib
+import re
+
 from fastapi import Depends, FastAPI
+from fastapi.routing import APIRoute
 
 from .. import http_errors
 from ..auth import bearer_checker
 from .routes import controller as controller_routes
 from .routes import hosts as host_routes
 from .service import Controller
+
+
+def operation_id(route: APIRoute) -> str:
+    """verb+Noun operation ids: the `createVm:` that opens a route's summary, else its function name in camelCase."""
+    m = re.match(r"([a-z]+[A-Za-z0-9]*):", route.summary or "")
+    if m:
+        return m.group(1)
+    head, *rest = route.name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
 
 
 def create_app(ctl: Controller) -> FastAPI:
@@ -23,6 +35,7 @@ def create_app(ctl: Controller) -> FastAPI:
             await ctl.close()
 
     app = FastAPI(title="fuse controller", version="0.1.0", lifespan=lifespan,
+                  generate_unique_id_function=operation_id,
                   description="Places VMs across hosts by best fit, moves them, merges events and usage, "
                               "and runs the elastic pool.")
     http_errors.install(app)
