@@ -226,8 +226,6 @@ def test_the_controllers_tcp_listener_requires_its_token_on_every_route_but_heal
             assert r.json()["error"]["code"] == "unauthorized", (method, path)
 
 
-@pytest.mark.xfail(strict=True, reason="controller app serves FastAPI's /openapi.json, /docs and /redoc "
-                   "without the token dependency (src/fuse/controller/app.py, not this suite's file)")
 def test_the_controllers_api_description_needs_the_token_too(fleet):
     ctl, _, _ = fleet
     with httpx.Client(base_url=f"http://127.0.0.1:{ctl.port}", timeout=10) as c:

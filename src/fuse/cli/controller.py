@@ -115,8 +115,15 @@ def hosts_get(host_id: str, json_: bool = typer.Option(False, "--json")) -> None
 def _action(verb: str):
     def run(host_id: str) -> None:
         with api_errors(), client() as c:
-            getattr(c.hosts, verb)(host_id)
+            report = getattr(c.hosts, verb)(host_id)
         typer.echo(f"host {host_id}: {verb} done")
+        if verb == "drain":
+            for m in report["moved"]:
+                typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
+            for s in report["stuck"]:
+                typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
+            if report["stuck"]:
+                raise typer.Exit(1)
     run.__name__ = f"hosts_{verb}"
     run.__doc__ = {"cordon": "Stop new placements on a host.", "uncordon": "Resume placements (ends a drain).",
                    "drain": "Stop placements and move every VM away.", "deregister": "Remove a host."}[verb]

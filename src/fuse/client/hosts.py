@@ -35,9 +35,10 @@ class HostsAPI:
         """Resume placements (also ends a drain)."""
         return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "uncordon"}, parse=none))
 
-    def drain(self, host_id: str) -> None:
-        """Mark the host draining and move every VM on it away."""
-        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, parse=none))
+    def drain(self, host_id: str) -> dict:
+        """Mark the host draining and move every VM on it away by best fit;
+        returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}]}`."""
+        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600))
 
     def deregister(self, host_id: str) -> None:
         """Remove the host; 409 conflict while VMs are assigned to it."""

@@ -34,8 +34,11 @@ def create_app(ctl: Controller) -> FastAPI:
         finally:
             await ctl.close()
 
+    # The OpenAPI document and docs pages are served by our own routes below,
+    # behind the same token as the API (FastAPI's built-ins would be open).
     app = FastAPI(title="fuse controller", version="0.1.0", lifespan=lifespan,
                   generate_unique_id_function=operation_id,
+                  openapi_url=None, docs_url=None, redoc_url=None,
                   description="Places VMs across hosts by best fit, moves them, merges events and usage, "
                               "and runs the elastic pool.")
     http_errors.install(app)
@@ -45,6 +48,16 @@ def create_app(ctl: Controller) -> FastAPI:
     @app.get("/v1/healthz", summary="Liveness check (no token needed).", tags=["controller"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=auth)
+    async def openapi() -> dict:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=auth)
+    async def docs():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="fuse controller")
 
     app.include_router(host_routes.router, dependencies=auth)
     app.include_router(controller_routes.router, dependencies=auth)

@@ -165,6 +165,8 @@ class Fleet:
         self.upsert_vms(host_id, resp.json().get("vms", []), replace=True)
 
     def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False) -> None:
+        # A copy a move is still bringing in is not the VM yet: the source's is.
+        records = [r for r in records if r.get("state") != "incoming" and not (r.get("move_id") and r.get("reserved"))]
         keep = {r["name"] for r in records if r.get("state") != "deleted"}
         with self.store.tx() as c:
             known = {r["name"]: r for r in c.execute(select(vms_t).where(vms_t.c.host == host_id)).mappings()}

@@ -32,7 +32,9 @@ class Controller:
         from .events import EventService
         from .usage import UsageService
         from .vms import VmService
+        from .moves import MoveService
         self.vms = VmService(self)
+        self.moves = MoveService(self)
         self.events = EventService(self)
         self.usage = UsageService(self)
 
@@ -53,8 +55,10 @@ class Controller:
         from .fleet import Fleet
         self.fleet = Fleet(self)
         await self.fleet.start()
+        await self.moves.resume()
 
     async def close(self) -> None:
+        await self.moves.close()
         if self.fleet is not None:
             await self.fleet.close()
         self.store.close()
@@ -82,7 +86,4 @@ class Controller:
         """Stop placements on the host and move every VM away (the moves
         service does the moving once present)."""
         self.hosts.set_state(host_id, "draining")
-        moves = getattr(self, "moves", None)
-        if moves is not None:
-            return await moves.drain(host_id)
-        return {"host": host_id, "moving": [], "stuck": []}
+        return await self.moves.drain(host_id)

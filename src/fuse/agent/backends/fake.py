@@ -21,7 +21,7 @@ from .base import Backend, BootSpec, kill_and_wait, process_alive, read_pidfile
 _PROGRAM = r"""
 import os, sys, time
 vm_dir, start = sys.argv[1], int(sys.argv[2])
-state = os.path.join(vm_dir, "state", "counter")
+state = os.path.join(vm_dir, "fake-counter")
 with open(os.path.join(vm_dir, "console.log"), "a", buffering=1) as out:
     if start == 0:
         out.write("fake vm: entry %s\n" % sys.argv[3])
@@ -68,9 +68,9 @@ class FakeBackend(Backend):
 
     async def sleep(self, spec: BootSpec) -> list[str]:
         await self.stop(spec)
-        counter = spec.state_dir / "counter"
-        if not counter.exists():
-            counter.write_text("0")
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        live = spec.vm_dir / "fake-counter"
+        (spec.state_dir / "counter").write_text(live.read_text() if live.exists() else "0")
         # A memory image stands in for guest RAM so moves copy real bytes.
         (spec.state_dir / "memory.bin").write_bytes(b"\xa5" * (1 << 20) * max(1, spec.mem_mib // 64))
         return ["counter", "memory.bin"]

@@ -73,12 +73,14 @@ async def get_host(request: Request, host_id: str) -> Host:
     return _ctl(request).hosts.get(host_id)
 
 
-@router.post("/v1/hosts/{host_id:path}", status_code=204, summary="actOnHost: cordon, uncordon or drain.")
+@router.post("/v1/hosts/{host_id:path}", status_code=204,
+             summary="actOnHost: cordon or uncordon (204); drain moves every VM away and reports (200).")
 async def host_action(request: Request, host_id: str,
                       action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
     ctl = _ctl(request)
     if action == "drain":
-        await ctl.drain(host_id)
+        ctl.hosts.get(host_id)  # 404 before anything changes
+        return JSONResponse(await ctl.drain(host_id))
     else:
         ctl.hosts.set_state(host_id, "cordoned" if action == "cordon" else "active")
     return Response(status_code=204)

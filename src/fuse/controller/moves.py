@@ -1,0 +1,415 @@
+"""Moving a running (or sleeping) VM between hosts (seed 004), crash-safe.
+
+A move is a persisted state machine; every transition is written to the
+store before the step it names runs, and emits a `move_state` event:
+
+    pending ─► sleeping ─► copying ─► waking ─► done
+       │           │           │         │
+       └───────────┴───────────┴─────────┴──► rolling_back ─► failed
+
+    pending       → sleeping      the move starts
+    sleeping      → copying       the source slept, marked with the move id
+    copying       → waking        every file copied (4 MiB chunks) and verified
+    waking        → done          the target woke the VM; the source copy goes
+    any but done  → rolling_back  a step failed (or the controller restarted
+                                  before the target woke the VM)
+    rolling_back  → failed        target side aborted, VM woken on the source
+
+The one-place rule: the source copy is asleep and marked from `sleeping` on,
+and the target only wakes after every file verified, so at no instant do two
+copies run. After a controller crash, `resume` finishes a move whose target
+already woke the VM (forward: remove the source) and rolls back every other
+(abort the target's incoming side, wake the source). A target that cannot
+be reached for the abort is remembered (`cleanup`) and retried until it
+answers, so no reservation or half-copied file outlives the move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from ..errors import Conflict, FuseError, HostUnreachable, InvalidArgument, NotFound
+from .store import moves as moves_t, vms as vms_t
+
+log = logging.getLogger("fuse.controller.moves")
+CHUNK = 4 * 1024 * 1024
+ACTIVE = ("pending", "sleeping", "copying", "waking", "rolling_back")
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"sleeping", "rolling_back"}),
+    "sleeping": frozenset({"copying", "rolling_back"}),
+    "copying": frozenset({"waking", "rolling_back"}),
+    "waking": frozenset({"done", "rolling_back"}),
+    "rolling_back": frozenset({"failed"}),
+    "done": frozenset(),
+    "failed": frozenset(),
+}
+
+
+class MoveRefused(Conflict):
+    pass
+
+
+def refuse(code: str, message: str) -> MoveRefused:
+    return MoveRefused(message, code=code)
+
+
+def _crash_point(point: str) -> None:
+    """Test hook: FUSE_TEST_CRASH_AT=<point> kills the controller right there
+    (no clean-up), so tests can restart it at every step of a move."""
+    if os.environ.get("FUSE_TEST_CRASH_AT") == point:
+        os._exit(137)
+
+
+class MoveService:
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.store = ctl.store
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._lock = asyncio.Lock()
+        self._janitor: asyncio.Task | None = None
+
+    @property
+    def fleet(self):
+        return self.ctl.fleet
+
+    # ---- records -------------------------------------------------------------
+    def get(self, move_id: str) -> dict[str, Any]:
+        with self.store.read() as c:
+            row = c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"move {move_id} not found")
+        return self._wire(dict(row))
+
+    def list(self) -> list[dict[str, Any]]:
+        with self.store.read() as c:
+            rows = c.execute(select(moves_t).order_by(moves_t.c.created_at)).mappings().all()
+        return [self._wire(dict(r)) for r in rows]
+
+    @staticmethod
+    def _wire(row: dict) -> dict[str, Any]:
+        rec = row["record"] or {}
+        return {"id": row["id"], "vm": row["vm"], "from": row["source"], "to": row["target"], "state": row["state"],
+                "copied_bytes": rec.get("copied_bytes", 0), "total_bytes": rec.get("total_bytes", 0),
+                "reason": rec.get("reason", ""), "created_at": row["created_at"], "updated_at": row["updated_at"],
+                "history": rec.get("history", [])}
+
+    def _row(self, move_id: str) -> dict:
+        with self.store.read() as c:
+            return dict(c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().one())
+
+    def _set(self, move_id: str, state: str | None = None, **rec: Any) -> dict:
+        """Persist a transition (checked against the table) and/or record fields."""
+        with self.store.tx() as c:
+            row = dict(c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().one())
+            record = dict(row["record"] or {}, **rec)
+            values: dict[str, Any] = {"record": record, "updated_at": time.time()}
+            if state is not None and state != row["state"]:
+                if state not in TRANSITIONS[row["state"]]:
+                    raise RuntimeError(f"move {move_id}: illegal transition {row['state']} -> {state}")
+                record["history"] = record.get("history", []) + [{"state": state, "time": time.time()}]
+                values["state"] = state
+                self.store.add_event("move_state", {"move": move_id, "vm": row["vm"], "from": row["state"],
+                                                    "to": state, "reason": rec.get("reason", "")},
+                                     host=row["source"], conn=c)
+            c.execute(update(moves_t).where(moves_t.c.id == move_id).values(**values))
+        if state is not None and self.fleet:
+            self.fleet.changed.set()
+        return self._row(move_id)
+
+    # ---- start ---------------------------------------------------------------
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("vm") or body.get("flashvm"), str):
+            raise InvalidArgument("body needs vm: the name of the VM to move")
+        name = body.get("vm") or body.get("flashvm")
+        to, pin = body.get("to"), body.get("host")
+        async with self._lock:
+            source = self.ctl.vms.locate(name, pin)
+            if self._active_for(name, source):
+                raise refuse("move_in_progress", f"vm {name} is already moving")
+            src_view = self.fleet.views.get(source)
+            if src_view is None or not src_view.connected:
+                raise refuse("host_unreachable", f"source host {source} is not connected")
+            vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
+            if vm.get("move_id"):
+                raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
+            if vm["state"] not in ("running", "sleeping"):
+                raise refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+            target = self._target(name, source, vm, to)
+            move_id = f"mv-{secrets.token_hex(6)}"
+            now = time.time()
+            with self.store.tx() as c:
+                c.execute(insert(moves_t).values(
+                    id=move_id, vm=name, source=source, target=target, state="pending", created_at=now, updated_at=now,
+                    record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
+                            "history": [{"state": "pending", "time": now}], "vm": vm}))
+                self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "pending", "target": target},
+                                     host=source, conn=c)
+            self.fleet.changed.set()
+        self._spawn(move_id)
+        return self.get(move_id)
+
+    def _active_for(self, name: str, host: str) -> bool:
+        with self.store.read() as c:
+            return c.execute(select(moves_t.c.id).where(moves_t.c.vm == name, moves_t.c.source == host,
+                                                        moves_t.c.state.in_(ACTIVE))).first() is not None
+
+    def compatible(self, vm: dict, source: str, target: str) -> str | None:
+        """Why `target` cannot take `vm` from `source` (platform, bundle,
+        Firecracker release), or None."""
+        s, t = self.fleet.views[source].summary, self.fleet.views[target].summary
+        if s.get("platform") != t.get("platform"):
+            return f"platform differs: {s.get('platform')} on {source}, {t.get('platform')} on {target}"
+        fps = {b.get("fingerprint") for b in t.get("bundles", [])}
+        if vm.get("bundle_fingerprint") not in fps:
+            return f"host {target} lacks bundle {vm.get('bundle')} with fingerprint {vm.get('bundle_fingerprint', '')[:12]}"
+        if s.get("firecracker", "") != t.get("firecracker", ""):
+            return f"firecracker release differs: {s.get('firecracker') or 'none'} vs {t.get('firecracker') or 'none'}"
+        mine = vm.get("platform") or {}
+        if t.get("accel") and mine.get("accel") and mine["accel"] != t["accel"]:
+            return f"accelerator differs: {mine['accel']} vs {t['accel']}"
+        return None
+
+    def _target(self, name: str, source: str, vm: dict, to: str | None) -> str:
+        from .placement import rank
+        from .resources import Resources
+        if to is not None:
+            if self.store.get_host(to) is None:
+                raise refuse("unknown_host", f"host {to} is not registered")
+            if to == source:
+                raise refuse("same_host", f"vm {name} is already on {to}")
+            view = self.fleet.views.get(to)
+            if view is None or not view.connected:
+                raise refuse("host_unreachable", f"target host {to} is not connected")
+            if why := self.compatible(vm, source, to):
+                raise refuse("arch_mismatch", why)
+            return to
+        fleet, reasons = self.ctl.vms.arrays()
+        ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
+        for h in rank(fleet, ask, reasons).order:
+            if h != source and self.fleet.views.get(h) and not self.compatible(vm, source, h):
+                return h
+        raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}")
+
+    def _spawn(self, move_id: str) -> None:
+        if move_id in self._tasks and not self._tasks[move_id].done():
+            return
+        self._tasks[move_id] = asyncio.create_task(self._run(move_id))
+
+    # ---- the move ------------------------------------------------------------
+    async def _host(self, host: str, method: str, path: str, ok=(200, 201, 204), **kw):
+        resp = await self.fleet.conn(host).request(method, path, **kw)
+        if resp.status_code not in ok:
+            from .vms import host_error
+            raise host_error(resp, host)
+        return resp
+
+    async def _run(self, move_id: str) -> None:
+        row = self._row(move_id)
+        try:
+            if row["state"] == "pending":
+                row = self._set(move_id, "sleeping")
+                await self._sleep(row)
+                _crash_point("slept")
+                row = self._set(move_id, "copying")
+                await self._copy(row)
+                _crash_point("copied")
+                row = self._set(move_id, "waking")
+                await self._wake_target(row)
+                _crash_point("woke")
+                await self._finish(self._set(move_id, "done"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason = exc.message if isinstance(exc, FuseError) else f"{type(exc).__name__}: {exc}"
+            log.warning("move %s failed: %s", move_id, reason)
+            await self._rollback(move_id, reason)
+
+    async def _sleep(self, row: dict) -> None:
+        vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
+                              timeout=120)
+        files = vm.json().get("files", [])
+        if not files:
+            raise FuseError(f"vm {row['vm']} slept without state files")
+        self._set(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=vm.json())
+
+    async def _copy(self, row: dict) -> None:
+        rec = row["record"]
+        vm = rec["vm"]
+        await self._host(row["target"], "POST", "/v1/host/incoming", timeout=60, json={
+            "move_id": row["id"], "platform": vm.get("platform") or {}, "files": rec["files"],
+            "vm": {"name": row["vm"], "shape": vm["shape"], "entry": vm["entry"], "bundle": vm["bundle"],
+                   "bundle_fingerprint": vm["bundle_fingerprint"], "created_at": vm.get("created_at")}})
+        copied, chunk_no = 0, 0
+        corrupt = int(os.environ.get("FUSE_TEST_CORRUPT_CHUNK", "-1"))
+        for f in rec["files"]:
+            digest = hashlib.sha256()
+            for offset in range(0, max(f["size"], 1), CHUNK):
+                length = min(CHUNK, f["size"] - offset)
+                if length <= 0:
+                    break
+                data = (await self._host(row["source"], "GET", f"/v1/host/vms/{row['vm']}/files/{f['name']}",
+                                         params={"offset": offset, "length": length}, timeout=60)).content
+                if len(data) != length:
+                    raise FuseError(f"short read of {f['name']} at {offset}: {len(data)} of {length} bytes")
+                digest.update(data)
+                if chunk_no == corrupt:  # test hook: a chunk damaged in flight
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                await self._host(row["target"], "PUT", f"/v1/host/incoming/{row['id']}/files/{f['name']}",
+                                 params={"offset": offset}, content=data, timeout=60)
+                copied += length
+                chunk_no += 1
+                self._set(row["id"], copied_bytes=copied)
+                _crash_point(f"chunk:{chunk_no}")
+            if digest.hexdigest() != f["sha256"]:
+                raise FuseError(f"file {f['name']} changed while copying (sha256 mismatch at the source)")
+        await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+
+    async def _wake_target(self, row: dict) -> None:
+        if row["record"].get("was_running", True):
+            vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                  json={"move_id": row["id"]}, timeout=120)
+        else:  # a sleeping VM stays asleep, now on the target and unmarked
+            vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                  json={"move_id": row["id"], "clear_mark": True}, timeout=60)
+        self._reassign(row, vm.json())
+
+    def _reassign(self, row: dict, vm: dict) -> None:
+        with self.store.tx() as c:
+            c.execute(vms_t.delete().where(vms_t.c.host == row["source"], vms_t.c.name == row["vm"]))
+        self.fleet.upsert_vms(row["target"], [vm])
+
+    async def _finish(self, row: dict) -> None:
+        """Remove the source copy (retried by the janitor if the source is away)."""
+        try:
+            await self._host(row["source"], "DELETE", f"/v1/host/vms/{row['vm']}", ok=(204, 404),
+                             params={"move_id": row["id"]}, timeout=60)
+            self._set(row["id"], source_removed=True)
+        except FuseError as exc:
+            log.warning("move %s: source copy not removed yet: %s", row["id"], exc.message)
+
+    async def _rollback(self, move_id: str, reason: str) -> None:
+        row = self._row(move_id)
+        if row["state"] in ("done", "failed"):
+            return
+        if row["state"] != "rolling_back":
+            row = self._set(move_id, "rolling_back", reason=reason)
+        cleanup = None
+        try:
+            await self._abort_target(row)
+        except FuseError as exc:
+            cleanup = exc.message  # the janitor retries once the target answers
+        try:
+            await self._wake_source(row)
+        except FuseError as exc:
+            reason += f"; waking on the source failed too: {exc.message}"
+        self._set(move_id, "failed", reason=reason, cleanup_pending=cleanup is not None)
+
+    async def _abort_target(self, row: dict) -> None:
+        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=30)
+
+    async def _wake_source(self, row: dict) -> None:
+        src = row["source"]
+        resp = await self.fleet.conn(src).request("GET", f"/v1/host/vms/{row['vm']}", timeout=30)
+        if resp.status_code != 200:
+            raise FuseError(f"vm {row['vm']} is not on {src} any more ({resp.status_code})")
+        vm = resp.json()
+        if vm["state"] == "sleeping" and vm.get("move_id") == row["id"]:
+            clear = not row["record"].get("was_running", True)
+            vm = (await self._host(src, "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                   json={"move_id": row["id"], "clear_mark": clear}, timeout=120)).json()
+        self.fleet.upsert_vms(src, [vm])
+
+    # ---- after a restart -----------------------------------------------------
+    async def resume(self) -> None:
+        """Finish or roll back every move a previous controller left open."""
+        with self.store.read() as c:
+            rows = [dict(r) for r in c.execute(select(moves_t).where(moves_t.c.state.in_(ACTIVE))).mappings()]
+        for row in rows:
+            self._tasks[row["id"]] = asyncio.create_task(self._recover(row))
+        self._janitor = asyncio.create_task(self._janitor_loop())
+
+    async def _recover(self, row: dict) -> None:
+        move_id = row["id"]
+        for attempt in range(600):  # hosts may still be reconnecting: bounded, ~10 minutes
+            try:
+                if row["state"] == "waking" and await self._target_woke(row):
+                    self._set(move_id, "done")
+                    await self._finish(self._row(move_id))
+                    return
+                reason = row["record"].get("reason") or f"controller restarted during {row['state']}"
+                await self._rollback(move_id, reason)
+                if self._row(move_id)["state"] == "failed":
+                    return
+            except HostUnreachable:
+                pass
+            await asyncio.sleep(1)
+            row = self._row(move_id)
+
+    async def _target_woke(self, row: dict) -> bool:
+        resp = await self.fleet.conn(row["target"]).request("GET", f"/v1/host/vms/{row['vm']}", timeout=30)
+        if resp.status_code != 200:
+            return False
+        vm = resp.json()
+        want = "running" if row["record"].get("was_running", True) else "sleeping"
+        if vm["state"] == want and not vm.get("move_id"):
+            self._reassign(row, vm)
+            return True
+        if vm["state"] == "sleeping" and vm.get("move_id") == row["id"]:
+            # Installed, not yet woken: finishing forward is as safe as going back.
+            await self._wake_target(row)
+            return True
+        return False
+
+    async def _janitor_loop(self) -> None:
+        """Retry what a failed or finished move could not tidy at once."""
+        while True:
+            await asyncio.sleep(2)
+            for m in self.list():
+                row = self._row(m["id"])
+                rec = row["record"] or {}
+                try:
+                    if row["state"] == "failed" and rec.get("cleanup_pending"):
+                        await self._abort_target(row)
+                        self._set(row["id"], cleanup_pending=False)
+                    elif row["state"] == "done" and not rec.get("source_removed"):
+                        await self._finish(row)
+                except FuseError:
+                    pass
+
+    async def close(self) -> None:
+        for t in [*self._tasks.values(), *([self._janitor] if self._janitor else [])]:
+            t.cancel()
+        for t in [*self._tasks.values(), *([self._janitor] if self._janitor else [])]:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    # ---- drain ---------------------------------------------------------------
+    async def drain(self, host_id: str) -> dict[str, Any]:
+        """Move every VM off a draining host, one after another, by best fit.
+        VMs that cannot move are reported, never killed."""
+        moved, stuck = [], []
+        for vm in self.ctl.vms.list(host_id):
+            try:
+                m = await self.create({"vm": vm["name"], "host": host_id})
+            except FuseError as exc:
+                stuck.append({"vm": vm["name"], "code": exc.code, "reason": exc.message})
+                continue
+            # One at a time, so each choice of target sees the room the last one took.
+            await asyncio.shield(self._tasks[m["id"]])
+            m = self.get(m["id"])
+            if m["state"] == "done":
+                moved.append({"vm": vm["name"], "move": m["id"], "to": m["to"]})
+            else:
+                stuck.append({"vm": vm["name"], "code": "move_failed", "reason": m["reason"], "move": m["id"]})
+        return {"host": host_id, "moved": moved, "stuck": stuck}
