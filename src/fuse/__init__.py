@@ -9,6 +9,9 @@
 
 from .client import ApiError, AsyncClient, Client, is_conflict, is_invalid_argument, is_not_found
 from .models.hosts import GPUDevice, Host, HostCapacity, HostPage, MIGInstance, RegisterHostRequest
+from .models.pool import (ElasticAssignment, ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost,
+                          ElasticNewHost, ElasticPlan, ElasticPlanRequest, ElasticRemoved, ElasticUnplaced, Prewarm,
+                          PrewarmOptions, PrewarmPlacement)
 
 __version__ = "0.1.0"
 
@@ -16,11 +19,24 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "Client",
+    "ElasticAssignment",
+    "ElasticBudget",
+    "ElasticBudgetUpdate",
+    "ElasticDecision",
+    "ElasticHost",
+    "ElasticNewHost",
+    "ElasticPlan",
+    "ElasticPlanRequest",
+    "ElasticRemoved",
+    "ElasticUnplaced",
     "GPUDevice",
     "Host",
     "HostCapacity",
     "HostPage",
     "MIGInstance",
+    "Prewarm",
+    "PrewarmOptions",
+    "PrewarmPlacement",
     "RegisterHostRequest",
     "is_conflict",
     "is_invalid_argument",

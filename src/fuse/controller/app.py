@@ -43,6 +43,7 @@ def create_app(ctl: Controller) -> FastAPI:
                               "and runs the elastic pool.")
     http_errors.install(app)
     app.state.ctl = ctl
+    app.state.pool_snapshot = ctl.pool_snapshot
     auth = [Depends(bearer_checker(ctl.token))]
 
     @app.get("/v1/healthz", summary="Liveness check (no token needed).", tags=["controller"])

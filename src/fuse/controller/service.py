@@ -63,6 +63,22 @@ class Controller:
             await self.fleet.close()
         self.store.close()
 
+    def pool_snapshot(self) -> list[dict[str, Any]]:
+        """The operator's own hosts with their free room, for the planner
+        (own devices cost nothing; only active, connected hosts take work)."""
+        fleet, reasons = self.vms.arrays()
+        out = []
+        for i, host_id in enumerate(fleet.ids):
+            row = self.store.get_host(host_id) or {}
+            cap = row.get("capacity", {})
+            view = self.fleet.views.get(host_id) if self.fleet else None
+            out.append({"name": host_id, "cpus": int(fleet.cap_vcpus[i]), "mem_mib": int(fleet.cap_mem[i]),
+                        "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
+                        "arch": cap.get("arch", "amd64") or "amd64",
+                        "kvm": bool(view and view.summary.get("kvm")), "own": True,
+                        "state": row.get("state", "active") if fleet.usable[i] else "unavailable"})
+        return out
+
     async def register_host(self, req):
         """Register, then poll the host at once so it is connected (and its
         VMs adopted) when the reply goes out."""
