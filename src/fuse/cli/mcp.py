@@ -1,0 +1,21 @@
+"""`fuse mcp`: serve the `fuse_controller` MCP tool on stdio."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def mcp(
+    url: Optional[str] = typer.Option(None, envvar="FUSE_URL", help="Controller: unix:///path or http(s)://host:port."),
+    token: Optional[str] = typer.Option(None, envvar="FUSE_TOKEN", help="Controller token (TCP)."),
+) -> None:
+    """Run an MCP server on stdin/stdout exposing the fuse_controller tool."""
+    # stdout is the MCP channel: nothing else may print to it.
+    from ..mcp.server import serve
+    serve(url, token)
+
+
+def mount(app: typer.Typer) -> None:
+    app.command("mcp")(mcp)

@@ -1,0 +1,1 @@
+"""fuse's MCP server: `fuse mcp` (see `fuse.mcp.server`)."""

@@ -1,0 +1,118 @@
+"""`fuse mcp`: an MCP server (stdio) with one tool, `fuse_controller`.
+
+The tool is a thin pipe to the controller's REST API: an agent names the
+method, path and body, and gets back the HTTP status and the JSON answer,
+errors included — a 409 is an answer to reason about, not a failure of the
+tool. The tool's description carries the contract an agent needs to act on
+those answers (seed 004). Only failures to reach the controller at all are
+tool errors.
+
+The connection is fuse's own client plumbing: `unix:///path` (the
+controller's owner-only socket, the default) or `http(s)://host:port` with a
+bearer token; `$FUSE_URL` / `$FUSE_TOKEN` when not given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from ..client import _core
+
+TOOL_NAME = "fuse_controller"
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+REQUEST_TIMEOUT = 300.0  # POST /v1/vms waits for the VM to boot; long polls wait up to wait_s
+
+INSTRUCTIONS = """\
+fuse controls a fleet of microVM hosts. Use the fuse_controller tool to call
+the controller's REST API: register hosts, place VMs (best fit), sleep/wake
+and move them, read merged events and usage."""
+
+DESCRIPTION = """\
+Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
+Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code.
+
+Resources:
+- POST /v1/hosts {"name", "addr"} (addr: local | ssh://user@host[:port] | host:port | http://host:port) or
+  {"id", "url", "token", "backend", "capacity": {"vm_count": N}} -> 201 host. GET /v1/hosts, GET|DELETE /v1/hosts/{id},
+  POST /v1/hosts/{id}?action=cordon|uncordon|drain.
+- POST /v1/vms {"name"?, "shape": {"vcpus", "mem_mib"}, "entry": "<command>", "bundle"?, "host"?} -> 201 {name, host,
+  state, ...}. GET /v1/vms[?host=], GET|DELETE /v1/vms/{name}[?host=], POST /v1/vms/{name}/sleep|wake,
+  GET /v1/vms/{name}/console?offset=N.
+- POST /v1/moves {"vm", "to"?} -> 202 move (runs in the background); GET /v1/moves, GET /v1/moves/{id}.
+- GET /v1/events?since=<cursor>&wait_s=<long-poll seconds> -> {"events": [...], "next": <cursor>}; pass next as since.
+- GET /v1/usage?from=<unix time>, GET|PUT /v1/controller.
+
+Contract:
+- Placement with no host able to take the VM: 409 fleet_full, error.hosts maps each host to its reason.
+- A name already used on the chosen host: 409 vm_exists.
+- A VM name on several hosts: 409 ambiguous_vm (error.hosts lists them) unless ?host= picks one.
+- POST /v1/moves: 202 with the move, or 409 not_movable, same_host, unknown_host, arch_mismatch, no_target,
+  move_in_progress or host_unreachable. A failed move wakes the VM back on its source.
+- Adding a host that cannot be reached: 502 host_unreachable with the reason.
+- Bad input: 400 invalid_argument; unknown name: 404 not_found."""
+
+
+class ControllerCaller:
+    """Performs one REST call on the controller and returns (status, JSON)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None, timeout: float = REQUEST_TIMEOUT):
+        base, uds = _core.resolve_url(url)
+        self.where = f"unix://{uds}" if uds else base
+        if transport is None and uds:
+            transport = httpx.AsyncHTTPTransport(uds=uds)
+        self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
+                                       transport=transport)
+
+    async def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        method = method.upper()
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        # Relative paths only: an absolute URL would let a prompt point the
+        # controller's token at another server.
+        if not path.startswith("/v1/"):
+            raise ValueError(f"path must start with /v1/ (e.g. /v1/vms), not {path!r}")
+        try:
+            resp = await self._http.request(method, path, json=body)
+        except httpx.TimeoutException:
+            raise ConnectionError(f"no answer from the fuse controller at {self.where} "
+                                  f"within {self._http.timeout.read:.0f} s") from None
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"cannot reach the fuse controller at {self.where}: {exc}") from None
+        try:
+            answer: Any = resp.json() if resp.content else None
+        except ValueError:
+            answer = resp.text
+        return {"status": resp.status_code, "body": answer}
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def build_server(url: str | None = None, token: str | None = None, *,
+                 transport: httpx.AsyncBaseTransport | None = None):
+    """The MCP server object (mcp's `MCPServer`), its one tool bound to a
+    controller."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    caller = ControllerCaller(url, token, transport=transport)
+    # WARNING: stderr is the user's terminal or the client's log; one line per
+    # request there is noise.
+    server = MCPServer(name="fuse", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    async def fuse_controller(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            return await caller.call(method, path, body)
+        except (ValueError, ConnectionError) as exc:  # a bad call, or no controller: say which
+            raise ToolError(str(exc)) from None
+
+    server.add_tool(fuse_controller, name=TOOL_NAME, description=DESCRIPTION)
+    return server
+
+
+def serve(url: str | None = None, token: str | None = None) -> None:
+    """Serve MCP on stdin/stdout until the client closes it."""
+    build_server(url, token).run("stdio")

@@ -1,0 +1,114 @@
+"""`fuse mcp` driven by the `mcp` SDK's own client over stdio, against a real
+controller and a real agent (fake backend)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from support import reap, start_agent, start_controller
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    ctl = start_controller(tmp_path)
+    agent = start_agent(tmp_path, backend="fake", name="a1")
+    yield type("Fleet", (), {"ctl": ctl, "agent": agent, "tmp": tmp_path})
+    agent.stop()
+    ctl.stop()
+    reap(tmp_path)
+
+
+def server_params(url: str, **env: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp", "--url", url], env=env)
+
+
+def answer(result) -> dict:
+    """The tool's {"status", "body"}: structured content, and the same as text."""
+    assert not result.is_error, result.content
+    text = json.loads(result.content[0].text)
+    assert result.structured_content in (text, {"result": text})
+    return text
+
+
+async def session_run(params: StdioServerParameters, steps):
+    with anyio.fail_after(90):
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await steps(session)
+
+
+def test_register_a_host_create_a_vm_and_read_events_through_the_tool(fleet):
+    async def steps(s: ClientSession):
+        tools = (await s.list_tools()).tools
+        assert [t.name for t in tools] == ["fuse_controller"]
+        tool = tools[0]
+        assert set(tool.input_schema["properties"]) == {"method", "path", "body"}
+        assert set(tool.input_schema["required"]) == {"method", "path"}
+        for code in ("fleet_full", "vm_exists", "ambiguous_vm", "not_movable", "same_host", "unknown_host",
+                     "arch_mismatch", "no_target", "move_in_progress", "host_unreachable", "502"):
+            assert code in tool.description
+
+        async def call(method, path, body=None):
+            args = {"method": method, "path": path} | ({"body": body} if body is not None else {})
+            return answer(await s.call_tool("fuse_controller", args))
+
+        host = await call("POST", "/v1/hosts", {"id": "h1", "url": fleet.agent.url, "token": fleet.agent.token,
+                                                "backend": "qemu", "capacity": {"vm_count": 4}})
+        assert host["status"] == 201 and host["body"]["id"] == "h1"
+
+        vm = await call("POST", "/v1/vms", {"name": "job1", "shape": {"vcpus": 1, "mem_mib": 128},
+                                             "entry": "echo hi"})
+        assert vm["status"] == 201
+        assert (vm["body"]["name"], vm["body"]["host"]) == ("job1", "h1")
+
+        again = await call("POST", "/v1/vms", {"name": "job1", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                "entry": "echo hi"})
+        assert again["status"] == 409 and again["body"]["error"]["code"] == "vm_exists"
+
+        full = await call("POST", "/v1/vms", {"shape": {"vcpus": 1, "mem_mib": 1_048_576}, "entry": "echo hi"})
+        assert full["status"] == 409 and full["body"]["error"]["code"] == "fleet_full"
+        assert set(full["body"]["error"]["hosts"]) == {"h1"}
+
+        listed = await call("get", "/v1/vms")
+        assert [v["name"] for v in listed["body"]["vms"]] == ["job1"]
+
+        events = await call("GET", "/v1/events?since=0&wait_s=1")
+        assert events["status"] == 200
+        placed = [e for e in events["body"]["events"] if e["type"] == "placed"]
+        assert [(e["vm"], e["host"]) for e in placed] == [("job1", "h1")]
+        assert isinstance(events["body"]["next"], int)
+
+        gone = await call("DELETE", "/v1/vms/job1")
+        assert gone == {"status": 204, "body": None}
+        missing = await call("GET", "/v1/vms/job1")
+        assert missing["status"] == 404 and missing["body"]["error"]["code"] == "not_found"
+
+        unreachable = await call("POST", "/v1/hosts", {"name": "nowhere", "addr": "http://127.0.0.1:9"})
+        assert unreachable["status"] == 502 and unreachable["body"]["error"]["code"] == "host_unreachable"
+
+        # Only relative /v1/ paths: the controller's token never goes elsewhere.
+        bad = await s.call_tool("fuse_controller", {"method": "GET", "path": "http://example.com/v1/vms"})
+        assert bad.is_error and "/v1/" in bad.content[0].text
+
+    anyio.run(session_run, server_params(fleet.ctl.url), steps)
+
+
+def test_an_unreachable_controller_is_a_tool_error_naming_it(tmp_path):
+    sock = tmp_path / "none.sock"
+
+    async def steps(s: ClientSession):
+        r = await s.call_tool("fuse_controller", {"method": "GET", "path": "/v1/hosts"})
+        assert r.is_error and f"unix://{sock}" in r.content[0].text
+
+    # FUSE_URL from the environment, as an MCP client config would set it.
+    params = StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp"],
+                                   env={"FUSE_URL": f"unix://{sock}"})
+    anyio.run(session_run, params, steps)

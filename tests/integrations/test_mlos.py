@@ -1,0 +1,240 @@
+"""`FuseVMService` against a real controller and agent (fake backend): the
+service called directly, then the real `mlos_bench` CLI for a few trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+mlos_bench = pytest.importorskip("mlos_bench", reason="mlos_bench is not installed (pip install 'fuse-fleet[mlos]')")
+
+import fuse  # noqa: E402
+from mlos_bench.environments.remote.host_env import HostEnv  # noqa: E402
+from mlos_bench.environments.status import Status  # noqa: E402
+from mlos_bench.services.types.host_provisioner_type import SupportsHostProvisioning  # noqa: E402
+from mlos_bench.tunables.tunable_groups import TunableGroups  # noqa: E402
+
+from fuse.integrations.mlos import OP_KEY, FuseVMService  # noqa: E402
+from support import reap, start_agent, start_controller  # noqa: E402
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    ctl = start_controller(tmp_path)
+    agent = start_agent(tmp_path, backend="fake", name="a1")
+    client = fuse.Client(ctl.url)
+    client.hosts.register(fuse.RegisterHostRequest(id="h1", url=agent.url, token=agent.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=8, ram_mb=4096, cpus=4)))
+    yield type("Fleet", (), {"ctl": ctl, "agent": agent, "client": client, "tmp": tmp_path})
+    client.close()
+    agent.stop()
+    ctl.stop()
+    reap(tmp_path)
+
+
+def vms(client) -> list[tuple[str, str, int, int]]:
+    return sorted((v["name"], v["state"], v["shape"]["vcpus"], v["shape"]["mem_mib"]) for v in client.vms.list())
+
+
+def placed(client) -> list[tuple[str, int, int]]:
+    return [(e["vm"], e["vcpus"], e["mem_mib"]) for e in client.events.list(0, limit=500)["events"]
+            if e["type"] == "placed"]
+
+
+def service(fleet, **config) -> FuseVMService:
+    return FuseVMService({"url": fleet.ctl.url, "pollInterval": 0.05, "pollTimeout": 30, **config})
+
+
+def provision(svc, params) -> tuple[Status, dict]:
+    status, out = svc.provision_host(params)
+    if status.is_pending():
+        assert OP_KEY in out
+        status, out = svc.wait_host_deployment(out, is_setup=True)
+    return status, out
+
+
+def test_it_is_a_host_provisioner_that_host_env_accepts(fleet):
+    svc = service(fleet)
+    assert isinstance(svc, SupportsHostProvisioning)
+    env = HostEnv(name="fuse", config={"const_args": {"vmName": "env1", "vcpus": 1, "memMiB": 128}},
+                  tunables=TunableGroups(), service=svc)
+    with svc, env:
+        assert env.setup(TunableGroups())
+        assert vms(fleet.client) == [("env1", "running", 1, 128)]
+        env.teardown()
+    assert vms(fleet.client) == []
+
+
+def test_provision_is_idempotent_and_recreates_on_a_new_shape(fleet):
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "bench", "vcpus": 1, "memMiB": 128}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        # Same shape again: nothing to do, answered at once.
+        status, out = svc.provision_host(p)
+        assert status == Status.SUCCEEDED and out["vmHost"] == "h1"
+        # Tunables as strings (command-line overrides) are the same shape.
+        assert svc.provision_host({"vmName": "bench", "vcpus": "1", "memMiB": "128"})[0] == Status.SUCCEEDED
+        assert placed(fleet.client) == [("bench", 1, 128)]
+        # A new shape: the VM is recreated with it.
+        status, out = provision(svc, {**p, "vcpus": 2, "memMiB": 256})
+        assert status == Status.SUCCEEDED and out["vmState"] == "running" and OP_KEY not in out
+        assert vms(fleet.client) == [("bench", "running", 2, 256)]
+        assert placed(fleet.client) == [("bench", 1, 128), ("bench", 2, 256)]
+
+
+def test_deallocate_sleeps_the_vm_and_provision_wakes_it(fleet):
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "sleepy", "vcpus": 1, "memMiB": 128}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
+        assert vms(fleet.client) == [("sleepy", "sleeping", 1, 128)]
+        assert svc.deallocate_host(p)[0] == Status.SUCCEEDED  # already asleep: still fine
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        assert vms(fleet.client) == [("sleepy", "running", 1, 128)]
+        assert placed(fleet.client) == [("sleepy", 1, 128)]  # woken, not recreated
+
+
+def test_deprovision_deletes_and_tolerates_a_missing_vm(fleet):
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "gone", "vcpus": 1, "memMiB": 128}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        for _ in range(2):
+            status, handle = svc.deprovision_host(p)
+            assert status == Status.PENDING
+            assert svc.wait_host_deployment(handle, is_setup=False)[0] == Status.SUCCEEDED
+        assert vms(fleet.client) == []
+        # Without an operation handle, wait polls the VM itself.
+        assert svc.wait_host_deployment(p, is_setup=False)[0] == Status.SUCCEEDED
+        assert svc.deallocate_host(p)[0] == Status.FAILED  # nothing to sleep
+
+
+def test_expected_failures_are_statuses_not_exceptions(fleet, tmp_path):
+    svc = service(fleet)
+    with svc:
+        assert svc.provision_host({"vmName": "x"}) == (Status.FAILED, {})  # no shape
+        assert provision(svc, {"vmName": "huge", "vcpus": 1, "memMiB": 1_048_576}) == (Status.FAILED, {})
+        assert provision(svc, {"vmName": "pinned", "vcpus": 1, "memMiB": 128, "vmHost": "nope"})[0] == Status.FAILED
+    nowhere = FuseVMService({"url": f"unix://{tmp_path}/none.sock", "pollInterval": 0.05})
+    assert nowhere.provision_host({"vmName": "x", "vcpus": 1, "memMiB": 128}) == (Status.FAILED, {})
+    # A VM that never comes up: TIMED_OUT once pollTimeout has passed.
+    slow = service(fleet, pollTimeout=0.3)
+    with slow:
+        assert slow.wait_host_deployment({"vmName": "never", "vcpus": 1, "memMiB": 128},
+                                         is_setup=True) == (Status.TIMED_OUT, {})
+
+
+def test_config_is_checked_against_the_services_own_schema(fleet):
+    with pytest.raises(Exception, match="urll"):
+        FuseVMService({"urll": fleet.ctl.url})
+
+
+# ---- the real mlos_bench CLI -------------------------------------------------
+
+PROBE = """\
+import json, os, fuse
+with fuse.Client() as c:
+    vms = [{k: v[k] for k in ("name", "host", "state")} | v["shape"] for v in c.vms.list()]
+with open(os.environ["PROBE_LOG"], "a") as f:
+    f.write(json.dumps({"vcpus": int(os.environ["vcpus"]), "memMiB": int(os.environ["memMiB"]), "vms": vms}) + "\\n")
+print("score = 1.0")
+"""
+
+TRIALS = [{"vcpus": 1, "memMiB": 128}, {"vcpus": 1, "memMiB": 128}, {"vcpus": 2, "memMiB": 256},
+          {"vcpus": 1, "memMiB": 128}]
+
+
+def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
+    files = {
+        "cli.jsonc": {
+            "config_path": [str(cfg)],
+            "environment": "env.jsonc",
+            "optimizer": "opt.jsonc",
+            "storage": "storage.jsonc",
+            "experiment_id": "fuse-mlos-test",
+            "trial_config_repeat_count": 1,
+            "teardown": True,
+            "log_file": str(cfg / "mlos.log"),
+            "log_level": "INFO",
+        },
+        "env.jsonc": {
+            "name": "fuse bench",
+            "class": "mlos_bench.environments.CompositeEnv",
+            "include_tunables": ["tunables.jsonc"],
+            # All services at the root: mlos_bench enters a service shared by two
+            # composite services twice, and fails, so children include none.
+            "include_services": ["services/local/local_exec_service.jsonc", "fuse-service.jsonc"],
+            "config": {
+                "tunable_params": ["fuse-vm"],
+                "const_args": {"vmName": "bench-vm"},
+                "children": [
+                    {"name": "fuse vm", "class": "mlos_bench.environments.remote.HostEnv",
+                     "config": {"tunable_params": ["fuse-vm"], "required_args": ["vmName"]}},
+                    {"name": "probe", "class": "mlos_bench.environments.local.LocalEnv",
+                     # LocalEnv's scripts get only the environment it is given.
+                     "config": {"tunable_params": ["fuse-vm"],
+                                "const_args": {"FUSE_URL": fuse_url, "PROBE_LOG": str(probe_log)},
+                                "shell_env_params": ["vcpus", "memMiB", "FUSE_URL", "PROBE_LOG"],
+                                "run": [f"{sys.executable} {cfg / 'probe.py'}"],
+                                "results_stdout_pattern": "(\\w+) = (\\S+)"}},
+                ],
+            },
+        },
+        "fuse-service.jsonc": {"class": "fuse.integrations.mlos.FuseVMService",
+                               "config": {"pollInterval": 0.1, "pollTimeout": 60}},
+        "tunables.jsonc": {"fuse-vm": {"cost": 1, "params": {
+            "vcpus": {"type": "int", "default": 1, "range": [1, 4]},
+            "memMiB": {"type": "int", "default": 128, "range": [64, 1024]},
+        }}},
+        "opt.jsonc": {"class": "mlos_bench.optimizers.ManualOptimizer",
+                      "config": {"max_cycles": 1, "tunable_values_cycle": TRIALS}},
+        "storage.jsonc": {"class": "mlos_bench.storage.sql.storage.SqlStorage",
+                          "config": {"drivername": "sqlite", "database": str(cfg / "mlos.sqlite")}},
+    }
+    for name, doc in files.items():
+        (cfg / name).write_text(json.dumps(doc, indent=2))
+    (cfg / "probe.py").write_text(PROBE)
+    # mlos_bench records the config's git origin and commit with each experiment.
+    git = ["git", "-C", str(cfg), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["remote", "add", "origin", "https://example.com/fuse-bench.git"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "bench configs"], check=True)
+
+
+def test_mlos_bench_cli_runs_trials_on_fuse_vms(fleet, tmp_path):
+    cfg = tmp_path / "bench"
+    cfg.mkdir()
+    probe_log = tmp_path / "probe.jsonl"
+    write_configs(cfg, probe_log, fleet.ctl.url)
+    env = {**os.environ, "FUSE_URL": fleet.ctl.url,
+           # mlos_bench's schema lists only its own service classes.
+           "MLOS_BENCH_SKIP_SCHEMA_VALIDATION": "true"}
+    run = subprocess.run([sys.executable, "-m", "mlos_bench.run", "--config", str(cfg / "cli.jsonc")],
+                         cwd=cfg, env=env, capture_output=True, text=True, timeout=120)
+    log = (cfg / "mlos.log").read_text() if (cfg / "mlos.log").exists() else ""
+    assert run.returncode == 0, run.stderr[-3000:] + log[-3000:]
+
+    # Each trial ran on exactly one VM, running, with that trial's shape.
+    trials = [json.loads(line) for line in probe_log.read_text().splitlines()]
+    assert [{"vcpus": t["vcpus"], "memMiB": t["memMiB"]} for t in trials] == TRIALS
+    for t in trials:
+        assert t["vms"] == [{"name": "bench-vm", "host": "h1", "state": "running",
+                             "vcpus": t["vcpus"], "mem_mib": t["memMiB"]}]
+
+    # One placement per change of shape: trial 2 reused trial 1's VM.
+    assert placed(fleet.client) == [("bench-vm", 1, 128), ("bench-vm", 2, 256), ("bench-vm", 1, 128)]
+    # The calls mlos_bench made, in order, and teardown deleted the VM.
+    calls = [line.split("fuse: ", 1)[1].split(" ")[0:2] for line in log.splitlines() if "fuse: " in line]
+    assert calls == [["created", "vm"], ["vm", "bench-vm"], ["recreating", "vm"], ["created", "vm"],
+                                  ["recreating", "vm"], ["created", "vm"], ["deleted", "vm"]], log[-3000:]
+    assert vms(fleet.client) == []
