@@ -1,0 +1,74 @@
+"""A counting guest in a real QEMU VM moves between two real agents and
+carries on counting on the target."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+import fuse
+from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
+
+COUNTER = "i=0; while true; do echo n=$i; i=$((i+1)); sleep 0.2; done"
+
+
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"n=(\d+)", text)]
+
+
+def qemu_running(marker) -> int:
+    import os
+    from pathlib import Path
+    n = 0
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes()
+            except OSError:
+                continue
+            n += b"qemu-system" in cmd and str(marker).encode() in cmd
+    return n
+
+
+@pytest.fixture
+def two_qemu_hosts(tmp_path):
+    bundle = real_bundle_dir()
+    procs = []
+    for name in ("src", "dst"):
+        install_bundle(bundle, tmp_path / f"agent-{name}")
+        procs.append(start_agent(tmp_path, backend="qemu", name=f"agent-{name}"))
+    ctl = start_controller(tmp_path)
+    client = fuse.Client(ctl.url)
+    for name, a in zip(("src", "dst"), procs):
+        client.hosts.register(fuse.RegisterHostRequest(id=name, url=a.url, token=a.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=4)))
+    yield client
+    client.close()
+    ctl.stop()
+    for p in procs:
+        p.stop()
+    reap(tmp_path)
+    assert qemu_running(tmp_path) == 0
+
+
+def test_counting_guest_moves_between_real_agents_and_continues(two_qemu_hosts, tmp_path):
+    c = two_qemu_hosts
+    c.vms.create({"name": "counter", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER, "host": "src"})
+    wait_until(lambda: len(numbers(c.vms.console("counter")["text"])) >= 5, timeout=90, what="guest counting")
+    before = max(numbers(c.vms.console("counter")["text"]))
+    m = c.moves.create("counter", to="dst")
+    m = wait_until(lambda: (x := c.moves.get(m["id"]))["state"] in ("done", "failed") and x, timeout=120,
+                   what="move to end")
+    assert m["state"] == "done", m
+    assert m["copied_bytes"] == m["total_bytes"] > 4 * 1024 * 1024  # several 4 MiB chunks
+    wait_until(lambda: len(numbers(c.vms.console("counter")["text"])) >= 3, timeout=60, what="counting on the target")
+    after = numbers(c.vms.console("counter")["text"])  # the target's console: only what ran there
+    # It carries on from the instant it slept (a few ticks after `before`), not from 0.
+    assert before < after[0] <= before + 10, (before, after[:5])
+    assert after == list(range(after[0], after[0] + len(after)))
+    assert c.vms.get("counter")["host"] == "dst"
+    assert qemu_running(tmp_path / "agent-src") == 0 and qemu_running(tmp_path / "agent-dst") == 1
+    c.vms.delete("counter")
+
