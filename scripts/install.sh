@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   qemu-system-x86 qemu-utils busybox-static cpio xz-utils \
-  openssh-server openssh-client postgresql iproute2 procps >/dev/null
+  openssh-server openssh-client postgresql iproute2 procps git >/dev/null
 python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-python3 -m pip install -q -e '.[test]'
+python3 -m pip install -q -e '.[test,mlos]'
 echo "fuse installed: $(command -v fuse)"
