@@ -5,6 +5,7 @@ serving until Ctrl-C, when it removes the VM and stops both."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ from typing import Optional
 import typer
 
 from .output import console, table
+
+ENTRY_START = "FUSE-ENTRY-START"  # what the guest's init prints before running the entry
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -55,6 +58,12 @@ def up(
     ctl_sock, agent_sock = state_dir / "run" / "controller.sock", state_dir / "run" / "agent.sock"
     (state_dir / "run").mkdir(mode=0o700, exist_ok=True)
     agent_log, ctl_log = state_dir / "agent.log", state_dir / "controller.log"
+    # The bundle first: it is the long step (a kernel download on first run), and the
+    # agent then offers it from its first summary.
+    from ..agent.bundle import build_bundle
+    console.print("building the guest bundle (Debian kernel + busybox initramfs)...")
+    b = build_bundle(state_dir / "agent", name="linux", progress=lambda msg: console.print(f"  {msg}"))
+    console.print(f"bundle linux {b['fingerprint'][:16]}")
     agent = _spawn(["host", "serve", "--state-dir", str(state_dir / "agent"), "--socket", str(agent_sock)], agent_log)
     ctl = _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"), "--socket", str(ctl_sock)], ctl_log)
     procs = [agent, ctl]
@@ -71,13 +80,17 @@ def up(
             id="local", url=f"unix://{agent_sock}", backend="qemu", capacity=fuse.HostCapacity(vm_count=8)))
         for w in host.warnings:
             console.print(f"warning: {w}")
+        # The controller places only on hosts its poller has read: wait for the first summary.
+        _wait(lambda: client.hosts.get("local").connected, "host connection", ctl, ctl_log)
         from .controller import HOST_COLUMNS, _host_rows
         table(HOST_COLUMNS, _host_rows(client.hosts.list()), title="hosts")
         if hasattr(client, "vms"):
-            _run_vm(client, state_dir, vm_name, entry, vcpus, mem_mib)
+            _run_vm(client, vm_name, entry, vcpus, mem_mib)
         if once:
             return
         console.print("serving; Ctrl-C stops the VM, the agent and the controller")
+        # Blocked, then waited for: SIGTERM as well as Ctrl-C runs the clean-up below.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         if client is not None:
@@ -95,21 +108,49 @@ def up(
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        # VMs outlive their agent by design; `up` started them, so `up` makes sure none is left.
+        for pid in _qemu_pids(state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def _run_vm(client, state_dir: Path, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
-    from ..agent.bundle import build_bundle
-    console.print("building the guest bundle (Debian kernel + busybox initramfs)...")
-    b = build_bundle(state_dir / "agent", name="linux")
-    console.print(f"bundle linux {b['fingerprint'][:16]}")
-    vm = client.vms.create({"name": name, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry})
+def _qemu_pids(state_dir: Path) -> list[int]:
+    """QEMU processes running from `state_dir` (their command lines name their VM dirs)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in cmd.split(b"\0", 1)[0] and str(state_dir).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _run_vm(client, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
+    import fuse
+    try:
+        vm = client.vms.create({"name": name, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry})
+    except fuse.ApiError as err:
+        reasons = err.details.get("hosts") or {}
+        raise SystemExit(f"error: {err.code}: {err.message}" +
+                         "".join(f"\n  {h}: {why}" for h, why in reasons.items())) from None
     console.print(f"vm {vm['name']} placed on {vm['host']}: {vm['state']}")
-    deadline, offset, seen = time.monotonic() + 120, 0, ""
-    while time.monotonic() < deadline and "hello" not in seen:
+    # Show the console until the entry has printed and gone quiet for 2 s (or stopped).
+    deadline, offset, seen, quiet_since = time.monotonic() + 120, 0, "", None
+    while time.monotonic() < deadline:
         out = client.vms.console(name, offset=offset)
-        seen += out.get("text", "")
+        text = out.get("text", "")
+        seen += text
         offset = out.get("next_offset", offset)
-        time.sleep(0.5)
+        started = ENTRY_START in seen and seen.split(ENTRY_START, 1)[1].strip()
+        if text or not started:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > 2 or client.vms.get(name)["state"] != "running":
+            break
+        time.sleep(0.3)
     console.print("console:\n" + seen.strip())
 
 
