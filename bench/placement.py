@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -105,7 +104,8 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else ["?"]
     print(f"placement bench: python {platform.python_version()}, numpy {np.__version__}, "
-          f"{platform.machine()}, pinned to core {cores}; seed {args.seed}")
+          f"{platform.machine()}, pinned to core {cores}; seed {args.seed}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("decisions/s (best of %d runs); ratio = rank / loop\n" % args.repeats)
     print(f"{'hosts':>7} | {'rank/s':>9} {'µs/dec':>7} | {'fresh/s':>8} | {'loop/s':>8} | {'ratio':>7} | "
           f"{'x Nomad C1M':>11}")
