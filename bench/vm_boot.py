@@ -135,6 +135,9 @@ def main() -> None:
             mb, ma = statistics.median(bare), statistics.median(agent_t)
             say(f"median: bare qemu {mb:.3f} s, through agent {ma:.3f} s, ratio {ma / mb:.3f} "
                 f"(agent adds {100 * (ma / mb - 1):+.1f}%; target <= +10%)")
+            paired = statistics.median(a / b for a, b in zip(agent_t, bare))
+            say(f"paired: median of per-round ratios {paired:.3f} (each round's two boots share the "
+                "machine's load)")
             say(f"best:   bare qemu {min(bare):.3f} s, through agent {min(agent_t):.3f} s, "
                 f"ratio {min(agent_t) / min(bare):.3f}")
             say(f"load average during the run: {os.getloadavg()[0]:.2f} (TCG boots are CPU-bound: "
