@@ -80,7 +80,8 @@ async def test_a_marked_vm_wakes_only_for_its_move(make_host):
     assert r.status_code == 409  # nor can it be deleted behind the move's back
 
     vm = (await host.client.post("/v1/host/vms/counter/wake", json={"move_id": "m1", "clear_mark": True})).json()
-    assert vm["state"] == "sleeping" and vm["move_id"] is None
+    assert vm["state"] == "sleeping" and vm["move_id"] is None and not vm["reserved"]
+    assert host.vms.summary()["free_mem_mib"] == 4096 - 256  # unmarked: its room is free again
     assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
 
 
@@ -89,6 +90,10 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
     await _counting(src)
     vm = (await src.client.post("/v1/host/vms/counter/sleep", json={"move_id": "mv1"})).json()
     before = len(counted(await src.console("counter")))
+    # The source keeps the room of a copy sleeping for a move, so a failed
+    # move can always wake it back home.
+    assert (vm["move_role"], vm["reserved"]) == ("source", True)
+    assert src.vms.summary()["free_mem_mib"] == 4096 - 256 - 128
 
     # A wrong fingerprint or platform is refused before anything is reserved.
     record = {k: vm[k] for k in ("name", "shape", "entry", "bundle", "bundle_fingerprint")}
@@ -117,11 +122,14 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
         assert r.status_code == 200, r.text
     installed = (await dst.client.post("/v1/host/incoming/mv1/install")).json()
     assert installed["state"] == "sleeping" and installed["move_id"] == "mv1" and installed["reserved"]
+    assert installed["move_role"] == "target"
+    assert dst.vms.summary()["free_mem_mib"] == 1024 - 256 - 128  # still reserved for the wake
     assert (await dst.client.get("/v1/host/incoming")).json()["incoming"][0]["state"] == "installed"
 
     woke = (await dst.client.post("/v1/host/vms/counter/wake", json={"move_id": "mv1"})).json()
     assert woke["state"] == "running" and woke["move_id"] is None
     assert (await src.client.delete("/v1/host/vms/counter", params={"move_id": "mv1"})).status_code == 204
+    assert src.vms.summary()["free_mem_mib"] == 4096 - 256
     # The console moved with nothing: the destination log starts after the move.
     await dst.wait_console("counter", lambda t: len(counted(t)) >= 3)
     numbers = counted(await dst.console("counter"))

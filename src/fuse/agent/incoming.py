@@ -94,7 +94,7 @@ class IncomingMoves:
             created = req.vm.created_at or _now()
             vm = Vm(name=name, state="incoming", shape=req.vm.shape, entry=req.vm.entry, bundle=b.name,
                     bundle_fingerprint=b.fingerprint, created_at=created, platform=req.platform,
-                    move_id=req.move_id, files=req.files,
+                    move_id=req.move_id, move_role="target", files=req.files,
                     history=[{"state": "incoming", "time": _now().isoformat(), "move_id": req.move_id}])
             (mgr.vm_dir(name) / "state").mkdir(parents=True, exist_ok=True)
             mgr.vms[name] = vm
@@ -144,7 +144,7 @@ class IncomingMoves:
                                    f"expected {f['size']} bytes sha256 {f['sha256'][:12]}",
                                    code="checksum_mismatch")
             vm.files = [StateFile(**f) for f in entry["files"]]
-            vm.reserved = True
+            vm.reserved, vm.move_role = True, "target"
             mgr.transition(vm, "sleeping", f"installed by move {move_id}")
             self._forget(move_id)
         return vm
@@ -155,12 +155,13 @@ class IncomingMoves:
         mgr = self.mgr
         name = self.entries[move_id]["name"] if move_id in self.entries else next(
             (v.name for v in mgr.vms.values() if v.move_id == move_id and v.state == "sleeping"
-             and v.reserved), None)
+             and v.move_role == "target"), None)
         if name is None or name not in mgr.vms:
             return
         async with mgr.lock(name):
             vm = mgr.vms.get(name)
-            if vm is not None and vm.move_id == move_id and vm.state in ("incoming", "sleeping"):
+            if vm is not None and vm.move_id == move_id and (
+                    vm.state == "incoming" or (vm.state == "sleeping" and vm.move_role == "target")):
                 await self.abort_vm(vm)
 
     async def abort_vm(self, vm: Vm) -> None:
@@ -189,7 +190,7 @@ class IncomingMoves:
         """Receiving moves, and installed VMs a move has not woken yet."""
         out = [self.describe(e) for e in self.entries.values()]
         for vm in self.mgr.vms.values():
-            if vm.state == "sleeping" and vm.reserved and vm.move_id:
+            if vm.state == "sleeping" and vm.move_role == "target" and vm.move_id:
                 total = sum(f.size for f in vm.files)
                 out.append({"move_id": vm.move_id, "name": vm.name, "state": "installed",
                             "files": [f.model_dump() for f in vm.files], "received_bytes": total,

@@ -232,7 +232,9 @@ class VmManager:
             if vm.state == "sleeping":
                 if move_id and move_id != vm.move_id:
                     _check_mark(vm, move_id)
-                    vm.move_id = move_id
+                    # It held no room asleep and a failed move leaves it asleep
+                    # here, so marking reserves nothing.
+                    vm.move_id, vm.move_role = move_id, "source"
                     self.save(vm)
                     self.events.emit("vm_marked", vm=name, move_id=move_id)
                 return vm
@@ -248,6 +250,7 @@ class VmManager:
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
             self.metering.state_written(name, sum(f.size for f in vm.files))
             vm.move_id, vm.pid = move_id, None
+            vm.move_role, vm.reserved = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
         return vm
 
@@ -259,7 +262,8 @@ class VmManager:
             _check_mark(vm, move_id)
             if clear_mark:
                 if vm.move_id:
-                    vm.move_id = None
+                    vm.move_id = vm.move_role = None
+                    vm.reserved = False  # an ordinary sleeping vm again: its room is free
                     self.save(vm)
                     self.events.emit("vm_unmarked", vm=name, move_id=move_id)
                 return vm
@@ -276,11 +280,11 @@ class VmManager:
             try:
                 vm.pid = await self.backend.wake(spec)
             except (BackendError, OSError) as exc:
-                vm.reserved = vm.move_id is not None  # an arrived move keeps its room
+                vm.reserved = vm.move_id is not None  # a moving copy keeps its room
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid)
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # stale once the guest runs on
-            vm.files, vm.reserved, vm.move_id = [], False, None
+            vm.files, vm.reserved, vm.move_id, vm.move_role = [], False, None, None
             self.transition(vm, "running")
         return vm
 

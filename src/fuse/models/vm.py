@@ -54,7 +54,11 @@ class Vm(Record):
     exit_status: Optional[int] = None
     reason: Optional[str] = None  # why it failed, when it did
     move_id: Optional[str] = None  # set while a move owns this copy
-    reserved: bool = False  # sleeping copy whose memory stays reserved (arrived by a move)
+    move_role: Optional[Literal["source", "target"]] = None  # which end of that move
+    # A sleeping copy a move owns keeps its memory reserved: the target so the
+    # wake completing the move cannot be refused, the source so a failed move
+    # can always wake back home.
+    reserved: bool = False
     pid: Optional[int] = None
     platform: dict[str, Any] = Field(default_factory=dict)
     files: list[StateFile] = Field(default_factory=list)
