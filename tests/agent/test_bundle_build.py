@@ -6,7 +6,6 @@ import gzip
 import hashlib
 import json
 import lzma
-from pathlib import Path
 
 import pytest
 
