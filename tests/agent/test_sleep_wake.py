@@ -80,7 +80,7 @@ async def test_a_marked_vm_wakes_only_for_its_move(make_host):
     assert r.status_code == 409  # nor can it be deleted behind the move's back
 
     vm = (await host.client.post("/v1/host/vms/counter/wake", json={"move_id": "m1", "clear_mark": True})).json()
-    assert vm["state"] == "sleeping" and vm["move_id"] is None and not vm["reserved"]
+    assert vm["state"] == "sleeping" and vm["move_id"] is None and not vm["return_room"]
     assert host.vms.summary()["free_mem_mib"] == 4096 - 256  # unmarked: its room is free again
     assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
 
@@ -92,7 +92,7 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
     before = len(counted(await src.console("counter")))
     # The source keeps the room of a copy sleeping for a move, so a failed
     # move can always wake it back home.
-    assert (vm["move_role"], vm["reserved"]) == ("source", True)
+    assert (vm["move_role"], vm["return_room"], vm["reserved"]) == ("source", True, False)
     assert src.vms.summary()["free_mem_mib"] == 4096 - 256 - 128
 
     # A wrong fingerprint or platform is refused before anything is reserved.

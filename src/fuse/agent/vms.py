@@ -250,7 +250,7 @@ class VmManager:
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
             self.metering.state_written(name, sum(f.size for f in vm.files))
             vm.move_id, vm.pid = move_id, None
-            vm.move_role, vm.reserved = ("source", True) if move_id else (None, False)
+            vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
         return vm
 
@@ -263,7 +263,7 @@ class VmManager:
             if clear_mark:
                 if vm.move_id:
                     vm.move_id = vm.move_role = None
-                    vm.reserved = False  # an ordinary sleeping vm again: its room is free
+                    vm.return_room = False  # an ordinary sleeping vm again: its room is free
                     self.save(vm)
                     self.events.emit("vm_unmarked", vm=name, move_id=move_id)
                 return vm
@@ -271,7 +271,7 @@ class VmManager:
                 return vm
             if vm.state != "sleeping":
                 raise Conflict(f"vm {name} is {vm.state}; only a sleeping vm can wake")
-            if not vm.reserved:
+            if not (vm.reserved or vm.return_room):
                 async with self.admit_lock:
                     if reason := self.admission(vm.shape.mem_mib):
                         raise self.refuse(reason, name)
@@ -280,11 +280,12 @@ class VmManager:
             try:
                 vm.pid = await self.backend.wake(spec)
             except (BackendError, OSError) as exc:
-                vm.reserved = vm.move_id is not None  # a moving copy keeps its room
+                vm.reserved = vm.move_role == "target"  # an arrived copy keeps its room
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid)
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # stale once the guest runs on
-            vm.files, vm.reserved, vm.move_id, vm.move_role = [], False, None, None
+            vm.files, vm.move_id, vm.move_role = [], None, None
+            vm.reserved = vm.return_room = False
             self.transition(vm, "running")
         return vm
 
@@ -424,7 +425,7 @@ class VmManager:
 
 
 def _holds_memory(vm: Vm) -> bool:
-    return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and vm.reserved)
+    return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and (vm.reserved or vm.return_room))
 
 
 def _check_mark(vm: Vm, move_id: str | None) -> None:

@@ -55,10 +55,12 @@ class Vm(Record):
     reason: Optional[str] = None  # why it failed, when it did
     move_id: Optional[str] = None  # set while a move owns this copy
     move_role: Optional[Literal["source", "target"]] = None  # which end of that move
-    # A sleeping copy a move owns keeps its memory reserved: the target so the
-    # wake completing the move cannot be refused, the source so a failed move
-    # can always wake back home.
+    # Memory a sleeping copy keeps: ``reserved`` on a copy that arrived by a
+    # move (so the wake completing it cannot be refused), ``return_room`` on
+    # the source copy of a VM that was running (so a failed move can always
+    # wake it back home).
     reserved: bool = False
+    return_room: bool = False
     pid: Optional[int] = None
     platform: dict[str, Any] = Field(default_factory=dict)
     files: list[StateFile] = Field(default_factory=list)
