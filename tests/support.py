@@ -169,20 +169,14 @@ class Postgres:
 def reap(marker: Path | str) -> int:
     """Kill every process whose command line mentions `marker` (a test's
     state dir): VMs outlive their agent by design, tests must not."""
+    from fuse.agent.backends.base import pids_mentioning
     n = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
+    for pid in pids_mentioning(marker):
         try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(marker).encode() in cmd:
-            try:
-                os.kill(int(proc.name), signal.SIGKILL)
-                n += 1
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except ProcessLookupError:
+            pass
     return n
 
 

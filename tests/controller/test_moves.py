@@ -232,7 +232,7 @@ def test_drain_empties_a_host_and_then_deregister_succeeds(fleet):
     for n in ("a", "b", "c"):
         fleet.client.vms.create(vm_body(n, host="old", mem=256))
     report = fleet.client.hosts.drain("old")
-    assert sorted(m["vm"] for m in report["moved"]) == ["a", "b", "c"] and report["stuck"] == []
+    assert sorted(m["vm"] for m in report["moved"]) == ["a", "b", "c"] and report["stuck"] == [], report
     assert fleet.client.hosts.get("old").state == "draining"
     assert fleet.host_vms("old") == {}
     assert sorted(fleet.host_vms("new")) == ["a", "b", "c"]

@@ -9,6 +9,7 @@ import time
 import pytest
 
 import fuse
+from fuse.agent.backends.base import pids_mentioning
 from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
 
 COUNTER = "i=0; while true; do echo n=$i; i=$((i+1)); sleep 0.2; done"
@@ -18,18 +19,9 @@ def numbers(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"n=(\d+)", text)]
 
 
+
 def qemu_running(marker) -> int:
-    import os
-    from pathlib import Path
-    n = 0
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes()
-            except OSError:
-                continue
-            n += b"qemu-system" in cmd and str(marker).encode() in cmd
-    return n
+    return len(pids_mentioning(marker, b"qemu-system"))
 
 
 @pytest.fixture

@@ -11,22 +11,14 @@ from pathlib import Path
 import pytest
 
 import fuse
+from fuse.agent.backends.base import pids_mentioning
 from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
+
 
 
 def qemu_pids(marker: Path) -> list[int]:
     """QEMU processes whose command line mentions `marker` (this test's tmp dir)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"qemu-system" in cmd and str(marker).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
+    return pids_mentioning(marker, b"qemu-system")
 
 
 @pytest.fixture

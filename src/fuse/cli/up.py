@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from ..agent.backends.base import pids_mentioning
+
 from .output import console, table
 
 ENTRY_START = "FUSE-ENTRY-START"  # what the guest's init prints before running the entry
@@ -109,24 +111,10 @@ def up(
             except subprocess.TimeoutExpired:
                 p.kill()
         # VMs outlive their agent by design; `up` started them, so `up` makes sure none is left.
-        for pid in _qemu_pids(state_dir):
+        for pid in pids_mentioning(state_dir, b"qemu-system"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-
-def _qemu_pids(state_dir: Path) -> list[int]:
-    """QEMU processes running from `state_dir` (their command lines name their VM dirs)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"qemu-system" in cmd.split(b"\0", 1)[0] and str(state_dir).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
 
 
 def _run_vm(client, name: str, entry: str, vcpus: int, mem_mib: int) -> None:

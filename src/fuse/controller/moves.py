@@ -41,6 +41,9 @@ from .store import moves as moves_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.moves")
 CHUNK = 4 * 1024 * 1024
+# Per-request limit while copying: a target whose network vanished must fail
+# the move (and bring the VM home) in bounded time, not hang it.
+IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
 ACTIVE = ("pending", "sleeping", "copying", "waking", "rolling_back")
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -248,28 +251,40 @@ class MoveService:
             "move_id": row["id"], "platform": vm.get("platform") or {}, "files": rec["files"],
             "vm": {"name": row["vm"], "shape": vm["shape"], "entry": vm["entry"], "bundle": vm["bundle"],
                    "bundle_fingerprint": vm["bundle_fingerprint"], "created_at": vm.get("created_at")}})
-        copied, chunk_no = 0, 0
+        plan = [(f, off, min(CHUNK, f["size"] - off)) for f in rec["files"] for off in range(0, f["size"], CHUNK)]
+        digests = {f["name"]: hashlib.sha256() for f in rec["files"]}
         corrupt = int(os.environ.get("FUSE_TEST_CORRUPT_CHUNK", "-1"))
-        for f in rec["files"]:
-            digest = hashlib.sha256()
-            for offset in range(0, max(f["size"], 1), CHUNK):
-                length = min(CHUNK, f["size"] - offset)
-                if length <= 0:
-                    break
-                data = (await self._host(row["source"], "GET", f"/v1/host/vms/{row['vm']}/files/{f['name']}",
-                                         params={"offset": offset, "length": length}, timeout=60)).content
-                if len(data) != length:
-                    raise FuseError(f"short read of {f['name']} at {offset}: {len(data)} of {length} bytes")
-                digest.update(data)
-                if chunk_no == corrupt:  # test hook: a chunk damaged in flight
+
+        async def fetch(i: int) -> bytes:
+            f, offset, length = plan[i]
+            data = (await self._host(row["source"], "GET", f"/v1/host/vms/{row['vm']}/files/{f['name']}",
+                                     params={"offset": offset, "length": length}, timeout=IO_TIMEOUT)).content
+            if len(data) != length:
+                raise FuseError(f"short read of {f['name']} at {offset}: {len(data)} of {length} bytes")
+            return data
+
+        # Read chunk n+1 from the source while chunk n goes to the target.
+        ahead = asyncio.create_task(fetch(0)) if plan else None
+        copied, saved_at = 0, time.monotonic()
+        try:
+            for i, (f, offset, length) in enumerate(plan):
+                data = await ahead
+                ahead = asyncio.create_task(fetch(i + 1)) if i + 1 < len(plan) else None
+                digests[f["name"]].update(data)
+                if i == corrupt:  # test hook: a chunk damaged in flight
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 await self._host(row["target"], "PUT", f"/v1/host/incoming/{row['id']}/files/{f['name']}",
-                                 params={"offset": offset}, content=data, timeout=60)
+                                 params={"offset": offset}, content=data, timeout=IO_TIMEOUT)
                 copied += length
-                chunk_no += 1
-                self._set(row["id"], copied_bytes=copied)
-                _crash_point(f"chunk:{chunk_no}")
-            if digest.hexdigest() != f["sha256"]:
+                if time.monotonic() - saved_at > 0.25 or i + 1 == len(plan) or os.environ.get("FUSE_TEST_CRASH_AT"):
+                    self._set(row["id"], copied_bytes=copied)
+                    saved_at = time.monotonic()
+                _crash_point(f"chunk:{i + 1}")
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+        for f in rec["files"]:
+            if digests[f["name"]].hexdigest() != f["sha256"]:
                 raise FuseError(f"file {f['name']} changed while copying (sha256 mismatch at the source)")
         await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
 
@@ -314,7 +329,7 @@ class MoveService:
         self._set(move_id, "failed", reason=reason, cleanup_pending=cleanup is not None)
 
     async def _abort_target(self, row: dict) -> None:
-        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=30)
+        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=IO_TIMEOUT)
 
     async def _wake_source(self, row: dict) -> None:
         src = row["source"]

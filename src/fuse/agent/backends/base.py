@@ -116,6 +116,24 @@ def process_alive(pid: int | None, marker: str) -> bool:
     return marker.encode() in cmdline
 
 
+def pids_mentioning(marker: str | Path, program: bytes | None = None) -> list[int]:
+    """Processes whose command line mentions ``marker`` (a state or VM dir)
+    and, when given, whose program name contains ``program``
+    (e.g. b"qemu-system"): how tools and tests find VMs a dir started."""
+    pids = []
+    needle = str(marker).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmd and (program is None or program in cmd.split(b"\0", 1)[0]):
+            pids.append(int(proc.name))
+    return pids
+
+
 def read_pidfile(path: Path) -> int | None:
     try:
         return int(path.read_text().split()[0])
