@@ -7,11 +7,15 @@
         capacity=fuse.HostCapacity(vm_count=20)))
 """
 
-from .client import ApiError, AsyncClient, Client, is_conflict, is_invalid_argument, is_not_found
-from .models.hosts import GPUDevice, Host, HostCapacity, HostPage, MIGInstance, RegisterHostRequest
-from .models.pool import (ElasticAssignment, ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost,
-                          ElasticNewHost, ElasticPlan, ElasticPlanRequest, ElasticRemoved, ElasticUnplaced, Prewarm,
-                          PrewarmOptions, PrewarmPlacement)
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
+    from .client import ApiError, AsyncClient, Client, is_conflict, is_invalid_argument, is_not_found
+    from .models.hosts import GPUDevice, Host, HostCapacity, HostPage, MIGInstance, RegisterHostRequest
+    from .models.pool import (ElasticAssignment, ElasticBudget, ElasticBudgetUpdate, ElasticDecision,
+                              ElasticHost, ElasticNewHost, ElasticPlan, ElasticPlanRequest, ElasticRemoved,
+                              ElasticUnplaced, Prewarm, PrewarmOptions, PrewarmPlacement)
 
 __version__ = "0.1.0"
 
@@ -42,3 +46,21 @@ __all__ = [
     "is_invalid_argument",
     "is_not_found",
 ]
+
+# Lazy exports: `fuse host relay` runs once per SSH channel and must start
+# fast, so importing the package does not pull in httpx and pydantic.
+_HOMES = {"fuse.client": ("ApiError", "AsyncClient", "Client", "is_conflict", "is_invalid_argument", "is_not_found"),
+          "fuse.models.hosts": ("GPUDevice", "Host", "HostCapacity", "HostPage", "MIGInstance", "RegisterHostRequest")}
+_HOME = {name: mod for mod, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module 'fuse' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME.get(name, "fuse.models.pool")), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

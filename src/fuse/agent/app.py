@@ -35,12 +35,8 @@ def agent_id(state_dir: Path) -> str:
 
 
 def _vm_manager(cfg: AgentConfig):
-    """The VM manager, when the VM layer is present (it holds the live
-    figures); None keeps the probe-only agent working."""
-    try:
-        from .vms import VmManager
-    except ImportError:
-        return None
+    """The VM manager: it holds the live figures and runs the VMs."""
+    from .vms import VmManager
     return VmManager(cfg.state_dir, backend=cfg.backend, ram_mb=cfg.facts["ram_mb"], cpus=cfg.facts["cpus"],
                      max_vms=cfg.max_vms, reserve_mib=cfg.reserve_mib)
 
@@ -82,10 +78,6 @@ def create_app(cfg: AgentConfig) -> FastAPI:
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live}
 
-    try:
-        from .api.vms import router as vms_router
-    except ImportError:
-        vms_router = None
-    if vms_router is not None:
-        app.include_router(vms_router)
+    from .api.vms import router as vms_router
+    app.include_router(vms_router)
     return app

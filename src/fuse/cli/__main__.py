@@ -1,3 +1,3 @@
-from .main import main
+from . import entry
 
-main()
+entry()

@@ -135,12 +135,10 @@ for _verb in ("cordon", "uncordon", "drain"):
 hosts_app.command("remove")(_action("deregister"))
 
 
-def _mount_optional() -> None:
-    try:
-        from . import fleet  # vms, move, moves, events, usage
-        fleet.mount(app)
-    except ImportError:
-        pass
+
+def _mount_fleet() -> None:
+    from . import fleet  # vms, events, usage, move, moves (it imports this module's client())
+    fleet.mount(app)
 
 
-_mount_optional()
+_mount_fleet()

@@ -130,8 +130,5 @@ def mount(app: typer.Typer) -> None:
     app.add_typer(vms_app, name="vms")
     app.command("events")(events)
     app.command("usage")(usage)
-    try:
-        from .moves import mount as mount_moves
-        mount_moves(app)
-    except ImportError:
-        pass
+    from .moves import mount as mount_moves
+    mount_moves(app)

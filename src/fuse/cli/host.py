@@ -69,19 +69,13 @@ def probe(state_dir: Path = typer.Option(None), json_: bool = typer.Option(False
         table(["fact", "value"], sorted(facts.items()), title="host probe")
 
 
-def _mount_optional() -> None:
-    """Sub-commands of other layers (relay, ca, cert) mount when present."""
-    try:
-        from .tls import ca_app, cert_app
-        app.add_typer(ca_app, name="ca")
-        app.add_typer(cert_app, name="cert")
-    except ImportError:
-        pass
-    try:
-        from .relay import relay
-        app.command()(relay)
-    except ImportError:
-        pass
+
+def _mount_subcommands() -> None:
+    from .relay import relay
+    from .tls import ca_app, cert_app
+    app.add_typer(ca_app, name="ca")
+    app.add_typer(cert_app, name="cert")
+    app.command()(relay)
 
 
-_mount_optional()
+_mount_subcommands()

@@ -91,7 +91,7 @@ def relay(
     socket: Optional[Path] = typer.Option(None, help="The agent socket (default: the standard one)."),
 ) -> None:
     """Hand this channel's requests to the local host agent (run by the controller over SSH)."""
-    from ..transport import default_agent_socket
+    from ..paths import default_agent_socket
 
     sock = _connect(socket or default_agent_socket())
     pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno())

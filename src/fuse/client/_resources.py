@@ -1,4 +1,5 @@
-"""Attach the resources beyond hosts to a client: one place that lists them."""
+"""Attach the resources beyond hosts to a client: one place that lists them
+(imported lazily so `import fuse` stays light)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,5 @@ def attach(client: Any) -> None:
 
     client.usage = usage
     for attr, (mod, cls) in RESOURCES.items():
-        try:
-            api = getattr(importlib.import_module(mod), cls)
-        except (ImportError, AttributeError):
-            continue
+        api = getattr(importlib.import_module(mod), cls)
         setattr(client, attr, api(client._send))

@@ -12,7 +12,12 @@ from fastapi.routing import APIRoute
 from .. import http_errors
 from ..auth import bearer_checker
 from .routes import controller as controller_routes
+from .routes import events as event_routes
 from .routes import hosts as host_routes
+from .routes import moves as move_routes
+from .routes import pool as pool_routes
+from .routes import usage as usage_routes
+from .routes import vms as vm_routes
 from .service import Controller
 
 
@@ -62,10 +67,6 @@ def create_app(ctl: Controller) -> FastAPI:
 
     app.include_router(host_routes.router, dependencies=auth)
     app.include_router(controller_routes.router, dependencies=auth)
-    for name in ("vms", "events", "usage", "moves", "pool", "prewarm"):
-        try:
-            mod = __import__(f"fuse.controller.routes.{name}", fromlist=["router"])
-        except ImportError:
-            continue
-        app.include_router(mod.router, dependencies=auth)
+    for routes in (vm_routes, event_routes, usage_routes, move_routes, pool_routes):
+        app.include_router(routes.router, dependencies=auth)
     return app

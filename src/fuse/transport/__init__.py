@@ -25,14 +25,7 @@ from typing import Any
 import httpx
 
 from ..errors import HostUnreachable
-
-
-def default_agent_socket() -> Path:
-    """Where `fuse host serve` puts its socket unless told otherwise."""
-    if os.geteuid() == 0:
-        return Path("/run/fuse-host.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "fuse-host.sock" if runtime else Path(f"/tmp/fuse-{os.getuid()}/fuse-host.sock")
+from ..paths import default_agent_socket  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
