@@ -238,3 +238,28 @@ def test_mlos_bench_cli_runs_trials_on_fuse_vms(fleet, tmp_path):
     assert calls == [["created", "vm"], ["vm", "bench-vm"], ["recreating", "vm"], ["created", "vm"],
                                   ["recreating", "vm"], ["created", "vm"], ["deleted", "vm"]], log[-3000:]
     assert vms(fleet.client) == []
+
+
+def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet):
+    # h3's own admission takes two VMs at a time.
+    small = start_agent(fleet.tmp, backend="fake", name="a3", extra=["--max-vms", "2"])
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(
+            id="h3", url=small.url, token=small.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=8, ram_mb=4096, cpus=4)))
+        svc = service(fleet)
+        with svc:
+            p = {"vmName": "roamer", "vcpus": 1, "memMiB": 128, "vmHost": "h3"}
+            assert provision(svc, p)[0] == Status.SUCCEEDED
+            assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
+            for i in range(2):  # while it sleeps, its host fills up
+                fleet.client.vms.create({"name": f"filler{i}", "shape": {"vcpus": 1, "mem_mib": 128},
+                                         "entry": "x", "host": "h3"})
+            status, out = provision(svc, {k: v for k, v in p.items() if k != "vmHost"})
+            assert status == Status.SUCCEEDED, out
+            vm = fleet.client.vms.get("roamer")
+            assert (vm["host"], vm["state"]) == ("h1", "running")
+            assert placed(fleet.client).count(("roamer", 1, 128)) == 1  # moved and woken, not recreated
+            assert [m["state"] for m in fleet.client.moves.list()] == ["done"]
+    finally:
+        small.stop()

@@ -238,8 +238,12 @@ class FuseVMService(Service):
                     vm = self.client.vms.wake(spec.name, host=vm["host"])
                     _LOG.info("fuse: woke vm %s on %s", spec.name, vm["host"])
                 except fuse.ApiError as err:
-                    _LOG.warning("fuse: vm %s did not wake (%s); recreating it", spec.name, err)
-                    changes = ["did not wake"]
+                    moved = self._wake_elsewhere(spec, vm) if err.code == "host_full" else None
+                    if moved is not None:
+                        vm = moved
+                    else:
+                        _LOG.warning("fuse: vm %s did not wake (%s); recreating it", spec.name, err)
+                        changes = ["did not wake"]
             elif vm["state"] in _GONE_STATES:
                 changes = [f"state {vm['state']}"]
             if changes:
@@ -253,6 +257,24 @@ class FuseVMService(Service):
         if vm["state"] != "running":
             raise OperationFailed(f"vm {spec.name} is {vm['state']} on {vm['host']}: {vm.get('reason') or ''}")
         return vm
+
+    def _wake_elsewhere(self, spec: "VmSpec", vm: dict) -> dict | None:
+        """Its host has no room now: move the sleeping VM (it stays asleep) to
+        the best host that has, and wake it there. None when that fails."""
+        try:
+            move = self.client.moves.create(spec.name, host=vm["host"])
+            deadline = time.monotonic() + self._poll_timeout
+            while move["state"] not in ("done", "failed") and time.monotonic() < deadline:
+                time.sleep(min(self._poll_interval, 1.0))
+                move = self.client.moves.get(move["id"])
+            if move["state"] != "done":
+                return None
+            woke = self.client.vms.wake(spec.name, host=move["to"])
+            _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
+            return woke
+        except fuse.ApiError as err:
+            _LOG.warning("fuse: vm %s could not wake elsewhere: %s", spec.name, err)
+            return None
 
     def _delete(self, name: str, host: str | None) -> None:
         try:
