@@ -248,3 +248,37 @@ def test_drain_reports_vms_that_cannot_move_and_uncordon_ends_it(fleet):
     assert fleet.running_copies("a") == ["only"]  # reported, not killed
     fleet.client.hosts.uncordon("only")
     assert fleet.client.hosts.get("only").state == "active"
+
+
+def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_ones(tmp_path, postgres):
+    db = postgres.create_db("fuse_moves_replicas")
+    a = start_controller(tmp_path, db=db, name="ctl-a", env={"FUSE_TEST_CRASH_AT": "chunk:2"})
+    b = start_controller(tmp_path, db=db, name="ctl-b")
+    agents = [start_agent(tmp_path, backend="fake", name=f"agent-{h}") for h in ("src", "dst")]
+    extra = []
+    try:
+        with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
+            for h, ag in zip(("src", "dst"), agents):
+                ca.hosts.register(fuse.RegisterHostRequest(id=h, url=ag.url, token=ag.token, backend="qemu",
+                                                           capacity=fuse.HostCapacity(vm_count=4)))
+            wait_until(lambda: all(h.connected for h in cb.hosts.list()), what="replica b sees the hosts")
+            ca.vms.create(vm_body("job1", host="src"))
+            m = ca.moves.create("job1", to="dst")  # replica a drives it, and dies at chunk 2
+            wait_until(lambda: a.popen.poll() is not None, timeout=60, what="replica a to die mid-copy")
+            m = wait_until(lambda: (x := cb.moves.get(m["id"]))["state"] in ("done", "failed") and x, timeout=60,
+                           what="replica b to take the move over")
+            assert m["state"] == "failed" and "stopped" in m["reason"]
+            vm = cb.vms.get("job1")
+            assert (vm["host"], vm["state"]) == ("src", "running")
+            # A replica starting while another drives a move leaves it alone.
+            cb.vms.create(vm_body("big", host="src", mem=16384))  # a 256 MiB image: a few seconds of copying
+            m2 = cb.moves.create("big", to="dst")
+            c = start_controller(tmp_path, db=db, name="ctl-c")
+            extra.append(c)
+            assert cb.moves.get(m2["id"])["state"] not in ("done", "failed")  # still under way as c starts
+            m2 = wait_until(lambda: (x := cb.moves.get(m2["id"]))["state"] in ("done", "failed") and x, timeout=90)
+            assert m2["state"] == "done", m2
+    finally:
+        for p in (a, b, *agents, *extra):
+            p.stop()
+        reap(tmp_path)

@@ -22,6 +22,11 @@ already woke the VM (forward: remove the source) and rolls back every other
 (abort the target's incoming side, wake the source). A target that cannot
 be reached for the abort is remembered (`cleanup`) and retried until it
 answers, so no reservation or half-copied file outlives the move.
+
+Several controller replicas may share one store: each move carries its
+driver (`owner`) and a lease the driver renews every second. Recovery takes
+over only moves whose lease ran out, under a row lock, so a live replica's
+move is never rolled back by another.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ CHUNK = 4 * 1024 * 1024
 # the move (and bring the VM home) in bounded time, not hang it.
 IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
 ACTIVE = ("pending", "sleeping", "copying", "waking", "rolling_back")
+# A move belongs to the controller that drives it for as long as it renews
+# its lease; with several replicas on one PostgreSQL store, a replica takes
+# over (finishes or rolls back) only moves whose driver stopped renewing.
+LEASE_S = float(os.environ.get("FUSE_MOVE_LEASE_S", "5"))
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"sleeping", "rolling_back"}),
@@ -114,6 +123,8 @@ class MoveService:
         with self.store.tx() as c:
             row = dict(c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().one())
             record = dict(row["record"] or {}, **rec)
+            if record.get("owner") == self.ctl.instance:
+                record["lease_until"] = time.time() + LEASE_S
             values: dict[str, Any] = {"record": record, "updated_at": time.time()}
             if state is not None and state != row["state"]:
                 if state not in TRANSITIONS[row["state"]]:
@@ -153,7 +164,8 @@ class MoveService:
                 c.execute(insert(moves_t).values(
                     id=move_id, vm=name, source=source, target=target, state="pending", created_at=now, updated_at=now,
                     record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
-                            "history": [{"state": "pending", "time": now}], "vm": vm}))
+                            "history": [{"state": "pending", "time": now}], "vm": vm,
+                            "owner": self.ctl.instance, "lease_until": now + LEASE_S}))
                 self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "pending", "target": target},
                                      host=source, conn=c)
             self.fleet.changed.set()
@@ -345,12 +357,41 @@ class MoveService:
 
     # ---- after a restart -----------------------------------------------------
     async def resume(self) -> None:
-        """Finish or roll back every move a previous controller left open."""
+        """Start renewing leases and recovering moves whose driver is gone
+        (a previous run of this controller, or a replica that died)."""
+        self._janitor = asyncio.create_task(self._janitor_loop())
+
+    def _claim(self, move_id: str) -> dict | None:
+        """Take over an active move whose lease ran out (row-locked, so two
+        replicas never both take it). Returns the row, or None."""
+        with self.store.tx() as c:
+            q = select(moves_t).where(moves_t.c.id == move_id)
+            if not self.store.is_sqlite:
+                q = q.with_for_update()
+            row = c.execute(q).mappings().first()
+            if row is None or row["state"] not in ACTIVE:
+                return None
+            rec = dict(row["record"] or {})
+            if rec.get("owner") != self.ctl.instance and rec.get("lease_until", 0) > time.time():
+                return None
+            rec.update(owner=self.ctl.instance, lease_until=time.time() + LEASE_S)
+            c.execute(update(moves_t).where(moves_t.c.id == move_id).values(record=rec))
+            return dict(row, record=rec)
+
+    def _renew_and_recover(self) -> None:
         with self.store.read() as c:
             rows = [dict(r) for r in c.execute(select(moves_t).where(moves_t.c.state.in_(ACTIVE))).mappings()]
+        now = time.time()
         for row in rows:
-            self._tasks[row["id"]] = asyncio.create_task(self._recover(row))
-        self._janitor = asyncio.create_task(self._janitor_loop())
+            mine = (row["record"] or {}).get("owner") == self.ctl.instance
+            running = row["id"] in self._tasks and not self._tasks[row["id"]].done()
+            if mine and running:
+                with self.store.tx() as c:  # renew
+                    rec = dict(row["record"], lease_until=now + LEASE_S)
+                    c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
+            elif not running and (claimed := self._claim(row["id"])) is not None:
+                log.warning("move %s: taking over from %s", row["id"], (row["record"] or {}).get("owner"))
+                self._tasks[row["id"]] = asyncio.create_task(self._recover(claimed))
 
     async def _recover(self, row: dict) -> None:
         move_id = row["id"]
@@ -360,7 +401,8 @@ class MoveService:
                     self._set(move_id, "done")
                     await self._finish(self._row(move_id))
                     return
-                reason = row["record"].get("reason") or f"controller restarted during {row['state']}"
+                reason = row["record"].get("reason") or (
+                    f"the controller driving the move stopped (restarted or died) during {row['state']}")
                 await self._rollback(move_id, reason)
                 if self._row(move_id)["state"] == "failed":
                     return
@@ -385,9 +427,18 @@ class MoveService:
         return False
 
     async def _janitor_loop(self) -> None:
-        """Retry what a failed or finished move could not tidy at once."""
+        """Renew leases, recover orphaned moves, and retry what a failed or
+        finished move could not tidy at once."""
+        tick = 0
         while True:
-            await asyncio.sleep(2)
+            try:
+                self._renew_and_recover()
+            except Exception:  # the store may blip; try again next second
+                log.exception("move leases")
+            await asyncio.sleep(1)
+            tick += 1
+            if tick % 2:
+                continue
             for m in self.list():
                 row = self._row(m["id"])
                 rec = row["record"] or {}

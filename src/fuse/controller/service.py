@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ class Controller:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(engine_url(db, self.state_dir))
+        self.instance = secrets.token_hex(6)  # this run of this replica (owns the moves it drives)
         self.token = token
         self.poll_interval = poll_interval
         self.fleet = None  # the pollers, once started (fuse.controller.fleet)
