@@ -117,7 +117,7 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
     for offset in reversed(range(0, size, CHUNK)):
         data = (await src.client.get("/v1/host/vms/counter/files/state.bin",
                                      params={"offset": offset, "length": CHUNK})).content
-        r = await dst.client.put(f"/v1/host/incoming/mv1/files/state.bin", params={"offset": offset},
+        r = await dst.client.put("/v1/host/incoming/mv1/files/state.bin", params={"offset": offset},
                                  content=data)
         assert r.status_code == 200, r.text
     installed = (await dst.client.post("/v1/host/incoming/mv1/install")).json()

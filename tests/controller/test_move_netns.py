@@ -9,7 +9,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 
 import pytest
 

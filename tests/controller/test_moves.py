@@ -126,7 +126,6 @@ def test_refusals(fleet, tmp_path, case, code):
         kw = {"to": "src"}
     elif case == "exited vm":
         fleet.client.vms.create(vm_body("quick", host="src"))
-        a = fleet.agents["src"]
         # Kill the stand-in's process: the agent sees it exit.
         import os, signal
         pid = fleet.host_vms("src")["quick"]["pid"]
@@ -145,7 +144,6 @@ def test_refusals(fleet, tmp_path, case, code):
         fleet.agents["dst"].stop()
         wait_until(lambda: not fleet.client.hosts.get("dst").connected, what="disconnect")
     elif case == "other bundle":
-        import json
         from support import fake_bundle
         fleet.agents["dst"].stop()
         fake_bundle(fleet.agents["dst"].state_dir, fingerprint="another-bundle")

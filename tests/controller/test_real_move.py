@@ -4,7 +4,6 @@ carries on counting on the target."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 

@@ -9,7 +9,6 @@ A table for people; ``--json`` prints the ElasticPlan for programs.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 

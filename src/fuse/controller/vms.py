@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from typing import Any, Optional
 
 import numpy as np
@@ -13,7 +12,6 @@ from pydantic import ValidationError
 
 from ..errors import AmbiguousVm, FleetFull, FuseError, HostUnreachable, InvalidArgument, NotFound, VmExists
 from ..models.vm import CreateVmRequest
-from ..transport import HostConnection
 from .placement import FleetArrays, rank
 from .resources import Resources
 from .store import vms as vms_t

@@ -15,11 +15,9 @@ the same host API and turns every way of not getting there into
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
