@@ -64,37 +64,60 @@ class Formulation:
                 self.m.add_hint(var, solver.value(src))
 
 
-def undominated_offers(model: PlanModel) -> list[int]:
-    """Offer indices worth modelling: t is dropped when another offer t' is at least as
-    big, no dearer for any duration, boots no slower, has no limit or quota of its own,
-    and every rule that admits a group to t admits it to t' (same arch, KVM, metal,
-    provider, region, and no group pins t's type). Any plan using t can use t' instead
-    at no more cost, so dropping t keeps the optimum and the bound valid."""
-    c, offers = model.constraints, model.offers
-    pinned = {g.instance_type for g in model.groups if g.instance_type}
-    keep = []
+def dominators(model: PlanModel) -> dict[int, int]:
+    """Offer t -> an offer u that dominates it (resolved to one that is itself kept).
+
+    u dominates t when every group admitted to t (rules and size) is admitted
+    to u, u is at least as big (vCPUs and memory), no dearer per hour (the
+    hourly cap), no dearer billed for any duration of those groups, has no
+    limit, no capped quota family and is not a one-VM sandbox, and either boots
+    no slower or is strictly cheaper for every such duration. Then any plan can
+    swap each t machine for a u machine at no more cost (strictly less in the
+    second case, so t is in no optimal plan) and no cap breaks: dropping t keeps
+    the optimum and the bound. Arch only matters through the groups: with no
+    arch pin amd64 and arm64 types compete. Of two equal offers the first stays.
+    Offers pinned by a group's instance_type and one-VM sandboxes are never dropped.
+    """
+    c, offers, groups = model.constraints, model.offers, model.groups
+    pinned = {g.instance_type for g in groups if g.instance_type}
+    admits = [frozenset(g for g, grp in enumerate(groups) if offer_reject(grp, o, c) is None) for o in offers]
+    dom: dict[int, int] = {}
     for t, o in enumerate(offers):
-        dominated = False
-        if not o.one_space and o.type_name not in pinned:
-            for u, p in enumerate(offers):
-                if u == t or p.one_space or p.limit is not None or p.quota_family in c.quotas:
-                    continue
-                if (p.arch, p.kvm, p.metal, p.provider, p.region) != (o.arch, o.kvm, o.metal, o.provider, o.region):
-                    continue
-                if p.vcpus < o.vcpus or p.mem_mib < o.mem_mib or p.usd_per_hour > o.usd_per_hour:
-                    continue
-                if p.boot_secs > o.boot_secs or p.billing_min_secs > o.billing_min_secs:
-                    continue
-                if p.billing_step_secs != o.billing_step_secs:
-                    continue
-                same = (p.vcpus, p.mem_mib, p.usd_per_hour, p.boot_secs, p.billing_min_secs) == \
-                       (o.vcpus, o.mem_mib, o.usd_per_hour, o.boot_secs, o.billing_min_secs)
-                if not same or u < t:  # of two identical offers keep the first
-                    dominated = True
-                    break
-        if not dominated:
-            keep.append(t)
-    return keep
+        if o.one_space or o.type_name in pinned or not admits[t]:
+            continue  # an offer no group may use has no variables anyway
+        durs = sorted({groups[g].duration_secs for g in admits[t]})
+        cost_t = [o.usd_per_hour * billed_secs(o, d) for d in durs]
+        for u, p in enumerate(offers):
+            if u == t or p.one_space or p.limit is not None or p.quota_family in c.quotas:
+                continue
+            if p.vcpus < o.vcpus or p.mem_mib < o.mem_mib or p.usd_per_hour > o.usd_per_hour:
+                continue
+            if not admits[t] <= admits[u]:
+                continue
+            cost_u = [p.usd_per_hour * billed_secs(p, d) for d in durs]
+            if any(a > b + 1e-12 for a, b in zip(cost_u, cost_t)):
+                continue
+            strict = all(a < b - 1e-12 for a, b in zip(cost_u, cost_t))
+            if p.boot_secs > o.boot_secs and not strict:
+                continue
+            same = (p.vcpus, p.mem_mib, p.usd_per_hour, p.boot_secs, admits[u], cost_u) == \
+                   (o.vcpus, o.mem_mib, o.usd_per_hour, o.boot_secs, admits[t], cost_t)
+            if not same or u < t:  # of two equal offers keep the first
+                dom[t] = u
+                break
+    for t in list(dom):  # follow chains to a kept offer (dominance is transitive)
+        u, seen = dom[t], {t}
+        while u in dom and u not in seen:  # no cycles (a strict order), guarded all the same
+            seen.add(u)
+            u = dom[u]
+        dom[t] = u
+    return dom
+
+
+def undominated_offers(model: PlanModel) -> list[int]:
+    """Offer indices worth modelling: those no other offer dominates (see ``dominators``)."""
+    dom = dominators(model)
+    return [t for t in range(len(model.offers)) if t not in dom]
 
 
 def build(model: PlanModel, kept: list[int]) -> Formulation:

@@ -48,6 +48,14 @@ unpacked VMs are completed by first-fit (``exact-incumbent``), and the answer
 is compared against first-fit decreasing on the whole model: the better one
 (more VMs placed, then cheaper) is returned, labelled by who produced it.
 
+Before the aggregate model, ``patterns`` solves the whole-machine pattern model
+(Gilmore–Gomory, column generation priced by a per-type knapsack DP, HiGHS for
+the LP and the integer master) on half the time: its plans pack by
+construction and its LP bound is valid. It answers ``exact`` when its plan
+meets a bound; else the better plan of the two is kept and the bound is the
+larger of the two (each bounds every plan placing the target). Offers are
+first pruned by dominance (``formulation.dominators``).
+
 ``lower_bound_usd`` = ⌈bound⌉ / 10⁶, where ``bound`` is CP-SAT's proven bound on stage 2 (re-solved for the plan's placed count when the answer
 places fewer VMs than stage 1 found); it equals ``projected_usd`` when exact.
 """
@@ -93,6 +101,44 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
         elif st == "feasible":
             target = max(base_placed, int(round(solver.objective_value)))
 
+    # the whole-machine pattern model first (it packs by construction), on part of the time
+    share = deadline - 0.5 * (deadline - time.monotonic())
+    pat = _patterns(model, kept, target, base, share)
+    if pat is not None and pat[2]:
+        return pat[0], "exact", cost_usd(model, pat[0]), []
+    sol, solver, lb, notes = _aggregate(model, kept, base, target, deadline)
+    if pat is None or solver == "exact":
+        return sol, solver, lb, notes
+    psol, plb, _ = pat
+    if sum(psol.placed(len(model.groups))) < target or violations(model, psol) or not better(model, psol, sol):
+        if sum(sol.placed(len(model.groups))) >= target:
+            lb = max(lb, plb)  # both bound every plan placing the target (see the docstring)
+        return sol, solver, min(lb, cost_usd(model, sol)), notes
+    lb = max(lb, plb)
+    cost = cost_usd(model, psol)
+    if cost <= lb + 1e-6:
+        return psol, "exact", cost, []
+    return psol, "exact-incumbent", lb, ["time limit reached"]
+
+
+def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution,
+              deadline: float) -> tuple[Solution, float, bool] | None:
+    """The pattern model's (plan, bound, proven), or None when it does not apply."""
+    from fuse.controller.pool import patterns
+
+    got = patterns.solve(model, kept, target, base, deadline)
+    if got is None:
+        return None
+    sol, lb, proven = got
+    sol = patterns.prefer_existing(model, sol)
+    if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
+        return None
+    return sol, min(lb, cost_usd(model, sol)), proven and cost_usd(model, sol) <= lb + 1e-6
+
+
+def _aggregate(model: PlanModel, kept: list[int], base: Solution, target: int,
+               deadline: float) -> tuple[Solution, str, float, list[str]]:
+    """Stages 2 and 3 on the aggregate CP-SAT model, packed and repaired."""
     f = F.build(model, kept)
     f.m.add(sum(f.placed) >= target)
     f.m.minimize(f.cost)

@@ -1,0 +1,477 @@
+"""The whole-machine pattern model (Gilmore–Gomory), solved by column generation.
+
+A *pattern* j of type t and billing class k is what one new machine holds:
+a_gj VMs of each group g allowed on t with d_g ≤ δ_k, within the machine's
+vCPUs and memory (``together`` groups all or nothing, one VM on a one-VM
+sandbox). It costs κ_tk = r_t·b_tk/3600 USD. Machines are whole, so unlike the
+aggregate model every answer here packs as it is.
+
+Master (rows written as ≤ for HiGHS; duals y ≤ 0, π_g = −y_cover,g ≥ 0):
+  min  Σ_j κ_j λ_j + Σ_h e_h
+  s.t. Σ_h x_gh + Σ_j a_gj λ_j ≥ p_g          (cover; together: unit w, u)
+       Σ_g p_g ≥ target,  p_g ≤ n_g
+       host capacity, running-host extra cost as in ``formulation``
+       caps: Σ_{j∈t} λ_j ≤ limit_t, Σ λ_j ≤ max_new_hosts, Σ r_t λ_j ≤ max_usd/h,
+             Σ_{t∈f} vcpus_t λ_j ≤ quota_f, cost ≤ monthly_usd_left
+  λ_j ∈ ℕ (integer in the final solve; ≥ 0 in the LP).
+
+Pricing: the reduced cost of a pattern is κ_tk + μ_tk − Σ_g π_g a_g, with
+μ_tk ≥ 0 the caps' duals times the column's cap coefficients. The best pattern
+per type is a two-dimensional bounded knapsack (vCPUs × memory in units of
+the groups' common divisor), solved by one numpy dynamic programme per type;
+groups enter in order of duration, so the programme's value after the groups
+of class k is that class's best pattern. A cheap fractional bound skips types
+that cannot price out.
+
+Bound: at any iteration, with z the restricted LP's optimum and U_tk an upper
+bound on the machines of (t, k), LB = z + Σ_tk min(0, rc_tk)·U_tk is a valid
+lower bound on every integer plan (Lagrangian / Farley argument); when no
+column prices out it is the LP optimum of the full pattern model. The final
+integer master over the generated columns gives the plan; it is proven optimal
+when its cost meets LB.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fuse.controller.pool.model import (
+    PlanModel,
+    billed_secs,
+    extra_secs,
+    fits_per_machine,
+    host_reject,
+    host_vcpus,
+    offer_reject,
+    offer_vcpus,
+)
+from fuse.controller.pool.solution import Machine, Solution, cost_usd
+
+MAX_CELLS = 2_000_000  # DP table cells per type; beyond it the pattern model is not used
+EPS = 1e-9
+
+
+@dataclass
+class _Type:
+    t: int
+    deltas: list[int]  # class durations, ascending
+    kappa: list[float]  # USD per machine per class
+    groups: list[int]  # allowed groups, by duration then index
+    q: dict[int, int]  # VMs of g one machine holds
+    cap_cpu: int
+    cap_mem: int
+    ub: int  # machines of the type any useful plan could use
+
+
+def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
+    c, groups = model.constraints, model.groups
+    out = []
+    total = sum(g.count for g in groups)
+    for t in kept:
+        o = model.offers[t]
+        ok = [g for g, grp in enumerate(groups) if offer_reject(grp, o, c) is None and grp.count > 0]
+        if not ok:
+            continue
+        ok.sort(key=lambda g: (groups[g].duration_secs, g))
+        deltas = sorted({groups[g].duration_secs for g in ok})
+        cap_cpu = offer_vcpus(o, c)
+        q = {g: 1 if o.one_space else fits_per_machine(groups[g], cap_cpu, o.mem_mib) for g in ok}
+        ub = min(total, sum(groups[g].count for g in ok))
+        for lim in (o.limit, None if o.one_space else c.max_new_hosts):
+            if lim is not None:
+                ub = min(ub, lim)
+        out.append(_Type(t, deltas, [o.usd_per_hour * billed_secs(o, d) / 3600 for d in deltas],
+                         ok, q, cap_cpu, o.mem_mib, ub))
+    return out
+
+
+class _Master:
+    """Columns and rows of the master; ``lp``/``mip`` solve it with HiGHS."""
+
+    def __init__(self, model: PlanModel, types: list[_Type], target: int):
+        self.model, self.types, self.target = model, types, target
+        c, groups = model.constraints, model.groups
+        G = len(groups)
+        self.rows: list[str] = []
+        self.b: list[float] = []
+        self.cols_c: list[float] = []
+        self.cols_a: list[dict[int, float]] = []
+        self.bounds: list[tuple[float, float]] = []
+        self.integral: list[int] = []
+        self.kind: list[tuple] = []
+
+        def row(name: str, rhs: float) -> int:
+            self.rows.append(name)
+            self.b.append(rhs)
+            return len(self.rows) - 1
+
+        self.cover = [row(f"cover{g}", 0.0) for g in range(G)]
+        self.target_row = row("target", -float(target))
+        # placed p_g (together: n_g·u_g)
+        for g, grp in enumerate(groups):
+            col = {self.cover[g]: 1.0, self.target_row: -1.0}
+            if grp.together:
+                self._col(0.0, {r: v * grp.count for r, v in col.items()}, (0, 1), 1, ("p", g))
+            else:
+                self._col(0.0, col, (0, grp.count), 1, ("p", g))
+        # existing hosts: explicit, so exact
+        for h, host in enumerate(model.hosts):
+            rc, rm = row(f"cpu{h}", host_vcpus(host, c)), row(f"mem{h}", host.mem_mib)
+            extras = []
+            for g, grp in enumerate(groups):
+                if grp.count == 0 or host_reject(grp, host, c) is not None:
+                    continue
+                unit = grp.count if grp.together else 1
+                hi = 1 if grp.together else min(grp.count, fits_per_machine(grp, host_vcpus(host, c), host.mem_mib))
+                col = {self.cover[g]: -unit, rc: grp.cpus * unit, rm: grp.mem_mib * unit}
+                kappa = host.usd_per_hour * extra_secs(host, grp.duration_secs) / 3600
+                if kappa > 0:
+                    ry = row(f"y{g}_{h}", 0.0)
+                    col[ry] = unit
+                    extras.append((kappa, ry, grp.count))
+                self._col(0.0, col, (0, hi), 1, ("x", g, h, unit))
+            if extras:
+                re = [row(f"e{h}_{i}", 0.0) for i in range(len(extras))]
+                self.e_col = self._col(1.0, {r: -1.0 for r in re}, (0, math.inf), 0, ("e", h))
+                for (kappa, ry, n), r in zip(extras, re):
+                    # x ≤ n·y, e ≥ κ·y, y ∈ {0,1}
+                    self._col(0.0, {ry: -n, r: kappa}, (0, 1), 1, ("y",))
+        # caps: rows whose coefficients depend only on (t, k)
+        self.caps: list[tuple[int, dict[tuple[int, int], float]]] = []
+        for ty in types:
+            o = model.offers[ty.t]
+            if o.limit is not None:
+                self.caps.append((row(f"limit{ty.t}", o.limit), {(ty.t, k): 1.0 for k in range(len(ty.deltas))}))
+        if c.max_new_hosts is not None:
+            self.caps.append((row("max_new_hosts", c.max_new_hosts), {
+                (ty.t, k): 1.0 for ty in types if not model.offers[ty.t].one_space for k in range(len(ty.deltas))}))
+        if c.max_usd_per_hour is not None:
+            self.caps.append((row("max_usd", c.max_usd_per_hour + 1e-9), {
+                (ty.t, k): model.offers[ty.t].usd_per_hour for ty in types for k in range(len(ty.deltas))}))
+        for fam, quota in sorted(c.quotas.items()):
+            self.caps.append((row(f"quota{fam}", quota), {
+                (ty.t, k): model.offers[ty.t].vcpus for ty in types
+                if model.offers[ty.t].quota_family == fam for k in range(len(ty.deltas))}))
+        self.monthly = None
+        if c.monthly_usd_left is not None:
+            self.monthly = row("monthly", c.monthly_usd_left + 1e-7)
+            for j, kind in enumerate(self.kind):
+                if kind[0] == "e":
+                    self.cols_a[j][self.monthly] = 1.0
+        self.patterns: set[tuple[int, int, tuple[int, ...]]] = set()
+
+    def _col(self, cost: float, a: dict[int, float], bounds, integral: int, kind: tuple) -> int:
+        self.cols_c.append(cost)
+        self.cols_a.append(a)
+        self.bounds.append(bounds)
+        self.integral.append(integral)
+        self.kind.append(kind)
+        return len(self.cols_c) - 1
+
+    def add_pattern(self, ty: _Type, k: int, counts: dict[int, int]) -> bool:
+        key = (ty.t, k, tuple(sorted((g, n) for g, n in counts.items() if n)))
+        if not key[2] or key in self.patterns:
+            return False
+        self.patterns.add(key)
+        col: dict[int, float] = {self.cover[g]: -float(n) for g, n in counts.items() if n}
+        for r, coef in self.caps:
+            if (ty.t, k) in coef and coef[ty.t, k]:
+                col[r] = coef[ty.t, k]
+        if self.monthly is not None:
+            col[self.monthly] = ty.kappa[k]
+        self._col(ty.kappa[k], col, (0, ty.ub), 1, ("pat", ty.t, k, dict(counts)))
+        return True
+
+    def _matrix(self):
+        from scipy.sparse import csc_matrix
+
+        data, rows, cols = [], [], []
+        for j, a in enumerate(self.cols_a):
+            for r, v in a.items():
+                rows.append(r)
+                cols.append(j)
+                data.append(v)
+        return csc_matrix((data, (rows, cols)), shape=(len(self.rows), len(self.cols_c)))
+
+    def lp(self):
+        from scipy.optimize import linprog
+
+        res = linprog(np.array(self.cols_c), A_ub=self._matrix(), b_ub=np.array(self.b),
+                      bounds=self.bounds, method="highs")
+        return res
+
+    def mip(self, time_limit: float):
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        lo = np.array([b[0] for b in self.bounds], dtype=float)
+        hi = np.array([b[1] for b in self.bounds], dtype=float)
+        return milp(np.array(self.cols_c), integrality=np.array(self.integral),
+                    bounds=Bounds(lo, hi),
+                    constraints=LinearConstraint(self._matrix(), -np.inf, np.array(self.b)),
+                    options={"time_limit": max(time_limit, 0.05), "disp": False, "mip_rel_gap": 0.0})
+
+
+def _frac_bound(vals: list[tuple[float, int, int, int]], cap_cpu: int, cap_mem: int) -> float:
+    """An upper bound on Σ π a: the smaller of the two one-resource fractional knapsacks."""
+    best = math.inf
+    for dim, cap in ((1, cap_cpu), (2, cap_mem)):
+        left, v = float(cap), 0.0
+        for val, wc, wm, u in sorted(vals, key=lambda it: -it[0] / (it[dim] or 1e-12)):
+            w = (wc, wm)[dim - 1]
+            take = min(u, left / w) if w else u
+            v += take * val
+            left -= take * w
+            if left <= 0:
+                break
+        best = min(best, v)
+    return best
+
+
+def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list[tuple[float, int, dict[int, int]]]:
+    """(reduced cost, class, pattern) of the best pattern of each class of ``ty`` that prices out."""
+    groups = model.groups
+    o = model.offers[ty.t]
+    out = []
+    if o.one_space:
+        for k, delta in enumerate(ty.deltas):
+            cand = [(pi[g], g) for g in ty.groups if groups[g].duration_secs <= delta and ty.q[g] >= 1
+                    and (not groups[g].together or groups[g].count == 1)]
+            if cand:
+                v, g = max(cand)
+                rc = ty.kappa[k] + mu[k] - v
+                if rc < -1e-7:
+                    out.append((rc, k, {g: 1}))
+        return out
+    # cheap screen: can any class price out?
+    items = []
+    for g in ty.groups:
+        grp = groups[g]
+        if pi[g] <= EPS:
+            continue
+        if grp.together:
+            items.append((g, pi[g] * grp.count, grp.cpus * grp.count, grp.mem_mib * grp.count, 1, grp.count))
+        else:
+            u = min(ty.q[g], grp.count)
+            if u > 0:
+                items.append((g, pi[g], grp.cpus, grp.mem_mib, u, 1))
+    promising = []
+    for k, delta in enumerate(ty.deltas):
+        vals = [(v, wc, wm, u) for g, v, wc, wm, u, _ in items if groups[g].duration_secs <= delta]
+        if vals and ty.kappa[k] + mu[k] - _frac_bound(vals, ty.cap_cpu, ty.cap_mem) < -1e-7:
+            promising.append(k)
+    if not promising:
+        return out
+    unit = 0
+    for _, _, _, wm, _, _ in items:
+        unit = math.gcd(unit, wm)
+    unit = math.gcd(unit, ty.cap_mem) or 1
+    C, M = ty.cap_cpu, ty.cap_mem // unit
+    if (C + 1) * (M + 1) > MAX_CELLS:
+        raise _TooBig
+    f = np.zeros((C + 1, M + 1))
+    copies: list[tuple[int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, taken mask)
+    stage_end = {}
+    last_k = max(promising)
+    for k, delta in enumerate(ty.deltas):
+        if k > last_k:
+            break
+        for g, v, wc, wm, u, mult in items:
+            if groups[g].duration_secs != delta:
+                continue
+            wm //= unit
+            m = 1
+            while u > 0:  # binary split of the bound
+                n = min(m, u)
+                u -= n
+                m *= 2
+                cw, mw = wc * n, wm * n
+                if cw > C or mw > M:
+                    break
+                cand = f[:C + 1 - cw, :M + 1 - mw] + v * n
+                mask = np.zeros(f.shape, dtype=bool)
+                sub = f[cw:, mw:]
+                mask[cw:, mw:] = cand > sub + 1e-12
+                np.maximum(sub, cand, out=sub)
+                copies.append((g, n * mult, cw, mw, mask))
+        stage_end[k] = len(copies)
+    for k in promising:
+        counts = _backtrack(copies[:stage_end[k]], C, M)
+        val = sum(pi[g] * n for g, n in counts.items())
+        rc = ty.kappa[k] + mu[k] - val
+        if rc < -1e-7 and counts:
+            out.append((rc, k, counts))
+    return out
+
+
+def _backtrack(copies, C: int, M: int) -> dict[int, int]:
+    """The pattern the DP took at (C, M) using the first ``len(copies)`` item copies.
+
+    mask_i marks the states where copy i improved the table at its stage; walking
+    the copies backwards from the full machine replays those choices."""
+    c, m, counts = C, M, {}
+    for g, n, cw, mw, mask in reversed(copies):
+        if mask[c, m]:
+            counts[g] = counts.get(g, 0) + n
+            c -= cw
+            m -= mw
+    return counts
+
+
+class _TooBig(Exception):
+    pass
+
+
+def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
+          deadline: float) -> tuple[Solution, float, bool] | None:
+    """(plan, valid lower bound USD, proven optimal) from the pattern model, or None
+    when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of time)."""
+    c, groups = model.constraints, model.groups
+    if c.exact_new_hosts is not None:
+        return None
+    types = _types(model, kept)
+    by_t = {ty.t: ty for ty in types}
+    master = _Master(model, types, target)
+    # seed: the FFD machines as patterns (mapped to kept dominators), and one
+    # single-group full pattern per (type, class)
+    from fuse.controller.pool.formulation import dominators
+
+    dom = dominators(model)
+    for mach in start.machines:
+        ty = by_t.get(dom.get(mach.offer, mach.offer))
+        if ty is None:
+            continue
+        d = max(groups[g].duration_secs for g, n in mach.counts.items() if n)
+        if d in ty.deltas:
+            master.add_pattern(ty, ty.deltas.index(d), mach.counts)
+    for ty in types:
+        for k, delta in enumerate(ty.deltas):
+            for g in ty.groups:
+                grp = groups[g]
+                if grp.duration_secs == delta:
+                    master.add_pattern(ty, k, {g: grp.count if grp.together else min(grp.count, ty.q[g])})
+    lb = 0.0
+    converged = False
+    try:
+        while time.monotonic() < deadline:
+            res = master.lp()
+            if res.status != 0:
+                return None
+            y = res.ineqlin.marginals  # ≤ 0
+            pi = np.array([-y[r] for r in master.cover])
+            new, lag = 0, res.fun
+            for ty in types:
+                mu = []
+                for k in range(len(ty.deltas)):
+                    v = sum(-y[r] * coef.get((ty.t, k), 0.0) for r, coef in master.caps)
+                    if master.monthly is not None:
+                        v += -y[master.monthly] * ty.kappa[k]
+                    mu.append(v)
+                found = _price(model, ty, pi, mu)
+                best = {}
+                for rc, k, counts in found:
+                    new += master.add_pattern(ty, k, counts)
+                    best[k] = min(best.get(k, 0.0), rc)
+                lag += sum(rc * ty.ub for rc in best.values())
+            lb = max(lb, lag)
+            if new == 0:
+                converged = True
+                break
+    except _TooBig:
+        return None
+    if not converged and lb <= 0:
+        return None
+    res = master.mip(deadline - time.monotonic())
+    if res.x is None:
+        return None
+    sol = _extract(model, master, res.x)
+    lb = max(0.0, lb - 1e-7 * max(1.0, abs(lb)))  # HiGHS tolerances
+    cost = cost_usd(model, sol)
+    proven = converged and cost <= lb + 1e-6
+    return sol, min(lb, cost), proven
+
+
+def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
+    groups = model.groups
+    want = [0] * len(groups)
+    sol = Solution()
+    for j, kind in enumerate(master.kind):
+        v = int(round(x[j]))
+        if kind[0] == "p":
+            want[kind[1]] = v * (groups[kind[1]].count if groups[kind[1]].together else 1)
+    left = list(want)
+    for j, kind in enumerate(master.kind):
+        v = int(round(x[j]))
+        if kind[0] == "x" and v:
+            g, h, unit = kind[1], kind[2], kind[3]
+            n = min(v * unit, left[g])
+            if groups[g].together and n < groups[g].count:
+                n = 0
+            if n:
+                sol.on_hosts[g, h] = n
+                left[g] -= n
+    for j, kind in enumerate(master.kind):
+        v = int(round(x[j]))
+        if kind[0] != "pat" or not v:
+            continue
+        for _ in range(v):
+            counts = {}
+            for g, n in sorted(kind[3].items()):
+                take = min(n, left[g])
+                if groups[g].together and take < groups[g].count:
+                    take = 0
+                if take:
+                    counts[g] = take
+                    left[g] -= take
+            if counts:
+                sol.machines.append(Machine(offer=kind[1], counts=counts))
+    return sol
+
+
+def prefer_existing(model: PlanModel, sol: Solution) -> Solution:
+    """Move VMs from new machines onto existing hosts when that costs nothing more
+    (own devices first, then running hosts within the time their work already
+    bills): the preference order among plans of equal cost. A machine left empty
+    is dropped, which only lowers the cost."""
+    c, groups, hosts = model.constraints, model.groups, model.hosts
+    if not hosts or not sol.machines:
+        return sol
+    free_cpu = [host_vcpus(h, c) for h in hosts]
+    free_mem = [h.mem_mib for h in hosts]
+    dur = [0] * len(hosts)
+    for (g, h), n in sol.on_hosts.items():
+        free_cpu[h] -= groups[g].cpus * n
+        free_mem[h] -= groups[g].mem_mib * n
+        dur[h] = max(dur[h], groups[g].duration_secs)
+    order = sorted(range(len(hosts)), key=lambda h: (not hosts[h].own, hosts[h].usd_per_hour, h))
+    on_hosts = dict(sol.on_hosts)
+    machines = [Machine(offer=m.offer, counts=dict(m.counts)) for m in sol.machines]
+    for m in machines:
+        for g in sorted(m.counts):
+            grp = groups[g]
+            if grp.together:
+                continue
+            for h in order:
+                if m.counts.get(g, 0) == 0:
+                    break
+                host = hosts[h]
+                if host_reject(grp, host, c, size=False) is not None:
+                    continue
+                if extra_secs(host, max(dur[h], grp.duration_secs)) > extra_secs(host, dur[h]) and host.usd_per_hour > 0:
+                    continue
+                k = min(m.counts[g], free_cpu[h] // grp.cpus, free_mem[h] // grp.mem_mib)
+                if k <= 0:
+                    continue
+                free_cpu[h] -= k * grp.cpus
+                free_mem[h] -= k * grp.mem_mib
+                dur[h] = max(dur[h], grp.duration_secs)
+                on_hosts[g, h] = on_hosts.get((g, h), 0) + k
+                m.counts[g] -= k
+            if m.counts.get(g) == 0:
+                del m.counts[g]
+    out = Solution(on_hosts=on_hosts, machines=[m for m in machines if m.counts])
+    # moving work off a machine can lower its billed class; never raise the cost
+    return out if cost_usd(model, out) <= cost_usd(model, sol) + 1e-9 else sol
