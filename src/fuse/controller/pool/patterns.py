@@ -6,11 +6,16 @@ vCPUs and memory (``together`` groups all or nothing, one VM on a one-VM
 sandbox). It costs κ_tk = r_t·b_tk/3600 USD. Machines are whole, so unlike the
 aggregate model every answer here packs as it is.
 
+Each existing host h is a type of its own with at most one machine: its
+patterns are what it can hold, costing κ_hk = r_h·extra_secs(h, δ_k)/3600
+(0 on own devices), so hosts are modelled exactly, never by a capacity sum.
+Classes whose cost equals the next longer class's are merged into it.
+
 Master (rows written as ≤ for HiGHS; duals y ≤ 0, π_g = −y_cover,g ≥ 0):
-  min  Σ_j κ_j λ_j + Σ_h e_h
-  s.t. Σ_h x_gh + Σ_j a_gj λ_j ≥ p_g          (cover; together: unit w, u)
+  min  Σ_j κ_j λ_j
+  s.t. Σ_j a_gj λ_j ≥ p_g                     (cover; together: unit u)
        Σ_g p_g ≥ target,  p_g ≤ n_g
-       host capacity, running-host extra cost as in ``formulation``
+       Σ_{j∈h} λ_j ≤ 1 for each existing host h
        caps: Σ_{j∈t} λ_j ≤ limit_t, Σ λ_j ≤ max_new_hosts, Σ r_t λ_j ≤ max_usd/h,
              Σ_{t∈f} vcpus_t λ_j ≤ quota_f, cost ≤ monthly_usd_left
   λ_j ∈ ℕ (integer in the final solve; ≥ 0 in the LP).
@@ -57,14 +62,38 @@ EPS = 1e-9
 
 @dataclass
 class _Type:
-    t: int
-    deltas: list[int]  # class durations, ascending
+    """A new-machine type, or one existing host (``host`` set, ``ub`` = 1)."""
+
+    t: int  # offer index, or host index when ``host``
+    deltas: list[int]  # class durations, ascending; equal-cost classes merged into the longest
     kappa: list[float]  # USD per machine per class
     groups: list[int]  # allowed groups, by duration then index
     q: dict[int, int]  # VMs of g one machine holds
     cap_cpu: int
     cap_mem: int
     ub: int  # machines of the type any useful plan could use
+    host: bool = False
+    cls: dict[int, int] | None = None  # group -> its class: the first δ_k ≥ d_g
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return ("h" if self.host else "t", self.t)
+
+    def one_space(self, model: PlanModel) -> bool:
+        return not self.host and model.offers[self.t].one_space
+
+
+def _classes(durations: list[int], kappa_of) -> tuple[list[int], list[float]]:
+    """Billing classes: the distinct durations, dropping one whose cost equals the
+    next longer one's (a machine of the longer class holds all the same work)."""
+    ds = sorted(set(durations))
+    keep = [d for i, d in enumerate(ds) if i + 1 == len(ds) or kappa_of(ds[i + 1]) > kappa_of(d) + 1e-12]
+    return keep, [kappa_of(d) for d in keep]
+
+
+def _finish(ty: _Type, groups) -> _Type:
+    ty.cls = {g: next(k for k, d in enumerate(ty.deltas) if d >= groups[g].duration_secs) for g in ty.groups}
+    return ty
 
 
 def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
@@ -77,15 +106,28 @@ def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
         if not ok:
             continue
         ok.sort(key=lambda g: (groups[g].duration_secs, g))
-        deltas = sorted({groups[g].duration_secs for g in ok})
+        deltas, kappa = _classes([groups[g].duration_secs for g in ok],
+                                 lambda d, o=o: o.usd_per_hour * billed_secs(o, d) / 3600)
         cap_cpu = offer_vcpus(o, c)
         q = {g: 1 if o.one_space else fits_per_machine(groups[g], cap_cpu, o.mem_mib) for g in ok}
         ub = min(total, sum(groups[g].count for g in ok))
         for lim in (o.limit, None if o.one_space else c.max_new_hosts):
             if lim is not None:
                 ub = min(ub, lim)
-        out.append(_Type(t, deltas, [o.usd_per_hour * billed_secs(o, d) / 3600 for d in deltas],
-                         ok, q, cap_cpu, o.mem_mib, ub))
+        out.append(_finish(_Type(t, deltas, kappa, ok, q, cap_cpu, o.mem_mib, ub), groups))
+    # each existing host is a type of its own with at most one machine: its
+    # patterns are exact (no capacity relaxation) and its cost is the extra
+    # billed time of the longest work it takes (0 on own devices)
+    for h, host in enumerate(model.hosts):
+        ok = [g for g, grp in enumerate(groups) if grp.count > 0 and host_reject(grp, host, c) is None]
+        if not ok:
+            continue
+        ok.sort(key=lambda g: (groups[g].duration_secs, g))
+        deltas, kappa = _classes([groups[g].duration_secs for g in ok],
+                                 lambda d, host=host: host.usd_per_hour * extra_secs(host, d) / 3600)
+        cap_cpu = host_vcpus(host, c)
+        q = {g: fits_per_machine(groups[g], cap_cpu, host.mem_mib) for g in ok}
+        out.append(_finish(_Type(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True), groups))
     return out
 
 
@@ -118,50 +160,27 @@ class _Master:
                 self._col(0.0, {r: v * grp.count for r, v in col.items()}, (0, 1), 1, ("p", g))
             else:
                 self._col(0.0, col, (0, grp.count), 1, ("p", g))
-        # existing hosts: explicit, so exact
-        for h, host in enumerate(model.hosts):
-            rc, rm = row(f"cpu{h}", host_vcpus(host, c)), row(f"mem{h}", host.mem_mib)
-            extras = []
-            for g, grp in enumerate(groups):
-                if grp.count == 0 or host_reject(grp, host, c) is not None:
-                    continue
-                unit = grp.count if grp.together else 1
-                hi = 1 if grp.together else min(grp.count, fits_per_machine(grp, host_vcpus(host, c), host.mem_mib))
-                col = {self.cover[g]: -unit, rc: grp.cpus * unit, rm: grp.mem_mib * unit}
-                kappa = host.usd_per_hour * extra_secs(host, grp.duration_secs) / 3600
-                if kappa > 0:
-                    ry = row(f"y{g}_{h}", 0.0)
-                    col[ry] = unit
-                    extras.append((kappa, ry, grp.count))
-                self._col(0.0, col, (0, hi), 1, ("x", g, h, unit))
-            if extras:
-                re = [row(f"e{h}_{i}", 0.0) for i in range(len(extras))]
-                self.e_col = self._col(1.0, {r: -1.0 for r in re}, (0, math.inf), 0, ("e", h))
-                for (kappa, ry, n), r in zip(extras, re):
-                    # x ≤ n·y, e ≥ κ·y, y ∈ {0,1}
-                    self._col(0.0, {ry: -n, r: kappa}, (0, 1), 1, ("y",))
         # caps: rows whose coefficients depend only on (t, k)
-        self.caps: list[tuple[int, dict[tuple[int, int], float]]] = []
-        for ty in types:
+        self.caps: list[tuple[int, dict[tuple, float]]] = []
+        hosts = [ty for ty in types if ty.host]
+        offers = [ty for ty in types if not ty.host]
+        for ty in hosts:  # one machine: at most one pattern
+            self.caps.append((row(f"host{ty.t}", 1.0), {(ty.key, k): 1.0 for k in range(len(ty.deltas))}))
+        for ty in offers:
             o = model.offers[ty.t]
             if o.limit is not None:
-                self.caps.append((row(f"limit{ty.t}", o.limit), {(ty.t, k): 1.0 for k in range(len(ty.deltas))}))
+                self.caps.append((row(f"limit{ty.t}", o.limit), {(ty.key, k): 1.0 for k in range(len(ty.deltas))}))
         if c.max_new_hosts is not None:
             self.caps.append((row("max_new_hosts", c.max_new_hosts), {
-                (ty.t, k): 1.0 for ty in types if not model.offers[ty.t].one_space for k in range(len(ty.deltas))}))
+                (ty.key, k): 1.0 for ty in offers if not model.offers[ty.t].one_space for k in range(len(ty.deltas))}))
         if c.max_usd_per_hour is not None:
             self.caps.append((row("max_usd", c.max_usd_per_hour + 1e-9), {
-                (ty.t, k): model.offers[ty.t].usd_per_hour for ty in types for k in range(len(ty.deltas))}))
+                (ty.key, k): model.offers[ty.t].usd_per_hour for ty in offers for k in range(len(ty.deltas))}))
         for fam, quota in sorted(c.quotas.items()):
             self.caps.append((row(f"quota{fam}", quota), {
-                (ty.t, k): model.offers[ty.t].vcpus for ty in types
+                (ty.key, k): model.offers[ty.t].vcpus for ty in offers
                 if model.offers[ty.t].quota_family == fam for k in range(len(ty.deltas))}))
-        self.monthly = None
-        if c.monthly_usd_left is not None:
-            self.monthly = row("monthly", c.monthly_usd_left + 1e-7)
-            for j, kind in enumerate(self.kind):
-                if kind[0] == "e":
-                    self.cols_a[j][self.monthly] = 1.0
+        self.monthly = row("monthly", c.monthly_usd_left + 1e-7) if c.monthly_usd_left is not None else None
         self.patterns: set[tuple[int, int, tuple[int, ...]]] = set()
 
     def _col(self, cost: float, a: dict[int, float], bounds, integral: int, kind: tuple) -> int:
@@ -173,17 +192,17 @@ class _Master:
         return len(self.cols_c) - 1
 
     def add_pattern(self, ty: _Type, k: int, counts: dict[int, int]) -> bool:
-        key = (ty.t, k, tuple(sorted((g, n) for g, n in counts.items() if n)))
+        key = (ty.key, k, tuple(sorted((g, n) for g, n in counts.items() if n)))
         if not key[2] or key in self.patterns:
             return False
         self.patterns.add(key)
         col: dict[int, float] = {self.cover[g]: -float(n) for g, n in counts.items() if n}
         for r, coef in self.caps:
-            if (ty.t, k) in coef and coef[ty.t, k]:
-                col[r] = coef[ty.t, k]
-        if self.monthly is not None:
+            if coef.get((ty.key, k)):
+                col[r] = coef[ty.key, k]
+        if self.monthly is not None and ty.kappa[k]:
             col[self.monthly] = ty.kappa[k]
-        self._col(ty.kappa[k], col, (0, ty.ub), 1, ("pat", ty.t, k, dict(counts)))
+        self._col(ty.kappa[k], col, (0, math.inf), 1, ("host" if ty.host else "pat", ty.t, k, dict(counts)))
         return True
 
     def _matrix(self):
@@ -234,11 +253,10 @@ def _frac_bound(vals: list[tuple[float, int, int, int]], cap_cpu: int, cap_mem: 
 def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list[tuple[float, int, dict[int, int]]]:
     """(reduced cost, class, pattern) of the best pattern of each class of ``ty`` that prices out."""
     groups = model.groups
-    o = model.offers[ty.t]
     out = []
-    if o.one_space:
+    if ty.one_space(model):
         for k, delta in enumerate(ty.deltas):
-            cand = [(pi[g], g) for g in ty.groups if groups[g].duration_secs <= delta and ty.q[g] >= 1
+            cand = [(pi[g], g) for g in ty.groups if ty.cls[g] <= k and ty.q[g] >= 1
                     and (not groups[g].together or groups[g].count == 1)]
             if cand:
                 v, g = max(cand)
@@ -260,7 +278,7 @@ def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list
                 items.append((g, pi[g], grp.cpus, grp.mem_mib, u, 1))
     promising = []
     for k, delta in enumerate(ty.deltas):
-        vals = [(v, wc, wm, u) for g, v, wc, wm, u, _ in items if groups[g].duration_secs <= delta]
+        vals = [(v, wc, wm, u) for g, v, wc, wm, u, _ in items if ty.cls[g] <= k]
         if vals and ty.kappa[k] + mu[k] - _frac_bound(vals, ty.cap_cpu, ty.cap_mem) < -1e-7:
             promising.append(k)
     if not promising:
@@ -280,7 +298,7 @@ def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list
         if k > last_k:
             break
         for g, v, wc, wm, u, mult in items:
-            if groups[g].duration_secs != delta:
+            if ty.cls[g] != k:
                 continue
             wm //= unit
             m = 1
@@ -333,26 +351,26 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     if c.exact_new_hosts is not None:
         return None
     types = _types(model, kept)
-    by_t = {ty.t: ty for ty in types}
+    by_key = {ty.key: ty for ty in types}
     master = _Master(model, types, target)
-    # seed: the FFD machines as patterns (mapped to kept dominators), and one
-    # single-group full pattern per (type, class)
+    # seed: the FFD plan's hosts and machines as patterns (machines mapped to
+    # kept dominators), and one single-group full pattern per (type, class)
     from fuse.controller.pool.formulation import dominators
 
     dom = dominators(model)
-    for mach in start.machines:
-        ty = by_t.get(dom.get(mach.offer, mach.offer))
-        if ty is None:
-            continue
-        d = max(groups[g].duration_secs for g, n in mach.counts.items() if n)
-        if d in ty.deltas:
-            master.add_pattern(ty, ty.deltas.index(d), mach.counts)
+    on_host: dict[int, dict[int, int]] = {}
+    for (g, h), n in start.on_hosts.items():
+        on_host.setdefault(h, {})[g] = n
+    seeds = [(("h", h), counts) for h, counts in sorted(on_host.items())]
+    seeds += [(("t", dom.get(m.offer, m.offer)), m.counts) for m in start.machines]
+    for key, counts in seeds:
+        ty = by_key.get(key)
+        if ty is not None and counts and all(g in ty.cls for g, n in counts.items() if n):
+            master.add_pattern(ty, max(ty.cls[g] for g, n in counts.items() if n), counts)
     for ty in types:
-        for k, delta in enumerate(ty.deltas):
-            for g in ty.groups:
-                grp = groups[g]
-                if grp.duration_secs == delta:
-                    master.add_pattern(ty, k, {g: grp.count if grp.together else min(grp.count, ty.q[g])})
+        for g in ty.groups:
+            grp = groups[g]
+            master.add_pattern(ty, ty.cls[g], {g: grp.count if grp.together else min(grp.count, ty.q[g])})
     lb = 0.0
     converged = False
     try:
@@ -366,7 +384,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
             for ty in types:
                 mu = []
                 for k in range(len(ty.deltas)):
-                    v = sum(-y[r] * coef.get((ty.t, k), 0.0) for r, coef in master.caps)
+                    v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
                     if master.monthly is not None:
                         v += -y[master.monthly] * ty.kappa[k]
                     mu.append(v)
@@ -403,21 +421,14 @@ def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
         if kind[0] == "p":
             want[kind[1]] = v * (groups[kind[1]].count if groups[kind[1]].together else 1)
     left = list(want)
-    for j, kind in enumerate(master.kind):
+    # existing hosts first, so a surplus (cover rows are ≥) lands on new machines, which are dropped
+    order = sorted(range(len(master.kind)), key=lambda j: master.kind[j][0] != "host")
+    for j in order:
+        kind = master.kind[j]
         v = int(round(x[j]))
-        if kind[0] == "x" and v:
-            g, h, unit = kind[1], kind[2], kind[3]
-            n = min(v * unit, left[g])
-            if groups[g].together and n < groups[g].count:
-                n = 0
-            if n:
-                sol.on_hosts[g, h] = n
-                left[g] -= n
-    for j, kind in enumerate(master.kind):
-        v = int(round(x[j]))
-        if kind[0] != "pat" or not v:
+        if kind[0] not in ("pat", "host") or not v:
             continue
-        for _ in range(v):
+        for _ in range(v if kind[0] == "pat" else 1):
             counts = {}
             for g, n in sorted(kind[3].items()):
                 take = min(n, left[g])
@@ -426,7 +437,10 @@ def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
                 if take:
                     counts[g] = take
                     left[g] -= take
-            if counts:
+            if counts and kind[0] == "host":
+                for g, n in counts.items():
+                    sol.on_hosts[g, kind[1]] = n
+            elif counts:
                 sol.machines.append(Machine(offer=kind[1], counts=counts))
     return sol
 
