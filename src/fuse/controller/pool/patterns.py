@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import csc_matrix
 
 from fuse.controller.pool.model import (
     PlanModel,
@@ -131,11 +133,25 @@ def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
     return out
 
 
+@dataclass
+class _Node:
+    """A branch-and-price node: bounds on the machine counts N_tk and on placed p_g."""
+
+    n: dict[tuple[tuple[str, int], int], tuple[float, float]] = field(default_factory=dict)
+    p: dict[int, tuple[float, float]] = field(default_factory=dict)
+    bound: float = 0.0
+
+    def __lt__(self, other: _Node) -> bool:
+        return self.bound < other.bound
+
+
 class _Master:
     """Columns and rows of the master; ``lp``/``mip`` solve it with HiGHS."""
 
-    def __init__(self, model: PlanModel, types: list[_Type], target: int):
+    def __init__(self, model: PlanModel, types: list[_Type], target: int, node: _Node | None = None,
+                 big_m: float = 0.0):
         self.model, self.types, self.target = model, types, target
+        node = node or _Node()
         c, groups = model.constraints, model.groups
         G = len(groups)
         self.rows: list[str] = []
@@ -156,10 +172,13 @@ class _Master:
         # placed p_g (together: n_g·u_g)
         for g, grp in enumerate(groups):
             col = {self.cover[g]: 1.0, self.target_row: -1.0}
+            lo, hi = node.p.get(g, (0, 1 if grp.together else grp.count))
             if grp.together:
-                self._col(0.0, {r: v * grp.count for r, v in col.items()}, (0, 1), 1, ("p", g))
+                self._col(0.0, {r: v * grp.count for r, v in col.items()}, (lo, hi), 1, ("p", g))
             else:
-                self._col(0.0, col, (0, grp.count), 1, ("p", g))
+                self._col(0.0, col, (lo, hi), 1, ("p", g))
+        if big_m:  # artificial: a node whose branching rows or target cannot be met prices at ≥ big_m
+            self._col(big_m, {self.target_row: -1.0}, (0, math.inf), 0, ("art",))
         # caps: rows whose coefficients depend only on (t, k)
         self.caps: list[tuple[int, dict[tuple, float]]] = []
         hosts = [ty for ty in types if ty.host]
@@ -181,6 +200,15 @@ class _Master:
                 (ty.key, k): model.offers[ty.t].vcpus for ty in offers
                 if model.offers[ty.t].quota_family == fam for k in range(len(ty.deltas))}))
         self.monthly = row("monthly", c.monthly_usd_left + 1e-7) if c.monthly_usd_left is not None else None
+        # branching on N_tk = Σ_{j∈(t,k)} λ_j: rows of the same shape as the caps
+        for (key, k), (lo, hi) in sorted(node.n.items()):
+            if hi < math.inf:
+                self.caps.append((row(f"N{key}{k}<=", hi), {(key, k): 1.0}))
+            if lo > 0:
+                r = row(f"N{key}{k}>=", -lo)
+                self.caps.append((r, {(key, k): -1.0}))
+                if big_m:
+                    self._col(big_m, {r: -1.0}, (0, math.inf), 0, ("art",))
         self.patterns: set[tuple[int, int, tuple[int, ...]]] = set()
 
     def _col(self, cost: float, a: dict[int, float], bounds, integral: int, kind: tuple) -> int:
@@ -206,8 +234,6 @@ class _Master:
         return True
 
     def _matrix(self):
-        from scipy.sparse import csc_matrix
-
         data, rows, cols = [], [], []
         for j, a in enumerate(self.cols_a):
             for r, v in a.items():
@@ -217,15 +243,11 @@ class _Master:
         return csc_matrix((data, (rows, cols)), shape=(len(self.rows), len(self.cols_c)))
 
     def lp(self):
-        from scipy.optimize import linprog
-
         res = linprog(np.array(self.cols_c), A_ub=self._matrix(), b_ub=np.array(self.b),
                       bounds=self.bounds, method="highs")
         return res
 
     def mip(self, time_limit: float):
-        from scipy.optimize import Bounds, LinearConstraint, milp
-
         lo = np.array([b[0] for b in self.bounds], dtype=float)
         hi = np.array([b[1] for b in self.bounds], dtype=float)
         return milp(np.array(self.cols_c), integrality=np.array(self.integral),
@@ -344,15 +366,29 @@ class _TooBig(Exception):
 
 
 def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
-          deadline: float) -> tuple[Solution, float, bool] | None:
-    """(plan, valid lower bound USD, proven optimal) from the pattern model, or None
-    when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of time)."""
+          deadline: float, search_deadline: float | None = None) -> tuple[Solution, float, bool, bool] | None:
+    """(plan, valid lower bound USD, proven optimal, settled) from the pattern model,
+    or None when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of
+    time). ``settled``: the bound is at least the full LP optimum. Column generation
+    and the first integer master stop at ``deadline``; the branch-and-price search
+    may go on to ``search_deadline``.
+
+    Column generation at the root gives the LP bound; the integer master over the
+    generated patterns gives a first plan. Then branch-and-price, best bound
+    first, branching on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed
+    count p_g) whose LP value is fractional: ``N ≤ ⌊v⌋`` | ``N ≥ ⌈v⌉``. Those are
+    rows of the caps' shape, so pricing is unchanged (their duals join μ_tk) and
+    every pattern stays valid in every node. A node whose counts are all
+    integral has its cost fixed (Σ κ_tk N_tk); the integer master with N fixed
+    then finds its plan or the node stays open. The bound is the least bound of
+    the open nodes; with none open the best plan is proven optimal."""
     c, groups = model.constraints, model.groups
     if c.exact_new_hosts is not None:
         return None
     types = _types(model, kept)
     by_key = {ty.key: ty for ty in types}
-    master = _Master(model, types, target)
+    pool: list[tuple[_Type, int, dict[int, int]]] = []  # every pattern generated, for every node
+    root = _Master(model, types, target)
     # seed: the FFD plan's hosts and machines as patterns (machines mapped to
     # kept dominators), and one single-group full pattern per (type, class)
     from fuse.controller.pool.formulation import dominators
@@ -366,50 +402,175 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     for key, counts in seeds:
         ty = by_key.get(key)
         if ty is not None and counts and all(g in ty.cls for g, n in counts.items() if n):
-            master.add_pattern(ty, max(ty.cls[g] for g, n in counts.items() if n), counts)
+            k = max(ty.cls[g] for g, n in counts.items() if n)
+            if root.add_pattern(ty, k, counts):
+                pool.append((ty, k, counts))
     for ty in types:
         for g in ty.groups:
             grp = groups[g]
-            master.add_pattern(ty, ty.cls[g], {g: grp.count if grp.together else min(grp.count, ty.q[g])})
-    lb = 0.0
-    converged = False
+            counts = {g: grp.count if grp.together else min(grp.count, ty.q[g])}
+            if root.add_pattern(ty, ty.cls[g], counts):
+                pool.append((ty, ty.cls[g], counts))
     try:
-        while time.monotonic() < deadline:
-            res = master.lp()
-            if res.status != 0:
-                return None
-            y = res.ineqlin.marginals  # ≤ 0
-            pi = np.array([-y[r] for r in master.cover])
-            new, lag = 0, res.fun
-            for ty in types:
-                mu = []
-                for k in range(len(ty.deltas)):
-                    v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
-                    if master.monthly is not None:
-                        v += -y[master.monthly] * ty.kappa[k]
-                    mu.append(v)
-                found = _price(model, ty, pi, mu)
-                best = {}
-                for rc, k, counts in found:
-                    new += master.add_pattern(ty, k, counts)
-                    best[k] = min(best.get(k, 0.0), rc)
-                lag += sum(rc * ty.ub for rc in best.values())
-            lb = max(lb, lag)
-            if new == 0:
-                converged = True
-                break
+        res, lb, converged = _generate(model, root, types, pool, deadline)
     except _TooBig:
         return None
-    if not converged and lb <= 0:
+    if res is None or (not converged and lb <= 0):
         return None
-    res = master.mip(deadline - time.monotonic())
-    if res.x is None:
+    end = max(deadline, search_deadline or deadline) if converged else deadline
+    mres = root.mip(0.5 * (end - time.monotonic()) if converged else end - time.monotonic())
+    if mres.x is not None:
+        best = _extract(model, root, mres.x)
+    elif sum(start.placed(len(groups))) >= target:
+        best = start  # no integer master in time: the search starts from the FFD plan
+    else:
         return None
-    sol = _extract(model, master, res.x)
+    best_cost = cost_usd(model, best)
+    if converged:
+        try:
+            best, best_cost, lb = _branch(model, types, target, pool, res, root, lb, best, best_cost, end)
+        except _TooBig:
+            pass
     lb = max(0.0, lb - 1e-7 * max(1.0, abs(lb)))  # HiGHS tolerances
-    cost = cost_usd(model, sol)
-    proven = converged and cost <= lb + 1e-6
-    return sol, min(lb, cost), proven
+    proven = converged and best_cost <= lb + 1e-6
+    return best, min(lb, best_cost), proven, converged
+
+
+def _generate(model: PlanModel, master: _Master, types: list[_Type], pool: list, deadline: float):
+    """Column generation on ``master``: (last LP result or None, Farley bound, converged).
+    New patterns join ``pool``."""
+    lb, res = -math.inf, None
+    while time.monotonic() < deadline:
+        res = master.lp()
+        if res.status != 0:
+            return None, lb, False
+        y = res.ineqlin.marginals  # ≤ 0
+        pi = np.array([-y[r] for r in master.cover])
+        new, lag = 0, res.fun
+        for ty in types:
+            mu = []
+            for k in range(len(ty.deltas)):
+                v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
+                if master.monthly is not None:
+                    v += -y[master.monthly] * ty.kappa[k]
+                mu.append(v)
+            best = {}
+            for rc, k, counts in _price(model, ty, pi, mu):
+                if master.add_pattern(ty, k, counts):
+                    new += 1
+                    pool.append((ty, k, counts))
+                best[k] = min(best.get(k, 0.0), rc)
+            lag += sum(rc * ty.ub for rc in best.values())
+        lb = max(lb, lag)
+        if new == 0:
+            return res, lb, True
+    return res, lb, False
+
+
+def _counts(master: _Master, x: np.ndarray) -> tuple[dict, dict[int, float], float]:
+    """The LP's machine counts N_(key,k), placed counts p_g, and artificial use."""
+    n: dict[tuple, float] = {}
+    p: dict[int, float] = {}
+    art = 0.0
+    for j, kind in enumerate(master.kind):
+        if kind[0] in ("pat", "host"):
+            key = ("h" if kind[0] == "host" else "t", kind[1])
+            n[key, kind[2]] = n.get((key, kind[2]), 0.0) + x[j]
+        elif kind[0] == "p":
+            p[kind[1]] = x[j]
+        elif kind[0] == "art":
+            art += x[j]
+    return n, p, art
+
+
+def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, deadline):
+    """Best-bound branch-and-price from the root LP; returns (plan, cost, bound)."""
+    import heapq
+
+    big_m = 1e3 * (best_cost + 1.0)
+    tol = 1e-6
+    heap: list[tuple[float, int, _Node, object, _Master | None]] = [(root_lb, 0, _Node(bound=root_lb), res, root)]
+    stuck: list[float] = []  # bounds of nodes left open without a branch to take
+    seq = 1
+    dive: list = []  # first plunge depth-first (rounding up) for a good plan, then best bound first
+    dives = 0
+    while heap or dive:
+        in_dive = bool(dive)
+        if dive:
+            bound, _, node, nres, master = dive.pop()
+            if bound >= best_cost - tol:
+                continue
+            if time.monotonic() >= deadline:
+                heapq.heappush(heap, (bound, seq, node, None, None))
+                seq += 1
+                break
+        else:
+            bound, _, node, nres, master = heap[0]
+            if bound >= best_cost - tol:
+                break  # best bound first: every open node is as costly as the plan in hand
+            if time.monotonic() >= deadline:
+                break
+            heapq.heappop(heap)
+        if nres is None:
+            master = _Master(model, types, target, node, big_m)
+            for ty, k, counts in pool:
+                master.add_pattern(ty, k, counts)
+            nres, nlb, conv = _generate(model, master, types, pool, deadline)
+            if nres is None or not conv:  # HiGHS failed, or out of time (the loop then ends)
+                stuck.append(max(bound, nlb))
+                continue
+            bound = max(bound, nlb)
+            if bound >= best_cost - tol:
+                continue
+        n, p, art = _counts(master, nres.x)
+        frac = [(v - math.floor(v), ("n", key)) for key, v in n.items() if abs(v - round(v)) > 1e-6]
+        frac += [(v - math.floor(v), ("p", g)) for g, v in p.items() if abs(v - round(v)) > 1e-6]
+        if not frac:
+            if art > 1e-7:
+                stuck.append(bound)
+                continue
+            fixed = _Node(n={key: (round(v), round(v)) for key, v in n.items()}, p=node.p)
+            fm = _Master(model, types, target, fixed)
+            for ty, k, counts in pool:
+                fm.add_pattern(ty, k, counts)
+            mres = fm.mip(min(0.2, deadline - time.monotonic()))
+            if mres.x is not None:
+                sol = _extract(model, fm, mres.x)
+                cost = cost_usd(model, sol)
+                if cost < best_cost and sum(sol.placed(len(model.groups))) >= target:
+                    best, best_cost = sol, cost
+                if cost <= bound + tol:
+                    dive.clear()
+                    continue
+            stuck.append(bound)
+            dive.clear()
+            continue
+        plunge = dives < 2 and (in_dive or not node.n and not node.p)
+        if plunge:  # dive: round up the count nearest its ceiling (the cheapest step to integral)
+            _, (what, key) = max(frac, key=lambda it: (it[0], str(it[1])))
+        else:  # the most fractional count
+            _, (what, key) = max(frac, key=lambda it: (min(it[0], 1 - it[0]), str(it[1])))
+        v = n[key] if what == "n" else p[key]
+        for lo_hi in ("down", "up"):
+            child = _Node(n=dict(node.n), p=dict(node.p), bound=bound)
+            table = child.n if what == "n" else child.p
+            grp = model.groups[key] if what == "p" else None
+            lo, hi = table.get(key, (0, math.inf if grp is None else 1 if grp.together else grp.count))
+            if lo_hi == "down":
+                table[key] = (lo, math.floor(v))
+            else:
+                table[key] = (math.ceil(v), hi)
+            if table[key][0] > table[key][1]:
+                continue
+            if plunge and lo_hi == "up":
+                dive.append((bound, seq, child, None, None))
+            else:
+                heapq.heappush(heap, (bound, seq, child, None, None))
+            seq += 1
+        if plunge and not dive:
+            dives += 1
+    lb = min([b for b, *_ in heap] + stuck + [best_cost])
+    return best, best_cost, max(root_lb, lb)
 
 
 def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:

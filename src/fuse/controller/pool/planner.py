@@ -103,13 +103,17 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
 
     # the whole-machine pattern model first (it packs by construction), on part of the time
     share = deadline - 0.5 * (deadline - time.monotonic())
-    pat = _patterns(model, kept, target, base, share)
+    pat = _patterns(model, kept, target, base, share, deadline)
     if pat is not None and pat[2]:
         return pat[0], "exact", cost_usd(model, pat[0]), []
+    if pat is not None and pat[3] and not better(model, base, pat[0]) and deadline - time.monotonic() < 0.05:
+        # settled: the pattern LP bound is in hand and branch-and-price has had the
+        # time; the aggregate model's bound is weaker, so it is not run
+        return pat[0], "exact-incumbent", pat[1], ["time limit reached (branch-and-price on the pattern model)"]
     sol, solver, lb, notes = _aggregate(model, kept, base, target, deadline)
     if pat is None or solver == "exact":
         return sol, solver, lb, notes
-    psol, plb, _ = pat
+    psol, plb = pat[0], pat[1]
     if sum(psol.placed(len(model.groups))) < target or violations(model, psol) or not better(model, psol, sol):
         if sum(sol.placed(len(model.groups))) >= target:
             lb = max(lb, plb)  # both bound every plan placing the target (see the docstring)
@@ -121,19 +125,20 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     return psol, "exact-incumbent", lb, ["time limit reached"]
 
 
-def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution,
-              deadline: float) -> tuple[Solution, float, bool] | None:
-    """The pattern model's (plan, bound, proven), or None when it does not apply."""
+def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution, share: float,
+              deadline: float) -> tuple[Solution, float, bool, bool] | None:
+    """The pattern model's (plan, bound, proven, settled), or None when it does not apply.
+    Its LP must settle by ``share``; once it has, its search may use the time to ``deadline``."""
     from fuse.controller.pool import patterns
 
-    got = patterns.solve(model, kept, target, base, deadline)
+    got = patterns.solve(model, kept, target, base, share, deadline)
     if got is None:
         return None
-    sol, lb, proven = got
+    sol, lb, proven, settled = got
     sol = patterns.prefer_existing(model, sol)
     if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
         return None
-    return sol, min(lb, cost_usd(model, sol)), proven and cost_usd(model, sol) <= lb + 1e-6
+    return sol, min(lb, cost_usd(model, sol)), proven and cost_usd(model, sol) <= lb + 1e-6, settled
 
 
 def _aggregate(model: PlanModel, kept: list[int], base: Solution, target: int,
