@@ -8,7 +8,9 @@ chmods its sockets 0666, and a control socket must be owner-only (0600, in a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import ssl
 from pathlib import Path
@@ -31,6 +33,16 @@ def owner_only_socket(path: Path) -> socket.socket:
     os.chmod(path, 0o600)
     sock.listen(128)
     return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a caught SIGTERM once it has stopped, which kills the
+    process before our clean-up (the socket file) runs; `serve` handles the
+    signals itself instead, for all its servers at once."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
 
 
 def trusted(app: Any) -> Any:
@@ -62,17 +74,23 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         host, port = parse_listen(listen)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
                              **(ssl_options or {}))
-        servers.append((uvicorn.Server(cfg), None))
+        servers.append((_Server(cfg), None))
         lifespan = "off"
     if socket_path:
         sock = owner_only_socket(Path(socket_path))
         cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan)
-        servers.append((uvicorn.Server(cfg), [sock]))
+        servers.append((_Server(cfg), [sock]))
     if not servers:
         raise ValueError("nothing to serve on: give a listen address or a socket path")
-    if len(servers) == 2:
-        # Only the first installs signal handlers; have it stop the other.
-        servers[1][0].install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for s, _ in servers:
+            s.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop)
     tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
 
     async def _ready():

@@ -237,3 +237,14 @@ def test_the_controllers_tcp_listener_admits_its_token(fleet):
     ctl, _, _ = fleet
     with fuse.Client(f"http://127.0.0.1:{ctl.port}", token=CONTROLLER_TOKEN) as c:
         assert isinstance(c.hosts.list(), list)
+
+
+def test_a_stopped_agent_and_controller_remove_their_sockets(tmp_path):
+    from support import start_agent, start_controller
+    agent = start_agent(tmp_path, backend="fake", name="sock-agent")
+    ctl = start_controller(tmp_path, name="sock-ctl")
+    assert agent.socket.exists() and ctl.socket.exists()
+    agent.stop()
+    ctl.stop()
+    assert agent.popen.returncode == 0 and ctl.popen.returncode == 0
+    assert not agent.socket.exists() and not ctl.socket.exists()
