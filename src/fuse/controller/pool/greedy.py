@@ -65,6 +65,7 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
     per_type = [0] * len(model.offers)
     family: dict[str, int] = {}
     usd_h = 0.0
+    n_new = 0  # new hosts opened (one_space sandboxes are not hosts); kept, not recounted per offer
     for m in start.machines:
         o = model.offers[m.offer]
         sol.machines.append(Machine(offer=m.offer, counts=dict(m.counts)))
@@ -76,6 +77,7 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
         per_type[m.offer] += 1
         family[o.quota_family] = family.get(o.quota_family, 0) + o.vcpus
         usd_h += o.usd_per_hour
+        n_new += not o.one_space
     placed = start.placed(len(groups))
 
     host_ok = [[host_reject(grp, h, c, size=False) is None for h in model.hosts] for grp in groups]
@@ -126,7 +128,7 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
             for t, o in enumerate(model.offers):
                 if not offer_ok[g][t]:
                     continue
-                if not o.one_space and sum(1 for m in sol.machines if not model.offers[m.offer].one_space) >= cap_hosts:
+                if not o.one_space and n_new >= cap_hosts:
                     continue
                 if o.limit is not None and per_type[t] >= o.limit:
                     continue
@@ -150,6 +152,7 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
             per_type[t] += 1
             family[o.quota_family] = family.get(o.quota_family, 0) + o.vcpus
             usd_h += o.usd_per_hour
+            n_new += not o.one_space
             add(g, bins.open(model, len(sol.machines) - 1, t), take)
             left -= take
     sol = _meet_exact_hosts(model, sol)
