@@ -4,38 +4,17 @@ several test dirs have a conftest.py, so `from conftest import` is ambiguous).""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
-from pathlib import Path
+
+from fuse.agent.backends.base import pids_mentioning
+from support import install_bundle  # noqa: F401  (re-exported for the agent tests)
 
 COUNTER = "i=0; while true; do echo $i; i=$((i+1)); sleep 0.2; done"
 
 
 def qemu_pids(marker: str) -> list[int]:
     """QEMU processes whose command line mentions ``marker``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"qemu-system" in cmd and marker.encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
-def install_bundle(bundle_dir: Path, state_dir: Path) -> None:
-    """Give an agent state dir the session's bundle (hard links: instant)."""
-    dest = state_dir / "bundles" / bundle_dir.name
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in bundle_dir.iterdir():
-        try:
-            os.link(f, dest / f.name)
-        except OSError:
-            shutil.copy2(f, dest / f.name)
+    return pids_mentioning(marker, b"qemu-system")
 
 
 def counted(text: str) -> list[int]:

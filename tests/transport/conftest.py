@@ -163,10 +163,14 @@ class Agent:
 
 
 def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: Path | None = None,
-                token: str | None = None, tls: tuple[str, str, str] | None = None) -> Agent:
+                token: str | None = None, tls: tuple[str, str, str] | None = None, backend: str = "qemu",
+                wait: bool = True) -> Agent:
     tmp.mkdir(parents=True, exist_ok=True)
     state = tmp / "agent-state"
-    args = [FUSE, "host", "serve", "--state-dir", str(state)]
+    if backend == "fake":
+        from support import fake_bundle
+        fake_bundle(state)
+    args = [FUSE, "host", "serve", "--state-dir", str(state), "--backend", backend]
     if port:
         args += ["--listen", f"127.0.0.1:{port}"]
     if socket_path:
@@ -178,7 +182,8 @@ def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: P
     log = tmp / "agent.log"
     proc = spawn(args, log)
     processes.append(proc)
-    wait_for(tcp_open(port) if port else unix_open(socket_path), proc.proc, log, "fuse host serve")
+    if wait:
+        wait_for(tcp_open(port) if port else unix_open(socket_path), proc.proc, log, "fuse host serve")
     return Agent(proc, state, port, socket_path, token)
 
 

@@ -6,7 +6,6 @@ socket modes, tokens never shown or logged, the controller's TCP token."""
 
 from __future__ import annotations
 
-import json
 import re
 import stat
 import time
@@ -16,38 +15,15 @@ import pytest
 
 import fuse
 
-from .conftest import Agent, free_port, spawn, start_controller, tcp_open, unix_open, wait_for, FUSE
+from .conftest import Agent, free_port, start_agent, start_controller, tcp_open, unix_open, wait_for, FUSE
 
 TRANSPORTS = ["local socket", "http with a token", "ssh", "mutual TLS"]
 AGENT_TOKEN = "agent-secret-7f3c9e1d2b"
 CONTROLLER_TOKEN = "controller-secret-a1b2c3d4e5"
 
 
-def _fake_bundle(state):
-    d = state / "bundles" / "linux"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "manifest.json").write_text(json.dumps({"name": "linux", "fingerprint": "fake-bundle-0001",
-                                                 "kernel": "fake", "files": {}}))
-
-
-def start_fake_agent(processes, tmp, *, port=None, socket_path=None, token=None, tls=None, wait=True) -> Agent:
-    state = tmp / "agent-state"
-    _fake_bundle(state)
-    args = [FUSE, "host", "serve", "--backend", "fake", "--state-dir", str(state)]
-    if port:
-        args += ["--listen", f"127.0.0.1:{port}"]
-    if socket_path:
-        args += ["--socket", str(socket_path)]
-    if token:
-        args += ["--token", token]
-    if tls:
-        args += ["--tls-cert", tls[0], "--tls-key", tls[1], "--tls-ca", tls[2]]
-    proc = spawn(args, tmp / "agent.log")
-    processes.append(proc)
-    agent = Agent(proc, state, port, socket_path, token)
-    if wait:
-        wait_ready(agent)
-    return agent
+def start_fake_agent(processes, tmp, **kw) -> Agent:
+    return start_agent(processes, tmp, backend="fake", **kw)
 
 
 def wait_ready(agent: Agent) -> None:
