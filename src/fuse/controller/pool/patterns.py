@@ -56,7 +56,7 @@ from fuse.controller.pool.model import (
     offer_reject,
     offer_vcpus,
 )
-from fuse.controller.pool.solution import Machine, Solution, cost_usd
+from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations
 
 MAX_CELLS = 2_000_000  # DP table cells per type; beyond it the pattern model is not used
 EPS = 1e-9
@@ -418,13 +418,16 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     if res is None or (not converged and lb <= 0):
         return None
     end = max(deadline, search_deadline or deadline) if converged else deadline
+    cands = [sol for sol in (_residual(model, root, res.x, target),) if sol is not None]
     mres = root.mip(0.5 * (end - time.monotonic()) if converged else end - time.monotonic())
     if mres.x is not None:
-        best = _extract(model, root, mres.x)
-    elif sum(start.placed(len(groups))) >= target:
-        best = start  # no integer master in time: the search starts from the FFD plan
-    else:
+        cands.append(_extract(model, root, mres.x))
+    if sum(start.placed(len(groups))) >= target:
+        cands.append(start)  # no integer master in time: the search starts from the FFD plan
+    cands = [sol for sol in cands if sum(sol.placed(len(groups))) >= target]
+    if not cands:
         return None
+    best = min(cands, key=lambda sol: cost_usd(model, sol))
     best_cost = cost_usd(model, best)
     if converged:
         try:
@@ -523,6 +526,10 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             if bound >= best_cost - tol:
                 continue
         n, p, art = _counts(master, nres.x)
+        if in_dive and art <= 1e-7:
+            sol = _residual(model, master, nres.x, target)
+            if sol is not None and cost_usd(model, sol) < best_cost:
+                best, best_cost = sol, cost_usd(model, sol)
         frac = [(v - math.floor(v), ("n", key)) for key, v in n.items() if abs(v - round(v)) > 1e-6]
         frac += [(v - math.floor(v), ("p", g)) for g, v in p.items() if abs(v - round(v)) > 1e-6]
         if not frac:
@@ -571,6 +578,21 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             dives += 1
     lb = min([b for b, *_ in heap] + stuck + [best_cost])
     return best, best_cost, max(root_lb, lb)
+
+
+def _residual(model: PlanModel, master: _Master, x: np.ndarray, target: int) -> Solution | None:
+    """Residual rounding: the LP's whole machines (⌊λ_j⌋ of each pattern), the rest
+    of the work by first fit. A feasible plan, or None."""
+    from fuse.controller.pool.greedy import greedy
+
+    xf = np.floor(np.asarray(x) + 1e-9)
+    for j, kind in enumerate(master.kind):
+        if kind[0] == "p":
+            xf[j] = master.bounds[j][1]  # keep every VM the whole machines hold
+    sol = greedy(model, start=_extract(model, master, xf))
+    if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
+        return None
+    return sol
 
 
 def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
