@@ -419,6 +419,10 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         return None
     end = max(deadline, search_deadline or deadline) if converged else deadline
     cands = [sol for sol in (_residual(model, root, res.x, target),) if sol is not None]
+    if converged:
+        dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
+        if dived is not None:
+            cands.append(dived)
     mres = root.mip(0.5 * (end - time.monotonic()) if converged else end - time.monotonic())
     if mres.x is not None:
         cands.append(_extract(model, root, mres.x))
@@ -578,6 +582,40 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             dives += 1
     lb = min([b for b, *_ in heap] + stuck + [best_cost])
     return best, best_cost, max(root_lb, lb)
+
+
+def _dive(model: PlanModel, types: list[_Type], target: int, pool: list, deadline: float) -> Solution | None:
+    """Fix-and-solve: fix the LP's whole machines (λ_j ≥ ⌊λ_j⌋ as column bounds),
+    price again, repeat while that fixes more; then the integer master over the
+    small remainder. Bounds on columns leave pricing unchanged. A plan, or None."""
+    master = _Master(model, types, target)
+    for ty, k, counts in pool:
+        master.add_pattern(ty, k, counts)
+    while time.monotonic() < deadline:
+        res, _, _ = _generate(model, master, types, pool, deadline)
+        if res is None:
+            return None
+        x = np.concatenate([res.x, np.zeros(len(master.kind) - len(res.x))])  # columns priced after it
+        cols = [j for j, kind in enumerate(master.kind) if kind[0] in ("pat", "host")]
+        frac = [j for j in cols if x[j] - math.floor(x[j] + 1e-9) > 1e-6]
+        if not frac:
+            sol = _extract(model, master, x)
+            ok = not violations(model, sol) and sum(sol.placed(len(model.groups))) >= target
+            return sol if ok else None
+        moved = False
+        for j in cols:
+            lo = math.floor(x[j] + 1e-9)
+            if lo > master.bounds[j][0]:
+                master.bounds[j] = (lo, master.bounds[j][1])
+                moved = True
+        if not moved:  # what is left is small: the integer master over it, the whole machines fixed
+            mres = master.mip(deadline - time.monotonic())
+            if mres.x is None:
+                return None
+            sol = _extract(model, master, mres.x)
+            ok = not violations(model, sol) and sum(sol.placed(len(model.groups))) >= target
+            return sol if ok else None
+    return None
 
 
 def _residual(model: PlanModel, master: _Master, x: np.ndarray, target: int) -> Solution | None:
