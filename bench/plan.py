@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import fuse.controller.pool.formulation  # noqa: E402,F401
+import fuse.controller.pool.patterns  # noqa: E402,F401  (warm: scipy's import is not the solve's time)
 from fuse.controller.pool.greedy import greedy  # noqa: E402
 from fuse.controller.pool.model import Constraints, DemandGroup, Offer, PlanModel, PoolHost  # noqa: E402
 from fuse.controller.pool.planner import plan  # noqa: E402
 from fuse.controller.pool.solution import cost_usd  # noqa: E402
-import fuse.controller.pool.patterns  # noqa: E402,F401  (warm: scipy's import is not the solve's time)
-import fuse.controller.pool.formulation  # noqa: E402,F401
 
 SIZES = [  # (VMs, groups, machine types, existing hosts)
     (12, 1, 10, 0),

@@ -31,9 +31,17 @@ that cannot price out.
 Bound: at any iteration, with z the restricted LP's optimum and U_tk an upper
 bound on the machines of (t, k), LB = z + Σ_tk min(0, rc_tk)·U_tk is a valid
 lower bound on every integer plan (Lagrangian / Farley argument); when no
-column prices out it is the LP optimum of the full pattern model. The final
-integer master over the generated columns gives the plan; it is proven optimal
-when its cost meets LB.
+column prices out it is the LP optimum of the full pattern model.
+
+Plans: the best of residual rounding (the LP's whole machines, the rest by
+first fit), fix-and-solve (fix the whole machines, re-price, repeat, then the
+integer master over the remainder), the integer master over every generated
+pattern, and the FFD plan. Then branch-and-price, best bound first, branching
+on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed count p_g): rows of the
+caps' shape, so pricing is unchanged and every pattern is valid in every node.
+The bound is then the least bound of the open nodes (each node's own Farley
+bound, every integer plan lying in some open node or in one pruned by the
+plan in hand); the plan is proven optimal when its cost meets it.
 """
 
 from __future__ import annotations
@@ -623,7 +631,7 @@ def _residual(model: PlanModel, master: _Master, x: np.ndarray, target: int) -> 
     of the work by first fit. A feasible plan, or None."""
     from fuse.controller.pool.greedy import greedy
 
-    xf = np.floor(np.asarray(x) + 1e-9)
+    xf = np.floor(np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))]) + 1e-9)
     for j, kind in enumerate(master.kind):
         if kind[0] == "p":
             xf[j] = master.bounds[j][1]  # keep every VM the whole machines hold
@@ -634,7 +642,9 @@ def _residual(model: PlanModel, master: _Master, x: np.ndarray, target: int) -> 
 
 
 def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
+    """The plan of a master solution ``x`` (columns priced after it count as 0)."""
     groups = model.groups
+    x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))])
     want = [0] * len(groups)
     sol = Solution()
     for j, kind in enumerate(master.kind):

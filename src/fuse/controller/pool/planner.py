@@ -50,14 +50,20 @@ is compared against first-fit decreasing on the whole model: the better one
 
 Before the aggregate model, ``patterns`` solves the whole-machine pattern model
 (Gilmore–Gomory, column generation priced by a per-type knapsack DP, HiGHS for
-the LP and the integer master) on half the time: its plans pack by
-construction and its LP bound is valid. It answers ``exact`` when its plan
-meets a bound; else the better plan of the two is kept and the bound is the
-larger of the two (each bounds every plan placing the target). Offers are
-first pruned by dominance (``formulation.dominators``).
+the LP and the integer master; each existing host is a type of its own with
+one machine), whose LP must settle within half the time; branch-and-price on
+machine counts may then use the rest. Its plans pack by construction and its
+bound is valid. It answers ``exact`` when its plan meets its bound; when its
+search ran to the time limit the aggregate model (a weaker bound) is skipped;
+else the better plan of the two is kept and the bound is the larger of the two
+(each bounds every plan placing the target). Offers are first pruned by
+dominance (``formulation.dominators``).
 
-``lower_bound_usd`` = ⌈bound⌉ / 10⁶, where ``bound`` is CP-SAT's proven bound on stage 2 (re-solved for the plan's placed count when the answer
-places fewer VMs than stage 1 found); it equals ``projected_usd`` when exact.
+``lower_bound_usd``: the pattern model's bound (the least bound of the open
+branch-and-price nodes), or ⌈bound⌉ / 10⁶ with ``bound`` CP-SAT's proven bound
+on stage 2 (re-solved for the plan's placed count when the answer places fewer
+VMs than stage 1 found), the larger when both apply; it equals
+``projected_usd`` when exact.
 """
 
 from __future__ import annotations
