@@ -26,6 +26,7 @@ from .store import events as events_t, host_cursors, vms as vms_t
 
 log = logging.getLogger("fuse.controller.fleet")
 EVENT_BATCH = 500
+DISCONNECT_AFTER = 2  # failed polls in a row before a host counts as disconnected
 
 
 @dataclass
@@ -35,6 +36,7 @@ class HostView:
     summary: dict[str, Any] = field(default_factory=dict)
     seen_at: float = 0.0
     error: str = ""
+    failures: int = 0  # polls failed in a row
 
 
 class Fleet:
@@ -138,14 +140,16 @@ class Fleet:
             summary = resp.json()
             if not view.connected:
                 await self._adopt(host_id, conn)
-            view.summary, view.seen_at, view.error = summary, time.time(), ""
+            view.summary, view.seen_at, view.error, view.failures = summary, time.time(), "", 0
             if not view.connected:
                 view.connected = True
                 self._controller_event("host_connected", host_id, {})
             if events:
                 await self._pull_events(host_id, conn, summary.get("agent_id", ""))
         except HostUnreachable as exc:
-            if view.connected or not view.error:
+            view.failures += 1
+            # One slow answer on a busy host is not a lost host: two in a row are.
+            if (view.connected and view.failures >= DISCONNECT_AFTER) or (not view.connected and not view.error):
                 view.connected = False
                 self._controller_event("host_disconnected", host_id, {"reason": exc.message})
             view.error = exc.message
