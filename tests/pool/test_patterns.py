@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from pool_builders import brute_force, offer, small_models
 
 from fuse.controller.pool import formulation as F
-from fuse.controller.pool import patterns
+from fuse.controller.pool import search
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import Constraints, DemandGroup, PlanModel, PoolHost
 from fuse.controller.pool.solution import cost_usd, violations
@@ -23,7 +23,7 @@ from plan import random_model  # noqa: E402
 def solve(m: PlanModel, target: int, secs: float = 2.0):
     base = greedy(m)
     now = time.monotonic()
-    return patterns.solve(m, F.undominated_offers(m), target, base, now + secs / 2, now + secs)
+    return search.solve(m, F.undominated_offers(m), target, base, now + secs / 2, now + secs)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

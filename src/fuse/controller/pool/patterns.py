@@ -33,7 +33,7 @@ bound on the machines of (t, k), LB = z + Σ_tk min(0, rc_tk)·U_tk is a valid
 lower bound on every integer plan (Lagrangian / Farley argument); when no
 column prices out it is the LP optimum of the full pattern model.
 
-Plans: the best of residual rounding (the LP's whole machines, the rest by
+Plans and the search (module ``search``): the best of residual rounding (the LP's whole machines, the rest by
 first fit), fix-and-solve (fix the whole machines, re-price, repeat, then the
 integer master over the remainder), the integer master over every generated
 pattern, and the FFD plan. Then branch-and-price, best bound first, branching
@@ -64,14 +64,14 @@ from fuse.controller.pool.model import (
     offer_reject,
     offer_vcpus,
 )
-from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations
+from fuse.controller.pool.solution import Machine, Solution, cost_usd
 
 MAX_CELLS = 2_000_000  # DP table cells per type; beyond it the pattern model is not used
 EPS = 1e-9
 
 
 @dataclass
-class _Type:
+class MachineType:
     """A new-machine type, or one existing host (``host`` set, ``ub`` = 1)."""
 
     t: int  # offer index, or host index when ``host``
@@ -101,12 +101,12 @@ def _classes(durations: list[int], kappa_of) -> tuple[list[int], list[float]]:
     return keep, [kappa_of(d) for d in keep]
 
 
-def _finish(ty: _Type, groups) -> _Type:
+def _finish(ty: MachineType, groups) -> MachineType:
     ty.cls = {g: next(k for k, d in enumerate(ty.deltas) if d >= groups[g].duration_secs) for g in ty.groups}
     return ty
 
 
-def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
+def machine_types(model: PlanModel, kept: list[int]) -> list[MachineType]:
     c, groups = model.constraints, model.groups
     out = []
     total = sum(g.count for g in groups)
@@ -124,7 +124,7 @@ def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
         for lim in (o.limit, None if o.one_space else c.max_new_hosts):
             if lim is not None:
                 ub = min(ub, lim)
-        out.append(_finish(_Type(t, deltas, kappa, ok, q, cap_cpu, o.mem_mib, ub), groups))
+        out.append(_finish(MachineType(t, deltas, kappa, ok, q, cap_cpu, o.mem_mib, ub), groups))
     # each existing host is a type of its own with at most one machine: its
     # patterns are exact (no capacity relaxation) and its cost is the extra
     # billed time of the longest work it takes (0 on own devices)
@@ -137,29 +137,29 @@ def _types(model: PlanModel, kept: list[int]) -> list[_Type]:
                                  lambda d, host=host: host.usd_per_hour * extra_secs(host, d) / 3600)
         cap_cpu = host_vcpus(host, c)
         q = {g: fits_per_machine(groups[g], cap_cpu, host.mem_mib) for g in ok}
-        out.append(_finish(_Type(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True), groups))
+        out.append(_finish(MachineType(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True), groups))
     return out
 
 
 @dataclass
-class _Node:
+class Node:
     """A branch-and-price node: bounds on the machine counts N_tk and on placed p_g."""
 
     n: dict[tuple[tuple[str, int], int], tuple[float, float]] = field(default_factory=dict)
     p: dict[int, tuple[float, float]] = field(default_factory=dict)
     bound: float = 0.0
 
-    def __lt__(self, other: _Node) -> bool:
+    def __lt__(self, other: Node) -> bool:
         return self.bound < other.bound
 
 
-class _Master:
+class Master:
     """Columns and rows of the master; ``lp``/``mip`` solve it with HiGHS."""
 
-    def __init__(self, model: PlanModel, types: list[_Type], target: int, node: _Node | None = None,
+    def __init__(self, model: PlanModel, types: list[MachineType], target: int, node: Node | None = None,
                  big_m: float = 0.0):
         self.model, self.types, self.target = model, types, target
-        node = node or _Node()
+        node = node or Node()
         c, groups = model.constraints, model.groups
         G = len(groups)
         self.rows: list[str] = []
@@ -227,7 +227,7 @@ class _Master:
         self.kind.append(kind)
         return len(self.cols_c) - 1
 
-    def add_pattern(self, ty: _Type, k: int, counts: dict[int, int]) -> bool:
+    def add_pattern(self, ty: MachineType, k: int, counts: dict[int, int]) -> bool:
         key = (ty.key, k, tuple(sorted((g, n) for g, n in counts.items() if n)))
         if not key[2] or key in self.patterns:
             return False
@@ -280,7 +280,7 @@ def _frac_bound(vals: list[tuple[float, int, int, int]], cap_cpu: int, cap_mem: 
     return best
 
 
-def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list[tuple[float, int, dict[int, int]]]:
+def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float]) -> list[tuple[float, int, dict[int, int]]]:
     """(reduced cost, class, pattern) of the best pattern of each class of ``ty`` that prices out."""
     groups = model.groups
     out = []
@@ -319,7 +319,7 @@ def _price(model: PlanModel, ty: _Type, pi: np.ndarray, mu: list[float]) -> list
     unit = math.gcd(unit, ty.cap_mem) or 1
     C, M = ty.cap_cpu, ty.cap_mem // unit
     if (C + 1) * (M + 1) > MAX_CELLS:
-        raise _TooBig
+        raise TooBig
     f = np.zeros((C + 1, M + 1))
     copies: list[tuple[int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, taken mask)
     stage_end = {}
@@ -369,89 +369,11 @@ def _backtrack(copies, C: int, M: int) -> dict[int, int]:
     return counts
 
 
-class _TooBig(Exception):
+class TooBig(Exception):
     pass
 
 
-def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
-          deadline: float, search_deadline: float | None = None) -> tuple[Solution, float, bool, bool] | None:
-    """(plan, valid lower bound USD, proven optimal, settled) from the pattern model,
-    or None when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of
-    time). ``settled``: the bound is at least the full LP optimum. Column generation
-    and the first integer master stop at ``deadline``; the branch-and-price search
-    may go on to ``search_deadline``.
-
-    Column generation at the root gives the LP bound; the integer master over the
-    generated patterns gives a first plan. Then branch-and-price, best bound
-    first, branching on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed
-    count p_g) whose LP value is fractional: ``N ≤ ⌊v⌋`` | ``N ≥ ⌈v⌉``. Those are
-    rows of the caps' shape, so pricing is unchanged (their duals join μ_tk) and
-    every pattern stays valid in every node. A node whose counts are all
-    integral has its cost fixed (Σ κ_tk N_tk); the integer master with N fixed
-    then finds its plan or the node stays open. The bound is the least bound of
-    the open nodes; with none open the best plan is proven optimal."""
-    c, groups = model.constraints, model.groups
-    if c.exact_new_hosts is not None:
-        return None
-    types = _types(model, kept)
-    by_key = {ty.key: ty for ty in types}
-    pool: list[tuple[_Type, int, dict[int, int]]] = []  # every pattern generated, for every node
-    root = _Master(model, types, target)
-    # seed: the FFD plan's hosts and machines as patterns (machines mapped to
-    # kept dominators), and one single-group full pattern per (type, class)
-    from fuse.controller.pool.formulation import dominators
-
-    dom = dominators(model)
-    on_host: dict[int, dict[int, int]] = {}
-    for (g, h), n in start.on_hosts.items():
-        on_host.setdefault(h, {})[g] = n
-    seeds = [(("h", h), counts) for h, counts in sorted(on_host.items())]
-    seeds += [(("t", dom.get(m.offer, m.offer)), m.counts) for m in start.machines]
-    for key, counts in seeds:
-        ty = by_key.get(key)
-        if ty is not None and counts and all(g in ty.cls for g, n in counts.items() if n):
-            k = max(ty.cls[g] for g, n in counts.items() if n)
-            if root.add_pattern(ty, k, counts):
-                pool.append((ty, k, counts))
-    for ty in types:
-        for g in ty.groups:
-            grp = groups[g]
-            counts = {g: grp.count if grp.together else min(grp.count, ty.q[g])}
-            if root.add_pattern(ty, ty.cls[g], counts):
-                pool.append((ty, ty.cls[g], counts))
-    try:
-        res, lb, converged = _generate(model, root, types, pool, deadline)
-    except _TooBig:
-        return None
-    if res is None or (not converged and lb <= 0):
-        return None
-    end = max(deadline, search_deadline or deadline) if converged else deadline
-    cands = [sol for sol in (_residual(model, root, res.x, target),) if sol is not None]
-    if converged:
-        dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
-        if dived is not None:
-            cands.append(dived)
-    mres = root.mip(0.5 * (end - time.monotonic()) if converged else end - time.monotonic())
-    if mres.x is not None:
-        cands.append(_extract(model, root, mres.x))
-    if sum(start.placed(len(groups))) >= target:
-        cands.append(start)  # no integer master in time: the search starts from the FFD plan
-    cands = [sol for sol in cands if sum(sol.placed(len(groups))) >= target]
-    if not cands:
-        return None
-    best = min(cands, key=lambda sol: cost_usd(model, sol))
-    best_cost = cost_usd(model, best)
-    if converged:
-        try:
-            best, best_cost, lb = _branch(model, types, target, pool, res, root, lb, best, best_cost, end)
-        except _TooBig:
-            pass
-    lb = max(0.0, lb - 1e-7 * max(1.0, abs(lb)))  # HiGHS tolerances
-    proven = converged and best_cost <= lb + 1e-6
-    return best, min(lb, best_cost), proven, converged
-
-
-def _generate(model: PlanModel, master: _Master, types: list[_Type], pool: list, deadline: float):
+def generate(model: PlanModel, master: Master, types: list[MachineType], pool: list, deadline: float):
     """Column generation on ``master``: (last LP result or None, Farley bound, converged).
     New patterns join ``pool``."""
     lb, res = -math.inf, None
@@ -482,166 +404,7 @@ def _generate(model: PlanModel, master: _Master, types: list[_Type], pool: list,
     return res, lb, False
 
 
-def _counts(master: _Master, x: np.ndarray) -> tuple[dict, dict[int, float], float]:
-    """The LP's machine counts N_(key,k), placed counts p_g, and artificial use."""
-    n: dict[tuple, float] = {}
-    p: dict[int, float] = {}
-    art = 0.0
-    for j, kind in enumerate(master.kind):
-        if kind[0] in ("pat", "host"):
-            key = ("h" if kind[0] == "host" else "t", kind[1])
-            n[key, kind[2]] = n.get((key, kind[2]), 0.0) + x[j]
-        elif kind[0] == "p":
-            p[kind[1]] = x[j]
-        elif kind[0] == "art":
-            art += x[j]
-    return n, p, art
-
-
-def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, deadline):
-    """Best-bound branch-and-price from the root LP; returns (plan, cost, bound)."""
-    import heapq
-
-    big_m = 1e3 * (best_cost + 1.0)
-    tol = 1e-6
-    heap: list[tuple[float, int, _Node, object, _Master | None]] = [(root_lb, 0, _Node(bound=root_lb), res, root)]
-    stuck: list[float] = []  # bounds of nodes left open without a branch to take
-    seq = 1
-    dive: list = []  # first plunge depth-first (rounding up) for a good plan, then best bound first
-    dives = 0
-    while heap or dive:
-        in_dive = bool(dive)
-        if dive:
-            bound, _, node, nres, master = dive.pop()
-            if bound >= best_cost - tol:
-                continue
-            if time.monotonic() >= deadline:
-                heapq.heappush(heap, (bound, seq, node, None, None))
-                seq += 1
-                break
-        else:
-            bound, _, node, nres, master = heap[0]
-            if bound >= best_cost - tol:
-                break  # best bound first: every open node is as costly as the plan in hand
-            if time.monotonic() >= deadline:
-                break
-            heapq.heappop(heap)
-        if nres is None:
-            master = _Master(model, types, target, node, big_m)
-            for ty, k, counts in pool:
-                master.add_pattern(ty, k, counts)
-            nres, nlb, conv = _generate(model, master, types, pool, deadline)
-            if nres is None or not conv:  # HiGHS failed, or out of time (the loop then ends)
-                stuck.append(max(bound, nlb))
-                continue
-            bound = max(bound, nlb)
-            if bound >= best_cost - tol:
-                continue
-        n, p, art = _counts(master, nres.x)
-        if in_dive and art <= 1e-7:
-            sol = _residual(model, master, nres.x, target)
-            if sol is not None and cost_usd(model, sol) < best_cost:
-                best, best_cost = sol, cost_usd(model, sol)
-        frac = [(v - math.floor(v), ("n", key)) for key, v in n.items() if abs(v - round(v)) > 1e-6]
-        frac += [(v - math.floor(v), ("p", g)) for g, v in p.items() if abs(v - round(v)) > 1e-6]
-        if not frac:
-            if art > 1e-7:
-                stuck.append(bound)
-                continue
-            fixed = _Node(n={key: (round(v), round(v)) for key, v in n.items()}, p=node.p)
-            fm = _Master(model, types, target, fixed)
-            for ty, k, counts in pool:
-                fm.add_pattern(ty, k, counts)
-            mres = fm.mip(min(0.2, deadline - time.monotonic()))
-            if mres.x is not None:
-                sol = _extract(model, fm, mres.x)
-                cost = cost_usd(model, sol)
-                if cost < best_cost and sum(sol.placed(len(model.groups))) >= target:
-                    best, best_cost = sol, cost
-                if cost <= bound + tol:
-                    dive.clear()
-                    continue
-            stuck.append(bound)
-            dive.clear()
-            continue
-        plunge = dives < 2 and (in_dive or not node.n and not node.p)
-        if plunge:  # dive: round up the count nearest its ceiling (the cheapest step to integral)
-            _, (what, key) = max(frac, key=lambda it: (it[0], str(it[1])))
-        else:  # the most fractional count
-            _, (what, key) = max(frac, key=lambda it: (min(it[0], 1 - it[0]), str(it[1])))
-        v = n[key] if what == "n" else p[key]
-        for lo_hi in ("down", "up"):
-            child = _Node(n=dict(node.n), p=dict(node.p), bound=bound)
-            table = child.n if what == "n" else child.p
-            grp = model.groups[key] if what == "p" else None
-            lo, hi = table.get(key, (0, math.inf if grp is None else 1 if grp.together else grp.count))
-            if lo_hi == "down":
-                table[key] = (lo, math.floor(v))
-            else:
-                table[key] = (math.ceil(v), hi)
-            if table[key][0] > table[key][1]:
-                continue
-            if plunge and lo_hi == "up":
-                dive.append((bound, seq, child, None, None))
-            else:
-                heapq.heappush(heap, (bound, seq, child, None, None))
-            seq += 1
-        if plunge and not dive:
-            dives += 1
-    lb = min([b for b, *_ in heap] + stuck + [best_cost])
-    return best, best_cost, max(root_lb, lb)
-
-
-def _dive(model: PlanModel, types: list[_Type], target: int, pool: list, deadline: float) -> Solution | None:
-    """Fix-and-solve: fix the LP's whole machines (λ_j ≥ ⌊λ_j⌋ as column bounds),
-    price again, repeat while that fixes more; then the integer master over the
-    small remainder. Bounds on columns leave pricing unchanged. A plan, or None."""
-    master = _Master(model, types, target)
-    for ty, k, counts in pool:
-        master.add_pattern(ty, k, counts)
-    while time.monotonic() < deadline:
-        res, _, _ = _generate(model, master, types, pool, deadline)
-        if res is None:
-            return None
-        x = np.concatenate([res.x, np.zeros(len(master.kind) - len(res.x))])  # columns priced after it
-        cols = [j for j, kind in enumerate(master.kind) if kind[0] in ("pat", "host")]
-        frac = [j for j in cols if x[j] - math.floor(x[j] + 1e-9) > 1e-6]
-        if not frac:
-            sol = _extract(model, master, x)
-            ok = not violations(model, sol) and sum(sol.placed(len(model.groups))) >= target
-            return sol if ok else None
-        moved = False
-        for j in cols:
-            lo = math.floor(x[j] + 1e-9)
-            if lo > master.bounds[j][0]:
-                master.bounds[j] = (lo, master.bounds[j][1])
-                moved = True
-        if not moved:  # what is left is small: the integer master over it, the whole machines fixed
-            mres = master.mip(deadline - time.monotonic())
-            if mres.x is None:
-                return None
-            sol = _extract(model, master, mres.x)
-            ok = not violations(model, sol) and sum(sol.placed(len(model.groups))) >= target
-            return sol if ok else None
-    return None
-
-
-def _residual(model: PlanModel, master: _Master, x: np.ndarray, target: int) -> Solution | None:
-    """Residual rounding: the LP's whole machines (⌊λ_j⌋ of each pattern), the rest
-    of the work by first fit. A feasible plan, or None."""
-    from fuse.controller.pool.greedy import greedy
-
-    xf = np.floor(np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))]) + 1e-9)
-    for j, kind in enumerate(master.kind):
-        if kind[0] == "p":
-            xf[j] = master.bounds[j][1]  # keep every VM the whole machines hold
-    sol = greedy(model, start=_extract(model, master, xf))
-    if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
-        return None
-    return sol
-
-
-def _extract(model: PlanModel, master: _Master, x: np.ndarray) -> Solution:
+def extract(model: PlanModel, master: Master, x: np.ndarray) -> Solution:
     """The plan of a master solution ``x`` (columns priced after it count as 0)."""
     groups = model.groups
     x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))])

@@ -135,9 +135,9 @@ def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution, sh
               deadline: float) -> tuple[Solution, float, bool, bool] | None:
     """The pattern model's (plan, bound, proven, settled), or None when it does not apply.
     Its LP must settle by ``share``; once it has, its search may use the time to ``deadline``."""
-    from fuse.controller.pool import patterns
+    from fuse.controller.pool import patterns, search  # scipy is imported on first use
 
-    got = patterns.solve(model, kept, target, base, share, deadline)
+    got = search.solve(model, kept, target, base, share, deadline)
     if got is None:
         return None
     sol, lb, proven, settled = got
