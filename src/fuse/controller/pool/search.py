@@ -237,7 +237,7 @@ def _dive(model: PlanModel, types: list[MachineType], target: int, pool: list, d
             return sol if ok else None
         moved = False
         for j in cols:
-            lo = math.floor(x[j] + 1e-9)
+            lo = math.floor(x[j] + 0.3)  # nearly whole machines (λ ≥ ⌊λ⌋ + 0.7) are rounded up too
             if lo > master.bounds[j][0]:
                 master.bounds[j] = (lo, master.bounds[j][1])
                 moved = True
