@@ -170,7 +170,7 @@ def build(model: PlanModel, kept: list[int]) -> Formulation:
     # new machines: counts per (type, billing class)
     ready = m.new_int_var(0, max((model.offers[t].boot_secs for t in kept), default=0), "ready")
     per_family: dict[str, list[Any]] = {}
-    usd_terms, host_terms, monthly_terms = [], [], []
+    usd_terms, host_terms = [], []
     total = sum(g.count for g in groups)
     for t in kept:
         o = model.offers[t]

@@ -4,7 +4,6 @@ both; every write is one transaction."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from contextlib import contextmanager
@@ -215,6 +214,3 @@ class Store:
             else:
                 c.execute(insert(settings).values(key=key, value=value))
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)
