@@ -75,8 +75,6 @@ def test_register_place_events_and_usage_over(fleet, transport):
     assert host.url == addrs[transport]
     assert host.capacity.cpus > 0 and host.capacity.ram_mb > 0 and host.agent_id  # probed over this transport
 
-    if not hasattr(c, "vms"):
-        pytest.skip("placement is not in this tree yet")
     vm_name = f"vm-{hid}"
     vm = c.vms.create(shape={"vcpus": 1, "mem_mib": 64}, entry="echo hello", name=vm_name, host=hid)
     try:
@@ -122,8 +120,6 @@ def test_a_vm_moves_there_and_back_over(fleet, transport):
     over `transport` and home again, so bytes cross it in both directions."""
     ctl, _, addrs = fleet
     c = ctl.client()
-    if not hasattr(c, "moves") or not hasattr(c, "vms"):
-        pytest.skip("moves are not in this tree yet")
     home, away = host_id("local socket"), host_id(transport)
     for hid, t in ((home, "local socket"), (away, transport)):
         c.hosts.register(fuse.RegisterHostRequest(
