@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 
 def owner_only_socket(path: Path) -> socket.socket:
@@ -70,15 +71,22 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     lifespan; the second (if any) shares it."""
     servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = []
     lifespan = "on"
+    # An app with a bulk server (the agent's) speaks its copy protocol on
+    # plain listeners too; mutual-TLS listeners stay HTTP only.
+    bulk = getattr(getattr(app, "state", None), "bulk", None)
+
+    def http(trusted: bool, tls: bool = False) -> Any:
+        return bulk.protocol(AutoHTTPProtocol, trusted) if bulk and not tls else "auto"
+
     if listen:
         host, port = parse_listen(listen)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
-                             **(ssl_options or {}))
+                             http=http(False, bool(ssl_options)), **(ssl_options or {}))
         servers.append((_Server(cfg), None))
         lifespan = "off"
     if socket_path:
         sock = owner_only_socket(Path(socket_path))
-        cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan)
+        cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan, http=http(True))
         servers.append((_Server(cfg), [sock]))
     if not servers:
         raise ValueError("nothing to serve on: give a listen address or a socket path")

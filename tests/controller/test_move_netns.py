@@ -54,7 +54,9 @@ def test_cutting_the_network_to_the_target_mid_copy_brings_the_vm_home(tmp_path,
                                  "--token", "t", "--socket", str(tmp_path / "dst.sock")],
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True),
                log, url=f"http://{netns['addr']}:{port}", token="t", state_dir=state)
-    ctl = start_controller(tmp_path, env={"FUSE_MOVE_IO_TIMEOUT": "3"})
+    ctl = start_controller(tmp_path, env={"FUSE_MOVE_IO_TIMEOUT": "3",
+                                                # chunks keep flowing for a few seconds: the cut comes mid-copy
+                                                "FUSE_TEST_CHUNK_DELAY": "0.1"})
     try:
         import httpx
         wait_until(lambda: httpx.get(dst.url + "/v1/host", headers={"Authorization": "Bearer t"}, timeout=2)

@@ -90,6 +90,7 @@ def test_a_counting_vm_moves_and_carries_on(fleet):
     m = fleet.wait_move(m["id"])
     assert m["state"] == "done", m
     assert m["total_bytes"] > 3 * 4 * 1024 * 1024 and m["copied_bytes"] == m["total_bytes"]
+    assert m["copy_path"] == "bulk" and m["copy_secs"] > 0 and m["verify_secs"] > 0
     assert fleet.running_copies("job1") == ["dst"]
     assert "job1" not in fleet.host_vms("src")
     assert fleet.client.vms.get("job1")["host"] == "dst"
@@ -196,13 +197,15 @@ def test_controller_crash_at_every_step_completes_or_rolls_back(fleet, point):
     assert fleet.client.vms.get("job1")["host"] == where
 
 
-def test_a_corrupted_chunk_brings_the_vm_home(fleet):
+@pytest.mark.parametrize("path", ["bulk", "http"])
+def test_a_corrupted_chunk_brings_the_vm_home(fleet, path):
     fleet.add("src")
     fleet.add("dst")
     fleet.client.vms.create(vm_body("job1", host="src"))
-    fleet.restart_controller(env={"FUSE_TEST_CORRUPT_CHUNK": "2"})
+    fleet.restart_controller(env={"FUSE_TEST_CORRUPT_CHUNK": "2", "FUSE_MOVE_COPY_PATH": "auto" if path == "bulk" else path})
     m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
-    assert m["state"] == "failed" and ("sha256" in m["reason"] or "match" in m["reason"])
+    assert m["state"] == "failed" and "sha256" in m["reason"] and "does not match" in m["reason"], m
+    assert m["copied_bytes"] == m["total_bytes"]  # every chunk arrived; the check caught the damaged one
     _check_home_or_moved(fleet, "job1", expect="src")
 
 
@@ -210,6 +213,7 @@ def test_target_agent_dying_mid_copy_brings_the_vm_home_and_cleans_up_later(flee
     fleet.add("src")
     fleet.add("dst")
     fleet.client.vms.create(vm_body("job1", host="src", mem=4096))  # 64 MiB image: 16 chunks
+    fleet.restart_controller(env={"FUSE_TEST_CHUNK_DELAY": "0.2"})  # the agent dies while chunks still flow
     m = fleet.client.moves.create("job1", to="dst")
     wait_until(lambda: fleet.client.moves.get(m["id"])["copied_bytes"] > 0, timeout=30, what="copy started")
     dst = fleet.agents["dst"]
@@ -251,7 +255,8 @@ def test_drain_reports_vms_that_cannot_move_and_uncordon_ends_it(fleet):
 def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_ones(tmp_path, postgres):
     db = postgres.create_db("fuse_moves_replicas")
     a = start_controller(tmp_path, db=db, name="ctl-a", env={"FUSE_TEST_CRASH_AT": "chunk:2"})
-    b = start_controller(tmp_path, db=db, name="ctl-b")
+    # b copies slowly (a pause after each chunk), so its move is still under way as c starts.
+    b = start_controller(tmp_path, db=db, name="ctl-b", env={"FUSE_TEST_CHUNK_DELAY": "0.1"})
     agents = [start_agent(tmp_path, backend="fake", name=f"agent-{h}") for h in ("src", "dst")]
     extra = []
     try:
@@ -269,7 +274,7 @@ def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_one
             vm = cb.vms.get("job1")
             assert (vm["host"], vm["state"]) == ("src", "running")
             # A replica starting while another drives a move leaves it alone.
-            cb.vms.create(vm_body("big", host="src", mem=16384))  # a 256 MiB image: a few seconds of copying
+            cb.vms.create(vm_body("big", host="src", mem=16384))  # a 256 MiB image: 64 chunks, 6 s or more
             m2 = cb.moves.create("big", to="dst")
             c = start_controller(tmp_path, db=db, name="ctl-c")
             extra.append(c)

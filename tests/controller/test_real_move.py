@@ -54,6 +54,7 @@ def test_counting_guest_moves_between_real_agents_and_continues(two_qemu_hosts, 
                    what="move to end")
     assert m["state"] == "done", m
     assert m["copied_bytes"] == m["total_bytes"] > 4 * 1024 * 1024  # several 4 MiB chunks
+    assert m["copy_path"] == "bulk"  # agents on loopback TCP: the copy never enters Python
     wait_until(lambda: len(numbers(c.vms.console("counter")["text"])) >= 3, timeout=60, what="counting on the target")
     after = numbers(c.vms.console("counter")["text"])  # the target's console: only what ran there
     # It carries on from the instant it slept (a few ticks after `before`), not from 0.

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from .. import http_errors
 from ..auth import bearer_checker
 from . import probe as probe_mod
+from .bulk import FEATURE, BulkServer
 
 
 @dataclass
@@ -64,6 +65,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
                   dependencies=[Depends(bearer_checker(cfg.token))])
     http_errors.install(app)
     app.state.config = cfg
+    app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)
 
     @app.get("/v1/host", summary="Describe this host: probed hardware and live room.")
     async def get_host(request: Request) -> dict[str, Any]:
@@ -74,7 +76,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
         vms = getattr(request.app.state, "vms", None)
         if vms is not None:
             live.update(vms.summary())
-        return {"agent_id": ident, "backend": cfg.backend,
+        return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live}
 

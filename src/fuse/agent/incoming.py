@@ -2,7 +2,9 @@
 install as a sleeping VM.
 
     POST   /v1/host/incoming                    begin: admission + reservation
-    PUT    /v1/host/incoming/{move}/files/{f}   bytes at an offset (any order)
+    PUT    /v1/host/incoming/{move}/files/{f}   bytes at an offset (any order;
+                                                or the bulk protocol, ``bulk``)
+    POST   /v1/host/incoming/{move}/verify      sizes and SHA-256 as received
     POST   /v1/host/incoming/{move}/install     SHA-256 check -> sleeping VM
     DELETE /v1/host/incoming/{move}             abort (idempotent)
 
@@ -106,15 +108,22 @@ class IncomingMoves:
             mgr.events.emit("vm_state", vm=name, to="incoming", move_id=req.move_id)
         return self.describe(entry)
 
-    async def write(self, move_id: str, file: str, offset: int, data: bytes) -> dict[str, Any]:
-        """Write ``data`` at ``offset`` of a declared file."""
+    def writable(self, move_id: str, file: str, offset: int, length: int) -> Path:
+        """The path to write ``length`` bytes at ``offset`` of a declared
+        file (checked against its size); a write undoes an earlier verify."""
         entry = self._entry(move_id)
         path = self._state_path(entry, file)
         size = next(f["size"] for f in entry["files"] if f["name"] == file)
-        if offset < 0 or offset + len(data) > size:
-            raise InvalidArgument(f"bytes {offset}..{offset + len(data)} fall outside {file} ({size} bytes)")
+        if offset < 0 or offset + length > size:
+            raise InvalidArgument(f"bytes {offset}..{offset + length} fall outside {file} ({size} bytes)")
+        entry.pop("verified", None)
+        return path
+
+    async def write(self, move_id: str, file: str, offset: int, data: bytes) -> dict[str, Any]:
+        """Write ``data`` at ``offset`` of a declared file."""
         if len(data) > MAX_CHUNK:
             raise InvalidArgument(f"chunks are at most {MAX_CHUNK} bytes")
+        path = self.writable(move_id, file, offset, len(data))
 
         def _write() -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -124,6 +133,21 @@ class IncomingMoves:
                 os.close(fd)
         await asyncio.to_thread(_write)
         return {"file": file, "offset": offset, "written": len(data)}
+
+    async def verify(self, move_id: str) -> dict[str, Any]:
+        """Size and SHA-256 of every file as received, and whether each is
+        what the move declared. A clean verify spares ``install`` hashing
+        again (unless a write comes in between)."""
+        entry = self._entry(move_id)
+        out, good = [], True
+        for f in entry["files"]:
+            size, digest = await asyncio.to_thread(_size_and_hash, self._state_path(entry, f["name"]))
+            match = size == f["size"] and digest == f["sha256"]
+            good &= match
+            out.append({"name": f["name"], "size": size, "sha256": digest, "match": match})
+        if good and self.entries.get(move_id) is entry:
+            entry["verified"] = True
+        return {"move_id": move_id, "verified": good, "files": out}
 
     async def install(self, move_id: str) -> Vm:
         """Verify every file's size and SHA-256; the VM becomes sleeping
@@ -136,7 +160,7 @@ class IncomingMoves:
         entry = self._entry(move_id)
         vm = mgr.get(entry["name"])
         async with mgr.lock(vm.name):
-            for f in entry["files"]:
+            for f in [] if entry.get("verified") else entry["files"]:
                 path = self._state_path(entry, f["name"])
                 size, digest = await asyncio.to_thread(_size_and_hash, path)
                 if size != f["size"] or digest != f["sha256"]:

@@ -109,6 +109,7 @@ class HostConnection:
                  timeout: float = 10.0):
         self.addr = addr
         self.kind = transport_kind(addr)
+        self.token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssh = None
         if self.kind == "local":

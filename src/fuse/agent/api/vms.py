@@ -109,6 +109,11 @@ async def put_incoming_file(request: Request, move_id: str, file: str, offset: i
     return await _vms(request).incoming.write(move_id, file, offset, await request.body())
 
 
+@router.post("/v1/host/incoming/{move_id}/verify", summary="Sizes and SHA-256 of the files as received.")
+async def verify_incoming(request: Request, move_id: str) -> dict[str, Any]:
+    return await _vms(request).incoming.verify(move_id)
+
+
 @router.post("/v1/host/incoming/{move_id}/install", summary="Verify the files; install as a sleeping VM.")
 async def install_incoming(request: Request, move_id: str) -> dict[str, Any]:
     return _dump(await _vms(request).incoming.install(move_id))

@@ -1,0 +1,142 @@
+"""The controller's side of the bulk copy protocol (``fuse.agent.bulk``).
+
+A file goes from the source agent to the target agent through the controller
+in 4 MiB chunks, each spliced from the source's socket into the target's
+without entering Python (``splice`` through a pipe), so the controller stays
+the one who copies, counts and can stop between chunks, at socket speed.
+Runs on a thread: every call here blocks, bounded by the socket timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from ..agent.bulk import FEATURE, MAGIC, MAX_HEADER, pipe, set_io_timeout
+from ..errors import FuseError, HostUnreachable
+from ..transport import HostConnection, default_agent_socket
+
+CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to open a bulk connection to one host."""
+    host: str
+    family: int
+    address: Any
+    token: str | None
+
+    def connect(self, timeout: float) -> socket.socket:
+        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(self.address)
+            sock.settimeout(None)
+            set_io_timeout(sock, timeout)
+        except OSError as exc:
+            sock.close()
+            raise HostUnreachable(f"cannot open a copy connection to host {self.host}: {exc}") from exc
+        return sock
+
+
+def endpoint(host: str, conn: HostConnection, summary: dict[str, Any]) -> Endpoint | None:
+    """The bulk endpoint of a host reached over a plain transport whose agent
+    speaks the protocol; None means copy over HTTP (TLS, SSH, older agents)."""
+    if FEATURE not in (summary.get("features") or []):
+        return None
+    if conn.kind == "local":
+        path = str(default_agent_socket()) if conn.addr == "local" else conn.addr[len("unix://"):]
+        return Endpoint(host, socket.AF_UNIX, path, None)
+    if conn.kind == "http" and conn.addr.startswith("http://"):
+        u = urlsplit(conn.addr)
+        if u.hostname is None:
+            return None
+        family = socket.AF_INET6 if ":" in u.hostname else socket.AF_INET
+        return Endpoint(host, family, (u.hostname, u.port or 80), conn.token)
+    return None
+
+
+def _read_line(sock: socket.socket, host: str) -> dict[str, Any]:
+    """One JSON reply line, consuming nothing after it."""
+    while True:
+        peek = sock.recv(MAX_HEADER, socket.MSG_PEEK)
+        if not peek:
+            raise HostUnreachable(f"host {host} closed the copy connection without a reply")
+        end = peek.find(b"\n")
+        if end >= 0:
+            line = sock.recv(end + 1, socket.MSG_WAITALL)
+            return json.loads(line)
+        if len(peek) >= MAX_HEADER:
+            raise HostUnreachable(f"host {host} sent a copy reply longer than {MAX_HEADER} bytes")
+        # wait for more than what is there: a blocking read of all of it and one byte more
+        sock.recv(len(peek) + 1, socket.MSG_PEEK | socket.MSG_WAITALL)
+
+
+def _open(ep: Endpoint, request: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
+    sock = ep.connect(timeout)
+    try:
+        sock.sendall(MAGIC + json.dumps({**request, "token": ep.token}).encode() + b"\n")
+        reply = _read_line(sock, ep.host)
+    except BaseException:
+        sock.close()
+        raise
+    if not reply.get("ok"):
+        sock.close()
+        err = reply.get("error") or {}
+        raise FuseError(f"host {ep.host}: {err.get('message', 'refused the copy')}",
+                        code=err.get("code")).with_status(reply.get("status", 502))
+    return sock, reply
+
+
+def copy_file(src: Endpoint, dst: Endpoint, *, vm: str, move: str, file: str, size: int, timeout: float,
+              on_chunk: Callable[[int], None], corrupt: Callable[[int], bool] = lambda n: False) -> None:
+    """Copy one whole file, chunk by chunk; ``on_chunk(n)`` after each (it may
+    raise to stop); ``corrupt(n)`` says whether to damage that chunk (a test
+    hook: the target's verification must catch it)."""
+    s, _ = _open(src, {"op": "read", "vm": vm, "file": file, "offset": 0, "length": size}, timeout)
+    try:
+        d, _ = _open(dst, {"op": "write", "move": move, "file": file, "offset": 0, "length": size}, timeout)
+    except BaseException:
+        s.close()
+        raise
+    r, w = pipe()
+    try:
+        done = 0
+        while done < size:
+            n = min(CHUNK, size - done)
+            if corrupt(n):
+                data = bytearray(s.recv(n, socket.MSG_WAITALL))
+                if len(data) != n:
+                    raise HostUnreachable(f"host {src.host} stopped sending {file} at {done + len(data)} of {size}")
+                data[0] ^= 0xFF
+                d.sendall(data)
+            else:
+                _splice_exactly(s, r, w, d, n, src.host, file, done, size)
+            done += n
+            on_chunk(n)
+        reply = _read_line(d, dst.host)
+        if reply.get("written") != size:
+            raise HostUnreachable(f"host {dst.host} wrote {reply.get('written')} of {size} bytes of {file}")
+    except OSError as exc:
+        raise HostUnreachable(f"copying {file} from {src.host} to {dst.host} failed: {exc}") from exc
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        s.close()
+        d.close()
+
+
+def _splice_exactly(s: socket.socket, r: int, w: int, d: socket.socket, n: int,
+                    host: str, file: str, at: int, size: int) -> None:
+    while n:
+        got = os.splice(s.fileno(), w, n)
+        if got == 0:
+            raise HostUnreachable(f"host {host} stopped sending {file} at {at} of {size} bytes")
+        n, at = n - got, at + got
+        while got:
+            got -= os.splice(r, d.fileno(), got)
