@@ -79,6 +79,25 @@ def vm_body(name, mem=1024, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": mem}, "entry": "count", **kw}
 
 
+def test_a_vm_moves_there_and_straight_back_by_name_alone(fleet):
+    """Once the target woke it the VM is on the target only: the source's
+    sleeping copy, until it is removed, never makes the name ambiguous,
+    however many times the pollers see it."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "woke:4"})  # hold each move between wake and removal
+    for to, away in (("dst", "src"), ("src", "dst")):
+        m = fleet.client.moves.create("job1", to=to)
+        wait_until(lambda: fleet.client.moves.get(m["id"])["state"] == "waking"
+                   and fleet.host_vms(to).get("job1", {}).get("state") == "running", timeout=30, what="target woke")
+        assert fleet.host_vms(away)["job1"]["state"] == "sleeping"  # the source copy is still there...
+        time.sleep(2.0)  # ...while the pollers see both hosts at least once
+        assert fleet.client.vms.get("job1")["host"] == to
+        assert fleet.wait_move(m["id"])["state"] == "done"
+    assert fleet.running_copies("job1") == ["src"]
+
+
 def test_a_counting_vm_moves_and_carries_on(fleet):
     fleet.add("src")
     fleet.add("dst")

@@ -177,6 +177,9 @@ class Fleet:
             for r in records:
                 if r.get("state") == "deleted":
                     continue
+                if r.get("move_id") and r["name"] not in known and c.execute(select(vms_t.c.host).where(
+                        vms_t.c.name == r["name"], vms_t.c.host != host_id)).first():
+                    continue  # a moved VM's source copy, waiting to be removed: the VM lives elsewhere now
                 row = dict(vcpus=r["shape"]["vcpus"], mem_mib=r["shape"]["mem_mib"], state=r["state"], record=r)
                 if r["name"] in known:
                     c.execute(update(vms_t).where(vms_t.c.host == host_id, vms_t.c.name == r["name"]).values(**row))

@@ -80,6 +80,14 @@ def _crash_point(point: str) -> None:
         os._exit(137)
 
 
+async def _pause_point(point: str) -> None:
+    """Test hook: FUSE_TEST_PAUSE_AT=<point>:<seconds> holds the move there
+    while the rest of the controller (pollers, API) carries on."""
+    where, _, secs = os.environ.get("FUSE_TEST_PAUSE_AT", "").partition(":")
+    if where == point:
+        await asyncio.sleep(float(secs or 1))
+
+
 class MoveService:
     def __init__(self, ctl):
         self.ctl = ctl
@@ -241,6 +249,7 @@ class MoveService:
                 row = self._set(move_id, "waking")
                 await self._wake_target(row)
                 _crash_point("woke")
+                await _pause_point("woke")
                 await self._finish(self._set(move_id, "done"))
         except asyncio.CancelledError:
             raise
