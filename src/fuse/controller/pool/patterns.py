@@ -28,10 +28,15 @@ groups enter in order of duration, so the programme's value after the groups
 of class k is that class's best pattern. A cheap fractional bound skips types
 that cannot price out.
 
-Bound: at any iteration, with z the restricted LP's optimum and U_tk an upper
-bound on the machines of (t, k), LB = z + Σ_tk min(0, rc_tk)·U_tk is a valid
-lower bound on every integer plan (Lagrangian / Farley argument); when no
-column prices out it is the LP optimum of the full pattern model.
+Bound: at any iteration, with y ≤ 0 the restricted LP's row prices (clipped),
+rc = c − Aᵀy and U_tk an upper bound on the machines of (t, k),
+LB = y·b + Σ_g rc_g·(p_g at the bound rc favours) + Σ_tk min(0, rc_tk)·U_tk is a
+valid lower bound on every integer plan (Lagrangian / Farley argument), with
+rc_tk the least reduced cost of any pattern of (t, k): over the master's
+columns and, for the rest, the pricing DP's optimum or the fractional screen's
+bound. It is computed from y (``lagrangian_bound``), never read from HiGHS,
+so LP tolerances cannot make it invalid, only weaker; when no column prices
+out it is the LP optimum of the full pattern model.
 
 Plans and the search (module ``search``): the best of residual rounding (the LP's whole machines, the rest by
 first fit), fix-and-solve (fix the whole machines, re-price, repeat, then the
@@ -39,9 +44,10 @@ integer master over the remainder), the integer master over every generated
 pattern, and the FFD plan. Then branch-and-price, best bound first, branching
 on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed count p_g): rows of the
 caps' shape, so pricing is unchanged and every pattern is valid in every node.
-The bound is then the least bound of the open nodes (each node's own Farley
-bound, every integer plan lying in some open node or in one pruned by the
-plan in hand); the plan is proven optimal when its cost meets it.
+The bound is then the least bound of the open nodes and of the nodes closed
+within 10⁻⁶ USD of the plan in hand (each node's own Lagrangian bound; every
+integer plan lies in one of them or in a node no cheaper than the plan); the
+plan is proven optimal when its cost meets it (within 10⁻⁶ USD).
 """
 
 from __future__ import annotations
@@ -280,17 +286,23 @@ def _frac_bound(vals: list[tuple[float, int, int, int]], cap_cpu: int, cap_mem: 
     return best
 
 
-def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float]) -> list[tuple[float, int, dict[int, int]]]:
-    """(reduced cost, class, pattern) of the best pattern of each class of ``ty`` that prices out."""
+def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
+           floor: list[float] | None = None) -> list[tuple[float, int, dict[int, int]]]:
+    """(reduced cost, class, pattern) of the best pattern of each class of ``ty`` that prices out.
+    ``floor[k]`` is set to a lower bound on the reduced cost of every pattern of class k
+    (exact where the DP ran, the fractional bound where the screen stopped it)."""
     groups = model.groups
     out = []
+    floor = floor if floor is not None else [0.0] * len(ty.deltas)
     if ty.one_space(model):
         for k, delta in enumerate(ty.deltas):
             cand = [(pi[g], g) for g in ty.groups if ty.cls[g] <= k and ty.q[g] >= 1
                     and (not groups[g].together or groups[g].count == 1)]
+            floor[k] = math.inf
             if cand:
                 v, g = max(cand)
                 rc = ty.kappa[k] + mu[k] - v
+                floor[k] = rc
                 if rc < -1e-7:
                     out.append((rc, k, {g: 1}))
         return out
@@ -309,7 +321,8 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float]) -
     promising = []
     for k, delta in enumerate(ty.deltas):
         vals = [(v, wc, wm, u) for g, v, wc, wm, u, _ in items if ty.cls[g] <= k]
-        if vals and ty.kappa[k] + mu[k] - _frac_bound(vals, ty.cap_cpu, ty.cap_mem) < -1e-7:
+        floor[k] = ty.kappa[k] + mu[k] - (_frac_bound(vals, ty.cap_cpu, ty.cap_mem) if vals else 0.0)
+        if vals and floor[k] < -1e-7:
             promising.append(k)
     if not promising:
         return out
@@ -350,6 +363,7 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float]) -
         counts = _backtrack(copies[:stage_end[k]], C, M)
         val = sum(pi[g] * n for g, n in counts.items())
         rc = ty.kappa[k] + mu[k] - val
+        floor[k] = max(floor[k], rc)  # the DP's optimum: exact
         if rc < -1e-7 and counts:
             out.append((rc, k, counts))
     return out
@@ -374,16 +388,16 @@ class TooBig(Exception):
 
 
 def generate(model: PlanModel, master: Master, types: list[MachineType], pool: list, deadline: float):
-    """Column generation on ``master``: (last LP result or None, Farley bound, converged).
+    """Column generation on ``master``: (last LP result or None, Lagrangian bound, converged).
     New patterns join ``pool``."""
     lb, res = -math.inf, None
     while time.monotonic() < deadline:
         res = master.lp()
         if res.status != 0:
             return None, lb, False
-        y = res.ineqlin.marginals  # ≤ 0
+        y = np.minimum(res.ineqlin.marginals, 0.0)  # ≤ 0 (clipped: the bound holds for any y ≤ 0)
         pi = np.array([-y[r] for r in master.cover])
-        new, lag = 0, res.fun
+        new, floors = 0, {}
         for ty in types:
             mu = []
             for k in range(len(ty.deltas)):
@@ -391,17 +405,45 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
                 if master.monthly is not None:
                     v += -y[master.monthly] * ty.kappa[k]
                 mu.append(v)
-            best = {}
-            for rc, k, counts in _price(model, ty, pi, mu):
+            floor = [0.0] * len(ty.deltas)
+            for rc, k, counts in _price(model, ty, pi, mu, floor):
                 if master.add_pattern(ty, k, counts):
                     new += 1
                     pool.append((ty, k, counts))
-                best[k] = min(best.get(k, 0.0), rc)
-            lag += sum(rc * ty.ub for rc in best.values())
-        lb = max(lb, lag)
+            for k, v in enumerate(floor):
+                floors[ty.key, k] = v
+        lb = max(lb, lagrangian_bound(master, types, y, floors))
         if new == 0:
             return res, lb, True
     return res, lb, False
+
+
+def lagrangian_bound(master: Master, types: list[MachineType], y: np.ndarray, floors: dict) -> float:
+    """A lower bound on every plan the master's node admits, from any row prices y ≤ 0.
+
+    For a plan x (Ax ≤ b): c·x ≥ y·b + Σ_j rc_j x_j with rc = c − Aᵀy. Placed
+    counts p_g sit in their bounds; the patterns of (t, k) sum to N_tk ≤ U_tk, so
+    theirs is at least min(0, least rc of the class)·U_tk, the least rc taken over
+    the master's columns and ``floors`` (a lower bound for the patterns not in
+    it, from pricing). Computed here from y, not read from the LP solver, so its
+    tolerances do not enter; artificial columns are in no plan."""
+    a = master._matrix()
+    rc = np.array(master.cols_c) - a.T @ y
+    bound = float(y @ np.array(master.b))
+    worst = dict(floors)
+    for j, kind in enumerate(master.kind):
+        lo, hi = master.bounds[j]
+        if kind[0] == "p":
+            bound += rc[j] * (hi if rc[j] < 0 else lo)
+        elif kind[0] in ("pat", "host"):
+            key = (("h" if kind[0] == "host" else "t", kind[1]), kind[2])
+            worst[key] = min(worst.get(key, 0.0), rc[j])
+            if rc[j] > 0:
+                bound += rc[j] * lo
+    for ty in types:
+        for k in range(len(ty.deltas)):
+            bound += min(0.0, worst.get((ty.key, k), 0.0)) * ty.ub
+    return bound
 
 
 def extract(model: PlanModel, master: Master, x: np.ndarray) -> Solution:

@@ -6,7 +6,8 @@
                                     (best bound first, after one dive)
 
 Every plan here packs by construction; the bound is the least bound of the
-open branch-and-price nodes (see ``solve``).
+open branch-and-price nodes and of those closed within 10⁻⁶ USD of the plan
+(see ``solve``), each a Lagrangian bound computed from the LP's row prices.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     every pattern stays valid in every node. A node whose counts are all
     integral has its cost fixed (Σ κ_tk N_tk); the integer master with N fixed
     then finds its plan or the node stays open. The bound is the least bound of
-    the open nodes; with none open the best plan is proven optimal."""
+    the open nodes and of the nodes closed within ``tol`` of the plan; with none
+    open the best plan is proven optimal. Only float rounding is taken off the
+    bound (10⁻⁹ relative): it is computed from the row prices, not read from HiGHS."""
     c, groups = model.constraints, model.groups
     if c.exact_new_hosts is not None:
         return None
@@ -102,7 +105,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
             best, best_cost, lb = _branch(model, types, target, pool, res, root, lb, best, best_cost, end)
         except TooBig:
             pass
-    lb = max(0.0, lb - 1e-7 * max(1.0, abs(lb)))  # HiGHS tolerances
+    lb = max(0.0, lb - 1e-9 * max(1.0, abs(lb)))  # float rounding in the bound's sums
     proven = converged and best_cost <= lb + 1e-6
     return best, min(lb, best_cost), proven, converged
 
@@ -131,6 +134,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
     tol = 1e-6
     heap: list[tuple[float, int, Node, object, Master | None]] = [(root_lb, 0, Node(bound=root_lb), res, root)]
     stuck: list[float] = []  # bounds of nodes left open without a branch to take
+    pruned: list[float] = []  # bounds of nodes closed within ``tol`` of the plan in hand
     seq = 1
     dive: list = []  # first plunge depth-first (rounding up) for a good plan, then best bound first
     dives = 0
@@ -139,6 +143,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
         if dive:
             bound, _, node, nres, master = dive.pop()
             if bound >= best_cost - tol:
+                pruned.append(bound)
                 continue
             if time.monotonic() >= deadline:
                 heapq.heappush(heap, (bound, seq, node, None, None))
@@ -161,6 +166,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                 continue
             bound = max(bound, nlb)
             if bound >= best_cost - tol:
+                pruned.append(bound)
                 continue
         n, p, art = _counts(master, nres.x)
         if in_dive and art <= 1e-7:
@@ -184,6 +190,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                 if cost < best_cost and sum(sol.placed(len(model.groups))) >= target:
                     best, best_cost = sol, cost
                 if cost <= bound + tol:
+                    pruned.append(bound)
                     dive.clear()
                     continue
             stuck.append(bound)
@@ -213,7 +220,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             seq += 1
         if plunge and not dive:
             dives += 1
-    lb = min([b for b, *_ in heap] + stuck + [best_cost])
+    lb = min([b for b, *_ in heap] + stuck + pruned + [best_cost])
     return best, best_cost, max(root_lb, lb)
 
 
