@@ -175,6 +175,7 @@ class Master:
         self.bounds: list[tuple[float, float]] = []
         self.integral: list[int] = []
         self.kind: list[tuple] = []
+        self._nz: tuple[list[int], list[int], list[float]] = ([], [], [])
 
         def row(name: str, rhs: float) -> int:
             self.rows.append(name)
@@ -226,6 +227,11 @@ class Master:
         self.patterns: set[tuple[int, int, tuple[int, ...]]] = set()
 
     def _col(self, cost: float, a: dict[int, float], bounds, integral: int, kind: tuple) -> int:
+        j = len(self.cols_c)
+        for r, v in a.items():  # the matrix's triplets, kept as columns come (built once per LP)
+            self._nz[0].append(r)
+            self._nz[1].append(j)
+            self._nz[2].append(v)
         self.cols_c.append(cost)
         self.cols_a.append(a)
         self.bounds.append(bounds)
@@ -248,12 +254,7 @@ class Master:
         return True
 
     def _matrix(self):
-        data, rows, cols = [], [], []
-        for j, a in enumerate(self.cols_a):
-            for r, v in a.items():
-                rows.append(r)
-                cols.append(j)
-                data.append(v)
+        rows, cols, data = self._nz
         return csc_matrix((data, (rows, cols)), shape=(len(self.rows), len(self.cols_c)))
 
     def lp(self):
