@@ -216,6 +216,24 @@ def test_controller_crash_at_every_step_completes_or_rolls_back(fleet, point):
     assert fleet.client.vms.get("job1")["host"] == where
 
 
+def test_a_controller_stopped_mid_copy_exits_at_once_and_the_next_one_brings_the_vm_home(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src", mem=4096))  # 64 MiB image: 16 chunks
+    fleet.restart_controller(env={"FUSE_TEST_CHUNK_DELAY": "0.5"})  # 8 s of copying
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.client.moves.get(m["id"])["copied_bytes"] > 0, timeout=30, what="copy started")
+    t0 = time.monotonic()
+    fleet.ctl.stop(timeout=30)
+    assert fleet.ctl.popen.returncode == 0 and time.monotonic() - t0 < 5  # not held by the copying thread
+    fleet.ctl = start_controller(fleet.tmp)
+    fleet.client.close()
+    fleet.client = fuse.Client(fleet.ctl.url)
+    m = fleet.wait_move(m["id"])
+    assert m["state"] == "failed" and "restarted" in m["reason"], m
+    _check_home_or_moved(fleet, "job1", expect="src")
+
+
 @pytest.mark.parametrize("path", ["bulk", "http"])
 def test_a_corrupted_chunk_brings_the_vm_home(fleet, path):
     fleet.add("src")

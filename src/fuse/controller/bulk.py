@@ -94,13 +94,17 @@ def _open(ep: Endpoint, request: dict[str, Any], timeout: float) -> tuple[socket
 
 
 def copy_file(src: Endpoint, dst: Endpoint, *, vm: str, move: str, file: str, size: int, timeout: float,
-              on_chunk: Callable[[int], None], corrupt: Callable[[int], bool] = lambda n: False) -> None:
+              on_chunk: Callable[[int], None], corrupt: Callable[[int], bool] = lambda n: False,
+              opened: Callable[[socket.socket], None] = lambda s: None) -> None:
     """Copy one whole file, chunk by chunk; ``on_chunk(n)`` after each (it may
     raise to stop); ``corrupt(n)`` says whether to damage that chunk (a test
-    hook: the target's verification must catch it)."""
+    hook: the target's verification must catch it). ``opened`` gets each
+    socket, so whoever waits can shut them down to stop the copy at once."""
     s, _ = _open(src, {"op": "read", "vm": vm, "file": file, "offset": 0, "length": size}, timeout)
+    opened(s)
     try:
         d, _ = _open(dst, {"op": "write", "move": move, "file": file, "offset": 0, "length": size}, timeout)
+        opened(d)
     except BaseException:
         s.close()
         raise

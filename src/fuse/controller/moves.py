@@ -32,9 +32,12 @@ move is never rolled back by another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
+import socket
+import threading
 import time
 from typing import Any
 
@@ -318,7 +321,18 @@ class MoveService:
         corrupt_at, delay = self._chunks()
         count = {"chunks": 0, "bytes": 0}
 
+        sockets: list[socket.socket] = []
+        stop = threading.Event()
+
+        def opened(sock: socket.socket) -> None:
+            sockets.append(sock)
+            if stop.is_set():
+                sock.close()
+                raise FuseError("the copy was stopped")
+
         def on_chunk(n: int) -> None:
+            if stop.is_set():
+                raise FuseError("the copy was stopped")
             count["chunks"] += 1
             count["bytes"] += n
             if os.environ.get("FUSE_TEST_CRASH_AT"):
@@ -330,7 +344,7 @@ class MoveService:
         def run() -> None:
             for f in row["record"]["files"]:
                 copy_file(src, dst, vm=row["vm"], move=row["id"], file=f["name"], size=f["size"],
-                          timeout=IO_TIMEOUT, on_chunk=on_chunk,
+                          timeout=IO_TIMEOUT, on_chunk=on_chunk, opened=opened,
                           corrupt=lambda n: count["chunks"] + 1 == corrupt_at)
 
         job = asyncio.ensure_future(asyncio.to_thread(run))
@@ -341,7 +355,10 @@ class MoveService:
                 if done:
                     return job.result()
         except asyncio.CancelledError:
-            job.cancel()
+            stop.set()
+            for sock in sockets:  # the copying thread's splice fails at once, so shutdown does not wait on it
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
             raise
 
     async def _copy_http(self, row: dict) -> None:
