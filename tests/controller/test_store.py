@@ -3,11 +3,13 @@ throwaway PostgreSQL server; two controllers sharing one PostgreSQL fleet."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import fuse
 from fuse.controller.store import Store, engine_url
-from support import start_controller
+from support import reap, start_agent, start_controller, wait_until
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -65,3 +67,31 @@ def test_events_get_increasing_ids_on_both_engines(tmp_path, db_url):
         assert store.events_after(got[2]["id"])[0]["data"]["i"] == 3
     finally:
         store.close()
+
+
+def test_replicas_report_a_host_connecting_and_going_away_once(tmp_path, postgres):
+    url = postgres.create_db("fuse_links")
+    ag = start_agent(tmp_path, backend="fake", name="agent-links")
+    a = start_controller(tmp_path, db=url, name="ctl-a")
+    b = start_controller(tmp_path, db=url, name="ctl-b")
+    try:
+        with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
+            ca.hosts.register(fuse.RegisterHostRequest(id="shared", url=ag.url, token=ag.token,
+                                                       capacity=fuse.HostCapacity(vm_count=2)))
+            wait_until(lambda: ca.hosts.get("shared").connected and cb.hosts.get("shared").connected,
+                       what="both replicas connected")
+            time.sleep(2.5)  # both pollers have seen the host several times
+            ag.stop()
+            wait_until(lambda: not ca.hosts.get("shared").connected and not cb.hosts.get("shared").connected,
+                       timeout=30, what="both replicas see the host gone")
+            time.sleep(1.5)
+
+            def link_events(client):
+                return [e["type"] for e in client.events.list(0, limit=500)["events"]
+                        if e["type"] in ("host_connected", "host_disconnected") and e["host"] == "shared"]
+            assert link_events(ca) == link_events(cb) == ["host_connected", "host_disconnected"]
+    finally:
+        a.stop()
+        b.stop()
+        ag.stop()
+        reap(tmp_path)

@@ -158,8 +158,8 @@ class Fleet:
     def _controller_event(self, type_: str, host_id: str, data: dict) -> None:
         if self.store.get_host(host_id) is None:
             return
-        self.store.add_event(type_, {"id": host_id, **data}, host=host_id)
-        self.changed.set()
+        if self.store.set_link(host_id, type_ == "host_connected", type_, {"id": host_id, **data}):
+            self.changed.set()
 
     async def _adopt(self, host_id: str, conn: HostConnection) -> None:
         """Take in the VMs the host already runs (restarts, leftovers)."""

@@ -4,6 +4,7 @@ both; every write is one transaction."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from typing import Any, Iterator
 from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, Text,
                         UniqueConstraint, create_engine, delete, event, func, insert, select, update)
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 metadata = MetaData()
 
@@ -158,6 +160,7 @@ class Store:
     def delete_host(self, conn: Connection, host_id: str) -> None:
         conn.execute(delete(hosts).where(hosts.c.id == host_id))
         conn.execute(delete(host_cursors).where(host_cursors.c.host == host_id))
+        conn.execute(delete(settings).where(settings.c.key == "link:" + hashlib.sha1(host_id.encode()).hexdigest()))
 
     # ---- vms ---------------------------------------------------------------
     def vms_on(self, host_id: str, conn: Connection | None = None) -> list[dict]:
@@ -200,6 +203,26 @@ class Store:
     def last_event_id(self) -> int:
         with self.read() as c:
             return int(c.execute(select(func.coalesce(func.max(events.c.id), 0))).scalar_one())
+
+    def set_link(self, host: str, up: bool, type_: str, data: dict) -> bool:
+        """Record whether ``host`` answers, shared by every controller replica
+        on this store, and add ``type_`` to the events only when that changed:
+        replicas polling the same host report each connect and disconnect
+        once, not once each."""
+        key = "link:" + hashlib.sha1(host.encode()).hexdigest()
+        try:
+            with self.tx() as c:
+                was = c.execute(select(settings.c.value).where(settings.c.key == key).with_for_update()).first()
+                if was is not None and was[0] == up:
+                    return False
+                if was is None:
+                    c.execute(insert(settings).values(key=key, value=up))
+                else:
+                    c.execute(update(settings).where(settings.c.key == key).values(value=up))
+                self.add_event(type_, data, host=host, conn=c)
+                return True
+        except IntegrityError:  # another replica recorded it first
+            return False
 
     # ---- settings ----------------------------------------------------------
     def get_setting(self, key: str, default: Any = None) -> Any:
