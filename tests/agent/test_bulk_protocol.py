@@ -151,3 +151,28 @@ def test_a_writer_that_stops_early_gets_no_closing_reply_and_verify_says_no(agen
     assert api(agent, "POST", "/v1/host/incoming/mv-bulk2/verify")["verified"] is False
     api(agent, "DELETE", "/v1/host/incoming/mv-bulk2")
     assert api(agent, "GET", "/v1/host/incoming")["incoming"] == []
+
+
+def test_verify_and_install_wait_for_writes_in_flight(agent, asleep):
+    payload = os.urandom(2 * 2**20)
+    vm = api(agent, "GET", "/v1/host/vms/s1")
+    api(agent, "POST", "/v1/host/incoming", json={
+        "move_id": "mv-bulk3", "platform": vm.get("platform") or {},
+        "files": [{"name": "memory", "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}],
+        "vm": {"name": "arriving3", "shape": vm["shape"], "entry": "count", "bundle": vm["bundle"],
+               "bundle_fingerprint": vm["bundle_fingerprint"]}})
+    with tcp(agent) as s:
+        assert ask(s, {"op": "write", "token": TOKEN, "move": "mv-bulk3", "file": "memory", "offset": 0,
+                       "length": len(payload)})["ok"]
+        s.sendall(payload[:1000])
+        for step in ("verify", "install"):
+            r = httpx.post(f"{agent.url}/v1/host/incoming/mv-bulk3/{step}",
+                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "writes_in_flight"), r.text
+        s.sendall(payload[1000:])
+        assert ask(s, b"") == {"ok": True, "written": len(payload)}
+    # the write counted as ended before its closing reply went out
+    r = httpx.post(f"{agent.url}/v1/host/incoming/mv-bulk3/verify",
+                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert r.status_code == 200 and r.json()["verified"] is True
+    assert api(agent, "POST", "/v1/host/incoming/mv-bulk3/install")["state"] == "sleeping"

@@ -123,28 +123,52 @@ class BulkServer:
             mgr = self._manager()
             if mgr is None:
                 raise FuseError("the agent is still starting").with_status(503)
-            job = self._resolve(mgr, req)
-            sock = socket.socket(fileno=os.dup(raw.fileno()))
+            job, done = self._resolve(mgr, req)
         except FuseError as exc:
             transport.write(json.dumps(refusal(exc)).encode() + b"\n")
+            transport.close()
+            return
+        try:
+            sock = socket.socket(fileno=os.dup(raw.fileno()))
+        except OSError:  # out of descriptors: the peer sees the connection end
+            done()
             transport.close()
             return
         sock.setblocking(True)
         set_io_timeout(sock, IO_TIMEOUT_S)
         loop = asyncio.get_running_loop()
 
+        released = threading.Event()
+
+        def release() -> None:
+            """Run ``done`` on the event loop, once, and wait for it: a write
+            counts as ended before its closing reply goes out."""
+            if released.is_set():
+                return
+            applied = threading.Event()
+
+            def apply() -> None:
+                done()
+                applied.set()
+            released.set()
+            loop.call_soon_threadsafe(apply)
+            applied.wait(5)
+
         def run() -> None:
             try:
-                job(sock)
+                job(sock, release)
             except (OSError, FuseError):
                 pass  # the peer sees the connection end without the closing reply
             finally:
+                release()
                 sock.close()
                 loop.call_soon_threadsafe(transport.close)
 
         threading.Thread(target=run, name="fuse-bulk", daemon=True).start()
 
-    def _resolve(self, mgr: Any, req: dict[str, Any]) -> Callable[[socket.socket], None]:
+    def _resolve(self, mgr: Any, req: dict[str, Any]) -> tuple[Callable[..., None], Callable[[], None]]:
+        """The operation to run on the thread, and what to do on the event
+        loop once it ended."""
         op, offset, length = req.get("op"), req.get("offset", 0), req.get("length")
         if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:
             raise InvalidArgument("offset and length must be non-negative integers")
@@ -153,10 +177,13 @@ class BulkServer:
             size = path.stat().st_size
             if offset + length > size:
                 raise InvalidArgument(f"bytes {offset}..{offset + length} fall outside {path.name} ({size} bytes)")
-            return lambda sock: _send_file(sock, path, offset, length)
+            return (lambda sock, release: _send_file(sock, path, offset, length)), lambda: None
         if op == "write":
-            path = mgr.incoming.writable(str(req.get("move")), str(req.get("file")), offset, length)
-            return lambda sock: _receive_file(sock, path, offset, length)
+            move = str(req.get("move"))
+            path = mgr.incoming.writable(move, str(req.get("file")), offset, length)
+            mgr.incoming.writing(move, 1)  # verify and install wait for this write to end
+            return ((lambda sock, release: _receive_file(sock, path, offset, length, release)),
+                    lambda: mgr.incoming.writing(move, -1))
         raise InvalidArgument(f"unknown bulk operation {op!r}: read or write")
 
 
@@ -174,7 +201,7 @@ def _send_file(sock: socket.socket, path, offset: int, length: int) -> None:
         os.close(fd)
 
 
-def _receive_file(sock: socket.socket, path, offset: int, length: int) -> None:
+def _receive_file(sock: socket.socket, path, offset: int, length: int, landed: Callable[[], None]) -> None:
     send_line(sock, {"ok": True})
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     r, w = pipe()
@@ -190,4 +217,5 @@ def _receive_file(sock: socket.socket, path, offset: int, length: int) -> None:
     finally:
         for x in (r, w, fd):
             os.close(x)
+    landed()
     send_line(sock, {"ok": True, "written": length})

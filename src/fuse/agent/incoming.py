@@ -119,6 +119,16 @@ class IncomingMoves:
         entry.pop("verified", None)
         return path
 
+    def writing(self, move_id: str, delta: int) -> None:
+        """Count writes in flight (a verify or install waits for none)."""
+        if (entry := self.entries.get(move_id)) is not None:
+            entry["writing"] = entry.get("writing", 0) + delta
+
+    def _settled(self, entry: dict[str, Any]) -> None:
+        if entry.get("writing"):
+            raise Conflict(f"move {entry['move_id']} still has {entry['writing']} write(s) in flight",
+                           code="writes_in_flight")
+
     async def write(self, move_id: str, file: str, offset: int, data: bytes) -> dict[str, Any]:
         """Write ``data`` at ``offset`` of a declared file."""
         if len(data) > MAX_CHUNK:
@@ -131,7 +141,11 @@ class IncomingMoves:
                 os.pwrite(fd, data, offset)
             finally:
                 os.close(fd)
-        await asyncio.to_thread(_write)
+        self.writing(move_id, 1)
+        try:
+            await asyncio.to_thread(_write)
+        finally:
+            self.writing(move_id, -1)
         return {"file": file, "offset": offset, "written": len(data)}
 
     async def verify(self, move_id: str) -> dict[str, Any]:
@@ -139,6 +153,7 @@ class IncomingMoves:
         what the move declared. A clean verify spares ``install`` hashing
         again (unless a write comes in between)."""
         entry = self._entry(move_id)
+        self._settled(entry)
         out, good = [], True
         for f in entry["files"]:
             size, digest = await asyncio.to_thread(_size_and_hash, self._state_path(entry, f["name"]))
@@ -158,6 +173,7 @@ class IncomingMoves:
                 if vm.move_id == move_id and vm.state == "sleeping":
                     return vm
         entry = self._entry(move_id)
+        self._settled(entry)
         vm = mgr.get(entry["name"])
         async with mgr.lock(vm.name):
             for f in [] if entry.get("verified") else entry["files"]:

@@ -73,8 +73,9 @@ def _read_line(sock: socket.socket, host: str) -> dict[str, Any]:
             return json.loads(line)
         if len(peek) >= MAX_HEADER:
             raise HostUnreachable(f"host {host} sent a copy reply longer than {MAX_HEADER} bytes")
-        # wait for more than what is there: a blocking read of all of it and one byte more
-        sock.recv(len(peek) + 1, socket.MSG_PEEK | socket.MSG_WAITALL)
+        # wait for more than what is there: a blocking peek of all of it and one byte more
+        if len(sock.recv(len(peek) + 1, socket.MSG_PEEK | socket.MSG_WAITALL)) <= len(peek):
+            raise HostUnreachable(f"host {host} closed the copy connection in the middle of its reply")
 
 
 def _open(ep: Endpoint, request: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
