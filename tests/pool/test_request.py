@@ -78,3 +78,19 @@ def test_route_plans_against_the_snapshot_and_accepts_camel_case():
 def test_route_maps_bad_input_to_400():
     r = _app().post("/v1/pool/plan", json={"kind": "unikernel"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
+
+
+def test_a_host_the_controller_calls_unavailable_is_not_planned_on():
+    snap = [{"name": "down", "cpus": 8, "mem_mib": 16384, "free_vcpus": 8, "free_mem_mib": 16384,
+             "arch": "amd64", "kvm": True, "own": True, "state": "unavailable"}]
+    assert model_from_request(ElasticPlanRequest(), snap).hosts == []
+
+
+@pytest.mark.parametrize("pool_cap, asked, want", [(0.0, 2.0, 0.0), (None, 2.0, 2.0), (1.0, 2.0, 1.0), (3.0, 0.0, 0.0)],
+                         ids=["a pool cap of 0 is a cap, not none", "no pool cap: the request's",
+                              "the lower of the two", "a request cap of 0 holds"])
+def test_max_usd_per_hour_takes_the_lower_cap(pool_cap, asked, want):
+    from fuse.controller.pool.model import Constraints
+
+    m = model_from_request(ElasticPlanRequest(max_usd_per_hour=asked), constraints=Constraints(max_usd_per_hour=pool_cap))
+    assert m.constraints.max_usd_per_hour == want

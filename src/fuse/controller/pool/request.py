@@ -36,7 +36,9 @@ DEFAULT_CPUS, DEFAULT_MEM_MIB, DEFAULT_IMAGE = 1, 1024, "linux"
 DURATION_BY_CALLER = {"interactive": 3600, "batch": 14400, "compat": 3600, "persistent_agent": 86400}
 DEFAULT_DURATION = 3600
 # hosts in these states take no new work (the registry's and the elastic host's states)
-UNUSABLE_STATES = frozenset({"cordoned", "draining", "offline", "gone", "unreachable", "deregistering"})
+# ("unavailable" is what ``Controller.pool_snapshot`` says of a host placement may not use now)
+UNUSABLE_STATES = frozenset({"cordoned", "draining", "offline", "gone", "unreachable", "deregistering",
+                             "unavailable"})
 
 
 def kind_of_image(image: str) -> str:
@@ -98,7 +100,9 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
     c = constraints or Constraints()
     update: dict[str, Any] = {}
     if req.max_usd_per_hour is not None:
-        update["max_usd_per_hour"] = min(req.max_usd_per_hour, c.max_usd_per_hour or req.max_usd_per_hour)
+        # None is "no cap"; a cap of 0 is a cap (nothing may be added)
+        update["max_usd_per_hour"] = (req.max_usd_per_hour if c.max_usd_per_hour is None
+                                      else min(req.max_usd_per_hour, c.max_usd_per_hour))
     if req.no_scale or req.devices_only:
         update["max_new_hosts"] = 0
     if req.hosts is not None:
