@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+
+from fuse import http_errors
 
 from fuse.controller.pool.request import kind_of_image, learned_shape, model_from_request
 from fuse.controller.routes.pool import router
-from fuse.errors import FuseError, InvalidArgument
+from fuse.errors import InvalidArgument
 from fuse.models.pool import ElasticPlan, ElasticPlanRequest
 
 
@@ -54,11 +55,7 @@ def test_bad_input_is_invalid_argument():
 def _app(snapshot=None) -> TestClient:
     app = FastAPI()
     app.include_router(router)
-
-    @app.exception_handler(FuseError)
-    async def _err(_, e: FuseError):
-        return JSONResponse(e.body(), status_code=e.http_status)
-
+    http_errors.install(app)  # as the controller does: validation errors are 400 invalid_argument
     if snapshot is not None:
         app.state.pool_snapshot = lambda: snapshot
     return TestClient(app)

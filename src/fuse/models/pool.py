@@ -1,15 +1,19 @@
 """Wire records of the elastic pool and prewarm (seed 001, ``Elastic*`` / ``Prewarm*``).
 
 Field names are the seed's, in snake_case; the seed's camelCase spellings
-(``memoryMb``, ``newHosts``...) are accepted on input. Records serialise by
-field name (snake_case) unless the caller asks ``by_alias=True``.
+(``memoryMb``, ``newHosts``...) are accepted on input. The camelCase names are
+validation aliases only, so records serialise and are documented (OpenAPI) in
+snake_case, like the rest of the REST API, whatever ``by_alias`` says.
 """
 
 from __future__ import annotations
 
+import difflib
 import warnings
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -29,29 +33,70 @@ __all__ = [
 ]
 
 
+def _either(name: str) -> AliasChoices:
+    return AliasChoices(name, to_camel(name))
+
+
 class _Record(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel)
+    model_config = ConfigDict(populate_by_name=True, alias_generator=AliasGenerator(validation_alias=_either))
 
 
 class ElasticPlanRequest(_Record):
-    """What to plan for. Pins are constraints of the same solve; unset lets the pool decide."""
+    """What to plan for. Pins are constraints of the same solve; unset lets the pool decide.
 
-    count: int | None = Field(default=None, ge=0)
-    image: str | None = None
-    kind: str | None = None
-    cpus: int | None = Field(default=None, ge=1)
-    memory_mb: int | None = Field(default=None, ge=1)
-    together: bool | None = None
-    caller: str | None = None
-    duration_secs: int | None = Field(default=None, ge=0)
-    provider: str | None = None
-    region: str | None = None
-    instance_type: str | None = None
-    hosts: int | None = Field(default=None, ge=0)
-    no_scale: bool | None = None
-    devices_only: bool | None = None
-    max_usd_per_hour: float | None = Field(default=None, ge=0)
-    apply: bool = False
+    Unknown fields are refused (a misspelt ``memory`` would otherwise plan with
+    the default shape): a 400 ``invalid_argument`` naming the field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int | None = Field(default=None, ge=0, description="How many VMs (default 1).")
+    image: str | None = Field(default=None, description="Image (default linux).")
+    kind: str | None = Field(default=None, description=(
+        "`container`, `vm` or `microvm` (default: from the image: windows*/macos* are vm, an OCI reference "
+        "or container* is container, anything else microvm)."))
+    cpus: int | None = Field(default=None, ge=1, description=(
+        "vCPUs each (default: learned from earlier VMs of the image, their most common shape; else 1)."))
+    memory_mb: int | None = Field(default=None, ge=1, description=(
+        "MiB each (default: learned with cpus from earlier VMs of the image; else 1024)."))
+    together: bool | None = Field(default=None, description="Keep them on one machine (forks of one checkpoint).")
+    caller: str | None = Field(default=None, description=(
+        "`interactive`, `batch`, `compat` or `persistent_agent`: sets the default duration_secs."))
+    duration_secs: int | None = Field(default=None, ge=0, description=(
+        "Expected lifetime, seconds (default by caller: interactive 3600, batch 14400, compat 3600, "
+        "persistent_agent 86400; no caller 3600)."))
+    provider: str | None = Field(default=None, description="Only this cloud (your own devices stay allowed).")
+    region: str | None = Field(default=None, description=(
+        "Only this region (new machines and running cloud hosts; your own devices stay allowed)."))
+    instance_type: str | None = Field(default=None, description=(
+        "Only this machine type (new machines and running cloud hosts; your own devices stay allowed)."))
+    hosts: int | None = Field(default=None, ge=0, description="Exactly this many new machines.")
+    no_scale: bool | None = Field(default=None, description="Add no machines.")
+    devices_only: bool | None = Field(default=None, description="Only your own devices.")
+    max_usd_per_hour: float | None = Field(default=None, ge=0, description=(
+        "A $/hour cap for this plan (the lower of it and the pool budget's cap applies)."))
+    apply: bool = Field(default=False, description="Add the machines the plan needs (not supported yet: 400).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """Name every unknown field, with the field it likely meant (pydantic's own
+        ``extra_forbidden`` error names one field and no remedy)."""
+        if not isinstance(data, dict):
+            return data
+        known = {name: name for name in cls.model_fields} | {to_camel(name): name for name in cls.model_fields}
+        unknown = sorted(k for k in data if k not in known)
+        twice = sorted({known[k] for k in data if k in known and k != known[k] and known[k] in data})
+        if twice:
+            raise PydanticCustomError("extra_forbidden", "{names} given in both spellings", {
+                "names": ", ".join(f"{n} ({to_camel(n)})" for n in twice)})
+        if not unknown:
+            return data
+        parts = []
+        for k in unknown:
+            near = difflib.get_close_matches(str(k).lower(), list(known), n=1, cutoff=0.6)
+            parts.append(f"{k} (did you mean {known[near[0]]}?)" if near else str(k))
+        raise PydanticCustomError("extra_forbidden", "unknown field{s} {names}; a plan request takes {fields}", {
+            "s": "s" if len(unknown) > 1 else "", "names": ", ".join(parts), "fields": ", ".join(cls.model_fields)})
 
 
 class ElasticAssignment(_Record):
@@ -117,7 +162,12 @@ with warnings.catch_warnings():
         added_usd_per_hour: float = 0.0
         projected_usd: float = 0.0
         lower_bound_usd: float = 0.0
-        solver: str = "exact"
+        solver: str = Field(default="exact", description=(
+            "`exact`: proven optimal (lower_bound_usd equals projected_usd). `exact-incumbent`: the best plan "
+            "found but not proven optimal: the time limit ended the search (also when it ended the count of "
+            "how many VMs can be placed at all), or the exact model's answer did not pack onto whole "
+            "machines and first fit completed it; never worse than first fit. `greedy`: first-fit "
+            "decreasing answered (the exact solver found no better plan in time)."))
         ready_in_secs: int = 0
         explain: list[str] = Field(default_factory=list)
         added: list[ElasticHost] = Field(default_factory=list)

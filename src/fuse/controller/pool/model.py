@@ -65,6 +65,7 @@ class PoolHost(_Data):
     own: bool = True  # an operator's device: free to use
     provider: str = ""
     region: str = ""
+    type_name: str = ""  # a cloud host's machine type ("" on own devices)
     usd_per_hour: float = Field(default=0.0, ge=0)
     paid_secs_left: int = Field(default=0, ge=0)  # already-billed time still ahead
     billing_step_secs: int = Field(default=1, ge=1)
@@ -159,8 +160,13 @@ def host_reject(group: DemandGroup, host: PoolHost, c: Constraints, size: bool =
         return f"arch {host.arch} is not {group.arch}"
     if group.devices_only and not host.own:
         return "devices_only"
+    # pins choose among clouds: the operator's own devices are in none, so they stay allowed
     if group.provider and not host.own and host.provider != group.provider:
         return f"provider is not {group.provider}"
+    if group.region and not host.own and host.region != group.region:
+        return f"region is not {group.region}"
+    if group.instance_type and not host.own and host.type_name != group.instance_type:
+        return f"type is not {group.instance_type}"
     if not size:
         return None
     need = group.count if group.together else 1

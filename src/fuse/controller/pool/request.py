@@ -9,7 +9,8 @@ kind           from the image: ``windows*``/``macos*`` -> ``vm``; an OCI
                reference (contains ``/`` or ``:``) or ``container*`` ->
                ``container``; anything else (``linux``, distros) -> ``microvm``
 cpus, memory   the most common shape of earlier VMs of the image when
-               ``history`` is given; else 1 vCPU and 1024 MiB
+               ``history`` is given (the route passes the VMs the controller
+               records, ``history_from_vms``); else 1 vCPU and 1024 MiB
 duration_secs  by caller class: interactive 3600, batch 14400, compat 3600,
                persistent_agent 86400, none given 3600
 caps           the pool budget's (``Constraints``), narrowed by the request:
@@ -18,7 +19,9 @@ caps           the pool budget's (``Constraints``), narrowed by the request:
 =============  ==============================================================
 
 The group is named ``request-0`` (the seed's example). Bad input raises
-``fuse.errors.InvalidArgument``: it crosses the API as a 400.
+``fuse.errors.InvalidArgument``: it crosses the API as a 400. A malformed pool
+snapshot is the controller's own fault, not the caller's: it raises a plain
+``FuseError`` (500 ``internal``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from fuse.controller.pool.catalogue import default_catalogue
 from fuse.controller.pool.model import KINDS, Constraints, DemandGroup, Offer, PlanModel, PoolHost
-from fuse.errors import InvalidArgument
+from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import ElasticPlanRequest
 
 DEFAULT_CPUS, DEFAULT_MEM_MIB, DEFAULT_IMAGE = 1, 1024, "linux"
@@ -54,9 +57,21 @@ def kind_of_image(image: str) -> str:
 def learned_shape(image: str, history: Iterable[Mapping[str, Any]] | None) -> tuple[int, int] | None:
     """The most common (cpus, memory_mb) of earlier VMs of ``image``, or None."""
     shapes = Counter((int(v["cpus"]), int(v["memory_mb"])) for v in (history or ())
-                     if v.get("image") == image and v.get("cpus") and v.get("memory_mb"))
+                     if v.get("image") == image and int(v.get("cpus") or 0) > 0 and int(v.get("memory_mb") or 0) > 0)
     # most_common breaks ties by first seen; sort first so the answer is stable
     return max(sorted(shapes), key=lambda s: shapes[s]) if shapes else None
+
+
+def history_from_vms(vms: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``history`` rows (image, cpus, memory_mb) from VM records as the controller keeps
+    them (``VmService.list``): a VM's image is its ``bundle``, its shape ``shape``.
+    Records without a bundle or a shape teach nothing and are skipped."""
+    out = []
+    for v in vms:
+        shape = v.get("shape") or {}
+        if v.get("bundle") and shape.get("vcpus") and shape.get("mem_mib"):
+            out.append({"image": v["bundle"], "cpus": shape["vcpus"], "memory_mb": shape["mem_mib"]})
+    return out
 
 
 def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
@@ -67,9 +82,21 @@ def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
         name=str(d["name"]), vcpus=max(0, int(d.get("free_vcpus", d.get("cpus", 0)))),
         mem_mib=max(0, int(d.get("free_mem_mib", d.get("mem_mib", 0)))),
         arch=str(d.get("arch") or "amd64"), kvm=bool(d.get("kvm", True)), own=bool(d.get("own", True)),
-        provider=str(d.get("provider", "")), region=str(d.get("region", "")),
+        provider=str(d.get("provider", "")), region=str(d.get("region", "")), type_name=str(d.get("type_name", "")),
         usd_per_hour=float(d.get("usd_per_hour", 0.0)), paid_secs_left=int(d.get("paid_secs_left", 0)),
         billing_step_secs=int(d.get("billing_step_secs", 1)))
+
+
+def hosts_from_snapshot(snapshot: Iterable[Mapping[str, Any]]) -> list[PoolHost]:
+    """The hosts of a pool snapshot that take new work. The snapshot is the
+    controller's own data: a malformed one is a bug here (500), never a 400."""
+    try:
+        hosts = [h for h in (host_from_snapshot(d) for d in snapshot) if h is not None]
+    except (KeyError, TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        raise FuseError(f"pool snapshot is malformed: {e!r}") from e
+    if len({h.name for h in hosts}) != len(hosts):
+        raise FuseError("pool snapshot names a host twice")
+    return hosts
 
 
 def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, Any]] = (), *,
@@ -93,9 +120,15 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
         region=req.region, instance_type=req.instance_type, devices_only=bool(req.devices_only),
         no_scale=bool(req.no_scale))
     offer_list = list(default_catalogue() if offers is None else offers)
-    if req.instance_type and not any(o.type_name == req.instance_type for o in offer_list):
+    hosts = hosts_from_snapshot(snapshot)
+    # a pin must name something the pool knows: an offer or a running cloud host
+    clouds = [(o.provider, o.region, o.type_name) for o in offer_list]
+    clouds += [(h.provider, h.region, h.type_name) for h in hosts if not h.own]
+    if req.instance_type and not any(t == req.instance_type for _, _, t in clouds):
         raise InvalidArgument(f"unknown instance_type {req.instance_type!r}")
-    if req.provider and not any(o.provider == req.provider for o in offer_list) and not req.devices_only:
+    if req.region and not any(r == req.region for _, r, _ in clouds):
+        raise InvalidArgument(f"unknown region {req.region!r}")
+    if req.provider and not any(p == req.provider for p, _, _ in clouds) and not req.devices_only:
         raise InvalidArgument(f"no linked cloud {req.provider!r}")
     c = constraints or Constraints()
     update: dict[str, Any] = {}
@@ -109,8 +142,5 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
         if req.no_scale or req.devices_only:
             raise InvalidArgument("hosts pins new machines; no_scale/devices_only forbid them")
         update["exact_new_hosts"] = req.hosts
-    hosts = [h for h in (host_from_snapshot(d) for d in snapshot) if h is not None]
-    if len({h.name for h in hosts}) != len(hosts):
-        raise InvalidArgument("pool snapshot names a host twice")
     return PlanModel(groups=[group], hosts=hosts, offers=offer_list, constraints=c.model_copy(update=update),
                      time_limit_secs=time_limit_secs)

@@ -1,0 +1,209 @@
+"""POST /v1/pool/plan on the real controller app (``create_app``, not started: no
+pollers): the wire, the errors it documents and answers, pins, and what it
+learns from the controller's own records."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from starlette.testclient import TestClient
+
+from fuse.controller.app import create_app
+from fuse.controller.service import Controller
+from fuse.controller.store import vms as vms_t
+from fuse.models.pool import ElasticPlan
+
+SEED_NAMES = [  # the seed's ElasticPlanRequest record names, both spellings
+    ("count", "count", 2), ("image", "image", "linux"), ("kind", "kind", "container"), ("cpus", "cpus", 1),
+    ("memory_mb", "memoryMb", 1024), ("together", "together", True), ("caller", "caller", "batch"),
+    ("duration_secs", "durationSecs", 60), ("provider", "provider", "aws"), ("region", "region", "us-west-2"),
+    ("instance_type", "instanceType", "c6g.metal"), ("hosts", "hosts", 1), ("no_scale", "noScale", False),
+    ("devices_only", "devicesOnly", False), ("max_usd_per_hour", "maxUsdPerHour", 100.0), ("apply", "apply", False),
+]
+OWN = {"name": "own", "cpus": 8, "mem_mib": 16384, "free_vcpus": 8, "free_mem_mib": 16384,
+       "arch": "arm64", "kvm": True, "own": True, "state": "active"}
+CLOUD = {"name": "cloud-1", "cpus": 8, "mem_mib": 16384, "free_vcpus": 8, "free_mem_mib": 16384, "arch": "amd64",
+         "kvm": False, "own": False, "provider": "aws", "region": "us-east-1", "type_name": "m7i.2xlarge",
+         "usd_per_hour": 0.4148, "paid_secs_left": 7200, "state": "active"}
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    c = Controller(tmp_path / "ctl")
+    yield c
+    c.store.close()
+
+
+def client(ctl, snapshot=None) -> TestClient:
+    app = create_app(ctl)
+    if snapshot is not None:
+        app.state.pool_snapshot = lambda: snapshot
+    return TestClient(app)  # not entered: no lifespan, so no pollers start
+
+
+def post(c: TestClient, body: dict):
+    return c.post("/v1/pool/plan", json=body)
+
+
+def model_of(r) -> dict:
+    assert r.status_code == 200, r.text
+    return json.loads(r.json()["json"])["model"]
+
+
+def test_the_plan_goes_out_in_snake_case(ctl):
+    r = post(client(ctl), {"count": 2, "kind": "container"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert {"new_hosts", "added_usd_per_hour", "projected_usd", "lower_bound_usd", "ready_in_secs"} <= set(body)
+    assert not {"newHosts", "projectedUsd", "lowerBoundUsd"} & set(body)
+    assert {"type_name", "usd_per_hour", "boot_secs", "billed_secs", "one_space"} <= set(body["new_hosts"][0])
+    assert ElasticPlan.model_validate(body).projected_usd > 0
+
+
+def test_the_document_says_400_with_the_error_envelope_and_snake_case():
+    committed = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
+    op = committed["paths"]["/v1/pool/plan"]["post"]
+    assert "400" in op["responses"]
+    ref = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    err = committed["components"]["schemas"][ref]
+    assert "error" in err["properties"] and "error" in err["required"]
+    plan = committed["components"]["schemas"]["ElasticPlan"]["properties"]
+    assert "new_hosts" in plan and "newHosts" not in plan
+    req = committed["components"]["schemas"]["ElasticPlanRequest"]
+    assert req["additionalProperties"] is False and "memory_mb" in req["properties"]
+    assert "learned from earlier VMs" in req["properties"]["cpus"]["description"]
+
+
+@pytest.mark.parametrize("snake, camel, value", SEED_NAMES, ids=[s for s, _, _ in SEED_NAMES])
+def test_every_seed_record_name_is_accepted_in_both_spellings(ctl, snake, camel, value):
+    c = client(ctl)
+    for name in {snake, camel}:
+        r = post(c, {name: value, "kind": "container"} if name != "kind" else {name: value})
+        assert r.status_code == 200, (name, r.text)
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"memory": 2048, "cpu": 4}, ["cpu (did you mean cpus?)", "memory (did you mean memory_mb?)"]),
+    ({"count": 2, "mem_mb": 512}, ["mem_mb (did you mean memory_mb?)"]),
+    ({"memory_mb": 512, "memoryMb": 1024}, ["memory_mb (memoryMb) given in both spellings"]),
+], ids=["misspelt fields are named with what they likely meant", "one unknown field among known ones",
+        "both spellings of one field"])
+def test_unknown_fields_are_refused_with_a_clear_message(ctl, body, says):
+    r = post(client(ctl), body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_argument"
+    for s in says:
+        assert s in err["message"], err["message"]
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"caller": "robot"}, "caller must be one of"),
+    ({"provider": "nimbus"}, "no linked cloud 'nimbus'"),
+    ({"region": "mars-1"}, "unknown region 'mars-1'"),
+    ({"instance_type": "nope.large"}, "unknown instance_type"),
+    ({"count": -1}, "count"),
+    ({"memory_mb": 0}, "memory_mb"),
+    ({"apply": True}, "apply is not supported yet"),
+], ids=["a bad caller", "an unknown provider", "an unknown region", "an unknown instance_type",
+        "a negative count", "no memory", "apply"])
+def test_bad_requests_are_400_invalid_argument(ctl, body, says):
+    r = post(client(ctl), body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_argument" and says in r.json()["error"]["message"]
+
+
+def test_a_malformed_snapshot_is_the_controllers_fault_not_the_callers(ctl):
+    r = post(client(ctl, snapshot=[{"cpus": 8}]), {"count": 1})  # no name: a bug in the snapshot
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
+
+
+def _record_vm(ctl, name: str, bundle: str, vcpus: int, mem_mib: int) -> None:
+    rec = {"name": name, "bundle": bundle, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "state": "running"}
+    with ctl.store.tx() as c:
+        c.execute(vms_t.insert().values(name=name, host="h1", vcpus=vcpus, mem_mib=mem_mib, state="running",
+                                        record=rec, created_at=time.time()))
+
+
+def test_the_shape_is_learned_from_the_vms_the_controller_records(ctl):
+    for i in range(2):
+        _record_vm(ctl, f"big-{i}", "linux", 4, 8192)
+    _record_vm(ctl, "small", "linux", 1, 512)
+    _record_vm(ctl, "win", "windows-11", 2, 4096)
+    c = client(ctl)
+    g = model_of(post(c, {"kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (4, 8192)  # the most common shape of earlier linux VMs
+    g = model_of(post(c, {"image": "windows-11", "kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (2, 4096)
+    g = model_of(post(c, {"image": "debian", "kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (1, 1024)  # nothing learned: the documented default
+    g = model_of(post(c, {"cpus": 2, "kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (2, 8192)  # what the request gives wins
+
+
+def test_a_host_the_controller_cannot_use_now_is_not_planned_on(ctl):
+    """The whole chain: a registered host whose poller is disconnected is snapshot
+    as 'unavailable' (with its room still in the last summary) and takes no work."""
+    now = time.time()
+    with ctl.store.tx() as c:
+        ctl.store.put_host(c, dict(id="own", url="http://127.0.0.1:1", token="", region="home", backend="fake",
+                                   labels={}, capacity={"cpus": 8, "ram_mb": 16384, "vm_count": 8}, state="active",
+                                   agent_id="", last_seen=now, created_at=now, updated_at=now))
+    summary = {"free_vcpus": 8, "free_mem_mib": 16384, "vm_count": 0, "kvm": True}
+    ctl.fleet = SimpleNamespace(views={"own": SimpleNamespace(summary=summary, connected=False, error="refused")})
+    try:
+        snap = ctl.pool_snapshot()
+        assert snap[0]["state"] == "unavailable" and snap[0]["free_vcpus"] == 8
+        p = ElasticPlan.model_validate(post(client(ctl), {"count": 1, "kind": "container", "devices_only": True}).json())
+        assert p.assignments == [] and p.unplaced[0].count == 1
+        ctl.fleet.views["own"].connected = True  # the same host, connected: it is used
+        p = ElasticPlan.model_validate(post(client(ctl), {"count": 1, "kind": "container", "devices_only": True}).json())
+        assert [(a.host, a.count) for a in p.assignments] == [("own", 1)]
+    finally:
+        ctl.fleet = None
+
+
+def _where(r) -> dict[str, int]:
+    assert r.status_code == 200, r.text
+    p = ElasticPlan.model_validate(r.json())
+    out: dict[str, int] = {}
+    for a in p.assignments:
+        key = a.host or f"{p.new_hosts[a.new_index].provider}/{p.new_hosts[a.new_index].type_name}/" \
+                        f"{p.new_hosts[a.new_index].region}"
+        out[key] = out.get(key, 0) + a.count
+    return out
+
+
+@pytest.mark.parametrize("pins, want", [
+    ({}, {"own": 4, "cloud-1": 4}),
+    ({"devices_only": True}, {"own": 4}),
+    ({"provider": "aws"}, {"own": 4, "cloud-1": 4}),
+    ({"provider": "modal"}, {"own": 4}),
+    ({"region": "us-east-1"}, {"own": 4, "cloud-1": 4}),
+    ({"region": "us-west-2"}, {"own": 4}),
+    ({"instance_type": "m7i.2xlarge"}, {"own": 4, "cloud-1": 4}),
+    ({"instance_type": "c7i.2xlarge"}, {"own": 4}),
+], ids=["no pins: own device, then the running cloud host", "devices_only: the own device only",
+        "provider aws: the aws host stays", "provider modal: not the aws host",
+        "region of the running host: it stays", "another region: not the running host",
+        "the running host's type: it stays", "another type: not the running host"])
+def test_pins_apply_to_running_cloud_hosts(ctl, pins, want):
+    body = {"count": 8, "cpus": 2, "memory_mb": 2048, "kind": "container", "no_scale": True} | pins
+    if pins.get("devices_only"):
+        del body["no_scale"]
+    assert _where(post(client(ctl, [OWN, CLOUD]), body)) == want
+
+
+@pytest.mark.parametrize("pins, want", [
+    ({"provider": "aws", "instance_type": "c7i.2xlarge"}, {"aws/c7i.2xlarge/us-west-2": 4}),
+    ({"provider": "modal"}, {"modal/sandbox-2c-4096m/any": 4}),
+    ({"region": "us-west-2", "instance_type": "m7i.xlarge"}, {"aws/m7i.xlarge/us-west-2": 4}),
+], ids=["an instance_type pin picks that type", "a provider pin picks that cloud's offers",
+        "region and type pins together"])
+def test_pins_choose_the_new_machines(ctl, pins, want):
+    got = _where(post(client(ctl), {"count": 4, "cpus": 2, "memory_mb": 2048, "kind": "container"} | pins))
+    assert got == want
