@@ -28,7 +28,8 @@ def small_models(draw, max_vms: int = 4) -> PlanModel:
     hosts = [PoolHost(name=f"h{h}", vcpus=draw(st.integers(0, 6)), mem_mib=draw(st.sampled_from([0, 2048, 4096])),
                       kvm=draw(st.booleans()), own=(own := draw(st.booleans())),
                       usd_per_hour=0.0 if own else draw(st.sampled_from([0.1, 0.5])),
-                      paid_secs_left=draw(st.sampled_from([0, 300])))
+                      paid_secs_left=draw(st.sampled_from([0, 300])),
+                      max_vms=draw(st.sampled_from([None, None, 0, 1, 2])))  # the vm_count policy's slots
              for h in range(draw(st.integers(0, 2)))]
     offers = [offer(f"o{t}", draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from([2048, 4096, 8192])),
                     draw(st.sampled_from([0.05, 0.1, 0.2, 0.4])), kvm=(kvm := draw(st.booleans())), metal=kvm,

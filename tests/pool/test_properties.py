@@ -1,5 +1,6 @@
-"""Property tests: on many small generated models the planner's plans are feasible,
-exact plans match brute force, the bound is below every plan, and FFD is never better."""
+"""Property tests: on many small generated models (hosts with and without a VM-count
+limit) the planner's plans are feasible, exact plans match brute force and meet their
+bound, the bound is below every plan, and FFD is never better."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.planner import plan, solve
-from fuse.controller.pool.solution import cost_usd, violations
+from fuse.controller.pool.solution import cost_usd, to_plan, violations
 
 from pool_builders import brute_force, small_models
 
@@ -30,6 +31,9 @@ def test_plans_are_feasible_and_never_worse_than_ffd(model):
         assert lb <= cost_usd(m, base) + 1e-6  # the bound is below the FFD plan too
     assert lb <= cost_usd(m, sol) + 1e-6
     assert solver in ("exact", "exact-incumbent", "greedy")
+    p = to_plan(m, sol, solver=solver, lower_bound_usd=lb)
+    if solver == "exact":  # proven optimal: the bound meets the plan, as the seed says
+        assert p.lower_bound_usd == p.projected_usd
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -122,10 +122,10 @@ def test_a_malformed_snapshot_is_the_controllers_fault_not_the_callers(ctl):
     assert r.status_code == 500 and r.json()["error"]["code"] == "internal"
 
 
-def _record_vm(ctl, name: str, bundle: str, vcpus: int, mem_mib: int) -> None:
+def _record_vm(ctl, name: str, bundle: str, vcpus: int, mem_mib: int, host: str = "h1") -> None:
     rec = {"name": name, "bundle": bundle, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "state": "running"}
     with ctl.store.tx() as c:
-        c.execute(vms_t.insert().values(name=name, host="h1", vcpus=vcpus, mem_mib=mem_mib, state="running",
+        c.execute(vms_t.insert().values(name=name, host=host, vcpus=vcpus, mem_mib=mem_mib, state="running",
                                         record=rec, created_at=time.time()))
 
 
@@ -145,16 +145,34 @@ def test_the_shape_is_learned_from_the_vms_the_controller_records(ctl):
     assert (g["cpus"], g["mem_mib"]) == (2, 8192)  # what the request gives wins
 
 
-def test_a_host_the_controller_cannot_use_now_is_not_planned_on(ctl):
-    """The whole chain: a registered host whose poller is disconnected is snapshot
-    as 'unavailable' (with its room still in the last summary) and takes no work."""
+def _own_host(ctl, vm_count: int = 8, connected: bool = True) -> None:
+    """A registered host 'own' (8 vCPUs, 16 GiB, room all free) and a stand-in for its poller."""
     now = time.time()
     with ctl.store.tx() as c:
         ctl.store.put_host(c, dict(id="own", url="http://127.0.0.1:1", token="", region="home", backend="fake",
-                                   labels={}, capacity={"cpus": 8, "ram_mb": 16384, "vm_count": 8}, state="active",
-                                   agent_id="", last_seen=now, created_at=now, updated_at=now))
+                                   labels={}, capacity={"cpus": 8, "ram_mb": 16384, "vm_count": vm_count},
+                                   state="active", agent_id="", last_seen=now, created_at=now, updated_at=now))
     summary = {"free_vcpus": 8, "free_mem_mib": 16384, "vm_count": 0, "kvm": True}
-    ctl.fleet = SimpleNamespace(views={"own": SimpleNamespace(summary=summary, connected=False, error="refused")})
+    ctl.fleet = SimpleNamespace(views={"own": SimpleNamespace(summary=summary, connected=connected, error="")})
+
+
+def test_a_host_takes_no_more_vms_than_its_vm_count_policy_admits(ctl):
+    _own_host(ctl, vm_count=3)
+    _record_vm(ctl, "old", "linux", 1, 512, host="own")  # one of its 3 slots is taken
+    try:
+        assert ctl.pool_snapshot()[0]["free_vm_slots"] == 2
+        r = post(client(ctl), {"count": 4, "cpus": 1, "memory_mb": 1024, "kind": "container", "devices_only": True})
+        p = ElasticPlan.model_validate(r.json())
+        assert [(a.host, a.count) for a in p.assignments] == [("own", 2)]
+        assert p.unplaced[0].count == 2
+    finally:
+        ctl.fleet = None
+
+
+def test_a_host_the_controller_cannot_use_now_is_not_planned_on(ctl):
+    """The whole chain: a registered host whose poller is disconnected is snapshot
+    as 'unavailable' (with its room still in the last summary) and takes no work."""
+    _own_host(ctl, connected=False)
     try:
         snap = ctl.pool_snapshot()
         assert snap[0]["state"] == "unavailable" and snap[0]["free_vcpus"] == 8

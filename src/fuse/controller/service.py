@@ -66,7 +66,9 @@ class Controller:
 
     def pool_snapshot(self) -> list[dict[str, Any]]:
         """The operator's own hosts with their free room, for the planner
-        (own devices cost nothing; only active, connected hosts take work)."""
+        (own devices cost nothing; only active, connected hosts take work).
+        ``free_vm_slots``: VMs its vm_count policy still admits (the policy less
+        the VMs on it and those being placed). Own devices have no machine type."""
         fleet, reasons = self.vms.arrays()
         out = []
         for i, host_id in enumerate(fleet.ids):
@@ -75,8 +77,10 @@ class Controller:
             view = self.fleet.views.get(host_id) if self.fleet else None
             out.append({"name": host_id, "cpus": int(fleet.cap_vcpus[i]), "mem_mib": int(fleet.cap_mem[i]),
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
+                        "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),
                         "arch": cap.get("arch", "amd64") or "amd64",
                         "kvm": bool(view and view.summary.get("kvm")), "own": True,
+                        "region": row.get("region", "") or "", "type_name": "",
                         "state": row.get("state", "active") if fleet.usable[i] else "unavailable"})
         return out
 

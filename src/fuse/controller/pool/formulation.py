@@ -14,6 +14,7 @@ from fuse.controller.pool.model import (
     billed_secs,
     extra_secs,
     fits_per_machine,
+    host_fits,
     host_reject,
     host_vcpus,
     offer_reject,
@@ -143,7 +144,7 @@ def build(model: PlanModel, kept: list[int]) -> Formulation:
                 f._hint_vars["w", "x", g, h] = w
                 expr = grp.count * w
             else:
-                cap = min(grp.count, fits_per_machine(grp, host_vcpus(host, c), host.mem_mib))
+                cap = min(grp.count, host_fits(grp, host, c))
                 expr = m.new_int_var(0, cap, f"x{g}_{h}")
                 f._hint_vars["x", g, h] = expr
             f.x[g, h] = expr
@@ -159,6 +160,8 @@ def build(model: PlanModel, kept: list[int]) -> Formulation:
             continue
         m.add(sum(gr.cpus * e for gr, e in on_h) <= host_vcpus(host, c))
         m.add(sum(gr.mem_mib * e for gr, e in on_h) <= host.mem_mib)
+        if host.max_vms is not None:
+            m.add(sum(e for _, e in on_h) <= host.max_vms)  # its vm_count policy
         if extra:
             e_h = m.new_int_var(0, max(k for k, _, _ in extra), f"e{h}")
             for kappa, expr, n in extra:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from fuse.controller.pool.model import (
+    NO_LIMIT,
     PlanModel,
     billed_secs,
     fits_per_machine,
     host_reject,
+    host_slots,
     host_vcpus,
     offer_reject,
     offer_vcpus,
@@ -35,11 +37,13 @@ class _Bins:
         self.index = list(order)
         self.cpu = np.array([host_vcpus(model.hosts[h], c) for h in order], dtype=np.int64)
         self.mem = np.array([model.hosts[h].mem_mib for h in order], dtype=np.int64)
-        self.slots = np.full(len(order), 1 << 40, dtype=np.int64)  # VMs it may still take
+        # VMs it may still take by count: a host's vm_count policy, one on a one-VM sandbox
+        self.slots = np.array([host_slots(model.hosts[h]) for h in order], dtype=np.int64)
         pos = {h: b for b, h in enumerate(order)}
         for (g, h), k in start.on_hosts.items():
             self.cpu[pos[h]] -= k * model.groups[g].cpus
             self.mem[pos[h]] -= k * model.groups[g].mem_mib
+            self.slots[pos[h]] -= k
 
     def open(self, model: PlanModel, machine: int, t: int) -> int:
         o = model.offers[t]
@@ -47,7 +51,7 @@ class _Bins:
         self.index.append(machine)
         self.cpu = np.append(self.cpu, offer_vcpus(o, model.constraints))
         self.mem = np.append(self.mem, o.mem_mib)
-        self.slots = np.append(self.slots, 1 if o.one_space else 1 << 40)
+        self.slots = np.append(self.slots, 1 if o.one_space else NO_LIMIT)
         return len(self.kind) - 1
 
 

@@ -69,6 +69,8 @@ class PoolHost(_Data):
     usd_per_hour: float = Field(default=0.0, ge=0)
     paid_secs_left: int = Field(default=0, ge=0)  # already-billed time still ahead
     billing_step_secs: int = Field(default=1, ge=1)
+    # VMs it may still take: its vm_count policy less the VMs on it (None: no limit)
+    max_vms: int | None = Field(default=None, ge=0)
 
 
 class Offer(_Data):
@@ -169,8 +171,10 @@ def host_reject(group: DemandGroup, host: PoolHost, c: Constraints, size: bool =
         return f"type is not {group.instance_type}"
     if not size:
         return None
-    need = group.count if group.together else 1
-    if fits_per_machine(group, host.vcpus * c.cpu_overcommit, host.mem_mib) < max(need, 1):
+    need = max(group.count if group.together else 1, 1)
+    if host.max_vms is not None and host.max_vms < need:
+        return "vm_count limit reached" if host.max_vms == 0 else f"vm_count limit: {host.max_vms} more VMs"
+    if fits_per_machine(group, host.vcpus * c.cpu_overcommit, host.mem_mib) < need:
         return "no room" if need <= 1 else f"no room for all {need} together"
     return None
 
@@ -210,3 +214,16 @@ def offer_vcpus(offer: Offer, c: Constraints) -> int:
 
 def host_vcpus(host: PoolHost, c: Constraints) -> int:
     return int(host.vcpus * c.cpu_overcommit)
+
+
+NO_LIMIT = 1 << 40  # VM slots of a machine with no VM-count limit
+
+
+def host_slots(host: PoolHost) -> int:
+    """VMs ``host`` may still take by count (its ``max_vms``; ``NO_LIMIT`` when it has none)."""
+    return NO_LIMIT if host.max_vms is None else host.max_vms
+
+
+def host_fits(group: DemandGroup, host: PoolHost, c: Constraints) -> int:
+    """How many VMs of ``group`` ``host`` can take alone: its room and its VM slots."""
+    return min(fits_per_machine(group, host_vcpus(host, c), host.mem_mib), host_slots(host))

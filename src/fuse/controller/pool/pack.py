@@ -7,17 +7,22 @@ straddle two machines. This module finds the per-machine split, first by
 first-fit decreasing (almost always enough when VMs are small against the
 machine), then by a small exact CP-SAT feasibility model over the N machines.
 When both fail the aggregate optimum is not packable and the planner repairs.
+
+Every machine may also cap how many VMs it holds (``max_vms``: 1 on a one-VM
+sandbox; a host's vm_count policy would be the same cap), whatever room is left.
 """
 
 from __future__ import annotations
 
+from fuse.controller.pool.model import NO_LIMIT
+
 
 def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
-         one_space: bool, partial: bool = False) -> list[dict[int, int]] | None:
+         max_vms: int | None, partial: bool = False) -> list[dict[int, int]] | None:
     """items: (group, count, cpus, mem) with count<0 meaning one together item of -count VMs.
     ``partial``: place what fits and return the bins instead of None."""
     free_cpu, free_mem = [cap_cpu] * n_bins, [cap_mem] * n_bins
-    slots = [1 if one_space else 1 << 40] * n_bins
+    slots = [NO_LIMIT if max_vms is None else max_vms] * n_bins
     bins: list[dict[int, int]] = [dict() for _ in range(n_bins)]
     # largest first: a together group's size is the whole group's
     order = sorted(items, key=lambda it: (-(abs(it[1]) if it[1] < 0 else 1) * it[3], -it[2], it[0]))
@@ -52,7 +57,7 @@ def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
 
 
 def _exact(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
-           one_space: bool, time_limit: float, seed: int) -> list[dict[int, int]] | None:
+           max_vms: int | None, time_limit: float, seed: int) -> list[dict[int, int]] | None:
     from ortools.sat.python import cp_model  # the solver is imported only where it is used
 
     m = cp_model.CpModel()
@@ -66,15 +71,16 @@ def _exact(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, ca
                 a[i, b] = use  # 1: the together group is on bin b
                 col.append(use)
             else:
-                a[i, b] = m.new_int_var(0, min(k, cap_cpu // cpu, cap_mem // mem), f"a{i}_{b}")
+                a[i, b] = m.new_int_var(0, min(k, cap_cpu // cpu, cap_mem // mem,
+                                               NO_LIMIT if max_vms is None else max_vms), f"a{i}_{b}")
                 col.append(a[i, b])
         m.add(sum(col) == (1 if count < 0 else k))
     for b in range(n_bins):
         vms = [a[i, b] * (abs(it[1]) if it[1] < 0 else 1) for i, it in enumerate(items)]
         m.add(sum(v * it[2] for v, it in zip(vms, items)) <= cap_cpu)
         m.add(sum(v * it[3] for v, it in zip(vms, items)) <= cap_mem)
-        if one_space:
-            m.add(sum(vms) <= 1)
+        if max_vms is not None:
+            m.add(sum(vms) <= max_vms)
     # the bins are identical: order them by how many of the first item they hold
     for b in range(n_bins - 1):
         m.add(a[0, b] >= a[0, b + 1])
@@ -94,8 +100,9 @@ def _exact(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, ca
 
 
 def pack(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int, *,
-         one_space: bool = False, time_limit: float = 0.2, seed: int = 0) -> list[dict[int, int]] | None:
-    """Split the items over ``n_bins`` machines of (cap_cpu, cap_mem), or None if it cannot.
+         max_vms: int | None = None, time_limit: float = 0.2, seed: int = 0) -> list[dict[int, int]] | None:
+    """Split the items over ``n_bins`` machines of (cap_cpu, cap_mem), each holding at
+    most ``max_vms`` VMs (None: no count limit), or None if it cannot.
 
     ``items`` are (group, count, cpus each, MiB each); a negative count is one
     ``together`` group of ``-count`` VMs that must share a machine. Returns one
@@ -103,13 +110,13 @@ def pack(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
     """
     if n_bins == 0:
         return [] if not any(it[1] for it in items) else None
-    got = _ffd(items, n_bins, cap_cpu, cap_mem, one_space)
+    got = _ffd(items, n_bins, cap_cpu, cap_mem, max_vms)
     if got is None and n_bins <= 64:
-        got = _exact(items, n_bins, cap_cpu, cap_mem, one_space, time_limit, seed)
+        got = _exact(items, n_bins, cap_cpu, cap_mem, max_vms, time_limit, seed)
     return got
 
 
 def pack_partial(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int, *,
-                 one_space: bool = False) -> list[dict[int, int]]:
+                 max_vms: int | None = None) -> list[dict[int, int]]:
     """First-fit what fits of the items into ``n_bins`` machines; the rest is left out."""
-    return _ffd(items, n_bins, cap_cpu, cap_mem, one_space, partial=True) or []
+    return _ffd(items, n_bins, cap_cpu, cap_mem, max_vms, partial=True) or []

@@ -9,7 +9,8 @@ aggregate model every answer here packs as it is.
 Each existing host h is a type of its own with at most one machine: its
 patterns are what it can hold, costing κ_hk = r_h·extra_secs(h, δ_k)/3600
 (0 on own devices), so hosts are modelled exactly, never by a capacity sum.
-Classes whose cost equals the next longer class's are merged into it.
+A host with a VM-count limit S_h (its vm_count policy) holds at most S_h VMs
+in a pattern. Classes whose cost equals the next longer class's are merged into it.
 
 Master (rows written as ≤ for HiGHS; duals y ≤ 0, π_g = −y_cover,g ≥ 0):
   min  Σ_j κ_j λ_j
@@ -23,7 +24,9 @@ Master (rows written as ≤ for HiGHS; duals y ≤ 0, π_g = −y_cover,g ≥ 0)
 Pricing: the reduced cost of a pattern is κ_tk + μ_tk − Σ_g π_g a_g, with
 μ_tk ≥ 0 the caps' duals times the column's cap coefficients. The best pattern
 per type is a two-dimensional bounded knapsack (vCPUs × memory in units of
-the groups' common divisor), solved by one numpy dynamic programme per type;
+the groups' common divisor; a third dimension, VMs, only on a host whose
+S_h is below the VMs its room could hold, so the limit binds), solved by one
+numpy dynamic programme per type;
 groups enter in order of duration, so the programme's value after the groups
 of class k is that class's best pattern. A cheap fractional bound skips types
 that cannot price out.
@@ -65,7 +68,9 @@ from fuse.controller.pool.model import (
     billed_secs,
     extra_secs,
     fits_per_machine,
+    host_fits,
     host_reject,
+    host_slots,
     host_vcpus,
     offer_reject,
     offer_vcpus,
@@ -90,6 +95,7 @@ class MachineType:
     ub: int  # machines of the type any useful plan could use
     host: bool = False
     cls: dict[int, int] | None = None  # group -> its class: the first δ_k ≥ d_g
+    slots: int | None = None  # VMs one machine may hold by count, when that binds (a host's max_vms)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -142,8 +148,13 @@ def machine_types(model: PlanModel, kept: list[int]) -> list[MachineType]:
         deltas, kappa = _classes([groups[g].duration_secs for g in ok],
                                  lambda d, host=host: host.usd_per_hour * extra_secs(host, d) / 3600)
         cap_cpu = host_vcpus(host, c)
-        q = {g: fits_per_machine(groups[g], cap_cpu, host.mem_mib) for g in ok}
-        out.append(_finish(MachineType(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True), groups))
+        q = {g: host_fits(groups[g], host, c) for g in ok}
+        # the VM-count limit needs its own DP dimension only when the room alone admits more VMs
+        room = sum(groups[g].count if groups[g].together else min(groups[g].count, q[g]) for g in ok)
+        room = min(room, cap_cpu // min(groups[g].cpus for g in ok), host.mem_mib // min(groups[g].mem_mib for g in ok))
+        slots = host.max_vms if host.max_vms is not None and host.max_vms < room else None
+        out.append(_finish(MachineType(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True, slots=slots),
+                           groups))
     return out
 
 
@@ -271,13 +282,17 @@ class Master:
                     options={"time_limit": max(time_limit, 0.05), "disp": False, "mip_rel_gap": 0.0})
 
 
-def _frac_bound(vals: list[tuple[float, int, int, int]], cap_cpu: int, cap_mem: int) -> float:
-    """An upper bound on Σ π a: the smaller of the two one-resource fractional knapsacks."""
+def _frac_bound(vals: list[tuple[float, int, int, int, int]], cap_cpu: int, cap_mem: int,
+                cap_vms: int | None = None) -> float:
+    """An upper bound on Σ π a: the least of the one-resource fractional knapsacks
+    (vCPUs, memory, and VMs by count when ``cap_vms`` is given).
+    ``vals``: (value, vCPUs, MiB, units available, VMs per unit)."""
     best = math.inf
-    for dim, cap in ((1, cap_cpu), (2, cap_mem)):
+    dims = [(1, cap_cpu), (2, cap_mem)] + ([(4, cap_vms)] if cap_vms is not None else [])
+    for dim, cap in dims:
         left, v = float(cap), 0.0
-        for val, wc, wm, u in sorted(vals, key=lambda it: -it[0] / (it[dim] or 1e-12)):
-            w = (wc, wm)[dim - 1]
+        for it in sorted(vals, key=lambda it: -it[0] / (it[dim] or 1e-12)):
+            val, u, w = it[0], it[3], it[dim]
             take = min(u, left / w) if w else u
             v += take * val
             left -= take * w
@@ -321,8 +336,8 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
                 items.append((g, pi[g], grp.cpus, grp.mem_mib, u, 1))
     promising = []
     for k, delta in enumerate(ty.deltas):
-        vals = [(v, wc, wm, u) for g, v, wc, wm, u, _ in items if ty.cls[g] <= k]
-        floor[k] = ty.kappa[k] + mu[k] - (_frac_bound(vals, ty.cap_cpu, ty.cap_mem) if vals else 0.0)
+        vals = [(v, wc, wm, u, mult) for g, v, wc, wm, u, mult in items if ty.cls[g] <= k]
+        floor[k] = ty.kappa[k] + mu[k] - (_frac_bound(vals, ty.cap_cpu, ty.cap_mem, ty.slots) if vals else 0.0)
         if vals and floor[k] < -1e-7:
             promising.append(k)
     if not promising:
@@ -331,11 +346,12 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
     for _, _, _, wm, _, _ in items:
         unit = math.gcd(unit, wm)
     unit = math.gcd(unit, ty.cap_mem) or 1
-    C, M = ty.cap_cpu, ty.cap_mem // unit
-    if (C + 1) * (M + 1) > MAX_CELLS:
+    # S: the VM-count dimension, of size 1 (always 0 VMs counted) when no limit binds
+    C, M, S = ty.cap_cpu, ty.cap_mem // unit, ty.slots or 0
+    if (C + 1) * (M + 1) * (S + 1) > MAX_CELLS:
         raise TooBig
-    f = np.zeros((C + 1, M + 1))
-    copies: list[tuple[int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, taken mask)
+    f = np.zeros((C + 1, M + 1, S + 1))
+    copies: list[tuple[int, int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, ws, taken mask)
     stage_end = {}
     last_k = max(promising)
     for k, delta in enumerate(ty.deltas):
@@ -350,18 +366,18 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
                 n = min(m, u)
                 u -= n
                 m *= 2
-                cw, mw = wc * n, wm * n
-                if cw > C or mw > M:
+                cw, mw, sw = wc * n, wm * n, (n * mult if ty.slots is not None else 0)
+                if cw > C or mw > M or sw > S:
                     break
-                cand = f[:C + 1 - cw, :M + 1 - mw] + v * n
+                cand = f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n
                 mask = np.zeros(f.shape, dtype=bool)
-                sub = f[cw:, mw:]
-                mask[cw:, mw:] = cand > sub + 1e-12
+                sub = f[cw:, mw:, sw:]
+                mask[cw:, mw:, sw:] = cand > sub + 1e-12
                 np.maximum(sub, cand, out=sub)
-                copies.append((g, n * mult, cw, mw, mask))
+                copies.append((g, n * mult, cw, mw, sw, mask))
         stage_end[k] = len(copies)
     for k in promising:
-        counts = _backtrack(copies[:stage_end[k]], C, M)
+        counts = _backtrack(copies[:stage_end[k]], C, M, S)
         val = sum(pi[g] * n for g, n in counts.items())
         rc = ty.kappa[k] + mu[k] - val
         floor[k] = max(floor[k], rc)  # the DP's optimum: exact
@@ -370,17 +386,18 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
     return out
 
 
-def _backtrack(copies, C: int, M: int) -> dict[int, int]:
-    """The pattern the DP took at (C, M) using the first ``len(copies)`` item copies.
+def _backtrack(copies, C: int, M: int, S: int) -> dict[int, int]:
+    """The pattern the DP took at (C, M, S) using the first ``len(copies)`` item copies.
 
     mask_i marks the states where copy i improved the table at its stage; walking
     the copies backwards from the full machine replays those choices."""
-    c, m, counts = C, M, {}
-    for g, n, cw, mw, mask in reversed(copies):
-        if mask[c, m]:
+    c, m, s, counts = C, M, S, {}
+    for g, n, cw, mw, sw, mask in reversed(copies):
+        if mask[c, m, s]:
             counts[g] = counts.get(g, 0) + n
             c -= cw
             m -= mw
+            s -= sw
     return counts
 
 
@@ -492,10 +509,12 @@ def prefer_existing(model: PlanModel, sol: Solution) -> Solution:
         return sol
     free_cpu = [host_vcpus(h, c) for h in hosts]
     free_mem = [h.mem_mib for h in hosts]
+    slots = [host_slots(h) for h in hosts]
     dur = [0] * len(hosts)
     for (g, h), n in sol.on_hosts.items():
         free_cpu[h] -= groups[g].cpus * n
         free_mem[h] -= groups[g].mem_mib * n
+        slots[h] -= n
         dur[h] = max(dur[h], groups[g].duration_secs)
     order = sorted(range(len(hosts)), key=lambda h: (not hosts[h].own, hosts[h].usd_per_hour, h))
     on_hosts = dict(sol.on_hosts)
@@ -513,11 +532,12 @@ def prefer_existing(model: PlanModel, sol: Solution) -> Solution:
                     continue
                 if extra_secs(host, max(dur[h], grp.duration_secs)) > extra_secs(host, dur[h]) and host.usd_per_hour > 0:
                     continue
-                k = min(m.counts[g], free_cpu[h] // grp.cpus, free_mem[h] // grp.mem_mib)
+                k = min(m.counts[g], free_cpu[h] // grp.cpus, free_mem[h] // grp.mem_mib, slots[h])
                 if k <= 0:
                     continue
                 free_cpu[h] -= k * grp.cpus
                 free_mem[h] -= k * grp.mem_mib
+                slots[h] -= k
                 dur[h] = max(dur[h], grp.duration_secs)
                 on_hosts[g, h] = on_hosts.get((g, h), 0) + k
                 m.counts[g] -= k

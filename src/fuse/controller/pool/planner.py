@@ -5,7 +5,8 @@ the solver runs single-threaded with ``model.seed``, nothing is printed.
 
 Notation
 --------
-groups g: n_g VMs of (c_g vCPUs, m_g MiB), duration d_g;   hosts h: free (C_h, M_h);
+groups g: n_g VMs of (c_g vCPUs, m_g MiB), duration d_g;   hosts h: free (C_h, M_h) and
+S_h VM slots (its vm_count policy less the VMs on it; ∞ when it has none);
 offers t: (C_t, M_t), r_t USD/h;   billing classes k of t: the distinct durations
 δ_k of the groups allowed on t (a machine is billed for its longest work, so
 it is in exactly one class);  b_tk = billed_secs(t, δ_k) = max(min_t,
@@ -19,7 +20,7 @@ identical machines are symmetric):
   y_gh ∈ {0,1}, e_h ≥ 0   running cloud host h used by g, and its extra cost
   p_g = Σ_h x_gh + Σ_tk z_gtk ≤ n_g   VMs of g placed
 
-Constraints: Σ_g c_g x_gh ≤ C_h, Σ_g m_g x_gh ≤ M_h;  Σ_g c_g z_gtk ≤ C_t N_tk,
+Constraints: Σ_g c_g x_gh ≤ C_h, Σ_g m_g x_gh ≤ M_h, Σ_g x_gh ≤ S_h;  Σ_g c_g z_gtk ≤ C_t N_tk,
 Σ_g m_g z_gtk ≤ M_t N_tk, z_gtk ≤ q_gt N_tk (q_gt = VMs of g one machine holds),
 Σ_g z_gtk ≥ N_tk (no empty machine);  one_space offers: Σ_g z_gtk ≤ N_tk;
 caps: Σ r_t N_tk ≤ max_usd_per_hour, Σ N_tk ≤ max_new_hosts (= hosts pin),
@@ -204,13 +205,14 @@ def realise(model: PlanModel, f: F.Formulation, solver, deadline: float) -> tupl
                 grp = model.groups[g]
                 items.append((g, -z if grp.together else z, grp.cpus, grp.mem_mib))
         cap_cpu = int(o.vcpus * model.constraints.cpu_overcommit)
-        bins = pack(items, n, cap_cpu, o.mem_mib, one_space=o.one_space,
+        slots = 1 if o.one_space else None
+        bins = pack(items, n, cap_cpu, o.mem_mib, max_vms=slots,
                     time_limit=min(0.2, max(0.0, deadline - time.monotonic())), seed=model.seed)
         if bins is None:
             # the aggregate share does not split: keep what first fit places on
             # these N machines; the greedy completion below places the rest
             ok = False
-            bins = pack_partial(items, n, cap_cpu, o.mem_mib, one_space=o.one_space)
+            bins = pack_partial(items, n, cap_cpu, o.mem_mib, max_vms=slots)
         full = [b for b in bins if b]
         if pin is not None and len(full) < len(bins):
             full = _spread(model, bins)

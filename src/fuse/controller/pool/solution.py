@@ -20,6 +20,7 @@ from fuse.controller.pool.model import (
     billed_secs,
     extra_secs,
     host_reject,
+    host_slots,
     host_vcpus,
     offer_reject,
     offer_vcpus,
@@ -103,6 +104,8 @@ def violations(model: PlanModel, sol: Solution) -> list[str]:
         if kind == "host":
             h = model.hosts[i]
             cap_cpu, cap_mem, label, one = host_vcpus(h, c), h.mem_mib, h.name, False
+            if sum(counts.values()) > host_slots(h):
+                out.append(f"{label}: {sum(counts.values())} VMs > vm_count limit {h.max_vms}")
         else:
             o = model.offers[sol.machines[i].offer]
             cap_cpu, cap_mem, label, one = offer_vcpus(o, c), o.mem_mib, f"new {i} {o.key}", o.one_space
