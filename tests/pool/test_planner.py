@@ -111,3 +111,50 @@ def test_one_thousand_vms_plan_is_feasible_and_bounded():
     assert sum(a.count for a in p.assignments) == 1000
     assert p.lower_bound_usd <= p.projected_usd
     assert p.projected_usd <= cost_usd(m.sorted(), greedy(m.sorted())) + 1e-6
+
+
+def _big(time_limit: float) -> PlanModel:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from plan import random_model
+
+    return random_model(1, 1000, 20, 40, 10).model_copy(update={"time_limit_secs": time_limit})
+
+
+@pytest.mark.parametrize("secs, solver", [(0.05, "greedy"), (2.0, "exact-incumbent")],
+                         ids=["no time for the exact models: first fit answers",
+                              "the time limit ends the search: the best plan found, unproven"])
+def test_a_time_limit_on_a_big_model_gives_each_label_and_never_worse_than_first_fit(secs, solver):
+    m = _big(secs)
+    p = plan(m)
+    base = greedy(m.sorted())
+    assert p.solver == solver
+    assert sum(a.count for a in p.assignments) >= sum(base.placed(len(m.groups)))
+    assert p.lower_bound_usd <= p.projected_usd <= cost_usd(m.sorted(), base) + 1e-6
+    if solver == "exact-incumbent":
+        assert p.lower_bound_usd > 0 and p.projected_usd < cost_usd(m.sorted(), base)
+        assert any("time limit" in line for line in p.explain)
+
+
+def test_a_plan_is_not_exact_while_the_most_placeable_count_is_unproven(monkeypatch):
+    """Stage 1 (how many VMs can be placed at all) stopped by the time limit: even a
+    cost proven least for that count is labelled exact-incumbent, with a note."""
+    from fuse.controller.pool import formulation as F
+
+    real_run, calls = F.run, []
+
+    def stage1_times_out(f, model, time_limit):
+        st, solver = real_run(f, model, time_limit)
+        calls.append(st)
+        return ("feasible" if len(calls) == 1 else st), solver
+
+    # b fits on no machine, so first fit leaves it out and stage 1 runs
+    m = PlanModel(groups=[group(2, name="a"), group(1, 64, 2048, name="b")], offers=[SMALL])
+    assert plan(m).solver == "exact"
+    monkeypatch.setattr(F, "run", stage1_times_out)
+    p = plan(m)
+    assert calls[0] == "optimal"  # the stage-1 answer was in fact optimal, but reported unproven
+    assert p.solver == "exact-incumbent" and sum(a.count for a in p.assignments) == 2
+    assert any("most VMs that can be placed" in line for line in p.explain)

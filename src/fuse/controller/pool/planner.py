@@ -60,6 +60,15 @@ else the better plan of the two is kept and the bound is the larger of the two
 (each bounds every plan placing the target). Offers are first pruned by
 dominance (``formulation.dominators``).
 
+Labels (``solver``): ``exact`` when the plan is proven optimal — stage 1 proved
+its placed count the most possible (or nothing was left unplaced by first fit)
+and its cost meets the bound. ``exact-incumbent`` for the best plan the exact
+models found without that proof: the time limit ended a search (stage 1's, the
+branch-and-price, or CP-SAT's stage 2), or the aggregate model's answer did not
+pack onto whole machines and first fit completed it (a packing gap; the note
+says so). ``greedy`` when first-fit decreasing answered: the exact models
+found no plan in time, or none better. Never worse than first fit either way.
+
 ``lower_bound_usd``: the pattern model's bound (the least bound of the open
 branch-and-price nodes), or ⌈bound⌉ / 10⁶ with ``bound`` CP-SAT's proven bound
 on stage 2 (re-solved for the plan's placed count when the answer places fewer
@@ -87,6 +96,10 @@ def plan(model: PlanModel) -> ElasticPlan:
     return to_plan(model, sol, solver=solver, lower_bound_usd=lb, notes=notes)
 
 
+STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
+                   "a plan placing more may exist")
+
+
 def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     """(solution, solver label, lower bound USD, explain notes) for a sorted model."""
     deadline = time.monotonic() + model.time_limit_secs
@@ -97,7 +110,7 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     kept = F.undominated_offers(model)
     base_placed = sum(base.placed(len(model.groups)))
 
-    target = base_placed
+    target, most_proven = base_placed, True
     if base_placed < total:  # stage 1: how many can be placed at all
         f = F.build(model, kept)
         f.m.maximize(sum(f.placed))
@@ -107,7 +120,18 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
             target = int(round(solver.objective_value))
         elif st == "feasible":
             target = max(base_placed, int(round(solver.objective_value)))
+        # the objective puts VMs placed first: a cost proven least for ``target`` VMs
+        # is not an optimal plan unless ``target`` is proven the most placeable
+        most_proven = st == "optimal" or target == total
+    sol, label, lb, notes = _solve_target(model, kept, base, target, deadline)
+    if label == "exact" and not most_proven:
+        return sol, "exact-incumbent", lb, notes + [STAGE1_UNPROVEN]
+    return sol, label, lb, notes
 
+
+def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int,
+                  deadline: float) -> tuple[Solution, str, float, list[str]]:
+    """Stage 2 (and 3): the least-cost plan placing at least ``target`` VMs."""
     # the whole-machine pattern model first (it packs by construction), on part of the time
     share = deadline - 0.5 * (deadline - time.monotonic())
     pat = _patterns(model, kept, target, base, share, deadline)
