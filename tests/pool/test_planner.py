@@ -95,7 +95,9 @@ def test_quota_family_caps_vcpus():
 
 def test_default_catalogue_names_its_source_and_date():
     src = catalogue_source()
-    assert "us-west-2" in src["source"] and src["date"] == "2026-12-02"
+    assert "on-demand Linux prices in us-west-2" in src["source"] and "CLOUD-CATALOGUE.md" in src["source"]
+    assert src["original source"].startswith("the AWS price list")
+    assert src["date copied"].startswith("2026-12-02 (when these rows were copied")
     offers = default_catalogue()
     assert {o.type_name for o in offers if o.kvm} == {"c6g.metal"}
     assert all(o.one_space and not o.kvm for o in offers if o.provider == "modal")

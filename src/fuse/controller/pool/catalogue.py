@@ -1,8 +1,9 @@
 """The default catalogue of offers: machine types a linked cloud can add.
 
-Shipped as ``fuse/data/catalogue_aws.csv``: the AWS EC2 on-demand us-west-2
-rows of ``shared/data/CLOUD-CATALOGUE.md`` (dated 2026-12-02; the CSV header
-comments say so), plus Modal sandboxes as ``one_space`` offers — a one-VM
+Shipped as ``fuse/data/catalogue_aws.csv``: the AWS EC2 on-demand Linux
+us-west-2 rows of the project's ``shared/data/CLOUD-CATALOGUE.md`` (originally
+the AWS price list; copied 2026-12-02 — the CSV header's ``source``,
+``original source`` and ``date copied`` say so), plus Modal sandboxes as ``one_space`` offers — a one-VM
 supplier with no host agent and no KVM, so it can take ``container``-kind work
 only, one VM per sandbox, and is not counted as a new host by ``max_new_hosts``.
 Live price sources (Hetzner's API) are providers' business, not this file's.
@@ -45,7 +46,7 @@ def default_catalogue() -> tuple[Offer, ...]:
 
 
 def catalogue_source() -> dict[str, str]:
-    """The ``# key: value`` header of the shipped catalogue (source, date)."""
+    """The ``# key: value`` header of the shipped catalogue (source, original source, date copied)."""
     out = {}
     for line in DEFAULT_PATH.read_text().splitlines():
         if not line.startswith("#"):
