@@ -4,6 +4,7 @@ controller-crash matrix and the failure cases that must bring a VM home."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -105,7 +106,7 @@ def test_a_counting_vm_moves_and_carries_on(fleet):
     time.sleep(1.0)
     before = max(fleet.counter("job1"))
     m = fleet.client.moves.create("job1", to="dst")
-    assert m["state"] in ("pending", "sleeping", "copying", "waking", "done") and m["to"] == "dst"
+    assert m["state"] in ("starting", "sleeping", "copying", "waking", "done") and m["to"] == "dst"
     m = fleet.wait_move(m["id"])
     assert m["state"] == "done", m
     assert m["total_bytes"] > 3 * 4 * 1024 * 1024 and m["copied_bytes"] == m["total_bytes"]
@@ -118,7 +119,7 @@ def test_a_counting_vm_moves_and_carries_on(fleet):
     assert after and min(after) > before and min(after) <= before + 10
     states = [e["to"] for e in fleet.client.events.list(0, limit=500)["events"]
               if e["type"] == "move_state" and e["move"] == m["id"]]
-    assert states == ["pending", "sleeping", "copying", "waking", "done"]
+    assert states == ["starting", "sleeping", "copying", "waking", "done"]
     assert [x["id"] for x in fleet.client.moves.list()] == [m["id"]]
 
 
@@ -322,3 +323,176 @@ def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_one
         for p in (a, b, *agents, *extra):
             p.stop()
         reap(tmp_path)
+
+
+@pytest.mark.parametrize("point", ["sleeping", "installed"])
+def test_controller_crash_before_the_sleep_or_after_install_brings_the_vm_home(fleet, point):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_CRASH_AT": point})
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.ctl.popen.poll() is not None, timeout=60, what=f"controller to crash at {point}")
+    fleet.restart_controller()
+    m = fleet.wait_move(m["id"])
+    assert m["state"] == "failed" and "restarted" in m["reason"] and not m["rolling_back"], m
+    _check_home_or_moved(fleet, "job1", expect="src")
+    assert "job1" not in fleet.host_vms("dst")  # the installed, unwoken copy is gone too
+    assert fleet.host_vms("src")["job1"].get("move_id") is None  # unmarked: anything may wake or move it again
+
+
+def test_a_lost_reply_after_the_target_woke_finishes_forward_never_two_copies(fleet):
+    """The target woke the VM but the controller never heard so: only the
+    target's answer decides, and it says the VM runs there."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_FAIL_AT": "woke"})
+    m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
+    assert m["state"] == "done", m
+    _check_home_or_moved(fleet, "job1", expect="dst")
+    wait_until(lambda: "job1" not in fleet.host_vms("src"), timeout=20, what="source copy removed")
+    assert fleet.client.vms.get("job1")["host"] == "dst"
+
+
+def test_a_failure_after_install_aborts_the_unwoken_copy_and_wakes_the_source(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_FAIL_AT": "installed"})
+    m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
+    assert m["state"] == "failed" and "reply at installed was lost" in m["reason"], m
+    assert [h["state"] for h in m["history"]] == ["starting", "sleeping", "copying", "waking", "failed"]
+    _check_home_or_moved(fleet, "job1", expect="src")
+    assert "job1" not in fleet.host_vms("dst")
+    types = [(e["type"], e.get("to")) for e in fleet.client.events.list(0, limit=500)["events"]
+             if e.get("move") == m["id"]]
+    assert ("move_rolling_back", None) in types and types[-1] == ("move_state", "failed")
+
+
+def test_a_source_away_during_the_rollback_is_waited_for_and_the_vm_comes_home(fleet, tmp_path):
+    """`failed` means home again: while the source cannot be reached the move
+    stays rolling back, and it wakes the VM once the source is back."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "copied:3", "FUSE_TEST_FAIL_AT": "copied"})
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.client.moves.get(m["id"])["copied_bytes"] == fleet.client.moves.get(m["id"])["total_bytes"]
+               > 0, timeout=30, what="copy done")
+    src = fleet.agents["src"]
+    src.stop()
+    wait_until(lambda: fleet.client.moves.get(m["id"])["rolling_back"], timeout=30, what="rollback started")
+    time.sleep(2.0)
+    m = fleet.client.moves.get(m["id"])
+    assert m["state"] == "copying" and m["rolling_back"], m  # not failed: the VM is not home yet
+    port = int(src.url.rsplit(":", 1)[1])
+    fleet.procs.append(start_agent(tmp_path, backend="fake", name="agent-src", port=port))
+    m = fleet.wait_move(m["id"], timeout=60)
+    assert m["state"] == "failed" and not m["rolling_back"], m
+    _check_home_or_moved(fleet, "job1", expect="src")
+
+
+def test_a_move_to_a_cordoned_host_is_refused(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.client.hosts.cordon("dst")
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="dst")
+    assert (info.value.status, info.value.code) == (409, "no_target") and "cordoned" in info.value.message
+    with pytest.raises(fuse.ApiError) as info:  # nor does best fit pick it
+        fleet.client.moves.create("job1")
+    assert (info.value.status, info.value.code) == (409, "no_target")
+    assert fleet.running_copies("job1") == ["src"]
+
+
+def test_a_source_that_stopped_answering_is_409_host_unreachable(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.agents["src"].stop()  # at once: the controller may still believe it connected
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="dst")
+    assert (info.value.status, info.value.code) == (409, "host_unreachable")
+    assert fleet.client.moves.list() == []
+
+
+def test_a_host_in_a_move_cannot_be_deregistered(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src", mem=4096))
+    fleet.restart_controller(env={"FUSE_TEST_CHUNK_DELAY": "0.3"})
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.client.moves.get(m["id"])["copied_bytes"] > 0, timeout=30, what="copy started")
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.hosts.deregister("dst")  # no VM assigned yet, but the move needs it
+    assert (info.value.status, info.value.code) == (409, "move_in_progress")
+    assert fleet.wait_move(m["id"])["state"] == "done"
+
+    def deregistered():  # once the move is over and the source copy removed
+        try:
+            fleet.client.hosts.deregister("src")
+            return True
+        except fuse.ApiError as exc:
+            assert exc.code == "move_in_progress" and "removal pending" in exc.message, exc
+            return False
+    wait_until(deregistered, timeout=20, what="deregister after the move")
+    assert [h.id for h in fleet.client.hosts.list()] == ["dst"]
+
+
+def test_uncordon_ends_a_drain_under_way(fleet):
+    import threading
+
+    fleet.add("old")
+    fleet.add("new")
+    for n in ("a", "b", "c"):
+        fleet.client.vms.create(vm_body(n, host="old", mem=2048))  # 32 MiB images: 8 chunks each
+    fleet.restart_controller(env={"FUSE_TEST_CHUNK_DELAY": "0.3"})
+    got = {}
+    t = threading.Thread(target=lambda: got.update(report=fuse.Client(fleet.ctl.url).hosts.drain("old")))
+    t.start()
+    wait_until(lambda: any(m["state"] not in ("done", "failed") for m in fleet.client.moves.list()), timeout=30,
+               what="the first move under way")
+    fleet.client.hosts.uncordon("old")
+    t.join(timeout=60)
+    report = got["report"]
+    assert len(report["moved"]) == 1 and report["stuck"] == [], report
+    assert fleet.client.hosts.get("old").state == "active"
+    assert len(fleet.host_vms("old")) == 2 and all(v["state"] == "running" for v in fleet.host_vms("old").values())
+
+
+def test_a_sleeping_vm_moves_asleep_unmarked_and_holds_no_room(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.client.vms.sleep("job1")
+    m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
+    assert m["state"] == "done", m
+    vm = fleet.host_vms("dst")["job1"]
+    assert vm["state"] == "sleeping" and vm.get("move_id") is None and not vm.get("reserved"), vm
+    wait_until(lambda: "job1" not in fleet.host_vms("src"), timeout=20, what="source copy removed")
+    fleet.client.vms.wake("job1")
+    assert fleet.running_copies("job1") == ["dst"]
+
+
+async def test_moves_and_drain_through_the_async_sdk(fleet):
+    fleet.add("old")
+    fleet.add("new")
+    fleet.client.vms.create(vm_body("a", host="old", mem=256))
+    fleet.client.vms.create(vm_body("b", host="old", mem=256))
+    async with fuse.AsyncClient(fleet.ctl.url) as c:
+        m = await c.moves.create("a", to="new")
+        assert m["state"] in ("starting", "sleeping", "copying", "waking", "done")
+        for _ in range(300):
+            m = await c.moves.get(m["id"])
+            if m["state"] in ("done", "failed"):
+                break
+            await asyncio.sleep(0.1)
+        assert m["state"] == "done", m
+        assert [x["id"] for x in await c.moves.list()] == [m["id"]]
+        report = await c.hosts.drain("old")
+        assert [x["vm"] for x in report["moved"]] == ["b"] and report["stuck"] == []
+        await c.hosts.uncordon("old")
+        assert (await c.hosts.get("old")).state == "active"
+    assert sorted(fleet.host_vms("new")) == ["a", "b"]

@@ -254,16 +254,21 @@ class VmManager:
             self.transition(vm, "sleeping")
         return vm
 
-    async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False) -> Vm:
+    async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False,
+                   if_marked: bool = False) -> Vm:
         """Resume a sleeping VM from its files (a marked VM only for its own
-        move); or, with ``clear_mark``, just drop the mark."""
+        move); or, with ``clear_mark``, just drop the mark. ``if_marked``: only
+        a VM ``move_id`` holds (a move bringing it home), else it stays as it is."""
         vm = self.get(name)
         async with self.lock(name):
+            if if_marked and (not move_id or vm.move_id != move_id):
+                return vm
             _check_mark(vm, move_id)
             if clear_mark:
                 if vm.move_id:
                     vm.move_id = vm.move_role = None
-                    vm.return_room = False  # an ordinary sleeping vm again: its room is free
+                    # an ordinary sleeping vm again: its room is free (an arrived copy's too)
+                    vm.return_room = vm.reserved = False
                     self.save(vm)
                     self.events.emit("vm_unmarked", vm=name, move_id=move_id)
                 return vm

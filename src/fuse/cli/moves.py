@@ -42,6 +42,9 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
     table(MOVE_COLUMNS, _rows([m]))
     if m["state"] == "failed":
         raise typer.Exit(1)
+    if wait and m["state"] != "done":
+        console.print(f"move {m['id']} is still {m['state']} after an hour; follow it with `fuse controller moves`")
+        raise typer.Exit(1)
 
 
 def moves(json_: bool = typer.Option(False, "--json")) -> None:

@@ -183,6 +183,8 @@ class HostRegistry:
             assigned = self.store.vms_on(host_id, conn)
             if assigned:
                 raise Conflict(f"host {host_id} still has vm {assigned[0]['name']} assigned")
+            if why := _move_holds(conn, host_id):
+                raise Conflict(f"host {host_id} {why}", code="move_in_progress")
             self.store.delete_host(conn, host_id)
             self.store.add_event("host_removed", {"id": host_id}, host=host_id, conn=conn)
 
@@ -190,3 +192,23 @@ class HostRegistry:
         row = self.store.get_host(host_id)
         return row["token"] if row else ""
 
+
+def _move_holds(conn, host_id: str) -> str | None:
+    """Why a move still needs ``host_id`` (a copy to wake, abort or remove
+    there), or None: deregistering it then would strand that copy."""
+    from sqlalchemy import or_, select
+
+    from .moves import ACTIVE
+    from .store import moves as moves_t
+
+    rows = conn.execute(select(moves_t).where(
+        or_(moves_t.c.source == host_id, moves_t.c.target == host_id))).mappings()
+    for m in rows:
+        rec = m["record"] or {}
+        if m["state"] in ACTIVE:
+            return f"is in move {m['id']} of vm {m['vm']} (still {m['state']})"
+        if m["state"] == "failed" and rec.get("cleanup_pending") and m["target"] == host_id:
+            return f"still holds the aborted copy of move {m['id']} (clean-up pending)"
+        if m["state"] == "done" and not rec.get("source_removed") and m["source"] == host_id:
+            return f"still holds the source copy of move {m['id']} (removal pending)"
+    return None

@@ -3,25 +3,35 @@
 A move is a persisted state machine; every transition is written to the
 store before the step it names runs, and emits a `move_state` event:
 
-    pending ─► sleeping ─► copying ─► waking ─► done
+    starting ─► sleeping ─► copying ─► waking ─► done
        │           │           │         │
-       └───────────┴───────────┴─────────┴──► rolling_back ─► failed
+       └───────────┴───────────┴─────────┴──► (rolling back) ─► failed
 
-    pending       → sleeping      the move starts
+    starting      → sleeping      the move starts
     sleeping      → copying       the source slept, marked with the move id
     copying       → waking        every file copied (4 MiB chunks) and verified
-    waking        → done          the target woke the VM; the source copy goes
-    any but done  → rolling_back  a step failed (or the controller restarted
+    waking        → done          the target installed and woke the VM; the
+                                  source copy goes
+    any but done  → rolling back  a step failed (or the controller restarted
                                   before the target woke the VM)
-    rolling_back  → failed        target side aborted, VM woken on the source
+    rolling back  → failed        target side aborted, VM woken on the source
+
+The wire shows the seed's six states only: while a failed move brings the VM
+home its state stays at the step that failed, with `rolling_back: true` and
+the `reason` (a `move_rolling_back` event marks the start); `failed` is
+reported once the VM is back, so `failed` always means "home again".
 
 The one-place rule: the source copy is asleep and marked from `sleeping` on,
 and the target only wakes after every file verified, so at no instant do two
-copies run. After a controller crash, `resume` finishes a move whose target
-already woke the VM (forward: remove the source) and rolls back every other
-(abort the target's incoming side, wake the source). A target that cannot
-be reached for the abort is remembered (`cleanup`) and retried until it
-answers, so no reservation or half-copied file outlives the move.
+copies run. Once the target may have been asked to wake (`waking`), only the
+target's own answer decides: its incoming side is aborted (which waits for a
+wake under way and never touches a woken VM) and, if the VM runs there, the
+move finishes forward; the source wakes only when the target holds no copy.
+A target or source that cannot be reached is retried, never guessed. After a
+controller crash the same settling runs for every move the crash left
+behind. A target that cannot be reached for the abort of an unwoken copy is
+remembered (`cleanup`) and retried until it answers, so no reservation or
+half-copied file outlives the move.
 
 Several controller replicas may share one store: each move carries its
 driver (`owner`) and a lease the driver renews every second. Recovery takes
@@ -51,13 +61,16 @@ CHUNK = 4 * 1024 * 1024
 # Per-request limit while copying: a target whose network vanished must fail
 # the move (and bring the VM home) in bounded time, not hang it.
 IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
-ACTIVE = ("pending", "sleeping", "copying", "waking", "rolling_back")
+# "pending" is the name a store written by an earlier version has for "starting"
+ACTIVE = ("starting", "pending", "sleeping", "copying", "waking", "rolling_back")
+STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the wire's (seed 004)
 # A move belongs to the controller that drives it for as long as it renews
 # its lease; with several replicas on one PostgreSQL store, a replica takes
 # over (finishes or rolls back) only moves whose driver stopped renewing.
 LEASE_S = float(os.environ.get("FUSE_MOVE_LEASE_S", "5"))
 
 TRANSITIONS: dict[str, frozenset[str]] = {
+    "starting": frozenset({"sleeping", "rolling_back"}),
     "pending": frozenset({"sleeping", "rolling_back"}),
     "sleeping": frozenset({"copying", "rolling_back"}),
     "copying": frozenset({"waking", "rolling_back"}),
@@ -81,6 +94,14 @@ def _crash_point(point: str) -> None:
     (no clean-up), so tests can restart it at every step of a move."""
     if os.environ.get("FUSE_TEST_CRASH_AT") == point:
         os._exit(137)
+
+
+def _fail_point(point: str) -> None:
+    """Test hook: FUSE_TEST_FAIL_AT=<point> makes the step right there fail as
+    if a host's reply were lost (the host did the work; the controller does
+    not know it)."""
+    if os.environ.get("FUSE_TEST_FAIL_AT") == point:
+        raise HostUnreachable(f"test hook: the reply at {point} was lost")
 
 
 async def _pause_point(point: str) -> None:
@@ -119,7 +140,14 @@ class MoveService:
     @staticmethod
     def _wire(row: dict) -> dict[str, Any]:
         rec = row["record"] or {}
-        return {"id": row["id"], "vm": row["vm"], "from": row["source"], "to": row["target"], "state": row["state"],
+        state = row["state"]
+        if state == "pending":
+            state = "starting"
+        elif state == "rolling_back":  # the step that failed, until the VM is home
+            seen = [h["state"] for h in rec.get("history", []) if h.get("state") in STATES]
+            state = seen[-1] if seen else "starting"
+        return {"id": row["id"], "vm": row["vm"], "from": row["source"], "to": row["target"], "state": state,
+                "rolling_back": row["state"] == "rolling_back",
                 "copied_bytes": rec.get("copied_bytes", 0), "total_bytes": rec.get("total_bytes", 0),
                 "copy_path": rec.get("copy_path", ""), "copy_secs": rec.get("copy_secs"),
                 "verify_secs": rec.get("verify_secs"),
@@ -141,11 +169,18 @@ class MoveService:
             if state is not None and state != row["state"]:
                 if state not in TRANSITIONS[row["state"]]:
                     raise RuntimeError(f"move {move_id}: illegal transition {row['state']} -> {state}")
-                record["history"] = record.get("history", []) + [{"state": state, "time": time.time()}]
                 values["state"] = state
-                self.store.add_event("move_state", {"move": move_id, "vm": row["vm"], "from": row["state"],
-                                                    "to": state, "reason": rec.get("reason", "")},
-                                     host=row["source"], conn=c)
+                if state == "rolling_back":  # not a wire state: the move stays at its step until home
+                    record["rollback_at"] = time.time()
+                    self.store.add_event("move_rolling_back", {"move": move_id, "vm": row["vm"],
+                                                               "reason": record.get("reason", "")},
+                                         host=row["source"], conn=c)
+                else:
+                    record["history"] = record.get("history", []) + [{"state": state, "time": time.time()}]
+                    self.store.add_event("move_state", {"move": move_id, "vm": row["vm"],
+                                                        "from": self._wire(dict(row))["state"],
+                                                        "to": state, "reason": record.get("reason", "")},
+                                         host=row["source"], conn=c)
             c.execute(update(moves_t).where(moves_t.c.id == move_id).values(**values))
         if state is not None and self.fleet:
             self.fleet.changed.set()
@@ -164,7 +199,10 @@ class MoveService:
             src_view = self.fleet.views.get(source)
             if src_view is None or not src_view.connected:
                 raise refuse("host_unreachable", f"source host {source} is not connected")
-            vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
+            try:
+                vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
+            except HostUnreachable as exc:
+                raise refuse("host_unreachable", f"source host {source} did not answer: {exc.message}") from None
             if vm.get("move_id"):
                 raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
             if vm["state"] not in ("running", "sleeping"):
@@ -174,11 +212,11 @@ class MoveService:
             now = time.time()
             with self.store.tx() as c:
                 c.execute(insert(moves_t).values(
-                    id=move_id, vm=name, source=source, target=target, state="pending", created_at=now, updated_at=now,
+                    id=move_id, vm=name, source=source, target=target, state="starting", created_at=now, updated_at=now,
                     record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
-                            "history": [{"state": "pending", "time": now}], "vm": vm,
+                            "history": [{"state": "starting", "time": now}], "vm": vm,
                             "owner": self.ctl.instance, "lease_until": now + LEASE_S}))
-                self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "pending", "target": target},
+                self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "starting", "target": target},
                                      host=source, conn=c)
             self.fleet.changed.set()
         self._spawn(move_id)
@@ -209,10 +247,13 @@ class MoveService:
         from .placement import rank
         from .resources import Resources
         if to is not None:
-            if self.store.get_host(to) is None:
+            host = self.store.get_host(to)
+            if host is None:
                 raise refuse("unknown_host", f"host {to} is not registered")
             if to == source:
                 raise refuse("same_host", f"vm {name} is already on {to}")
+            if host["state"] != "active":
+                raise refuse("no_target", f"host {to} is {host['state']}: it takes no new VMs")
             view = self.fleet.views.get(to)
             if view is None or not view.connected:
                 raise refuse("host_unreachable", f"target host {to} is not connected")
@@ -241,25 +282,36 @@ class MoveService:
 
     async def _run(self, move_id: str) -> None:
         row = self._row(move_id)
+        if row["state"] not in ("starting", "pending"):
+            return
         try:
-            if row["state"] == "pending":
+            if True:
                 row = self._set(move_id, "sleeping")
+                _crash_point("sleeping")
                 await self._sleep(row)
                 _crash_point("slept")
                 row = self._set(move_id, "copying")
                 await self._copy(row)
                 _crash_point("copied")
+                await _pause_point("copied")
+                _fail_point("copied")
                 row = self._set(move_id, "waking")
+                await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+                _crash_point("installed")
+                _fail_point("installed")
                 await self._wake_target(row)
                 _crash_point("woke")
+                _fail_point("woke")
                 await _pause_point("woke")
                 await self._finish(self._set(move_id, "done"))
+                return
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             reason = exc.message if isinstance(exc, FuseError) else f"{type(exc).__name__}: {exc}"
             log.warning("move %s failed: %s", move_id, reason)
-            await self._rollback(move_id, reason)
+            self._set(move_id, reason=reason)
+        await self._recover(self._row(move_id))
 
     async def _sleep(self, row: dict) -> None:
         vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
@@ -298,7 +350,6 @@ class MoveService:
                                 f"sha256 {str(have.get('sha256'))[:12]}, the source's {f['size']} bytes "
                                 f"sha256 {f['sha256'][:12]}")
         self._set(row["id"], copy_secs=round(t1 - t0, 4), verify_secs=round(time.monotonic() - t1, 4))
-        await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
 
     def _bulk_endpoint(self, host: str):
         """Operators behind something that passes only HTTP can set
@@ -419,37 +470,72 @@ class MoveService:
         except FuseError as exc:
             log.warning("move %s: source copy not removed yet: %s", row["id"], exc.message)
 
-    async def _rollback(self, move_id: str, reason: str) -> None:
-        row = self._row(move_id)
-        if row["state"] in ("done", "failed"):
-            return
+    async def _settle(self, row: dict) -> None:
+        """Bring a move that cannot go on to rest: forward when the target
+        already runs the VM, else home. Raises when a host must answer first
+        (the caller retries): the source never wakes while the target might
+        run the VM, and `failed` is set only once the VM is home."""
+        move_id = row["id"]
+        reason = row["record"].get("reason") or (
+            f"the controller driving the move stopped (restarted or died) during {row['state']}")
+        if row["state"] == "waking":
+            # The target may have been asked to wake. Aborting its incoming
+            # side waits for a wake under way and never touches a woken VM;
+            # then the target's own answer decides.
+            await self._abort_target(row)
+            if vm := await self._on_target(row):
+                self._reassign(row, vm)
+                await self._finish(self._set(move_id, "done"))
+                return
         if row["state"] != "rolling_back":
             row = self._set(move_id, "rolling_back", reason=reason)
-        cleanup = None
-        try:
-            await self._abort_target(row)
-        except FuseError as exc:
-            cleanup = exc.message  # the janitor retries once the target answers
+        if not row["record"].get("target_clear"):
+            try:
+                await self._abort_target(row)
+                row = self._set(move_id, target_clear=True, cleanup_pending=False)
+            except FuseError as exc:  # the janitor retries once the target answers
+                row = self._set(move_id, cleanup_pending=True, cleanup_reason=exc.message)
         try:
             await self._wake_source(row)
+        except NotFound as exc:  # nothing left to wake: say so, do not retry forever
+            reason += f"; the vm is not on {row['source']} any more: {exc.message}"
         except FuseError as exc:
-            reason += f"; waking on the source failed too: {exc.message}"
-        self._set(move_id, "failed", reason=reason, cleanup_pending=cleanup is not None)
+            tries = row["record"].get("source_wake_tries", 0) + 1
+            self._set(move_id, source_wake_tries=tries, source_wake_error=exc.message)
+            if isinstance(exc, HostUnreachable) or tries < 3:
+                raise
+            # The source answers but cannot wake it: leave it asleep, unmarked,
+            # for the operator (nothing else could wake a VM held by a dead move).
+            with contextlib.suppress(FuseError):
+                await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                 json={"move_id": move_id, "clear_mark": True}, timeout=30)
+            reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
+        self._set(move_id, "failed", reason=reason)
 
     async def _abort_target(self, row: dict) -> None:
         await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=IO_TIMEOUT)
 
-    async def _wake_source(self, row: dict) -> None:
-        src = row["source"]
-        resp = await self.fleet.conn(src).request("GET", f"/v1/host/vms/{row['vm']}", timeout=30)
-        if resp.status_code != 200:
-            raise FuseError(f"vm {row['vm']} is not on {src} any more ({resp.status_code})")
+    async def _on_target(self, row: dict) -> dict | None:
+        """The VM as the target holds it once the move is through (running, or
+        asleep and unmarked for a sleeping VM's move), or None."""
+        resp = await self._host(row["target"], "GET", f"/v1/host/vms/{row['vm']}", ok=(200, 404), timeout=30)
+        if resp.status_code == 404:
+            return None
         vm = resp.json()
-        if vm["state"] == "sleeping" and vm.get("move_id") == row["id"]:
-            clear = not row["record"].get("was_running", True)
-            vm = (await self._host(src, "POST", f"/v1/host/vms/{row['vm']}/wake",
-                                   json={"move_id": row["id"], "clear_mark": clear}, timeout=120)).json()
-        self.fleet.upsert_vms(src, [vm])
+        want = "running" if row["record"].get("was_running", True) else "sleeping"
+        return vm if vm["state"] == want and not vm.get("move_id") else None
+
+    async def _wake_source(self, row: dict) -> None:
+        """Wake the source copy if this move holds it. The agent takes the VM's
+        lock, so a sleep still being written finishes first; an unmarked VM
+        (the sleep never happened) is left as it is."""
+        src = row["source"]
+        clear = not row["record"].get("was_running", True)
+        resp = await self._host(src, "POST", f"/v1/host/vms/{row['vm']}/wake", ok=(200, 404), timeout=120,
+                                json={"move_id": row["id"], "clear_mark": clear, "if_marked": True})
+        if resp.status_code == 404:
+            raise NotFound(f"vm {row['vm']} not found on {src}")
+        self.fleet.upsert_vms(src, [resp.json()])
 
     # ---- after a restart -----------------------------------------------------
     async def resume(self) -> None:
@@ -490,37 +576,19 @@ class MoveService:
                 self._tasks[row["id"]] = asyncio.create_task(self._recover(claimed))
 
     async def _recover(self, row: dict) -> None:
+        """Settle a move, retrying while a host it needs does not answer
+        (bounded here; the janitor takes the move up again after that)."""
         move_id = row["id"]
-        for attempt in range(600):  # hosts may still be reconnecting: bounded, ~10 minutes
+        for _ in range(600):  # ~10 minutes
             try:
-                if row["state"] == "waking" and await self._target_woke(row):
-                    self._set(move_id, "done")
-                    await self._finish(self._row(move_id))
-                    return
-                reason = row["record"].get("reason") or (
-                    f"the controller driving the move stopped (restarted or died) during {row['state']}")
-                await self._rollback(move_id, reason)
-                if self._row(move_id)["state"] == "failed":
-                    return
-            except HostUnreachable:
-                pass
+                await self._settle(row)
+                return
+            except FuseError as exc:
+                log.warning("move %s: settling waits for a host: %s", move_id, exc.message)
             await asyncio.sleep(1)
             row = self._row(move_id)
-
-    async def _target_woke(self, row: dict) -> bool:
-        resp = await self.fleet.conn(row["target"]).request("GET", f"/v1/host/vms/{row['vm']}", timeout=30)
-        if resp.status_code != 200:
-            return False
-        vm = resp.json()
-        want = "running" if row["record"].get("was_running", True) else "sleeping"
-        if vm["state"] == want and not vm.get("move_id"):
-            self._reassign(row, vm)
-            return True
-        if vm["state"] == "sleeping" and vm.get("move_id") == row["id"]:
-            # Installed, not yet woken: finishing forward is as safe as going back.
-            await self._wake_target(row)
-            return True
-        return False
+            if row["state"] not in ACTIVE:
+                return
 
     async def _janitor_loop(self) -> None:
         """Renew leases, recover orphaned moves, and retry what a failed or
@@ -535,17 +603,26 @@ class MoveService:
             tick += 1
             if tick % 2:
                 continue
-            for m in self.list():
-                row = self._row(m["id"])
-                rec = row["record"] or {}
-                try:
-                    if row["state"] == "failed" and rec.get("cleanup_pending"):
-                        await self._abort_target(row)
-                        self._set(row["id"], cleanup_pending=False)
-                    elif row["state"] == "done" and not rec.get("source_removed"):
-                        await self._finish(row)
-                except FuseError:
-                    pass
+            try:
+                await self._tidy()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a store blip or an odd reply must not end the janitor
+                log.exception("move clean-up")
+
+    async def _tidy(self) -> None:
+        """Retry what a failed or finished move could not tidy at once."""
+        for m in self.list():
+            row = self._row(m["id"])
+            rec = row["record"] or {}
+            try:
+                if row["state"] == "failed" and rec.get("cleanup_pending"):
+                    await self._abort_target(row)
+                    self._set(row["id"], cleanup_pending=False, target_clear=True)
+                elif row["state"] == "done" and not rec.get("source_removed"):
+                    await self._finish(row)
+            except FuseError:
+                pass
 
     async def close(self) -> None:
         for t in [*self._tasks.values(), *([self._janitor] if self._janitor else [])]:
@@ -562,6 +639,9 @@ class MoveService:
         VMs that cannot move are reported, never killed."""
         moved, stuck = [], []
         for vm in self.ctl.vms.list(host_id):
+            host = self.store.get_host(host_id)
+            if host is None or host["state"] != "draining":  # uncordoned (or cordoned) meanwhile: the drain ends
+                break
             try:
                 m = await self.create({"vm": vm["name"], "host": host_id})
             except FuseError as exc:

@@ -75,10 +75,13 @@ class SleepRequest(Record):
 
 class WakeRequest(Record):
     """``POST /v1/host/vms/{name}/wake``. A marked VM wakes only for its own
-    move; ``clear_mark`` drops the mark (same move id) without waking."""
+    move; ``clear_mark`` drops the mark (same move id) without waking;
+    ``if_marked`` acts only on a VM this move holds (else replies with the VM
+    as it is), after any sleep or wake under way on it has finished."""
 
     move_id: Optional[str] = None
     clear_mark: bool = False
+    if_marked: bool = False
 
 
 class IncomingVm(Record):

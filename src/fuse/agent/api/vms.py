@@ -67,7 +67,7 @@ async def sleep_vm(request: Request, name: str, body: SleepRequest | None = None
 @router.post("/v1/host/vms/{name}/wake", summary="Resume a sleeping VM from its files, or clear its mark.")
 async def wake_vm(request: Request, name: str, body: WakeRequest | None = None) -> dict[str, Any]:
     body = body or WakeRequest()
-    return _dump(await _vms(request).wake(name, body.move_id, body.clear_mark))
+    return _dump(await _vms(request).wake(name, body.move_id, body.clear_mark, body.if_marked))
 
 
 @router.get("/v1/host/vms/{name}/files", summary="A sleeping VM's state files, with sizes and SHA-256.")
