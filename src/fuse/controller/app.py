@@ -11,6 +11,7 @@ from fastapi.routing import APIRoute
 
 from .. import http_errors
 from ..auth import bearer_checker
+from ..models.errors import document_400_not_422
 from .routes import controller as controller_routes
 from .routes import events as event_routes
 from .routes import hosts as host_routes
@@ -56,6 +57,15 @@ def create_app(ctl: Controller) -> FastAPI:
         return {"status": "ok"}
 
     from fastapi.openapi.docs import get_swagger_ui_html
+
+    plain_openapi = app.openapi
+
+    def documented() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_400_not_422(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = documented  # type: ignore[method-assign]
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=auth)
     async def openapi() -> dict:

@@ -10,7 +10,9 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidArgument
+from ...models.errors import responses
 from ...models.hosts import Host, HostPage, RegisterHostRequest
+from ...models.moves import DrainReport
 
 router = APIRouter(tags=["hosts"])
 
@@ -74,6 +76,8 @@ async def get_host(request: Request, host_id: str) -> Host:
 
 
 @router.post("/v1/hosts/{host_id:path}", status_code=204,
+             responses={200: {"model": DrainReport, "description": "drain: what moved and what could not"},
+                        **responses(s404="not_found: no such host")},
              summary="actOnHost: cordon or uncordon (204); drain moves every VM away and reports (200).")
 async def host_action(request: Request, host_id: str,
                       action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
@@ -86,7 +90,11 @@ async def host_action(request: Request, host_id: str,
     return Response(status_code=204)
 
 
-@router.delete("/v1/hosts/{host_id:path}", status_code=204, summary="deregisterHost: remove a host with no VMs assigned.")
+@router.delete("/v1/hosts/{host_id:path}", status_code=204,
+               responses=responses(s404="not_found: no such host",
+                                   s409="conflict: VMs are still assigned to it; move_in_progress: a move "
+                                        "still needs it (a copy to wake, abort or remove there)"),
+               summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str) -> Response:
     await _ctl(request).deregister_host(host_id)
     return Response(status_code=204)

@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+
+from ...models.errors import responses
+from ...models.moves import Move, MoveList, MoveRequest
 
 router = APIRouter(tags=["moves"])
 
+REFUSALS = ("not_movable, same_host, unknown_host, arch_mismatch (platform, bundle fingerprint or Firecracker "
+            "release differ), no_target (none has room, or the named target is cordoned or draining), "
+            "move_in_progress, host_unreachable (the source or the target does not answer)")
 
-@router.post("/v1/moves", status_code=202, summary="createMove: move a running or sleeping VM (202), or 409 with why not.")
-async def create_move(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
-    return JSONResponse(await request.app.state.ctl.moves.create(body), status_code=202)
+
+@router.post("/v1/moves", status_code=202, response_model=Move,
+             responses=responses(s404="not_found: no such VM", s409=REFUSALS,
+                                 s400="invalid_argument: no vm named"),
+             summary="createMove: move a running or sleeping VM (202), or 409 with why not.")
+async def create_move(request: Request, body: MoveRequest) -> JSONResponse:
+    return JSONResponse(await request.app.state.ctl.moves.create(body.model_dump(exclude_none=True)),
+                        status_code=202)
 
 
-@router.get("/v1/moves", summary="listMoves: every move, oldest first.")
+@router.get("/v1/moves", response_model=MoveList, summary="listMoves: every move, oldest first.")
 async def list_moves(request: Request) -> dict:
     return {"moves": request.app.state.ctl.moves.list()}
 
 
-@router.get("/v1/moves/{move_id}", summary="getMove: one move with copied_bytes of total_bytes.")
-async def get_move(request: Request, move_id: str) -> dict:
-    return request.app.state.ctl.moves.get(move_id)
+@router.get("/v1/moves/{move_id}", response_model=Move, responses=responses(s404="not_found: no such move"),
+            summary="getMove: one move with copied_bytes of total_bytes.")
+async def get_move(request: Request, move_id: str) -> JSONResponse:
+    return JSONResponse(request.app.state.ctl.moves.get(move_id))

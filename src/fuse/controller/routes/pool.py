@@ -13,30 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.request import history_from_vms, model_from_request
 from fuse.errors import InvalidArgument
+from fuse.models.errors import ErrorBody
 from fuse.models.pool import ElasticPlan, ElasticPlanRequest
 
 router = APIRouter(tags=["pool"])
-
-
-class ErrorDetail(BaseModel):
-    """The error envelope's body (``fuse.errors.error_body``); details may add fields."""
-
-    model_config = ConfigDict(extra="allow")
-
-    code: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    """``{"error": {"code", "message", ...}}``: every error the API answers."""
-
-    error: ErrorDetail
 
 
 def _history(request: Request) -> list[dict[str, Any]]:

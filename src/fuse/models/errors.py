@@ -1,0 +1,51 @@
+"""The error envelope every API answers with, for the OpenAPI document.
+
+``{"error": {"code": "...", "message": "...", ...details}}`` (built by
+``fuse.errors.error_body``). Routes list their statuses and codes with
+``responses(...)``; the app documents every request-validation failure as
+the 400 it is (``invalid_argument``), never FastAPI's default 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ErrorDetail(BaseModel):
+    """The error's code and one-sentence message; some codes add details
+    (``hosts`` on ``fleet_full``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """``{"error": {"code", "message", ...}}``: every error the API answers."""
+
+    error: ErrorDetail
+
+
+def responses(**by_status: str) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for error statuses: ``responses(s409="not_movable, ...")``."""
+    return {int(k.lstrip("s")): {"model": ErrorBody, "description": v} for k, v in by_status.items()}
+
+
+def document_400_not_422(doc: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite an OpenAPI document so request-validation errors read as the
+    app answers them: 400 with the error envelope (FastAPI documents 422)."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    for model in (ErrorDetail, ErrorBody):
+        schemas.setdefault(model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
+    for ops in doc.get("paths", {}).values():
+        for op in ops.values():
+            rs = op.get("responses", {})
+            if rs.pop("422", None) is not None and "400" not in rs:
+                rs["400"] = {"description": "invalid_argument: the request does not parse or a value is out of range",
+                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    return doc
