@@ -102,3 +102,24 @@ async def test_kvm_is_used_only_when_a_boot_probe_proves_it(tmp_path, bundle_dir
     assert accel in ("kvm", "tcg") and backend.platform()["accel"] == accel
     assert f'"accel": "{accel}"' in (tmp_path / "accel.json").read_text()
     assert await QemuBackend(tmp_path).probe_accel(b, kvm_answers=True) == accel  # cached
+
+
+async def test_the_kvm_probe_answer_is_shared_by_every_agent_on_the_machine(tmp_path, bundle_dir, monkeypatch):
+    """One probe per machine, QEMU and bundle: a second state dir reads the
+    machine's cache instead of spinning a core for up to 10 s again."""
+    from fuse.agent.backends.qemu import QemuBackend
+    from fuse.agent.bundle import get_bundle
+
+    monkeypatch.setenv("FUSE_CACHE_DIR", str(tmp_path / "cache"))
+    b = get_bundle(bundle_dir.parent.parent, "linux")
+    probes = []
+    monkeypatch.setattr(QemuBackend, "_boot_probe", lambda self, bundle: probes.append(bundle) or False)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    assert await QemuBackend(tmp_path / "one").probe_accel(b, kvm_answers=True) == "tcg"
+    assert await QemuBackend(tmp_path / "two").probe_accel(b, kvm_answers=True) == "tcg"
+    assert len(probes) == 1 and (tmp_path / "two" / "accel.json").exists()
+    monkeypatch.setenv("FUSE_CACHE_DIR", "off")
+    (tmp_path / "three").mkdir()
+    await QemuBackend(tmp_path / "three").probe_accel(b, kvm_answers=True)
+    assert len(probes) == 2  # no machine cache: the new state dir probes

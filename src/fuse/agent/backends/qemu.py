@@ -93,6 +93,18 @@ async def qmp_session(path: Path, timeout: float = 5.0):
             await client.disconnect()
 
 
+def machine_accel_cache(key: dict[str, str]) -> Path | None:
+    """This machine's cached KVM probe answer for ``key``: under
+    ``$FUSE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/fuse`` or ``~/.cache/fuse``);
+    ``FUSE_CACHE_DIR=off`` turns it off."""
+    root = os.environ.get("FUSE_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fuse")
+    if root == "off":
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(root) / f"accel-{digest}.json"
+
+
 class QemuBackend(Backend):
     """Runs VMs as daemonized ``qemu-system-x86_64`` processes."""
 
@@ -116,22 +128,34 @@ class QemuBackend(Backend):
 
     async def probe_accel(self, bundle: Bundle | None, kvm_answers: bool) -> str:
         """Settle the accelerator: KVM only if the bundle's kernel really
-        boots under it (a 10 s probe, cached per QEMU version and bundle)."""
+        boots under it (a probe of up to 10 s). The answer belongs to the
+        machine, QEMU and bundle, not to one agent: it is cached in the state
+        dir and in the machine's cache (``machine_accel_cache``), keyed by the
+        QEMU version, the bundle and the host kernel release, so a second
+        agent on the machine (or the next state dir) does not spin a core for
+        10 s again."""
         if self._accel:
             return self._accel
         if not kvm_answers or bundle is None:
             return "tcg"  # not cached: a bundle may appear later
-        cache = self.state_dir / "accel.json" if self.state_dir else None
-        key = {"qemu": self._version, "bundle": bundle.fingerprint}
-        with contextlib.suppress(OSError, ValueError):
-            saved = json.loads(cache.read_text())
-            if saved.get("key") == key:
-                self._accel = saved["accel"]
-                return self._accel
-        ok = await asyncio.to_thread(self._boot_probe, bundle)
-        self._accel = "kvm" if ok else "tcg"
-        if cache:
-            cache.write_text(json.dumps({"key": key, "accel": self._accel}) + "\n")
+        key = {"qemu": self._version, "bundle": bundle.fingerprint, "kernel": os.uname().release}
+        caches = [c for c in (self.state_dir / "accel.json" if self.state_dir else None,
+                              machine_accel_cache(key)) if c is not None]
+        for cache in caches:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                saved = json.loads(cache.read_text())
+                if saved.get("key") == key and saved["accel"] in ("kvm", "tcg"):
+                    self._accel = saved["accel"]
+                    break
+        if not self._accel:
+            ok = await asyncio.to_thread(self._boot_probe, bundle)
+            self._accel = "kvm" if ok else "tcg"
+        for cache in caches:
+            with contextlib.suppress(OSError):
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({"key": key, "accel": self._accel}) + "\n")
+                tmp.replace(cache)
         return self._accel
 
     def _boot_probe(self, bundle: Bundle) -> bool:
