@@ -29,16 +29,37 @@ class ApiError(Exception):
         super().__init__(f"{status} {code}: {message}")
 
 
+def _api_error(err: object) -> ApiError | None:
+    """The ApiError `err` is or carries in its __cause__/__context__ chain
+    (an ApiError re-raised inside a caller's own exception still counts),
+    as the published folsom-fuse client does."""
+    seen: set[int] = set()
+    while isinstance(err, BaseException) and id(err) not in seen:
+        if isinstance(err, ApiError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _has_code(err: object, code: str) -> bool:
+    found = _api_error(err)
+    return found is not None and found.code == code
+
+
 def is_conflict(err: object) -> bool:
-    return isinstance(err, ApiError) and (err.code == "conflict" or err.status == 409)
+    """The `conflict` code only (e.g. deregistering a host with VMs assigned:
+    cordon, drain, retry), not every 409: host_full, vm_exists,
+    move_in_progress and the like ask for something else."""
+    return _has_code(err, "conflict")
 
 
 def is_not_found(err: object) -> bool:
-    return isinstance(err, ApiError) and err.code == "not_found"
+    return _has_code(err, "not_found")
 
 
 def is_invalid_argument(err: object) -> bool:
-    return isinstance(err, ApiError) and err.code == "invalid_argument"
+    return _has_code(err, "invalid_argument")
 
 
 @dataclass
