@@ -69,6 +69,31 @@ def _host_rows(hosts):
 HOST_COLUMNS = ["id", "url", "state", "backend", "connected", "arch", "cpus", "ram MB", "disk GB", "vms", "gpus"]
 
 
+def _pairs(flag: str, items: list[str]) -> dict[str, str]:
+    """Repeated KEY=VALUE flags as a dict, or exit 2 naming the bad one."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            typer.echo(f"error: invalid_argument: {flag}: {item!r} is not KEY=VALUE", err=True)
+            raise typer.Exit(2)
+        out[key] = value
+    return out
+
+
+def _mig_counts(items: list[str]) -> dict[str, int] | None:
+    counts: dict[str, int] = {}
+    for name, value in _pairs("--mig-profiles", items).items():
+        try:
+            counts[name] = int(value)
+        except ValueError:
+            typer.echo(f"error: invalid_argument: --mig-profiles: {name}={value!r}: the count is not an integer",
+                       err=True)
+            raise typer.Exit(2) from None
+    # The controller judges names and counts (400 invalid_argument), one rule in one place.
+    return counts or None
+
+
 @hosts_app.command("add")
 def hosts_add(
     name: str = typer.Option(..., help="The host's id."),
@@ -76,17 +101,25 @@ def hosts_add(
     vm_count: int = typer.Option(16, help="VM-count policy (never probed)."),
     agent_token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="The agent's bearer token."),
     region: Optional[str] = typer.Option(None),
-    backend: str = typer.Option("qemu", help="qemu or firecracker."),
+    backend: Optional[str] = typer.Option(None, help="qemu or firecracker (unset: the controller's default, "
+                                                     "firecracker)."),
     cpus: int = typer.Option(0, help="0: probe."), ram_mb: int = typer.Option(0, help="0: probe."),
     storage_gb: int = typer.Option(0, help="0: probe."),
-    gpus: int = typer.Option(0), gpu_kind: str = typer.Option(""),
+    gpus: int = typer.Option(0, help="0: probe (qemu hosts only)."),
+    gpu_kind: str = typer.Option("", help="Empty: probe."),
+    mig_profiles: list[str] = typer.Option([], "--mig-profiles", metavar="PROFILE=COUNT",
+                                           help="MIG instances by profile, e.g. 1g.10gb=4 (repeat; qemu only; "
+                                                "none: probe)."),
+    labels: list[str] = typer.Option([], "--labels", "--label", metavar="KEY=VALUE", help="A label (repeat)."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
     """Register a host, probing what is left at 0."""
     from ..models.hosts import HostCapacity, RegisterHostRequest
     req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
+                              labels=_pairs("--labels", labels) or None,
                               capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
-                                                    storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind))
+                                                    storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
+                                                    mig_profiles=_mig_counts(mig_profiles)))
     with api_errors(), client() as c:
         host = c.hosts.register(req)
     if json_:

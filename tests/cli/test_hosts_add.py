@@ -1,0 +1,62 @@
+"""`fuse controller hosts add`: every field of seed 000's register request
+has a flag, and an unset flag leaves the controller's default in charge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from support import FUSE, start_agent, start_controller
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hosts-add")
+    ctl = start_controller(tmp)
+    agent = start_agent(tmp)
+    yield {"ctl": ctl, "agent": agent, "env": {**os.environ, "FUSE_URL": ctl.url}}
+    ctl.stop()
+    agent.stop()
+
+
+def add(env, name, *flags):
+    a = env["agent"]
+    return subprocess.run(FUSE + ["controller", "hosts", "add", "--name", name, "--addr", a.url,
+                                  "--agent-token", a.token, "--vm-count", "2", *flags],
+                          capture_output=True, text=True, timeout=120, env=env["env"])
+
+
+def test_backend_left_unset_is_the_controllers_default_firecracker(env):
+    r = add(env, "unset", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["backend"] == "firecracker"
+    r = add(env, "set", "--backend", "qemu", "--json")
+    assert json.loads(r.stdout)["backend"] == "qemu"
+
+
+def test_mig_profiles_and_labels_reach_the_controller(env):
+    r = add(env, "gpu-box", "--backend", "qemu", "--mig-profiles", "1g.10gb=4", "--mig-profiles", "1g.10gb+me=1",
+            "--labels", "zone=a", "--label", "note=k=v", "--json")
+    assert r.returncode == 0, r.stderr
+    host = json.loads(r.stdout)
+    assert host["capacity"]["mig_profiles"] == {"1g.10gb": 4, "1g.10gb+me": 1}
+    assert host["labels"] == {"zone": "a", "note": "k=v"}
+
+
+@pytest.mark.parametrize("flags,code,exit_code", [
+    (["--labels", "zone"], "invalid_argument", 2),
+    (["--mig-profiles", "1g.10gb"], "invalid_argument", 2),
+    (["--backend", "qemu", "--mig-profiles", "1g.10gb=four"], "invalid_argument", 2),
+    (["--backend", "qemu", "--mig-profiles", "big=1"], "invalid_argument", 1),
+    (["--mig-profiles", "1g.10gb=1"], "invalid_argument", 1),
+], ids=["a label without =", "a MIG profile without a count", "a MIG count that is not a number",
+        "a MIG name the controller refuses", "MIG profiles on the default firecracker backend"])
+def test_bad_flags_print_the_code_and_exit_non_zero(env, flags, code, exit_code):
+    r = add(env, "bad", *flags)
+    assert r.returncode == exit_code and f"error: {code}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    listed = subprocess.run(FUSE + ["controller", "hosts", "list", "--json"], capture_output=True, text=True,
+                            timeout=60, env=env["env"])
+    assert "bad" not in [h["id"] for h in json.loads(listed.stdout)]
