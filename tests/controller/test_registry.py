@@ -126,15 +126,38 @@ def test_rule6_gpu_kind_is_filled_by_the_probe_or_warns_when_it_differs(client, 
 @pytest.mark.parametrize("profiles,ok", [
     ({"1g.10gb": 4}, True), ({"1g.10gb+me": 1, "7g.80gb": 1, "3g.40gb": 2}, True), ({"1c.2g.20gb": 1}, True),
     ({"big": 1}, False), ({"1g10gb": 1}, False), ({"1g.10gb": 0}, False), ({"2g.20gb": -1}, False),
+    ({"1g.10gb\n": 1}, False), ({"5g.50gb": 1}, False),
 ], ids=["one profile", "several profiles and a +me suffix", "a compute-instance profile",
-        "an unknown name", "a malformed name", "a zero count", "a negative count"])
+        "an unknown name", "a malformed name", "a zero count", "a negative count",
+        "a trailing newline", "a slice count NVML does not have"])
 def test_rule7_mig_profiles_are_validated(client, agent, profiles, ok):
     cap = HostCapacity(vm_count=2, mig_profiles=profiles)
     if ok:
         assert reg(client, agent, backend="qemu", capacity=cap).capacity.mig_profiles == profiles
     else:
         err = api_error(reg, client, agent, backend="qemu", capacity=cap)
-        assert (err.status, err.code) == (400, "invalid_argument")
+        assert (err.status, err.code) == (400, "invalid_argument") and "capacity.mig_profiles" in err.message
+        assert client.hosts.list() == []
+
+
+@pytest.mark.parametrize("name", [
+    "1g.10gb", "7g.80gb", "8g.192gb", "1c.2g.20gb", "4c.7g.80gb", "1g.10gb+me", "1g.10gb+me,gfx", "4g.40gb+gfx",
+    "1g.23gb+me.all", "1g.23gb-me", "1c.1g.10gb+ME",
+], ids=lambda n: f"{n} is a profile")
+def test_rule7_mig_profile_names_mig_parted_accepts(name):
+    from fuse.models.mig import mig_profile_problem
+    assert mig_profile_problem(name) is None
+
+
+@pytest.mark.parametrize("name", [
+    "", "1g.10gb\n", " 1g.10gb", "1g.10GB", "1g10gb", "1g.10gb.5", "g.10gb", "1g.gb", "5g.40gb", "9g.90gb",
+    "0g.10gb", "5c.7g.80gb", "3c.2g.20gb", "01g.10gb", "1g.010gb", "1g.0gb", "+1g.10gb", "1g.-10gb", "1g.10gb+",
+    "1g.10gb+me,", "1g.10gb+me,me", "1g.10gb+m e", "1g.10gb+1me", "1g.10gb+me.", "1g.10gb+.me", "1g.10gb+me-gfx",
+    "1g.10gb+m\u00e9", "\u0661g.10gb",
+], ids=lambda n: f"{n!r} is not a profile")
+def test_rule7_mig_profile_names_mig_parted_refuses(name):
+    from fuse.models.mig import mig_profile_problem
+    assert mig_profile_problem(name)
 
 
 def test_rule7_mig_profiles_are_qemu_only(client, agent):

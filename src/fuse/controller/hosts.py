@@ -12,18 +12,15 @@ registration. Moving an id to another url while VMs are assigned to it is a
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 from ..errors import Conflict, HostUnreachable, InvalidArgument, NotFound
 from ..models.hosts import BACKENDS, Host, HostCapacity, RegisterHostRequest
+from ..models.mig import mig_profile_problem
 from ..transport import HostConnection, TlsSettings, transport_kind
 from .store import Store
 
-# mig-parted's profile names: `<n>g.<m>gb`, optionally a compute-instance
-# prefix `<k>c.` and attribute suffixes such as `+me`, `+gfx`, `+me.all`.
-MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z]+(\.[a-z]+)?)*$")
 PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
 
 
@@ -55,9 +52,9 @@ def validate(req: RegisterHostRequest) -> str:
         if backend != "qemu":
             raise InvalidArgument(f"only qemu hosts may declare capacity.mig_profiles (backend is {backend})")
         for name, count in cap.mig_profiles.items():
-            if not MIG_PROFILE.match(name):
+            if why := mig_profile_problem(name):
                 raise InvalidArgument(f"capacity.mig_profiles: {name!r} is not a MIG profile name "
-                                      "in mig-parted form such as 1g.10gb or 1g.10gb+me")
+                                      f"in mig-parted form such as 1g.10gb or 1g.10gb+me: {why}")
             if count <= 0:
                 raise InvalidArgument(f"capacity.mig_profiles[{name!r}] must be greater than 0, not {count}")
     return backend
