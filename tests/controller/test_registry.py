@@ -79,6 +79,31 @@ def test_rule3_zero_is_probed_declared_is_kept_and_overcommit_warns(client, agen
     assert "cpus" in w and str(real["cpus"] * 8) in w and str(real["cpus"]) in w
 
 
+@pytest.mark.parametrize("field,backend", [
+    ("cpus", "firecracker"), ("ram_mb", "firecracker"), ("storage_gb", "firecracker"), ("gpus", "qemu"),
+    ("mig_profiles['1g.10gb']", "qemu"),
+], ids=["cpus above the probe", "ram_mb above the probe", "storage_gb above the probe", "gpus above the probe",
+        "a MIG profile's count above the probe"])
+def test_rule3_each_declared_value_above_the_probe_registers_with_a_warning(client, agent, field, backend):
+    import re
+    real = probed(agent)
+    if field.startswith("mig_profiles"):
+        real_value = (real.get("mig_profiles") or {}).get("1g.10gb", 0)
+        declared = real_value + 3
+        cap = HostCapacity(vm_count=2, mig_profiles={"1g.10gb": declared})
+    else:
+        real_value = real[field]
+        declared = real_value + 1000
+        cap = HostCapacity(vm_count=2, **{field: declared})
+    host = reg(client, agent, backend=backend, capacity=cap)
+    kept = host.capacity.mig_profiles["1g.10gb"] if field.startswith("mig") else getattr(host.capacity, field)
+    assert kept == declared
+    pattern = rf"capacity\.{re.escape(field)}: declared {declared} exceeds probed (\d+); keeping the declared value"
+    found = [m for w in host.warnings if (m := re.fullmatch(pattern, w))]
+    assert len(found) == 1, host.warnings
+    assert abs(int(found[0].group(1)) - real_value) <= 1  # free disk may move by a GiB between the two probes
+
+
 def test_rule4_unreachable_with_a_field_to_probe_is_502_and_stores_nothing(client, tmp_path):
     from support import free_port
     req = RegisterHostRequest(id="gone", url=f"http://127.0.0.1:{free_port()}", token="t",

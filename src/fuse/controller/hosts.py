@@ -85,8 +85,8 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         declared, real = getattr(cap, field), int(probed.get(field, 0))
         if declared == 0:
             setattr(out, field, real)
-        elif declared > real:
-            warnings.append(f"capacity.{field}: declared {declared} exceeds probed {real}; keeping the declared value")
+        else:
+            _warn_above_probe(f"capacity.{field}", declared, real, warnings)
     out.arch = probed.get("arch", "") or out.arch
     real_kind = probed.get("gpu_kind", "") or ""
     if not cap.gpu_kind:
@@ -95,10 +95,15 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         warnings.append(f"capacity.gpu_kind: declared {cap.gpu_kind!r} differs from probed "
                         f"{real_kind or 'none'!r}; keeping the declared value")
     if backend == "qemu":
+        real_gpus, real_mig = int(probed.get("gpus", 0)), dict(probed.get("mig_profiles") or {})
         if cap.gpus == 0:
-            out.gpus = int(probed.get("gpus", 0))
-        if not cap.mig_profiles and probed.get("mig_profiles"):
-            out.mig_profiles = dict(probed["mig_profiles"])
+            out.gpus = real_gpus
+        else:
+            _warn_above_probe("capacity.gpus", cap.gpus, real_gpus, warnings)
+        if not cap.mig_profiles and real_mig:
+            out.mig_profiles = real_mig
+        for name, count in sorted((cap.mig_profiles or {}).items()):
+            _warn_above_probe(f"capacity.mig_profiles[{name!r}]", count, int(real_mig.get(name, 0)), warnings)
         out.gpu_devices = probed.get("gpu_devices", [])
         out.firecracker = out.firecracker_pinned = ""
     else:
@@ -108,6 +113,13 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     if probed.get("backend") and probed["backend"] != backend:
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
     return out
+
+
+def _warn_above_probe(field: str, declared: int, real: int, warnings: list[str]) -> None:
+    """A declared value above the probe is an operator's overcommit: kept,
+    never refused, but said out loud."""
+    if declared > real:
+        warnings.append(f"{field}: declared {declared} exceeds probed {real}; keeping the declared value")
 
 
 class HostRegistry:
