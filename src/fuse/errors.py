@@ -11,6 +11,7 @@
      │    ├── AmbiguousVm       409 ambiguous_vm
      │    └── MoveRefused       409 <code given>  (not_movable, same_host, ...)
      └── HostUnreachable        502 host_unreachable (or the code given)
+          └── NotAnAgent        502 host_unreachable (the url answered, not as a fuse agent)
 
 Expected outcomes inside services are values; these exceptions cross the API
 boundary. ``error_body`` gives the wire envelope
@@ -80,6 +81,11 @@ class MoveRefused(Conflict):
 
 class HostUnreachable(FuseError):
     code, http_status = "host_unreachable", 502
+
+
+class NotAnAgent(HostUnreachable):
+    """Something answered at the host's url, but not a fuse agent's reply: a
+    wrong address, not an outage, so registration never goes ahead on it."""
 
 
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:

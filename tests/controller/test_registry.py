@@ -122,6 +122,69 @@ def test_rule4_unreachable_with_all_declared_registers_with_a_warning(client):
     assert any("unreachable" in w for w in host.warnings)
 
 
+@pytest.fixture
+def impostor():
+    """An HTTP server on loopback that answers GET /v1/host with 200 and
+    whatever body a test sets: something at the url, but not a fuse agent."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        body, content_type = b"", "text/plain"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", Handler.content_type)
+            self.send_header("Content-Length", str(len(Handler.body)))
+            self.end_headers()
+            self.wfile.write(Handler.body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Handler.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield Handler
+    server.shutdown()
+    server.server_close()
+
+
+FACTS = {"cpus": 4, "ram_mb": 8192, "storage_gb": 100, "arch": "amd64"}
+
+
+@pytest.mark.parametrize("body,content_type,why", [
+    (b"<html><body>It works!</body></html>", "text/html", "is not JSON"),
+    (b"[1, 2]", "application/json", "is not a JSON object"),
+    (b'{"status": "ok"}', "application/json", "has no valid cpus"),
+    (None, "application/json", "has no valid ram_mb"),
+    (b'{"cpus": 4, "ram_mb": 8192, "storage_gb": 100, "arch": "amd64", "gpus": "two"}', "application/json",
+     "has no valid gpus"),
+], ids=["an HTML page", "a JSON list", "JSON without the probe's fields", "a figure that is not a number",
+        "a GPU count that is not a number"])
+@pytest.mark.parametrize("declared", [False, True], ids=["with fields to probe", "with everything declared"])
+def test_rule4_a_url_that_answers_but_is_not_an_agent_is_502_and_stores_nothing(client, impostor, body, content_type,
+                                                                                  why, declared):
+    import json
+    impostor.body = body if body is not None else json.dumps({**FACTS, "ram_mb": "8 GB"}).encode()
+    impostor.content_type = content_type
+    cap = HostCapacity(vm_count=2, cpus=1, ram_mb=512, storage_gb=1) if declared else HostCapacity(vm_count=2)
+    err = api_error(client.hosts.register, RegisterHostRequest(id="impostor", url=impostor.url, token="t", capacity=cap))
+    assert (err.status, err.code) == (502, "host_unreachable"), err
+    assert err.message.startswith(f"{impostor.url} answered but is not a fuse agent: ") and why in err.message
+    assert "\n" not in err.message and err.message.count(". ") == 0
+    assert client.hosts.list() == []
+
+
+def test_rule4_an_agent_like_reply_with_only_the_probes_fields_registers(client, impostor):
+    import json
+    impostor.body, impostor.content_type = json.dumps(FACTS).encode(), "application/json"
+    host = client.hosts.register(RegisterHostRequest(id="minimal", url=impostor.url, token="t",
+                                                     capacity=HostCapacity(vm_count=2)))
+    assert (host.capacity.cpus, host.capacity.ram_mb, host.capacity.storage_gb) == (4, 8192, 100)
+
+
 @pytest.mark.parametrize("declared", [False, True], ids=["with fields to probe", "with everything declared"])
 def test_rule4_agent_rejecting_the_token_is_502_unauthorized(client, agent, declared):
     cap = HostCapacity(vm_count=2, cpus=1, ram_mb=512, storage_gb=1) if declared else HostCapacity(vm_count=2)

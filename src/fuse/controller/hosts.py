@@ -15,8 +15,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import Conflict, HostUnreachable, InvalidArgument, NotFound
-from ..models.hosts import BACKENDS, Host, HostCapacity, RegisterHostRequest
+from pydantic import Field, StrictInt, StrictStr, ValidationError
+
+from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, NotFound
+from ..models.base import Record
+from ..models.hosts import BACKENDS, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
 from ..transport import HostConnection, TlsSettings, transport_kind
 from .store import Store
@@ -60,10 +63,47 @@ def validate(req: RegisterHostRequest) -> str:
     return backend
 
 
+class ProbedFacts(Record):
+    """The part of an agent's GET /v1/host the registry stores. Strict types:
+    a reply that does not carry these is not a fuse agent's, and nothing of
+    it may reach the store."""
+
+    cpus: StrictInt = Field(ge=0)
+    ram_mb: StrictInt = Field(ge=0)
+    storage_gb: StrictInt = Field(ge=0)
+    arch: StrictStr
+    gpus: StrictInt = Field(0, ge=0)
+    gpu_kind: StrictStr = ""
+    gpu_devices: list[GPUDevice] = Field(default_factory=list)
+    mig_profiles: dict[str, StrictInt] = Field(default_factory=dict)
+    firecracker: StrictStr = ""
+    firecracker_pinned: StrictStr = ""
+    backend: StrictStr = ""
+    agent_id: StrictStr = ""
+
+
+def agent_facts(url: str, body: bytes) -> dict[str, Any]:
+    """The probe's facts from a 200 reply, or NotAnAgent saying why not."""
+    import json
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise NotAnAgent(f"{url} answered but is not a fuse agent: its reply to GET /v1/host is not JSON") from None
+    if not isinstance(data, dict):
+        raise NotAnAgent(f"{url} answered but is not a fuse agent: its reply to GET /v1/host is not a JSON object")
+    try:
+        return ProbedFacts.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise NotAnAgent(f"{url} answered but is not a fuse agent: its reply to GET /v1/host has no valid "
+                         f"{where} ({first['msg'][:1].lower() + first['msg'][1:]})") from None
+
+
 async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> dict[str, Any]:
     """GET /v1/host on the agent. Unreachable: HostUnreachable; token
     refused: 502 `unauthorized` (the controller's request was fine; the
-    agent behind it said no)."""
+    agent behind it said no); a reply without the probe's facts: NotAnAgent."""
     conn = HostConnection(url, token, tls)
     try:
         resp = await conn.request("GET", "/v1/host")
@@ -73,7 +113,7 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
         raise HostUnreachable(f"the host agent at {url} rejected the token", code="unauthorized")
     if resp.status_code != 200:
         raise HostUnreachable(f"the host agent at {url} answered {resp.status_code}: {resp.text[:200]}")
-    return resp.json()
+    return agent_facts(url, resp.content)
 
 
 def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
@@ -135,8 +175,11 @@ class HostRegistry:
             probed = await probe_host(req.url, req.token, self._tls())
         except HostUnreachable as exc:
             missing = [f for f in PROBED_FIELDS if getattr(req.capacity, f) == 0]
-            if exc.code == "unauthorized" or missing:
-                if missing and exc.code != "unauthorized":
+            # A refused token or a url that is not an agent is a mistake, not an
+            # outage: declared capacity does not register around it.
+            mistake = exc.code == "unauthorized" or isinstance(exc, NotAnAgent)
+            if mistake or missing:
+                if not mistake:
                     exc.message += f"; declare capacity {', '.join(missing)} explicitly to register without a probe"
                     exc.args = (exc.message,)
                 raise
