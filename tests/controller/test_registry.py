@@ -274,6 +274,49 @@ def test_rule9_list_get_cordon_uncordon_and_deregister(client, agent):
     assert fuse.is_not_found(err)
 
 
+def test_rule9_list_pages_walk_every_host_once_in_id_order(client, agent):
+    ids = ["a1", "B", "a-2", "_z", "a"]  # orders that collations (en_US and the like) sort differently
+    for i in ids:
+        reg(client, agent, id=i)
+    seen, cursor, pages = [], "", 0
+    while True:
+        page = client.hosts.list_page(limit=2, cursor=cursor)
+        pages += 1
+        assert len(page.hosts) <= 2
+        seen += [h.id for h in page.hosts]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == sorted(ids) == [h.id for h in client.hosts.list()] and pages == 3
+    last = client.hosts.list_page(limit=5)
+    assert len(last.hosts) == 5 and last.next_cursor is None
+
+
+def test_rule9_list_is_in_python_id_order_whatever_order_the_store_returns():
+    """PostgreSQL's ORDER BY id follows the database collation (en_US puts
+    "a" before "B"); the list and its cursor must agree on one order."""
+    from fuse.controller.hosts import HostRegistry
+
+    class CollatedStore:
+        def list_hosts(self):
+            return [dict(id=i, url="http://h", region="", state="active", backend="qemu", labels={}, capacity={},
+                         last_seen=0, created_at=0, updated_at=0, agent_id="") for i in ("_z", "a", "a-2", "a1", "B")]
+
+        def allocated(self):
+            return {}
+
+    assert [h.id for h in HostRegistry(CollatedStore()).list()] == ["B", "_z", "a", "a-2", "a1"]
+
+
+@pytest.mark.parametrize("cursor", ["!!!", "aGk=", "gA", "a", "not a cursor"],
+                         ids=["punctuation", "padded base64", "not UTF-8", "truncated", "words"])
+def test_rule9_a_cursor_this_server_did_not_issue_is_400(client, agent, cursor):
+    reg(client, agent, id="a")
+    r = client._http.get("/v1/hosts", params={"limit": 1, "cursor": cursor})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
+    assert "cursor" in r.json()["error"]["message"]
+
+
 def test_rule9_list_reports_allocated_figures(client, agent, controller):
     from fuse.controller.store import Store, engine_url, vms
     reg(client, agent, id="a")

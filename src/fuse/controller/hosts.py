@@ -220,8 +220,12 @@ class HostRegistry:
         return self._to_host(row, self.store.allocated())
 
     def list(self) -> list[Host]:
+        """Every host, by id in Python's (code point) order: the store's ORDER
+        BY follows the database's collation, which on PostgreSQL may not be
+        the order the list cursor compares ids in."""
         alloc = self.store.allocated()
-        return [self._to_host(r, alloc) for r in self.store.list_hosts()]
+        rows = sorted(self.store.list_hosts(), key=lambda r: r["id"])
+        return [self._to_host(r, alloc) for r in rows]
 
     def set_state(self, host_id: str, state: str) -> None:
         if not self.store.set_host_state(host_id, state):

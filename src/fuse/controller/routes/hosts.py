@@ -50,23 +50,35 @@ async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> J
     return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
 
 
+def _cursor_encode(host_id: str) -> str:
+    return base64.urlsafe_b64encode(host_id.encode()).decode().rstrip("=")
+
+
 def _cursor_decode(cursor: str) -> str:
+    """The id a cursor from `_cursor_encode` stands for. Anything else is 400:
+    b64decode skips characters outside its alphabet, so "!!!" would
+    otherwise read as "" and quietly start the listing over."""
     try:
-        return base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
-    except Exception:
-        raise InvalidArgument("cursor is not one this server issued") from None
+        padded = cursor + "=" * (-len(cursor) % 4)
+        after = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+    except (ValueError, UnicodeError):
+        after = ""
+    if not after or _cursor_encode(after) != cursor:
+        raise InvalidArgument(f"cursor {cursor[:64]!r} is not one this server issued: pass next_cursor "
+                              "from the previous page, or no cursor to start at the beginning")
+    return after
 
 
 @router.get("/v1/hosts", response_model=HostPage, summary="listHosts: every host with capacity and allocations.")
 async def list_hosts(request: Request, limit: int = Query(0, ge=0), cursor: str = "") -> HostPage:
-    hosts = _ctl(request).hosts.list()
+    hosts = _ctl(request).hosts.list()  # in Python's order of ids, the order `>` below compares in
     if cursor:
         after = _cursor_decode(cursor)
         hosts = [h for h in hosts if h.id > after]
     nxt = None
     if limit and len(hosts) > limit:
         hosts = hosts[:limit]
-        nxt = base64.urlsafe_b64encode(hosts[-1].id.encode()).decode().rstrip("=")
+        nxt = _cursor_encode(hosts[-1].id)
     return HostPage(hosts=hosts, next_cursor=nxt)
 
 
