@@ -55,6 +55,23 @@ def test_rule1_id_is_primary_key_backend_defaults_to_firecracker_token_never_ret
     assert agent.token not in raw and "token" not in raw
 
 
+@pytest.mark.parametrize("host_id", [".", ".."], ids=["a dot", "two dots"])
+def test_rule1_ids_that_urls_resolve_away_are_400(client, agent, host_id):
+    r = client._http.post("/v1/hosts", json={"id": host_id, "url": agent.url, "token": agent.token,
+                                             "capacity": {"vm_count": 2}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
+    assert client.hosts.list() == []
+
+
+@pytest.mark.parametrize("host_id", ["...", "a/../b", "./x", "../"], ids=lambda i: f"{i} is an id")
+def test_rule1_ids_with_dots_and_slashes_are_free_form(client, agent, host_id):
+    assert reg(client, agent, id=host_id).id == host_id
+    assert client.hosts.get(host_id).id == host_id
+    client.hosts.cordon(host_id)
+    client.hosts.deregister(host_id)
+    assert client.hosts.list() == []
+
+
 @pytest.mark.parametrize("backend,code", [("firecracker", 400), ("qemu", None)],
                          ids=["a firecracker host may not declare gpus", "a qemu host may declare gpus"])
 def test_rule2_only_qemu_hosts_declare_gpus(client, agent, backend, code):

@@ -33,6 +33,11 @@ def validate(req: RegisterHostRequest) -> str:
         raise InvalidArgument("id is required")
     if len(req.id) > 255:
         raise InvalidArgument("id is longer than 255 characters")
+    if req.id in (".", ".."):
+        # Free-form otherwise (clients percent-encode it, "/" included), but a
+        # path segment of "." or ".." is resolved away by URL normalisation,
+        # so /v1/hosts/{id} could never reach this host.
+        raise InvalidArgument(f"id {req.id!r} cannot be a URL path segment; choose another id")
     if not req.url:
         raise InvalidArgument("url is required")
     try:
