@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from fuse.agent import probe
 
 NVIDIA_CSV = """NVIDIA A100-SXM4-80GB, GPU-5c1a, 00000000:07:00.0, 81920, 550.54.15, Enabled
@@ -35,11 +37,77 @@ def test_real_machine_facts(tmp_path):
     assert facts["firecracker_pinned"].startswith("v")
 
 
+def machine(tmp: Path, proc_self_cgroup: str, files: dict[str, str]) -> Path:
+    """A fake / holding a recorded /proc/self/cgroup and cgroup files."""
+    (tmp / "proc/self").mkdir(parents=True)
+    (tmp / "proc/self/cgroup").write_text(proc_self_cgroup)
+    (tmp / "sys/fs/cgroup").mkdir(parents=True)
+    for rel, text in files.items():
+        (tmp / "sys/fs/cgroup" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "sys/fs/cgroup" / rel).write_text(text)
+    return tmp
+
+
+V1_LINES = """12:pids:/user.slice
+4:memory:/docker/abc
+3:cpu,cpuacct:/docker/abc
+0::/docker/abc
+"""
+
+CGROUPS = {
+    "v2, quota on the agent's own cgroup": (
+        "0::/system.slice/fuse-agent.service\n",
+        {"cpu.max": "max 100000\n", "system.slice/cpu.max": "max 100000\n",
+         "system.slice/fuse-agent.service/cpu.max": "150000 100000\n"}, 2),
+    "v2, a parent's quota is tighter than the leaf's": (
+        "0::/system.slice/fuse-agent.service\n",
+        {"system.slice/cpu.max": "100000 100000\n", "system.slice/fuse-agent.service/cpu.max": "400000 100000\n"}, 1),
+    "v2, no quota anywhere": (
+        "0::/user.slice/session-1.scope\n",
+        {"cpu.max": "max 100000\n", "user.slice/cpu.max": "max 100000\n"}, None),
+    "v2 in a cgroup namespace, the mount shows only the container": (
+        "0::/\n", {"cpu.max": "300000 100000\n"}, 3),
+    "v2 on a hybrid host, under unified": (
+        "1:name=systemd:/\n0::/fuse.slice\n", {"unified/fuse.slice/cpu.max": "50000 100000\n"}, 1),
+    "v1, cpu,cpuacct quota on the agent's cgroup": (
+        V1_LINES, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000\n",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+                   "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3),
+    "v1, unlimited (-1)": (
+        V1_LINES, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "-1\n",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n"}, None),
+    "v1, a separate cpu mount": (
+        "2:cpuacct:/job\n1:cpu:/job\n0::/\n",
+        {"cpu/job/cpu.cfs_quota_us": "400000\n", "cpu/job/cpu.cfs_period_us": "100000\n"}, 4),
+    "v1 in a container, the mount shows only its own subtree": (
+        V1_LINES, {"cpu,cpuacct/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 2),
+    "v1 and v2 both limit, the tighter wins": (
+        V1_LINES, {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "600000\n",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+                   "docker/abc/cpu.max": "200000 100000\n"}, 2),
+    "a quota below one CPU still leaves one": (
+        "0::/tiny\n", {"tiny/cpu.max": "10000 100000\n"}, 1),
+    "the cgroup path leaves the namespace": (
+        "0::/../../other\n", {"cpu.max": "200000 100000\n", "other/cpu.max": "100000 100000\n"}, 2),
+}
+
+
+@pytest.mark.parametrize("proc,files,limit", CGROUPS.values(), ids=CGROUPS.keys())
+def test_cgroup_cpu_limit_reads_the_processs_own_cgroup(tmp_path, proc, files, limit):
+    assert probe.cgroup_cpu_limit(machine(tmp_path, proc, files)) == limit
+
+
 def test_cgroup_quota_caps_cpus(tmp_path):
-    (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert probe.usable_cpus(tmp_path) == min(len(os.sched_getaffinity(0)), 2)
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert probe.usable_cpus(tmp_path) == len(os.sched_getaffinity(0))
+    root = machine(tmp_path, "0::/agent\n", {"agent/cpu.max": "100000 100000\n"})
+    assert probe.usable_cpus(root) == 1
+    (root / "sys/fs/cgroup/agent/cpu.max").write_text("max 100000\n")
+    assert probe.usable_cpus(root) == len(os.sched_getaffinity(0))
+
+
+def test_no_procfs_reads_the_cgroup_mount(tmp_path):
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cpu.max").write_text("100000 100000\n")
+    assert probe.cgroup_cpu_limit(tmp_path) == 1
 
 
 def test_nvidia_smi_and_mig_parsers():

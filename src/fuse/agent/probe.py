@@ -25,17 +25,78 @@ _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "ar
 _KVM_GET_API_VERSION = 0xAE00
 
 
-def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup v2
-    cpu.max quota when one is set."""
+def usable_cpus(root: Path = Path("/")) -> int:
+    """CPUs this process may use: its affinity mask, capped by the tightest
+    CPU quota of its own cgroup (see `cgroup_cpu_limit`)."""
     n = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit(root)
+    return n if limit is None else min(n, limit)
+
+
+def cgroup_cpu_limit(root: Path = Path("/")) -> int | None:
+    """The tightest CPU quota on this process, rounded up to whole CPUs
+    (at least 1), or None when no quota is set.
+
+    The cgroup is the process's own, read from /proc/self/cgroup: cgroup v2
+    (`0::/path`) has `cpu.max` under /sys/fs/cgroup (or /sys/fs/cgroup/unified
+    on hybrid hosts); cgroup v1's cpu controller line has `cpu.cfs_quota_us`
+    and `cpu.cfs_period_us` under /sys/fs/cgroup/cpu,cpuacct or
+    /sys/fs/cgroup/cpu. A quota binds on every ancestor too, so each level
+    up to the mount is read; walking up also finds the limit in a container
+    whose cgroup mount shows only its own subtree. `root` stands for / so
+    tests can point it at recorded files.
+    """
+    fs = root / "sys/fs/cgroup"
     try:
-        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return n
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = ["0::/"]  # no procfs: at least the cgroup the mount shows
+    quotas: list[float] = []
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, cgroup = rest.partition(":")
+        if controllers == "":
+            quotas += [q for d in _levels((fs, fs / "unified"), cgroup) if (q := _v2_quota(d)) is not None]
+        elif "cpu" in controllers.split(","):
+            mounts = (fs / controllers, fs / "cpu,cpuacct", fs / "cpu")
+            quotas += [q for d in _levels(mounts, cgroup) if (q := _v1_quota(d)) is not None]
+    if not quotas:
+        return None
+    return max(1, math.ceil(min(quotas)))
+
+
+def _levels(mounts: tuple[Path, ...], cgroup: str) -> list[Path]:
+    """The cgroup's directory and each ancestor's, under every mount that
+    exists (mounts listed twice, e.g. through a symlink, count once)."""
+    parts = [p for p in cgroup.strip().split("/") if p]
+    if ".." in parts:  # a cgroup outside this namespace: only the mount's own view is ours
+        parts = []
+    seen, out = set(), []
+    for mount in mounts:
+        if not mount.is_dir() or (key := mount.resolve()) in seen:
+            continue
+        seen.add(key)
+        out += [mount.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return out
+
+
+def _v2_quota(d: Path) -> float | None:
+    """cpu.max is "<quota> <period>" or "max <period>"."""
+    try:
+        quota, period = (d / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_quota(d: Path) -> float | None:
+    """cpu.cfs_quota_us is -1 when unlimited."""
+    try:
+        quota = int((d / "cpu.cfs_quota_us").read_text())
+        period = int((d / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def ram_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
