@@ -110,6 +110,39 @@ def test_no_procfs_reads_the_cgroup_mount(tmp_path):
     assert probe.cgroup_cpu_limit(tmp_path) == 1
 
 
+# Recorded on two A100-80GB in MIG mode with instances already created: on
+# GPU 0 four 1g.10gb and one 2g.20gb exist, GPU 1 is untouched; the second
+# line of each profile (CE, JPEG, OFA) must not count.
+LGIP_IN_USE = """+-----------------------------------------------------------------------------+
+| GPU instance profiles:                                                      |
+| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |
+|                              Free/Total   GiB              CE    JPEG  OFA  |
+|=============================================================================|
+|   0  MIG 1g.10gb       19     1/7        9.50       No     14     0     0   |
+|                                                             1     0     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 1g.10gb+me    20     0/1        9.50       No     14     1     0   |
+|                                                             1     1     1   |
++-----------------------------------------------------------------------------+
+|   0  MIG 2g.20gb       14     0/3        19.50      No     28     1     0   |
+|                                                             2     0     0   |
++-----------------------------------------------------------------------------+
+|   0  MIG 7g.80gb        0     0/1        79.25      No     98     5     0   |
+|                                                             7     1     1   |
++-----------------------------------------------------------------------------+
+|   1  MIG 1g.10gb       19     7/7        9.50       No     14     0     0   |
+|                                                             1     0     0   |
++-----------------------------------------------------------------------------+
+|   1  MIG 2g.20gb       14     3/3        19.50      No     28     1     0   |
+|                                                             2     0     0   |
++-----------------------------------------------------------------------------+
+"""
+
+
+def test_mig_profiles_count_total_instances_not_free_ones():
+    assert probe.parse_mig_profiles(LGIP_IN_USE) == {"1g.10gb": 14, "1g.10gb+me": 1, "2g.20gb": 6, "7g.80gb": 1}
+
+
 def test_nvidia_smi_and_mig_parsers():
     gpus = probe.parse_nvidia_gpus(NVIDIA_CSV)
     assert [g["uuid"] for g in gpus] == ["GPU-5c1a", "GPU-7d2b"] and gpus[0]["memory_mb"] == 81920

@@ -186,8 +186,13 @@ _MIG_PROFILE_LINE = re.compile(r"MIG\s+(\S+)\s+\d+\s+(\d+)/(\d+)")
 
 def parse_mig_profiles(text: str) -> dict[str, int]:
     """Parse `nvidia-smi mig -lgip`: each profile line reads
-    `|   0  MIG 1g.10gb       19     7/7        9.50 ...`; the count is the
-    free instances of that profile, summed across GPUs."""
+    `|   0  MIG 1g.10gb       19     3/7        9.50 ...` (Free/Total).
+
+    The count is the Total, summed across GPUs: how many instances of that
+    profile the GPUs are partitioned for, which is capacity. Free is not: it
+    drops as anyone creates instances, and registration reads it once.
+    Profiles share the same slices, so their counts are alternatives (7 x
+    1g.10gb or 1 x 7g.80gb on one A100), not a sum."""
     profiles: dict[str, int] = {}
     for m in _MIG_PROFILE_LINE.finditer(text):
         profiles[m.group(1)] = profiles.get(m.group(1), 0) + int(m.group(3))
