@@ -150,6 +150,21 @@ def test_nvidia_smi_and_mig_parsers():
     assert probe.parse_mig_profiles(LGIP) == {"1g.10gb": 14, "1g.10gb+me": 1, "7g.80gb": 1}
 
 
+GPU_LABELS = [
+    ("NVIDIA A100-SXM4-80GB", "nvidia:A100"), ("NVIDIA L40", "nvidia:L40"), ("NVIDIA L40S", "nvidia:L40S"),
+    ("NVIDIA L4", "nvidia:L4"), ("NVIDIA GH200 480GB", "nvidia:GH200"), ("NVIDIA H200", "nvidia:H200"),
+    ("NVIDIA H100 80GB HBM3", "nvidia:H100"), ("NVIDIA A10G", "nvidia:A10G"), ("NVIDIA A10", "nvidia:A10"),
+    ("Tesla T4", "nvidia:T4"), ("Tesla V100-SXM2-16GB", "nvidia:V100"), ("NVIDIA B200", "nvidia:B200"),
+    ("NVIDIA RTX A6000", "nvidia:NVIDIA RTX A6000"), ("", ""),
+]
+
+
+@pytest.mark.parametrize("model,label", GPU_LABELS,
+                         ids=[f"{m or 'no model'} is labelled {l or 'nothing'}" for m, l in GPU_LABELS])
+def test_gpu_kind_label_matches_whole_model_names(model, label):
+    assert probe.gpu_kind_label(model) == label
+
+
 def test_firecracker_absent_reports_empty_release(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert probe.firecracker_release() == ""

@@ -199,9 +199,18 @@ def parse_mig_profiles(text: str) -> dict[str, int]:
     return profiles
 
 
+# GPU models the labels name. A model must be a whole word of nvidia-smi's
+# name ("NVIDIA L40" is L40, not L4; "NVIDIA GH200 480GB" is GH200, not
+# H200), tried longest first.
+GPU_MODELS = ("GB200", "GH200", "B200", "H200", "H100", "A100", "V100", "L40S", "A10G", "L40", "A40", "A30", "A10",
+              "L4", "T4")
+_GPU_MODEL = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(sorted(GPU_MODELS, key=len, reverse=True))
+                        + r")(?![A-Za-z0-9])")
+
+
 def gpu_kind_label(model: str) -> str:
     """"NVIDIA A100-SXM4-80GB" -> "nvidia:A100" (the label the catalogue uses)."""
-    m = re.search(r"(A100|H100|H200|L40S|L4|A10G|A10|T4|V100|B200)", model)
+    m = _GPU_MODEL.search(model)
     return f"nvidia:{m.group(1)}" if m else (f"nvidia:{model}" if model else "")
 
 
