@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import pytest
 
 import fuse
@@ -23,7 +26,6 @@ def api_error(fn, *a, **kw) -> fuse.ApiError:
 
 
 def probed(agent):
-    import httpx
     return httpx.get(agent.url + "/v1/host", headers={"Authorization": f"Bearer {agent.token}"}).json()
 
 
@@ -348,6 +350,70 @@ def test_rule9_list_reports_allocated_figures(client, agent, controller):
     assert err.message == "host a still has vm vm-abc assigned"
     assert fuse.is_conflict(err)
     store.close()
+
+
+def test_rule9_cordon_leaves_a_running_vm_running_and_stops_new_placements(client, tmp_path):
+    from support import reap, wait_until
+    a = start_agent(tmp_path, backend="fake", name="fake-agent")
+    try:
+        reg(client, a, id="h1", backend="qemu", capacity=HostCapacity(vm_count=4, cpus=4, ram_mb=4096))
+        vm = client.vms.create(shape={"vcpus": 1, "mem_mib": 256}, entry="echo hi", name="job", host="h1")
+        assert (vm["host"], vm["state"]) == ("h1", "running")
+        on_agent = lambda: httpx.get(f"{a.url}/v1/host/vms/job", headers={"Authorization": f"Bearer {a.token}"}).json()
+        pid = on_agent()["pid"]
+
+        client.hosts.cordon("h1")
+        assert client.hosts.get("h1").state == "cordoned"
+        # The VM keeps running on the host: same process, console still growing.
+        offset = client.vms.console("job")["next_offset"]
+        wait_until(lambda: client.vms.console("job")["next_offset"] > offset, timeout=10, what="console output")
+        assert on_agent()["state"] == "running" and on_agent()["pid"] == pid
+        assert os.path.exists(f"/proc/{pid}") and client.vms.get("job")["state"] == "running"
+        # ...and nothing new lands there.
+        err = api_error(client.vms.create, shape={"vcpus": 1, "mem_mib": 256}, entry="echo hi", name="job2")
+        assert err.code == "fleet_full" and "h1" in err.details["hosts"]
+
+        client.hosts.uncordon("h1")
+        assert on_agent()["state"] == "running" and on_agent()["pid"] == pid
+        client.vms.delete("job")
+    finally:
+        a.stop()
+        reap(a.state_dir)
+
+
+@pytest.mark.parametrize("action", ["cordon", "uncordon", "drain", "deregister", "get"])
+def test_rule9_an_unknown_id_is_404_not_found(client, agent, action):
+    reg(client, agent, id="known")
+    err = api_error(getattr(client.hosts, action), "unknown")
+    assert (err.status, err.code) == (404, "not_found") and fuse.is_not_found(err)
+    assert "unknown" in err.message
+    assert [(h.id, h.state) for h in client.hosts.list()] == [("known", "active")]
+
+
+def test_rule12_reregistering_replies_200_replaces_token_and_labels_and_keeps_draining(client, controller, tmp_path):
+    from fuse.controller.store import Store, engine_url
+    open_agent = start_agent(tmp_path, token=None, name="open-agent")  # takes any token
+    try:
+        body = {"id": "h1", "url": open_agent.url, "token": "first-token", "labels": {"rack": "r1", "tier": "gold"},
+                "capacity": {"vm_count": 2}}
+        r = client._http.post("/v1/hosts", json=body)
+        assert r.status_code == 201, r.text
+        client.hosts.drain("h1")
+        assert client.hosts.get("h1").state == "draining"
+
+        r = client._http.post("/v1/hosts", json={**body, "token": "second-token", "labels": {"rack": "r2"}})
+        assert r.status_code == 200, r.text
+        assert r.json()["labels"] == {"rack": "r2"} and r.json()["state"] == "draining"
+        assert client.hosts.get("h1").state == "draining"
+        store = Store(engine_url(None, controller.state_dir))
+        try:
+            assert store.get_host("h1")["token"] == "second-token"
+        finally:
+            store.close()
+        client.hosts.uncordon("h1")
+        assert client.hosts.get("h1").state == "active"
+    finally:
+        open_agent.stop()
 
 
 def test_rule10_state_and_last_seen_is_never_refreshed(client, agent):
