@@ -44,7 +44,15 @@ def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
         raise InvalidArgument(f"{where}: {first.get('msg', exc)}" if where else str(exc)) from None
 
 
-@router.post("/v1/hosts", status_code=201, response_model=Host, summary="registerHost: add a host, probing its hardware.")
+@router.post("/v1/hosts", status_code=201, response_model=Host,
+             responses={200: {"model": Host, "description": "re-registered: an update, state and VMs kept"},
+                        **responses(s400="invalid_argument: a field is missing or out of range (vm_count, id, "
+                                         "backend, gpus or mig_profiles on a firecracker host, a MIG profile name)",
+                                    s409="conflict: the id moves to another url while VMs are assigned to it",
+                                    s502="host_unreachable: the agent cannot be reached while a capacity field is "
+                                         "left to probe, or the url answers but is not a fuse agent; "
+                                         "unauthorized: the agent refused the token")},
+             summary="registerHost: add a host, probing its hardware.")
 async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
     host, created = await _ctl(request).register_host(_register_body(body))
     return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
@@ -69,8 +77,13 @@ def _cursor_decode(cursor: str) -> str:
     return after
 
 
-@router.get("/v1/hosts", response_model=HostPage, summary="listHosts: every host with capacity and allocations.")
-async def list_hosts(request: Request, limit: int = Query(0, ge=0), cursor: str = "") -> HostPage:
+@router.get("/v1/hosts", response_model=HostPage,
+            responses=responses(s400="invalid_argument: a limit below 0, or a cursor this server did not issue"),
+            summary="listHosts: every host with capacity and allocations, by id.")
+async def list_hosts(request: Request,
+                     limit: int = Query(0, ge=0, description="Hosts per page; 0: all of them."),
+                     cursor: str = Query("", description="next_cursor of the previous page; empty: the first "
+                                                         "page.")) -> HostPage:
     hosts = _ctl(request).hosts.list()  # in Python's order of ids, the order `>` below compares in
     if cursor:
         after = _cursor_decode(cursor)
