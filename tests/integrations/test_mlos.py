@@ -78,8 +78,8 @@ def test_provision_is_idempotent_and_recreates_on_a_new_shape(fleet):
         p = {"vmName": "bench", "vcpus": 1, "memMiB": 128}
         assert provision(svc, p)[0] == Status.SUCCEEDED
         # Same shape again: nothing to do, answered at once.
-        status, out = svc.provision_host(p)
-        assert status == Status.SUCCEEDED and out["vmHost"] == "h1"
+        # Seed 002: "The result is always {}" (only PENDING carries a handle).
+        assert svc.provision_host(p) == (Status.SUCCEEDED, {})
         # Tunables as strings (command-line overrides) are the same shape.
         assert svc.provision_host({"vmName": "bench", "vcpus": "1", "memMiB": "128"})[0] == Status.SUCCEEDED
         assert placed(fleet.client) == [("bench", 1, 128)]
@@ -131,6 +131,46 @@ def test_expected_failures_are_statuses_not_exceptions(fleet, tmp_path):
     with slow:
         assert slow.wait_host_deployment({"vmName": "never", "vcpus": 1, "memMiB": 128},
                                          is_setup=True) == (Status.TIMED_OUT, {})
+
+
+def test_a_bad_url_is_failed_from_every_call_never_an_exception(caplog):
+    # The url is only read when the first call needs the controller.
+    svc = FuseVMService({"url": "ftp://x", "pollInterval": 0.05, "pollTimeout": 5})
+    p = {"vmName": "x", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert svc.provision_host(p) == (Status.FAILED, {})
+        status, handle = svc.deprovision_host(p)
+        assert status == Status.PENDING
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert svc.wait_host_deployment(p, is_setup=True) == (Status.FAILED, {})
+        assert svc.wait_host_deployment(p, is_setup=False) == (Status.FAILED, {})
+        assert svc.deallocate_host(p) == (Status.FAILED, {})
+    assert "must be unix:///path or http(s)://host:port" in caplog.text
+
+
+@pytest.mark.parametrize("vcpus, mem", [(1.5, 128), (1, "128.5"), ("two", 128), (0, 128)],
+                         ids=["a fractional vCPU count", "a fractional memory size", "a word", "zero vCPUs"])
+def test_a_shape_that_is_not_a_whole_number_is_failed_with_the_reason(fleet, caplog, vcpus, mem):
+    svc = service(fleet)
+    with svc:
+        assert svc.provision_host({"vmName": "frac", "vcpus": vcpus, "memMiB": mem}) == (Status.FAILED, {})
+    assert "must be a whole number" in caplog.text
+    assert vms(fleet.client) == []  # not truncated and created
+
+
+def test_whole_numbers_given_as_floats_or_strings_are_accepted(fleet):
+    svc = service(fleet)
+    with svc:
+        assert provision(svc, {"vmName": "w", "vcpus": 2.0, "memMiB": "128.0"})[0] == Status.SUCCEEDED
+    assert vms(fleet.client) == [("w", "running", 2, 128)]
+
+
+def test_a_failed_deallocate_is_logged_as_a_deallocate(fleet, caplog):
+    svc = service(fleet)
+    with svc:
+        assert svc.deallocate_host({"vmName": "absent"}) == (Status.FAILED, {})
+    assert "deallocate of vm absent failed: vm absent not found" in caplog.text
+    assert "deprovision" not in caplog.text
 
 
 def test_config_is_checked_against_the_services_own_schema(fleet):

@@ -9,8 +9,8 @@ Parameters read from `params` (the environment's const_args, required_args
 and tunables; see docs/integrations.md):
 
     vmName   the VM's name (required)
-    vcpus    vCPUs (required, int)
-    memMiB   memory in MiB (required, int)
+    vcpus    vCPUs (required, a whole number: 2, 2.0 or "2"; 1.5 is FAILED)
+    memMiB   memory in MiB (required, a whole number)
     vmEntry  the command the VM runs (default: keep running)
     vmBundle the guest bundle (default: the controller's default, "linux")
     vmHost   pin the VM to this host (default: best fit over the fleet)
@@ -67,9 +67,10 @@ _LOG = logging.getLogger(__name__)
 OP_KEY = "fuseOperation"
 DEFAULT_ENTRY = "while true; do sleep 3600; done"
 _GONE_STATES = ("exited", "failed", "deleted")
-# What a call to the controller may raise when the answer is "no" or there is
-# no answer: mapped to FAILED, never let through to mlos_bench.
-_CALL_ERRORS = (fuse.ApiError, httpx.HTTPError, OSError)
+# Failures with a reason to log in one line: the controller's "no", no
+# answer, a bad url or bad params. Anything else is logged with its traceback;
+# both come back as FAILED, never as an exception into mlos_bench.
+_EXPECTED = (fuse.ApiError, httpx.HTTPError, OSError, ValueError)
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -95,8 +96,24 @@ CONFIG_SCHEMA: dict[str, Any] = {
 }
 
 
+def _whole(key: str, value: Any) -> int:
+    """A count from params. Tunables and command-line overrides may arrive as
+    strings or floats ("2", 2.0); a fraction is refused, not truncated: a
+    trial asking for 1.5 vCPUs must not silently run on 1."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+    if not number.is_integer() or number < 1:
+        raise ValueError(f"{key} must be a whole number of at least 1, not {value!r}")
+    return int(number)
+
+
 class OperationFailed(Exception):
     """An operation reached an expected dead end (fleet_full, refused, ...)."""
+
+
+_EXPECTED = (*_EXPECTED, OperationFailed)
 
 
 @dataclass(frozen=True)
@@ -120,9 +137,8 @@ class VmSpec:
             value = params.get(key, config.get(key))
             return str(value) if value not in (None, "") else None
 
-        # Tunables and CLI overrides may arrive as strings or floats.
-        return cls(name=str(params["vmName"]), vcpus=int(float(params["vcpus"])),
-                   mem_mib=int(float(params["memMiB"])), entry=opt("vmEntry") or DEFAULT_ENTRY,
+        return cls(name=str(params["vmName"]), vcpus=_whole("vcpus", params["vcpus"]),
+                   mem_mib=_whole("memMiB", params["memMiB"]), entry=opt("vmEntry") or DEFAULT_ENTRY,
                    bundle=opt("vmBundle"), host=opt("vmHost"))
 
     def body(self) -> dict[str, Any]:
@@ -301,6 +317,17 @@ class FuseVMService(Service):
         _LOG.info("fuse: vm %s sleeps on %s", name, vm["host"])
         return vm
 
+    @staticmethod
+    def _failed(what: str, err: Exception) -> tuple[Status, dict]:
+        """Log why `what` failed and answer FAILED: mlos_bench reads a status,
+        an exception out of a service aborts its whole run."""
+        if isinstance(err, _EXPECTED):
+            reasons = (getattr(err, "details", None) or {}).get("hosts")
+            _LOG.error("fuse: %s failed: %s%s", what, err, f" (hosts: {reasons})" if reasons else "")
+        else:
+            _LOG.exception("fuse: %s failed unexpectedly: %r", what, err)
+        return Status.FAILED, {}
+
     # ---- SupportsHostProvisioning -------------------------------------------
     def provision_host(self, params: dict) -> tuple[Status, dict]:
         """Check the VM is running with the trial's shape; create, wake or
@@ -313,11 +340,10 @@ class FuseVMService(Service):
                 vm = self._find(spec.name, spec.host)
                 if vm is not None and vm["state"] == "running" and not spec.differs(vm):
                     _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
-                    return Status.SUCCEEDED, {**params, "vmHost": vm["host"]}
-        except (ValueError, *_CALL_ERRORS) as err:
-            _LOG.error("fuse: provision_host failed: %s", err)
-            return Status.FAILED, {}
-        return self._submit(lambda: self._converge(spec), params)
+                    return Status.SUCCEEDED, {}  # seed 002: the result is always {}
+            return self._submit(lambda: self._converge(spec), params)
+        except Exception as err:
+            return self._failed(f"provision of vm {params.get('vmName')}", err)
 
     def deprovision_host(self, params: dict) -> tuple[Status, dict]:
         """Delete the VM (PENDING with an operation handle; a VM already gone
@@ -327,7 +353,10 @@ class FuseVMService(Service):
             _LOG.error("fuse: deprovision_host: params lack vmName")
             return Status.FAILED, {}
         host = params.get("vmHost", self.config.get("vmHost"))
-        return self._submit(lambda: self._remove(str(name), host), params)
+        try:
+            return self._submit(lambda: self._remove(str(name), host), params)
+        except Exception as err:
+            return self._failed(f"deprovision of vm {name}", err)
 
     def deallocate_host(self, params: dict) -> tuple[Status, dict]:
         """Sleep the VM: free its compute, keep its state; the next provision
@@ -337,13 +366,23 @@ class FuseVMService(Service):
             _LOG.error("fuse: deallocate_host: params lack vmName")
             return Status.FAILED, {}
         host = params.get("vmHost", self.config.get("vmHost"))
-        status, handle = self._submit(lambda: self._sleep(str(name), host), params)
-        status, _ = self.wait_host_deployment(handle, is_setup=False)
-        return status, {}
+        try:
+            status, handle = self._submit(lambda: self._sleep(str(name), host), params)
+            status, _ = self._wait(handle, is_setup=False, what=f"deallocate of vm {name}")
+            return status, {}
+        except Exception as err:
+            return self._failed(f"deallocate of vm {name}", err)
 
     def wait_host_deployment(self, params: dict, *, is_setup: bool) -> tuple[Status, dict]:
         """Wait for the operation in `params` (from provision/deprovision) to
         finish: SUCCEEDED, FAILED, or TIMED_OUT after pollTimeout."""
+        what = f"{'provision' if is_setup else 'deprovision'} of vm {params.get('vmName')}"
+        try:
+            return self._wait(params, is_setup=is_setup, what=what)
+        except Exception as err:
+            return self._failed(what, err)
+
+    def _wait(self, params: dict, *, is_setup: bool, what: str) -> tuple[Status, dict]:
         deadline = time.monotonic() + self._poll_timeout
         with self._lock:
             fut = self._ops.get(params.get(OP_KEY, ""))
@@ -359,11 +398,8 @@ class FuseVMService(Service):
             self._ops.pop(params[OP_KEY], None)
         try:
             vm = fut.result()
-        except (OperationFailed, *_CALL_ERRORS) as err:
-            reasons = getattr(err, "details", {}).get("hosts")
-            _LOG.error("fuse: %s failed: %s%s", "provisioning" if is_setup else "deprovisioning", err,
-                       f" (hosts: {reasons})" if reasons else "")
-            return Status.FAILED, {}
+        except Exception as err:
+            return self._failed(what, err)
         out = {**params}
         out.pop(OP_KEY, None)
         if vm:
@@ -378,11 +414,7 @@ class FuseVMService(Service):
             return Status.FAILED, {}
         host = params.get("vmHost", self.config.get("vmHost"))
         while True:
-            try:
-                vm = self._find(str(name), host)
-            except _CALL_ERRORS as err:
-                _LOG.error("fuse: waiting for vm %s: %s", name, err)
-                return Status.FAILED, {}
+            vm = self._find(str(name), host)
             if is_setup and vm is not None and vm["state"] == "running":
                 return Status.SUCCEEDED, {**params, "vmHost": vm["host"], "vmState": vm["state"]}
             if is_setup and vm is not None and vm["state"] in _GONE_STATES:
