@@ -7,7 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import httpx
 
 import pytest
 
@@ -19,8 +24,9 @@ from mlos_bench.environments.status import Status  # noqa: E402
 from mlos_bench.services.types.host_provisioner_type import SupportsHostProvisioning  # noqa: E402
 from mlos_bench.tunables.tunable_groups import TunableGroups  # noqa: E402
 
-from fuse.integrations.mlos import OP_KEY, FuseVMService  # noqa: E402
-from support import reap, start_agent, start_controller  # noqa: E402
+from fuse.integrations import mlos as mlos_module  # noqa: E402
+from fuse.integrations.mlos import OP_KEY, OP_KIND_KEY, FuseVMService  # noqa: E402
+from support import reap, start_agent, start_controller, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -171,6 +177,189 @@ def test_a_failed_deallocate_is_logged_as_a_deallocate(fleet, caplog):
         assert svc.deallocate_host({"vmName": "absent"}) == (Status.FAILED, {})
     assert "deallocate of vm absent failed: vm absent not found" in caplog.text
     assert "deprovision" not in caplog.text
+
+
+# ---- operations: handles, runtime info, deadlines ----------------------------
+
+def test_wait_answers_with_the_operations_runtime_and_checks_its_kind(fleet, caplog):
+    svc = service(fleet)
+    p = {"vmName": "timed", "vcpus": 1, "memMiB": 128}
+    with svc:
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "provision"
+        # A provision waited on as a teardown: FAILED with the reason, and the
+        # operation is left for the right wait.
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert "given a provision handle for vm timed; a provision is waited on with is_setup=True" in caplog.text
+        status, info = svc.wait_host_deployment(handle, is_setup=True)
+        assert status == Status.SUCCEEDED
+        assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
+            "operation": "provision", "vmName": "timed", "vmHost": "h1", "vmState": "running"}
+        assert 0 <= info["elapsedSecs"] < 30 and OP_KEY not in info
+
+        status, handle = svc.deprovision_host(p)
+        assert handle[OP_KIND_KEY] == "deprovision"
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED
+        assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
+            "operation": "deprovision", "vmName": "timed", "vmHost": "h1", "vmState": "deleted"}
+
+
+def test_a_handle_outlives_the_service_that_issued_it(fleet):
+    # mlos_bench restarted between provision and wait: a new service instance
+    # does not hold the operation, so it watches the VM the handle names.
+    first = service(fleet)
+    with first:
+        status, handle = first.provision_host({"vmName": "kept", "vcpus": 1, "memMiB": 128})
+        assert first.wait_host_deployment(handle, is_setup=True)[0] == Status.SUCCEEDED
+    second = service(fleet)
+    with second:
+        status, info = second.wait_host_deployment(handle, is_setup=True)
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("provision", "running")
+        assert second.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})  # still a provision
+
+
+class GatedProxy:
+    """An HTTP proxy in front of the controller's socket that holds the calls a
+    test names until it lets them through: a controller call that hangs, on
+    demand, with a real controller behind it."""
+
+    def __init__(self, sock: Path):
+        self.gates: dict[tuple[str, str], tuple[threading.Event, threading.Event]] = {}
+        upstream = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://c", timeout=120)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def forward(self):
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size) if size else None
+                gate = proxy.gates.get((self.command, self.path.split("?")[0]))
+                if gate is not None:
+                    gate[0].set()  # arrived
+                    gate[1].wait(90)  # released
+                resp = upstream.request(self.command, self.path, content=body,
+                                        headers={"content-type": self.headers.get("content-type", "")})
+                self.send_response(resp.status_code)
+                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.upstream = upstream
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def hold(self, method: str, path: str) -> threading.Event:
+        """Hold `method path` until `release`; the event says one arrived."""
+        arrived, released = threading.Event(), threading.Event()
+        self.gates[(method, path)] = (arrived, released)
+        return arrived
+
+    def release(self) -> None:
+        for _, released in self.gates.values():
+            released.set()
+
+    def close(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+        self.upstream.close()
+
+
+@pytest.fixture
+def gate(fleet):
+    proxy = GatedProxy(fleet.ctl.socket)
+    yield proxy
+    proxy.close()
+
+
+def gated(gate, **config) -> FuseVMService:
+    return FuseVMService({"url": gate.url, "pollInterval": 0.05, "pollTimeout": 1.0, **config})
+
+
+def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
+    svc = gated(gate)
+    p = {"vmName": "held", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        arrived = gate.hold("DELETE", "/v1/vms/held")
+        started = time.monotonic()
+        status, handle = svc.deprovision_host(p)
+        assert arrived.wait(10)
+        time.sleep(0.7)  # the caller comes back late: its wait still ends at the operation's deadline
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.TIMED_OUT, {})
+        assert 1.0 <= time.monotonic() - started < 1.5
+        assert handle[OP_KEY] not in svc._ops  # the pending table does not keep it
+
+        # Queued behind the hung call, the next operation shares the bound
+        # (counted from its own call) and, timed out, never starts.
+        status, later = svc.provision_host({"vmName": "later", "vcpus": 1, "memMiB": 128})
+        assert status == Status.PENDING
+        started = time.monotonic()
+        assert svc.wait_host_deployment(later, is_setup=True) == (Status.TIMED_OUT, {})
+        assert time.monotonic() - started < 1.5 and svc._ops == {}
+        gate.release()
+        wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
+        assert vms(fleet.client) == []  # the held delete landed; "later" was never created
+
+
+def test_deallocate_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
+    svc = gated(gate)
+    p = {"vmName": "sleepy", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        arrived = gate.hold("POST", "/v1/vms/sleepy/sleep")
+        status, handle = svc.deallocate_host(p)
+        # The sleep reached the controller and goes on there: PENDING (seed 002
+        # allows no TIMED_OUT for deallocate), with the handle to wait on.
+        assert arrived.is_set()
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "deallocate" and OP_KEY in handle
+        assert vms(fleet.client) == [("sleepy", "running", 1, 128)]
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})  # not a provision
+        gate.release()
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("deallocate", "sleeping")
+        assert vms(fleet.client) == [("sleepy", "sleeping", 1, 128)]
+
+
+def test_deallocate_that_timed_out_before_asking_for_the_sleep_is_failed(fleet, gate, caplog):
+    svc = gated(gate)
+    p = {"vmName": "awake", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        gate.hold("GET", "/v1/vms/awake")  # its look-up before the sleep hangs
+        assert svc.deallocate_host(p) == (Status.FAILED, {})
+        assert "timed out before asking the controller to sleep it" in caplog.text
+        gate.release()
+        wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
+        assert vms(fleet.client) == [("awake", "running", 1, 128)]  # abandoned: it never slept the VM
+
+
+def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatch):
+    monkeypatch.setattr(mlos_module, "EXIT_JOIN_S", 0.5, raising=False)
+    svc = gated(gate, pollTimeout=60)
+    p = {"vmName": "stuck", "vcpus": 1, "memMiB": 128}
+    svc.__enter__()
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    arrived = gate.hold("DELETE", "/v1/vms/stuck")
+    assert svc.deprovision_host(p)[0] == Status.PENDING
+    assert arrived.wait(10)
+    assert svc.provision_host({"vmName": "queued", "vcpus": 1, "memMiB": 128})[0] == Status.PENDING
+    started = time.monotonic()
+    svc.__exit__(None, None, None)
+    assert time.monotonic() - started < 2.0
+    gate.release()
+    wait_until(lambda: not any(t.name == "fuse-mlos" and t.is_alive() for t in threading.enumerate()),
+               what="the worker thread to end once its call returned")
+    assert vms(fleet.client) == []  # the call in flight landed; the queued one was cancelled
 
 
 def test_config_is_checked_against_the_services_own_schema(fleet):
