@@ -30,10 +30,13 @@ from support import reap, start_agent, start_controller, wait_until  # noqa: E40
 
 pytestmark = pytest.mark.timeout(150)
 
+CTL_TOKEN = "controller-token-for-mlos"
+
 
 @pytest.fixture
 def fleet(tmp_path):
-    ctl = start_controller(tmp_path)
+    # Also on TCP with a token, for the tests of how the token is supplied.
+    ctl = start_controller(tmp_path, listen=True, token=CTL_TOKEN)
     agent = start_agent(tmp_path, backend="fake", name="a1")
     client = fuse.Client(ctl.url)
     client.hosts.register(fuse.RegisterHostRequest(id="h1", url=agent.url, token=agent.token, backend="qemu",
@@ -362,6 +365,39 @@ def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatc
     assert vms(fleet.client) == []  # the call in flight landed; the queued one was cancelled
 
 
+# ---- how url and token reach the service ------------------------------------
+
+def test_url_and_token_come_from_globals_by_their_key_names(fleet, monkeypatch, caplog):
+    # mlos_bench builds every service this way: the config's keys are filled
+    # from the globals of the same name; "$name" is not expanded there.
+    from mlos_bench.services.config_persistence import ConfigPersistenceService
+    monkeypatch.delenv("FUSE_URL", raising=False)
+    monkeypatch.delenv("FUSE_TOKEN", raising=False)
+    tcp = f"http://127.0.0.1:{fleet.ctl.extra['port']}"
+    loader = ConfigPersistenceService()
+
+    def build(config: dict, global_config: dict):
+        return loader.build_service({"class": "fuse.integrations.mlos.FuseVMService",
+                                     "config": {"pollInterval": 0.05, "pollTimeout": 30, **config}}, global_config)
+
+    p = {"vmName": "tok", "vcpus": 1, "memMiB": 128}
+    svc = build({"url": "", "token": ""}, {"url": tcp, "token": CTL_TOKEN, "unrelated": 1})
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+    assert vms(fleet.client) == [("tok", "running", 1, 128)]
+
+    # No global: no token reaches the controller, which refuses; FAILED.
+    bare = build({"url": tcp, "token": ""}, {})
+    with bare:
+        assert bare.provision_host(p) == (Status.FAILED, {})
+    assert "401" in caplog.text
+
+    # "$fuseToken" would be sent as the token itself: refused when built,
+    # saying how to supply it.
+    with pytest.raises(ValueError, match='expands no \\$names.*"token": "".*globals'):
+        build({"url": tcp, "token": "$fuseToken"}, {"fuseToken": CTL_TOKEN})
+
+
 def test_config_is_checked_against_the_services_own_schema(fleet):
     with pytest.raises(Exception, match="urll"):
         FuseVMService({"urll": fleet.ctl.url})
@@ -382,7 +418,7 @@ TRIALS = [{"vcpus": 1, "memMiB": 128}, {"vcpus": 1, "memMiB": 128}, {"vcpus": 2,
           {"vcpus": 1, "memMiB": 128}]
 
 
-def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
+def write_configs(cfg: Path, probe_log: Path, fuse_url: str, tcp_url: str) -> None:
     files = {
         "cli.jsonc": {
             "config_path": [str(cfg)],
@@ -390,6 +426,9 @@ def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
             "optimizer": "opt.jsonc",
             "storage": "storage.jsonc",
             "experiment_id": "fuse-mlos-test",
+            # The controller's url and token reach the fuse service through
+            # globals: mlos_bench fills its config's "url" and "token" keys.
+            "globals": ["globals.jsonc"],
             "trial_config_repeat_count": 1,
             "teardown": True,
             "log_file": str(cfg / "mlos.log"),
@@ -419,7 +458,9 @@ def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
             },
         },
         "fuse-service.jsonc": {"class": "fuse.integrations.mlos.FuseVMService",
-                               "config": {"pollInterval": 0.1, "pollTimeout": 60}},
+                               "config": {"url": "", "token": "", "pollInterval": 0.1, "pollTimeout": 60}},
+        # mlos_bench expands $NAME in globals from the environment.
+        "globals.jsonc": {"url": tcp_url, "token": "$FUSE_TEST_CONTROLLER_TOKEN"},
         "tunables.jsonc": {"fuse-vm": {"cost": 1, "params": {
             "vcpus": {"type": "int", "default": 1, "range": [1, 4]},
             "memMiB": {"type": "int", "default": 128, "range": [64, 1024]},
@@ -444,10 +485,11 @@ def test_mlos_bench_cli_runs_trials_on_fuse_vms(fleet, tmp_path):
     cfg = tmp_path / "bench"
     cfg.mkdir()
     probe_log = tmp_path / "probe.jsonl"
-    write_configs(cfg, probe_log, fleet.ctl.url)
-    env = {**os.environ, "FUSE_URL": fleet.ctl.url,
-           # mlos_bench's schema lists only its own service classes.
-           "MLOS_BENCH_SKIP_SCHEMA_VALIDATION": "true"}
+    write_configs(cfg, probe_log, fleet.ctl.url, f"http://127.0.0.1:{fleet.ctl.extra['port']}")
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSE_URL", "FUSE_TOKEN")}
+    env |= {"FUSE_TEST_CONTROLLER_TOKEN": CTL_TOKEN,
+            # mlos_bench's schema lists only its own service classes.
+            "MLOS_BENCH_SKIP_SCHEMA_VALIDATION": "true"}
     run = subprocess.run([sys.executable, "-m", "mlos_bench.run", "--config", str(cfg / "cli.jsonc")],
                          cwd=cfg, env=env, capture_output=True, text=True, timeout=120)
     log = (cfg / "mlos.log").read_text() if (cfg / "mlos.log").exists() else ""

@@ -18,7 +18,11 @@ and tunables; see docs/integrations.md):
 `vmEntry`, `vmBundle` and `vmHost` may also be set in the service config.
 The service config also takes `url` and `token` (default $FUSE_URL /
 $FUSE_TOKEN, else the controller's local socket), `pollInterval` (s, 1),
-`pollTimeout` (s, 300) and `requestTimeout` (s, 300).
+`pollTimeout` (s, 300) and `requestTimeout` (s, 300). mlos_bench fills a
+service config key from the global of the same name (a globals file, or
+`--token T` on its command line) but expands no `$name` in a service config,
+so a secret goes in as `"token": ""` here plus a global `token`; a value
+still reading `$name` is refused when the service is built.
 
 How the calls map onto the controller:
 
@@ -62,6 +66,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import threading
 import time
 import uuid
@@ -86,6 +91,9 @@ OP_KEY = "fuseOperation"  # the handle's operation id
 OP_KIND_KEY = "fuseOperationKind"  # provision | deprovision | deallocate
 # Which wait_host_deployment(is_setup=...) each kind of operation answers to.
 KINDS: dict[str, bool] = {"provision": True, "deprovision": False, "deallocate": False}
+# A config value mlos_bench left as written: it fills a service config key
+# from the global of the same name, and expands no "$name" there.
+_UNEXPANDED = re.compile(r"\$\{?\w+\}?")
 # How long the service's exit waits for a controller call in flight before
 # leaving it to finish on its own (daemon) thread.
 EXIT_JOIN_S = 5.0
@@ -303,6 +311,14 @@ class FuseVMService(Service):
             self.deallocate_host,
             self.wait_host_deployment,
         ]))
+        for key in ("url", "token"):
+            value = self.config.get(key)
+            if isinstance(value, str) and _UNEXPANDED.fullmatch(value):
+                # Caught here, not as a 401 on every trial.
+                raise ValueError(
+                    f"config {key} is {value!r}, but mlos_bench expands no $names in a service config: write "
+                    f'"{key}": "" here and give "{key}" in a globals file or as --{key} (mlos_bench fills a '
+                    f"service config key from the global of the same name), or set $FUSE_{key.upper()}")
         # Values may come from the command line as strings.
         self._poll_interval = float(self.config.get("pollInterval", 1.0))
         self._poll_timeout = float(self.config.get("pollTimeout", 300.0))
