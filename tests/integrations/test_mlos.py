@@ -297,9 +297,9 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
         started = time.monotonic()
         status, handle = svc.deprovision_host(p)
         assert arrived.wait(10)
-        time.sleep(0.7)  # the caller comes back late: its wait still ends at the operation's deadline
+        time.sleep(0.9)  # the caller comes back late: its wait still ends at the operation's deadline
         assert svc.wait_host_deployment(handle, is_setup=False) == (Status.TIMED_OUT, {})
-        assert 1.0 <= time.monotonic() - started < 1.5
+        assert 1.0 <= time.monotonic() - started < 1.6  # not 0.9 + a whole pollTimeout
         assert handle[OP_KEY] not in svc._ops  # the pending table does not keep it
 
         # Queued behind the hung call, the next operation shares the bound
