@@ -4,6 +4,7 @@ controller and a real agent (fake backend)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import anyio
@@ -25,8 +26,17 @@ def fleet(tmp_path):
     reap(tmp_path)
 
 
+def child_env(**env: str) -> dict[str, str]:
+    """The server's environment: the stdio client passes only a few safe
+    variables on, so PYTHONPATH is handed over or the server would be the
+    installed fuse rather than the one under test."""
+    keep = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
+    return keep | env
+
+
 def server_params(url: str, **env: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp", "--url", url], env=env)
+    return StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp", "--url", url],
+                                 env=child_env(**env))
 
 
 def answer(result) -> dict:
@@ -110,5 +120,82 @@ def test_an_unreachable_controller_is_a_tool_error_naming_it(tmp_path):
 
     # FUSE_URL from the environment, as an MCP client config would set it.
     params = StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp"],
-                                   env={"FUSE_URL": f"unix://{sock}"})
+                                   env=child_env(FUSE_URL=f"unix://{sock}"))
     anyio.run(session_run, params, steps)
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    ctl = start_controller(tmp_path)
+    agents = [start_agent(tmp_path, backend="fake", name=f"a{i}") for i in (1, 2)]
+    yield type("Fleet", (), {"ctl": ctl, "agents": agents, "tmp": tmp_path})
+    for agent in agents:
+        agent.stop()
+    ctl.stop()
+    reap(tmp_path)
+
+
+def test_moves_names_on_two_hosts_and_usage_through_the_tool(two_hosts):
+    fleet = two_hosts
+
+    async def steps(s: ClientSession):
+        tool = (await s.list_tools()).tools[0]
+        for words in ('{"vm", "to"?, "host"?}', '"flashvm" is accepted in place of "vm"',
+                      '"host" in the body of POST /v1/moves'):
+            assert words in tool.description
+
+        async def call(method, path, body=None):
+            args = {"method": method, "path": path} | ({"body": body} if body is not None else {})
+            return answer(await s.call_tool("fuse_controller", args))
+
+        # Seed 004's short form, exactly as the seed writes it: {name, addr}.
+        for i, agent in enumerate(fleet.agents, 1):
+            host = await call("POST", "/v1/hosts", {"name": f"h{i}", "addr": f"unix://{agent.socket}"})
+            assert host["status"] == 201 and host["body"]["id"] == f"h{i}"
+
+        vm = await call("POST", "/v1/vms", {"name": "job1", "shape": {"vcpus": 1, "mem_mib": 128},
+                                             "entry": "x", "host": "h1"})
+        assert (vm["status"], vm["body"]["host"]) == (201, "h1")
+
+        same = await call("POST", "/v1/moves", {"vm": "job1", "to": "h1"})
+        assert same["status"] == 409 and same["body"]["error"]["code"] == "same_host"
+
+        # The seed's key for the VM, flashvm; 202, then the move is read until it ends.
+        move = await call("POST", "/v1/moves", {"flashvm": "job1", "to": "h2"})
+        assert move["status"] == 202 and (move["body"]["vm"], move["body"]["to"]) == ("job1", "h2")
+        with anyio.fail_after(60):
+            while move["body"]["state"] not in ("done", "failed"):
+                await anyio.sleep(0.1)
+                move = await call("GET", f"/v1/moves/{move['body']['id']}")
+                assert move["status"] == 200
+        assert move["body"]["state"] == "done", move
+        where = await call("GET", "/v1/vms/job1")
+        assert (where["body"]["host"], where["body"]["state"]) == ("h2", "running")
+
+        # One name on both hosts: ambiguous until a host picks one.
+        for host in ("h1", "h2"):
+            twin = await call("POST", "/v1/vms", {"name": "twin", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                   "entry": "x", "host": host})
+            assert twin["status"] == 201
+        which = await call("GET", "/v1/vms/twin")
+        assert which["status"] == 409 and which["body"]["error"]["code"] == "ambiguous_vm"
+        assert which["body"]["error"]["hosts"] == ["h1", "h2"]
+        picked = await call("GET", "/v1/vms/twin?host=h2")
+        assert (picked["status"], picked["body"]["host"]) == (200, "h2")
+        unpicked = await call("POST", "/v1/moves", {"vm": "twin", "to": "h2"})
+        assert unpicked["status"] == 409 and unpicked["body"]["error"]["code"] == "ambiguous_vm"
+        # "host" in the move's body picks the copy: this one is on h1 already.
+        picked_move = await call("POST", "/v1/moves", {"vm": "twin", "host": "h1", "to": "h1"})
+        assert picked_move["status"] == 409 and picked_move["body"]["error"]["code"] == "same_host"
+
+        usage = await call("GET", "/v1/usage")
+        assert usage["status"] == 200
+        assert usage["body"]["hosts"] == ["h1", "h2"] and usage["body"]["unreachable"] == []
+        assert {(r["host"], r.get("name") or r.get("vm")) for r in usage["body"]["vms"]} >= {
+            ("h2", "job1"), ("h1", "twin"), ("h2", "twin")}
+
+        # A method the tool does not perform is a tool error naming the ones it does.
+        bad = await s.call_tool("fuse_controller", {"method": "TRACE", "path": "/v1/vms"})
+        assert bad.is_error and "GET, POST, PUT, PATCH, DELETE" in bad.content[0].text
+
+    anyio.run(session_run, server_params(fleet.ctl.url), steps)

@@ -7,7 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import httpx
 
 import pytest
 
@@ -19,15 +24,19 @@ from mlos_bench.environments.status import Status  # noqa: E402
 from mlos_bench.services.types.host_provisioner_type import SupportsHostProvisioning  # noqa: E402
 from mlos_bench.tunables.tunable_groups import TunableGroups  # noqa: E402
 
-from fuse.integrations.mlos import OP_KEY, FuseVMService  # noqa: E402
-from support import reap, start_agent, start_controller  # noqa: E402
+from fuse.integrations import mlos as mlos_module  # noqa: E402
+from fuse.integrations.mlos import OP_KEY, OP_KIND_KEY, FuseVMService  # noqa: E402
+from support import reap, start_agent, start_controller, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
+
+CTL_TOKEN = "controller-token-for-mlos"
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    ctl = start_controller(tmp_path)
+    # Also on TCP with a token, for the tests of how the token is supplied.
+    ctl = start_controller(tmp_path, listen=True, token=CTL_TOKEN)
     agent = start_agent(tmp_path, backend="fake", name="a1")
     client = fuse.Client(ctl.url)
     client.hosts.register(fuse.RegisterHostRequest(id="h1", url=agent.url, token=agent.token, backend="qemu",
@@ -78,8 +87,8 @@ def test_provision_is_idempotent_and_recreates_on_a_new_shape(fleet):
         p = {"vmName": "bench", "vcpus": 1, "memMiB": 128}
         assert provision(svc, p)[0] == Status.SUCCEEDED
         # Same shape again: nothing to do, answered at once.
-        status, out = svc.provision_host(p)
-        assert status == Status.SUCCEEDED and out["vmHost"] == "h1"
+        # Seed 002: "The result is always {}" (only PENDING carries a handle).
+        assert svc.provision_host(p) == (Status.SUCCEEDED, {})
         # Tunables as strings (command-line overrides) are the same shape.
         assert svc.provision_host({"vmName": "bench", "vcpus": "1", "memMiB": "128"})[0] == Status.SUCCEEDED
         assert placed(fleet.client) == [("bench", 1, 128)]
@@ -133,6 +142,262 @@ def test_expected_failures_are_statuses_not_exceptions(fleet, tmp_path):
                                          is_setup=True) == (Status.TIMED_OUT, {})
 
 
+def test_a_bad_url_is_failed_from_every_call_never_an_exception(caplog):
+    # The url is only read when the first call needs the controller.
+    svc = FuseVMService({"url": "ftp://x", "pollInterval": 0.05, "pollTimeout": 5})
+    p = {"vmName": "x", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert svc.provision_host(p) == (Status.FAILED, {})
+        status, handle = svc.deprovision_host(p)
+        assert status == Status.PENDING
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert svc.wait_host_deployment(p, is_setup=True) == (Status.FAILED, {})
+        assert svc.wait_host_deployment(p, is_setup=False) == (Status.FAILED, {})
+        assert svc.deallocate_host(p) == (Status.FAILED, {})
+    assert "must be unix:///path or http(s)://host:port" in caplog.text
+
+
+@pytest.mark.parametrize("vcpus, mem", [(1.5, 128), (1, "128.5"), ("two", 128), (0, 128)],
+                         ids=["a fractional vCPU count", "a fractional memory size", "a word", "zero vCPUs"])
+def test_a_shape_that_is_not_a_whole_number_is_failed_with_the_reason(fleet, caplog, vcpus, mem):
+    svc = service(fleet)
+    with svc:
+        assert svc.provision_host({"vmName": "frac", "vcpus": vcpus, "memMiB": mem}) == (Status.FAILED, {})
+    assert "must be a whole number" in caplog.text
+    assert vms(fleet.client) == []  # not truncated and created
+
+
+def test_whole_numbers_given_as_floats_or_strings_are_accepted(fleet):
+    svc = service(fleet)
+    with svc:
+        assert provision(svc, {"vmName": "w", "vcpus": 2.0, "memMiB": "128.0"})[0] == Status.SUCCEEDED
+    assert vms(fleet.client) == [("w", "running", 2, 128)]
+
+
+def test_a_failed_deallocate_is_logged_as_a_deallocate(fleet, caplog):
+    svc = service(fleet)
+    with svc:
+        assert svc.deallocate_host({"vmName": "absent"}) == (Status.FAILED, {})
+    assert "deallocate of vm absent failed: vm absent not found" in caplog.text
+    assert "deprovision" not in caplog.text
+
+
+# ---- operations: handles, runtime info, deadlines ----------------------------
+
+def test_wait_answers_with_the_operations_runtime_and_checks_its_kind(fleet, caplog):
+    svc = service(fleet)
+    p = {"vmName": "timed", "vcpus": 1, "memMiB": 128}
+    with svc:
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "provision"
+        # A provision waited on as a teardown: FAILED with the reason, and the
+        # operation is left for the right wait.
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert "given a provision handle for vm timed; a provision is waited on with is_setup=True" in caplog.text
+        status, info = svc.wait_host_deployment(handle, is_setup=True)
+        assert status == Status.SUCCEEDED
+        assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
+            "operation": "provision", "vmName": "timed", "vmHost": "h1", "vmState": "running"}
+        assert 0 <= info["elapsedSecs"] < 30 and OP_KEY not in info
+
+        status, handle = svc.deprovision_host(p)
+        assert handle[OP_KIND_KEY] == "deprovision"
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED
+        assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
+            "operation": "deprovision", "vmName": "timed", "vmHost": "h1", "vmState": "deleted"}
+
+
+def test_a_handle_outlives_the_service_that_issued_it(fleet):
+    # mlos_bench restarted between provision and wait: a new service instance
+    # does not hold the operation, so it watches the VM the handle names.
+    first = service(fleet)
+    with first:
+        status, handle = first.provision_host({"vmName": "kept", "vcpus": 1, "memMiB": 128})
+        assert first.wait_host_deployment(handle, is_setup=True)[0] == Status.SUCCEEDED
+    second = service(fleet)
+    with second:
+        status, info = second.wait_host_deployment(handle, is_setup=True)
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("provision", "running")
+        assert second.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})  # still a provision
+
+
+class GatedProxy:
+    """An HTTP proxy in front of the controller's socket that holds the calls a
+    test names until it lets them through: a controller call that hangs, on
+    demand, with a real controller behind it."""
+
+    def __init__(self, sock: Path):
+        self.gates: dict[tuple[str, str], tuple[threading.Event, threading.Event]] = {}
+        upstream = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://c", timeout=120)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def forward(self):
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size) if size else None
+                gate = proxy.gates.get((self.command, self.path.split("?")[0]))
+                if gate is not None:
+                    gate[0].set()  # arrived
+                    gate[1].wait(90)  # released
+                resp = upstream.request(self.command, self.path, content=body,
+                                        headers={"content-type": self.headers.get("content-type", "")})
+                self.send_response(resp.status_code)
+                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.upstream = upstream
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def hold(self, method: str, path: str) -> threading.Event:
+        """Hold `method path` until `release`; the event says one arrived."""
+        arrived, released = threading.Event(), threading.Event()
+        self.gates[(method, path)] = (arrived, released)
+        return arrived
+
+    def release(self) -> None:
+        for _, released in self.gates.values():
+            released.set()
+
+    def close(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+        self.upstream.close()
+
+
+@pytest.fixture
+def gate(fleet):
+    proxy = GatedProxy(fleet.ctl.socket)
+    yield proxy
+    proxy.close()
+
+
+def gated(gate, **config) -> FuseVMService:
+    return FuseVMService({"url": gate.url, "pollInterval": 0.05, "pollTimeout": 1.0, **config})
+
+
+def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
+    svc = gated(gate)
+    p = {"vmName": "held", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        arrived = gate.hold("DELETE", "/v1/vms/held")
+        started = time.monotonic()
+        status, handle = svc.deprovision_host(p)
+        assert arrived.wait(10)
+        time.sleep(0.9)  # the caller comes back late: its wait still ends at the operation's deadline
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.TIMED_OUT, {})
+        assert 1.0 <= time.monotonic() - started < 1.6  # not 0.9 + a whole pollTimeout
+        assert handle[OP_KEY] not in svc._ops  # the pending table does not keep it
+
+        # Queued behind the hung call, the next operation shares the bound
+        # (counted from its own call) and, timed out, never starts.
+        status, later = svc.provision_host({"vmName": "later", "vcpus": 1, "memMiB": 128})
+        assert status == Status.PENDING
+        started = time.monotonic()
+        assert svc.wait_host_deployment(later, is_setup=True) == (Status.TIMED_OUT, {})
+        assert time.monotonic() - started < 1.5 and svc._ops == {}
+        gate.release()
+        wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
+        assert vms(fleet.client) == []  # the held delete landed; "later" was never created
+
+
+def test_deallocate_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
+    svc = gated(gate)
+    p = {"vmName": "sleepy", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        arrived = gate.hold("POST", "/v1/vms/sleepy/sleep")
+        status, handle = svc.deallocate_host(p)
+        # The sleep reached the controller and goes on there: PENDING (seed 002
+        # allows no TIMED_OUT for deallocate), with the handle to wait on.
+        assert arrived.is_set()
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "deallocate" and OP_KEY in handle
+        assert vms(fleet.client) == [("sleepy", "running", 1, 128)]
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})  # not a provision
+        gate.release()
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("deallocate", "sleeping")
+        assert vms(fleet.client) == [("sleepy", "sleeping", 1, 128)]
+
+
+def test_deallocate_that_timed_out_before_asking_for_the_sleep_is_failed(fleet, gate, caplog):
+    svc = gated(gate)
+    p = {"vmName": "awake", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        gate.hold("GET", "/v1/vms/awake")  # its look-up before the sleep hangs
+        assert svc.deallocate_host(p) == (Status.FAILED, {})
+        assert "timed out before asking the controller to sleep it" in caplog.text
+        gate.release()
+        wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
+        assert vms(fleet.client) == [("awake", "running", 1, 128)]  # abandoned: it never slept the VM
+
+
+def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatch):
+    monkeypatch.setattr(mlos_module, "EXIT_JOIN_S", 0.5, raising=False)
+    svc = gated(gate, pollTimeout=60)
+    p = {"vmName": "stuck", "vcpus": 1, "memMiB": 128}
+    svc.__enter__()
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    arrived = gate.hold("DELETE", "/v1/vms/stuck")
+    assert svc.deprovision_host(p)[0] == Status.PENDING
+    assert arrived.wait(10)
+    assert svc.provision_host({"vmName": "queued", "vcpus": 1, "memMiB": 128})[0] == Status.PENDING
+    started = time.monotonic()
+    svc.__exit__(None, None, None)
+    assert time.monotonic() - started < 2.0
+    gate.release()
+    wait_until(lambda: not any(t.name == "fuse-mlos" and t.is_alive() for t in threading.enumerate()),
+               what="the worker thread to end once its call returned")
+    assert vms(fleet.client) == []  # the call in flight landed; the queued one was cancelled
+
+
+# ---- how url and token reach the service ------------------------------------
+
+def test_url_and_token_come_from_globals_by_their_key_names(fleet, monkeypatch, caplog):
+    # mlos_bench builds every service this way: the config's keys are filled
+    # from the globals of the same name; "$name" is not expanded there.
+    from mlos_bench.services.config_persistence import ConfigPersistenceService
+    monkeypatch.delenv("FUSE_URL", raising=False)
+    monkeypatch.delenv("FUSE_TOKEN", raising=False)
+    tcp = f"http://127.0.0.1:{fleet.ctl.extra['port']}"
+    loader = ConfigPersistenceService()
+
+    def build(config: dict, global_config: dict):
+        return loader.build_service({"class": "fuse.integrations.mlos.FuseVMService",
+                                     "config": {"pollInterval": 0.05, "pollTimeout": 30, **config}}, global_config)
+
+    p = {"vmName": "tok", "vcpus": 1, "memMiB": 128}
+    svc = build({"url": "", "token": ""}, {"url": tcp, "token": CTL_TOKEN, "unrelated": 1})
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+    assert vms(fleet.client) == [("tok", "running", 1, 128)]
+
+    # No global: no token reaches the controller, which refuses; FAILED.
+    bare = build({"url": tcp, "token": ""}, {})
+    with bare:
+        assert bare.provision_host(p) == (Status.FAILED, {})
+    assert "401" in caplog.text
+
+    # "$fuseToken" would be sent as the token itself: refused when built,
+    # saying how to supply it.
+    with pytest.raises(ValueError, match='expands no \\$names.*"token": "".*globals'):
+        build({"url": tcp, "token": "$fuseToken"}, {"fuseToken": CTL_TOKEN})
+
+
 def test_config_is_checked_against_the_services_own_schema(fleet):
     with pytest.raises(Exception, match="urll"):
         FuseVMService({"urll": fleet.ctl.url})
@@ -153,7 +418,7 @@ TRIALS = [{"vcpus": 1, "memMiB": 128}, {"vcpus": 1, "memMiB": 128}, {"vcpus": 2,
           {"vcpus": 1, "memMiB": 128}]
 
 
-def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
+def write_configs(cfg: Path, probe_log: Path, fuse_url: str, tcp_url: str) -> None:
     files = {
         "cli.jsonc": {
             "config_path": [str(cfg)],
@@ -161,6 +426,9 @@ def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
             "optimizer": "opt.jsonc",
             "storage": "storage.jsonc",
             "experiment_id": "fuse-mlos-test",
+            # The controller's url and token reach the fuse service through
+            # globals: mlos_bench fills its config's "url" and "token" keys.
+            "globals": ["globals.jsonc"],
             "trial_config_repeat_count": 1,
             "teardown": True,
             "log_file": str(cfg / "mlos.log"),
@@ -190,7 +458,9 @@ def write_configs(cfg: Path, probe_log: Path, fuse_url: str) -> None:
             },
         },
         "fuse-service.jsonc": {"class": "fuse.integrations.mlos.FuseVMService",
-                               "config": {"pollInterval": 0.1, "pollTimeout": 60}},
+                               "config": {"url": "", "token": "", "pollInterval": 0.1, "pollTimeout": 60}},
+        # mlos_bench expands $NAME in globals from the environment.
+        "globals.jsonc": {"url": tcp_url, "token": "$FUSE_TEST_CONTROLLER_TOKEN"},
         "tunables.jsonc": {"fuse-vm": {"cost": 1, "params": {
             "vcpus": {"type": "int", "default": 1, "range": [1, 4]},
             "memMiB": {"type": "int", "default": 128, "range": [64, 1024]},
@@ -215,10 +485,11 @@ def test_mlos_bench_cli_runs_trials_on_fuse_vms(fleet, tmp_path):
     cfg = tmp_path / "bench"
     cfg.mkdir()
     probe_log = tmp_path / "probe.jsonl"
-    write_configs(cfg, probe_log, fleet.ctl.url)
-    env = {**os.environ, "FUSE_URL": fleet.ctl.url,
-           # mlos_bench's schema lists only its own service classes.
-           "MLOS_BENCH_SKIP_SCHEMA_VALIDATION": "true"}
+    write_configs(cfg, probe_log, fleet.ctl.url, f"http://127.0.0.1:{fleet.ctl.extra['port']}")
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSE_URL", "FUSE_TOKEN")}
+    env |= {"FUSE_TEST_CONTROLLER_TOKEN": CTL_TOKEN,
+            # mlos_bench's schema lists only its own service classes.
+            "MLOS_BENCH_SKIP_SCHEMA_VALIDATION": "true"}
     run = subprocess.run([sys.executable, "-m", "mlos_bench.run", "--config", str(cfg / "cli.jsonc")],
                          cwd=cfg, env=env, capture_output=True, text=True, timeout=120)
     log = (cfg / "mlos.log").read_text() if (cfg / "mlos.log").exists() else ""

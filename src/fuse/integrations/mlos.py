@@ -9,8 +9,8 @@ Parameters read from `params` (the environment's const_args, required_args
 and tunables; see docs/integrations.md):
 
     vmName   the VM's name (required)
-    vcpus    vCPUs (required, int)
-    memMiB   memory in MiB (required, int)
+    vcpus    vCPUs (required, a whole number: 2, 2.0 or "2"; 1.5 is FAILED)
+    memMiB   memory in MiB (required, a whole number)
     vmEntry  the command the VM runs (default: keep running)
     vmBundle the guest bundle (default: the controller's default, "linux")
     vmHost   pin the VM to this host (default: best fit over the fleet)
@@ -18,36 +18,59 @@ and tunables; see docs/integrations.md):
 `vmEntry`, `vmBundle` and `vmHost` may also be set in the service config.
 The service config also takes `url` and `token` (default $FUSE_URL /
 $FUSE_TOKEN, else the controller's local socket), `pollInterval` (s, 1),
-`pollTimeout` (s, 300) and `requestTimeout` (s, 300).
+`pollTimeout` (s, 300) and `requestTimeout` (s, 300). mlos_bench fills a
+service config key from the global of the same name (a globals file, or
+`--token T` on its command line) but expands no `$name` in a service config,
+so a secret goes in as `"token": ""` here plus a global `token`; a value
+still reading `$name` is refused when the service is built.
 
 How the calls map onto the controller:
 
-    provision_host    VM running with this shape: SUCCEEDED at once. Else
-                      PENDING with an operation handle ("fuseOperation") that
-                      converges in the background: create it, wake it if it
-                      sleeps, or delete and recreate it when its shape, entry
-                      or bundle differ from the trial's (mlos_bench calls
-                      provision on every trial with no deprovision between).
-    wait_host_deployment  polls that operation every pollInterval; TIMED_OUT
-                      after pollTimeout; without a handle it polls the VM.
+    provision_host    VM running with this shape: (SUCCEEDED, {}) at once.
+                      Else PENDING with an operation handle (the params plus
+                      "fuseOperation" and "fuseOperationKind") that converges
+                      in the background: create it, wake it if it sleeps, or
+                      delete and recreate it when its shape, entry or bundle
+                      differ from the trial's (mlos_bench calls provision on
+                      every trial with no deprovision between).
+    wait_host_deployment  waits for that operation: SUCCEEDED with info on its
+                      runtime ({"operation", "vmName", "vmHost", "vmState",
+                      "elapsedSecs"}), FAILED, or TIMED_OUT. is_setup must
+                      match the handle (True for a provision, False for a
+                      deprovision or deallocate), else FAILED with the reason
+                      logged. Without a handle, or one this service no longer
+                      holds (timed out, or issued before a restart), it
+                      watches the VM for up to pollTimeout instead.
     deprovision_host  deletes the VM (PENDING + handle; already gone is fine).
     deallocate_host   sleeps the VM: its memory and vCPUs go back to the
                       fleet, its state stays on disk, provision wakes it.
+                      Blocks up to pollTimeout: (SUCCEEDED|FAILED, {}). Seed
+                      002 has no TIMED_OUT here, so a timeout is PENDING with
+                      the handle when the sleep was already sent (it goes on
+                      at the controller; wait with is_setup=False), FAILED
+                      when it never was.
 
-Operations run one at a time, in call order, on one worker thread per
-service, so a provision after a timed-out one cannot race it. Expected
-outcomes (fleet_full, a refusing host, a timeout) come back as FAILED or
-TIMED_OUT with the reason logged, never as exceptions.
+pollTimeout bounds a whole operation, counted from the call that started it
+(queueing, polling, moves included): its steps stop there, waits answer
+TIMED_OUT and the service forgets it. Operations run one at a time, in call
+order, on one daemon thread per service, so a provision after a timed-out
+one cannot race it; the service's exit cancels queued ones and waits at most
+EXIT_JOIN_S for a controller call in flight. Expected outcomes (fleet_full, a
+refusing host, a timeout) come back as FAILED or TIMED_OUT with the reason
+logged, and so does anything unexpected (with its traceback): never an
+exception into mlos_bench.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import re
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -64,12 +87,22 @@ import fuse
 
 _LOG = logging.getLogger(__name__)
 
-OP_KEY = "fuseOperation"
+OP_KEY = "fuseOperation"  # the handle's operation id
+OP_KIND_KEY = "fuseOperationKind"  # provision | deprovision | deallocate
+# Which wait_host_deployment(is_setup=...) each kind of operation answers to.
+KINDS: dict[str, bool] = {"provision": True, "deprovision": False, "deallocate": False}
+# A config value mlos_bench left as written: it fills a service config key
+# from the global of the same name, and expands no "$name" there.
+_UNEXPANDED = re.compile(r"\$\{?\w+\}?")
+# How long the service's exit waits for a controller call in flight before
+# leaving it to finish on its own (daemon) thread.
+EXIT_JOIN_S = 5.0
 DEFAULT_ENTRY = "while true; do sleep 3600; done"
 _GONE_STATES = ("exited", "failed", "deleted")
-# What a call to the controller may raise when the answer is "no" or there is
-# no answer: mapped to FAILED, never let through to mlos_bench.
-_CALL_ERRORS = (fuse.ApiError, httpx.HTTPError, OSError)
+# Failures with a reason to log in one line: the controller's "no", no
+# answer, a bad url or bad params. Anything else is logged with its traceback;
+# both come back as FAILED, never as an exception into mlos_bench.
+_EXPECTED = (fuse.ApiError, httpx.HTTPError, OSError, ValueError)
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -95,8 +128,24 @@ CONFIG_SCHEMA: dict[str, Any] = {
 }
 
 
+def _whole(key: str, value: Any) -> int:
+    """A count from params. Tunables and command-line overrides may arrive as
+    strings or floats ("2", 2.0); a fraction is refused, not truncated: a
+    trial asking for 1.5 vCPUs must not silently run on 1."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+    if not number.is_integer() or number < 1:
+        raise ValueError(f"{key} must be a whole number of at least 1, not {value!r}")
+    return int(number)
+
+
 class OperationFailed(Exception):
     """An operation reached an expected dead end (fleet_full, refused, ...)."""
+
+
+_EXPECTED = (*_EXPECTED, OperationFailed)
 
 
 @dataclass(frozen=True)
@@ -120,9 +169,8 @@ class VmSpec:
             value = params.get(key, config.get(key))
             return str(value) if value not in (None, "") else None
 
-        # Tunables and CLI overrides may arrive as strings or floats.
-        return cls(name=str(params["vmName"]), vcpus=int(float(params["vcpus"])),
-                   mem_mib=int(float(params["memMiB"])), entry=opt("vmEntry") or DEFAULT_ENTRY,
+        return cls(name=str(params["vmName"]), vcpus=_whole("vcpus", params["vcpus"]),
+                   mem_mib=_whole("memMiB", params["memMiB"]), entry=opt("vmEntry") or DEFAULT_ENTRY,
                    bundle=opt("vmBundle"), host=opt("vmHost"))
 
     def body(self) -> dict[str, Any]:
@@ -149,6 +197,106 @@ class VmSpec:
         return out
 
 
+def _opt(params: dict, config: dict, key: str) -> str | None:
+    value = params.get(key, config.get(key))
+    return str(value) if value not in (None, "") else None
+
+
+def _vm_name(params: dict) -> str:
+    name = params.get("vmName")
+    if name in (None, ""):
+        raise ValueError("params lack vmName")
+    return str(name)
+
+
+class OperationTimedOut(Exception):
+    """An operation passed its deadline (pollTimeout after the call that
+    started it) or was abandoned by the service's exit."""
+
+
+class Operation:
+    """One provision, deprovision or deallocate, run on the service's worker.
+
+    Its deadline, pollTimeout after the call that started it, bounds the whole
+    of it: queued behind another, polling a VM, moving it, however many steps.
+    `check` stops it between steps once the deadline has passed or the
+    operation was abandoned; a controller call already sent runs to its end at
+    the controller, which is why `sent` is recorded."""
+
+    def __init__(self, kind: str, vm: str, run: Callable[["Operation"], dict], timeout: float):
+        self.id = uuid.uuid4().hex[:12]
+        self.kind, self.vm, self.run, self.timeout = kind, vm, run, timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.future: Future = Future()
+        self.step = "queued"
+        self.sent = False  # a call that changes the VM has gone to the controller
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        """A queued operation never starts; a running one stops before its next step."""
+        self.future.cancel()
+        self._abandoned.set()
+
+    def check(self, step: str) -> None:
+        """Before each step: stop here once abandoned or past the deadline."""
+        if self._abandoned.is_set():
+            raise OperationTimedOut(f"{self.kind} of vm {self.vm} was abandoned while {self.step}")
+        if time.monotonic() >= self.deadline:
+            raise OperationTimedOut(f"{self.kind} of vm {self.vm} did not finish within pollTimeout "
+                                    f"({self.timeout:g} s); it was {self.step}")
+        self.step = step
+
+    def pause(self, interval: float) -> None:
+        """Sleep between polls, never past the deadline; an abandon wakes it."""
+        self._abandoned.wait(max(0.0, min(interval, self.deadline - time.monotonic())))
+
+
+class _Worker:
+    """One thread running operations in call order, so a provision issued
+    after one that timed out never races it. A daemon thread: a controller
+    call that hangs must not hold the interpreter's exit."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Operation | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._thread = threading.Thread(target=self._loop, name="fuse-mlos", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """An operation is queued or running (abandoned ones included: a call
+        of theirs may still land)."""
+        with self._lock:
+            return self._outstanding > 0
+
+    def submit(self, op: Operation) -> None:
+        with self._lock:
+            self._outstanding += 1
+        self._queue.put(op)
+
+    def _loop(self) -> None:
+        while (op := self._queue.get()) is not None:
+            try:
+                if op.future.set_running_or_notify_cancel():
+                    try:
+                        op.check("starting")  # it may have waited past its deadline behind another
+                        op.future.set_result(op.run(op))
+                    except Exception as exc:  # for whoever waits on it
+                        op.future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._outstanding -= 1
+
+    def stop(self, timeout: float) -> bool:
+        """Let the current operation end and the thread exit, waiting at most
+        `timeout` s; True when it did."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
 class FuseVMService(Service):
     """mlos_bench `SupportsHostProvisioning` on a fuse controller."""
 
@@ -163,14 +311,22 @@ class FuseVMService(Service):
             self.deallocate_host,
             self.wait_host_deployment,
         ]))
+        for key in ("url", "token"):
+            value = self.config.get(key)
+            if isinstance(value, str) and _UNEXPANDED.fullmatch(value):
+                # Caught here, not as a 401 on every trial.
+                raise ValueError(
+                    f"config {key} is {value!r}, but mlos_bench expands no $names in a service config: write "
+                    f'"{key}": "" here and give "{key}" in a globals file or as --{key} (mlos_bench fills a '
+                    f"service config key from the global of the same name), or set $FUSE_{key.upper()}")
         # Values may come from the command line as strings.
         self._poll_interval = float(self.config.get("pollInterval", 1.0))
         self._poll_timeout = float(self.config.get("pollTimeout", 300.0))
         self._request_timeout = float(self.config.get("requestTimeout", 300.0))
         self._lock = threading.Lock()
         self._client: fuse.Client | None = None
-        self._worker: ThreadPoolExecutor | None = None
-        self._ops: dict[str, Future] = {}
+        self._worker: _Worker | None = None
+        self._ops: dict[str, Operation] = {}  # pending: dropped when waited on, timed out or past due
 
     # mlos_bench checks every Service's config against its own schema, which
     # lists only its own classes; validate ours against ours instead (the
@@ -192,22 +348,37 @@ class FuseVMService(Service):
                 self._client = fuse.Client(url, self.config.get("token") or None, timeout=self._request_timeout)
             return self._client
 
-    def _submit(self, fn: Callable[[], dict], params: dict) -> tuple[Status, dict]:
+    def _busy(self) -> bool:
         with self._lock:
+            return self._worker is not None and self._worker.busy
+
+    def _submit(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict) -> tuple[Status, dict]:
+        op = Operation(kind, name, run, self._poll_timeout)
+        with self._lock:
+            now = time.monotonic()
+            for old in [o for o in self._ops.values() if o.deadline <= now]:  # nobody waited on them
+                old.abandon()
+                del self._ops[old.id]
             if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuse-mlos")
-            op_id = uuid.uuid4().hex[:12]
-            self._ops[op_id] = self._worker.submit(fn)
-        return Status.PENDING, {**params, OP_KEY: op_id}
+                self._worker = _Worker()
+            self._ops[op.id] = op
+            self._worker.submit(op)
+        return Status.PENDING, {**params, OP_KEY: op.id, OP_KIND_KEY: kind}
 
     def _exit_context(self, ex_type, ex_val, ex_tb):
         with self._lock:
             worker, self._worker = self._worker, None
             client, self._client = self._client, None
-        if worker is not None:
-            worker.shutdown(wait=True)
-        if client is not None:
-            client.close()
+            ops, self._ops = list(self._ops.values()), {}
+        for op in ops:
+            op.abandon()
+        stopped = worker is None or worker.stop(EXIT_JOIN_S)
+        if not stopped:
+            running = [op for op in ops if op.future.running()]
+            _LOG.warning("fuse: leaving a controller call in flight (%s) rather than wait for it",
+                         running[0].step if running else "an earlier operation")
+        elif client is not None:
+            client.close()  # not under a call still in flight: that thread ends it
         return super()._exit_context(ex_type, ex_val, ex_tb)
 
     def _find(self, name: str, host: str | None) -> dict | None:
@@ -218,27 +389,51 @@ class FuseVMService(Service):
                 return None
             raise
 
-    def _settle(self, name: str, host: str | None) -> dict | None:
+    def _settle(self, op: Operation, name: str, host: str | None) -> dict | None:
         """The VM once it is out of a passing state (creating, incoming)."""
-        deadline = time.monotonic() + self._poll_timeout
+        op.check(f"looking up vm {name}")
         vm = self._find(name, host)
-        while vm is not None and vm["state"] in ("creating", "incoming") and time.monotonic() < deadline:
-            time.sleep(self._poll_interval)
+        while vm is not None and vm["state"] in ("creating", "incoming"):
+            op.pause(self._poll_interval)
+            op.check(f"waiting for vm {name} to leave {vm['state']}")
             vm = self._find(name, host)
         return vm
 
+    @staticmethod
+    def _failed(what: str, err: Exception) -> tuple[Status, dict]:
+        """Log why `what` failed and answer FAILED: mlos_bench reads a status,
+        an exception out of a service aborts its whole run."""
+        if isinstance(err, _EXPECTED):
+            reasons = (getattr(err, "details", None) or {}).get("hosts")
+            _LOG.error("fuse: %s failed: %s%s", what, err, f" (hosts: {reasons})" if reasons else "")
+        else:
+            _LOG.exception("fuse: %s failed unexpectedly: %r", what, err)
+        return Status.FAILED, {}
+
+    @staticmethod
+    def _info(kind: str, name: str, vm: dict | None, started: float) -> dict:
+        """wait's SUCCEEDED result: info on the operation's runtime."""
+        info: dict[str, Any] = {"operation": kind, "vmName": name,
+                                "elapsedSecs": round(time.monotonic() - started, 3)}
+        if vm and vm.get("host"):
+            info["vmHost"] = vm["host"]
+        info["vmState"] = vm["state"] if vm and vm.get("state") else "deleted"
+        return info
+
     # ---- operations (on the worker thread) -----------------------------------
-    def _converge(self, spec: VmSpec) -> dict:
+    def _converge(self, op: Operation, spec: VmSpec) -> dict:
         """Make the VM `spec` names exist, running, with its shape."""
-        vm = self._settle(spec.name, spec.host)
+        vm = self._settle(op, spec.name, spec.host)
         if vm is not None:
             changes = spec.differs(vm)
             if vm["state"] == "sleeping" and not changes:
+                op.check(f"waking vm {spec.name} on {vm['host']}")
+                op.sent = True
                 try:
                     vm = self.client.vms.wake(spec.name, host=vm["host"])
                     _LOG.info("fuse: woke vm %s on %s", spec.name, vm["host"])
                 except fuse.ApiError as err:
-                    moved = self._wake_elsewhere(spec, vm) if err.code == "host_full" else None
+                    moved = self._wake_elsewhere(op, spec, vm) if err.code == "host_full" else None
                     if moved is not None:
                         vm = moved
                     else:
@@ -248,9 +443,13 @@ class FuseVMService(Service):
                 changes = [f"state {vm['state']}"]
             if changes:
                 _LOG.info("fuse: recreating vm %s on %s: %s", spec.name, vm["host"], "; ".join(changes))
+                op.check(f"deleting vm {spec.name} on {vm['host']} to recreate it")
+                op.sent = True
                 self._delete(spec.name, vm["host"])
                 vm = None
         if vm is None:
+            op.check(f"creating vm {spec.name}")
+            op.sent = True
             vm = self.client.vms.create(spec.body())
             _LOG.info("fuse: created vm %s (%d vCPUs, %d MiB) on %s", spec.name, spec.vcpus, spec.mem_mib,
                       vm["host"])
@@ -258,17 +457,19 @@ class FuseVMService(Service):
             raise OperationFailed(f"vm {spec.name} is {vm['state']} on {vm['host']}: {vm.get('reason') or ''}")
         return vm
 
-    def _wake_elsewhere(self, spec: "VmSpec", vm: dict) -> dict | None:
+    def _wake_elsewhere(self, op: Operation, spec: VmSpec, vm: dict) -> dict | None:
         """Its host has no room now: move the sleeping VM (it stays asleep) to
         the best host that has, and wake it there. None when that fails."""
         try:
+            op.check(f"moving sleeping vm {spec.name} off full host {vm['host']}")
             move = self.client.moves.create(spec.name, host=vm["host"])
-            deadline = time.monotonic() + self._poll_timeout
-            while move["state"] not in ("done", "failed") and time.monotonic() < deadline:
-                time.sleep(min(self._poll_interval, 1.0))
+            while move["state"] not in ("done", "failed"):
+                op.pause(min(self._poll_interval, 1.0))
+                op.check(f"moving vm {spec.name} ({move['id']}: {move['state']})")
                 move = self.client.moves.get(move["id"])
             if move["state"] != "done":
                 return None
+            op.check(f"waking vm {spec.name} on {move['to']}")
             woke = self.client.vms.wake(spec.name, host=move["to"])
             _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
             return woke
@@ -283,18 +484,27 @@ class FuseVMService(Service):
             if err.code != "not_found":
                 raise
 
-    def _remove(self, name: str, host: str | None) -> dict:
-        self._delete(name, host)
-        if self._find(name, host) is not None:
-            raise OperationFailed(f"vm {name} still exists after delete")
+    def _remove(self, op: Operation, name: str, host: str | None) -> dict:
+        op.check(f"looking up vm {name}")
+        vm = self._find(name, host)
+        if vm is None:
+            return {}  # already gone: what deprovision asks for
+        op.check(f"deleting vm {name} on {vm['host']}")
+        op.sent = True
+        self._delete(name, vm["host"])
+        op.check(f"checking vm {name} is gone")
+        if self._find(name, vm["host"]) is not None:
+            raise OperationFailed(f"vm {name} still exists on {vm['host']} after delete")
         _LOG.info("fuse: deleted vm %s", name)
-        return {}
+        return {"host": vm["host"]}
 
-    def _sleep(self, name: str, host: str | None) -> dict:
-        vm = self._settle(name, host)
+    def _sleep(self, op: Operation, name: str, host: str | None) -> dict:
+        vm = self._settle(op, name, host)
         if vm is None:
             raise OperationFailed(f"vm {name} not found")
         if vm["state"] == "running":
+            op.check(f"sleeping vm {name} on {vm['host']}")
+            op.sent = True
             vm = self.client.vms.sleep(name, host=vm["host"])
         if vm["state"] != "sleeping":
             raise OperationFailed(f"vm {name} is {vm['state']}, not sleeping")
@@ -303,92 +513,127 @@ class FuseVMService(Service):
 
     # ---- SupportsHostProvisioning -------------------------------------------
     def provision_host(self, params: dict) -> tuple[Status, dict]:
-        """Check the VM is running with the trial's shape; create, wake or
-        recreate it if not (PENDING with an operation handle)."""
+        """Check the VM is running with the trial's shape (SUCCEEDED, {});
+        create, wake or recreate it if not (PENDING with an operation handle)."""
         try:
             spec = VmSpec.from_params(params, self.config)
-            with self._lock:
-                busy = any(not f.done() for f in self._ops.values())
-            if not busy:  # nothing queued could change the answer: look now
+            if not self._busy():  # nothing queued or in flight could change the answer: look now
                 vm = self._find(spec.name, spec.host)
                 if vm is not None and vm["state"] == "running" and not spec.differs(vm):
                     _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
-                    return Status.SUCCEEDED, {**params, "vmHost": vm["host"]}
-        except (ValueError, *_CALL_ERRORS) as err:
-            _LOG.error("fuse: provision_host failed: %s", err)
-            return Status.FAILED, {}
-        return self._submit(lambda: self._converge(spec), params)
+                    return Status.SUCCEEDED, {}  # seed 002: the result is always {}
+            return self._submit("provision", spec.name, lambda op: self._converge(op, spec), params)
+        except Exception as err:
+            return self._failed(f"provision of vm {params.get('vmName')}", err)
 
     def deprovision_host(self, params: dict) -> tuple[Status, dict]:
         """Delete the VM (PENDING with an operation handle; a VM already gone
         counts as deleted)."""
-        name = params.get("vmName")
-        if not name:
-            _LOG.error("fuse: deprovision_host: params lack vmName")
-            return Status.FAILED, {}
-        host = params.get("vmHost", self.config.get("vmHost"))
-        return self._submit(lambda: self._remove(str(name), host), params)
+        try:
+            name, host = _vm_name(params), _opt(params, self.config, "vmHost")
+            return self._submit("deprovision", name, lambda op: self._remove(op, name, host), params)
+        except Exception as err:
+            return self._failed(f"deprovision of vm {params.get('vmName')}", err)
 
     def deallocate_host(self, params: dict) -> tuple[Status, dict]:
         """Sleep the VM: free its compute, keep its state; the next provision
-        wakes it. Blocks up to pollTimeout."""
-        name = params.get("vmName")
-        if not name:
-            _LOG.error("fuse: deallocate_host: params lack vmName")
+        wakes it. Waits up to pollTimeout: SUCCEEDED or FAILED with {}, or
+        PENDING with the operation handle when the sleep it asked the
+        controller for has not finished by then."""
+        try:
+            name, host = _vm_name(params), _opt(params, self.config, "vmHost")
+            _, handle = self._submit("deallocate", name, lambda op: self._sleep(op, name, host), params)
+            with self._lock:
+                op = self._ops[handle[OP_KEY]]
+            status, _ = self._await(op)
+            if status != Status.TIMED_OUT:
+                return status, {}
+            # Seed 002 has no TIMED_OUT for deallocate. A sleep already sent goes
+            # on at the controller: PENDING, and waiting on the handle
+            # (is_setup=False) watches the VM until it sleeps. One never sent
+            # will not happen: FAILED.
+            if op.sent:
+                return Status.PENDING, handle
+            _LOG.error("fuse: deallocate of vm %s failed: it timed out before asking the controller to sleep it",
+                       name)
             return Status.FAILED, {}
-        host = params.get("vmHost", self.config.get("vmHost"))
-        status, handle = self._submit(lambda: self._sleep(str(name), host), params)
-        status, _ = self.wait_host_deployment(handle, is_setup=False)
-        return status, {}
+        except Exception as err:
+            return self._failed(f"deallocate of vm {params.get('vmName')}", err)
 
     def wait_host_deployment(self, params: dict, *, is_setup: bool) -> tuple[Status, dict]:
-        """Wait for the operation in `params` (from provision/deprovision) to
-        finish: SUCCEEDED, FAILED, or TIMED_OUT after pollTimeout."""
-        deadline = time.monotonic() + self._poll_timeout
-        with self._lock:
-            fut = self._ops.get(params.get(OP_KEY, ""))
-        if fut is None:
-            return self._wait_for_vm(params, is_setup, deadline)
-        while not fut.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _LOG.warning("fuse: operation %s timed out after %.0f s", params.get(OP_KEY), self._poll_timeout)
-                return Status.TIMED_OUT, {}
-            wait_futures([fut], timeout=min(self._poll_interval, left))
-        with self._lock:
-            self._ops.pop(params[OP_KEY], None)
+        """Wait for the operation whose handle is `params` (from provision,
+        deprovision or deallocate) to finish: SUCCEEDED with info on its
+        runtime, FAILED, or TIMED_OUT once pollTimeout has passed since the
+        call that started it. `is_setup` must match the operation (True for
+        provision). Without a handle, or with one this service no longer
+        holds, it watches the VM itself for up to pollTimeout."""
         try:
-            vm = fut.result()
-        except (OperationFailed, *_CALL_ERRORS) as err:
-            reasons = getattr(err, "details", {}).get("hosts")
-            _LOG.error("fuse: %s failed: %s%s", "provisioning" if is_setup else "deprovisioning", err,
-                       f" (hosts: {reasons})" if reasons else "")
-            return Status.FAILED, {}
-        out = {**params}
-        out.pop(OP_KEY, None)
-        if vm:
-            out.update(vmHost=vm["host"], vmState=vm["state"])
-        return Status.SUCCEEDED, out
+            kind = params.get(OP_KIND_KEY) or ("provision" if is_setup else "deprovision")
+            with self._lock:
+                op = self._ops.get(params.get(OP_KEY) or "")
+            if op is not None:
+                kind = op.kind
+            if KINDS.get(kind) is not is_setup:
+                # The caller waits for the wrong thing: say so rather than answer
+                # for an operation it did not mean. The operation is left alone.
+                _LOG.error("fuse: wait_host_deployment(is_setup=%s) was given a %s handle for vm %s; %s", is_setup,
+                           kind, params.get("vmName"), f"a {kind} is waited on with is_setup={KINDS[kind]}"
+                           if kind in KINDS else f"{OP_KIND_KEY} must be one of {', '.join(KINDS)}")
+                return Status.FAILED, {}
+            if op is not None:
+                return self._await(op)
+            return self._watch_vm(params, kind)
+        except Exception as err:
+            return self._failed(f"waiting for vm {params.get('vmName')}", err)
 
-    def _wait_for_vm(self, params: dict, is_setup: bool, deadline: float) -> tuple[Status, dict]:
-        """No operation of ours: poll the VM itself until it runs (setup) or is
-        gone (teardown)."""
-        name = params.get("vmName")
-        if not name:
-            return Status.FAILED, {}
-        host = params.get("vmHost", self.config.get("vmHost"))
+    # ---- waiting ---------------------------------------------------------------
+    def _drop(self, op: Operation) -> None:
+        with self._lock:
+            self._ops.pop(op.id, None)
+
+    def _await(self, op: Operation) -> tuple[Status, dict]:
+        """The end of one of our operations, by its deadline."""
+        while not op.future.done() and time.monotonic() < op.deadline:
+            wait_futures([op.future], timeout=max(0.0, op.deadline - time.monotonic()))
+        self._drop(op)
+        if not op.future.done():
+            op.abandon()
+            _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); it was %s", op.kind, op.vm,
+                         op.timeout, op.step)
+            return Status.TIMED_OUT, {}
+        try:
+            vm = op.future.result()
+        except OperationTimedOut as err:
+            _LOG.warning("fuse: %s", err)
+            return Status.TIMED_OUT, {}
+        except Exception as err:
+            return self._failed(f"{op.kind} of vm {op.vm}", err)
+        return Status.SUCCEEDED, self._info(op.kind, op.vm, vm, op.started)
+
+    def _watch_vm(self, params: dict, kind: str) -> tuple[Status, dict]:
+        """No operation of ours: watch the VM until it is what `kind` leads to
+        (running with its shape, gone, sleeping), for up to pollTimeout."""
+        name, host = _vm_name(params), _opt(params, self.config, "vmHost")
+        spec = None
+        if kind == "provision" and all(params.get(k) not in (None, "") for k in ("vcpus", "memMiB")):
+            spec = VmSpec.from_params(params, self.config)
+        started = time.monotonic()
+        deadline = started + self._poll_timeout
         while True:
-            try:
-                vm = self._find(str(name), host)
-            except _CALL_ERRORS as err:
-                _LOG.error("fuse: waiting for vm %s: %s", name, err)
+            vm = self._find(name, host)
+            if kind == "provision" and vm is not None and vm["state"] == "running" and not (spec and spec.differs(vm)):
+                return Status.SUCCEEDED, self._info(kind, name, vm, started)
+            if kind == "deprovision" and vm is None:
+                return Status.SUCCEEDED, self._info(kind, name, None, started)
+            if kind == "deallocate" and vm is not None and vm["state"] == "sleeping":
+                return Status.SUCCEEDED, self._info(kind, name, vm, started)
+            # A provision may not have created it yet; a sleep needs it there.
+            if (vm is not None and vm["state"] in _GONE_STATES and kind != "deprovision") or \
+                    (vm is None and kind == "deallocate"):
+                _LOG.error("fuse: %s of vm %s failed: the vm is %s", kind, name, vm["state"] if vm else "gone")
                 return Status.FAILED, {}
-            if is_setup and vm is not None and vm["state"] == "running":
-                return Status.SUCCEEDED, {**params, "vmHost": vm["host"], "vmState": vm["state"]}
-            if is_setup and vm is not None and vm["state"] in _GONE_STATES:
-                return Status.FAILED, {}
-            if not is_setup and vm is None:
-                return Status.SUCCEEDED, {**params}
             if time.monotonic() >= deadline:
+                _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); the vm is %s", kind, name,
+                             self._poll_timeout, vm["state"] if vm else "gone")
                 return Status.TIMED_OUT, {}
             time.sleep(min(self._poll_interval, max(0.0, deadline - time.monotonic())))

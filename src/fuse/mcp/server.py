@@ -31,6 +31,7 @@ and move them, read merged events and usage."""
 
 DESCRIPTION = """\
 Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
+method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/, with any query string; body: JSON or omitted.
 Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code.
 
 Resources:
@@ -38,16 +39,19 @@ Resources:
   {"id", "url", "token", "backend", "capacity": {"vm_count": N}} -> 201 host. GET /v1/hosts, GET|DELETE /v1/hosts/{id},
   POST /v1/hosts/{id}?action=cordon|uncordon|drain.
 - POST /v1/vms {"name"?, "shape": {"vcpus", "mem_mib"}, "entry": "<command>", "bundle"?, "host"?} -> 201 {name, host,
-  state, ...}. GET /v1/vms[?host=], GET|DELETE /v1/vms/{name}[?host=], POST /v1/vms/{name}/sleep|wake,
-  GET /v1/vms/{name}/console?offset=N.
-- POST /v1/moves {"vm", "to"?} -> 202 move (runs in the background); GET /v1/moves, GET /v1/moves/{id}.
+  state, ...} ("host" pins it). GET /v1/vms[?host=], GET|DELETE /v1/vms/{name}[?host=],
+  POST /v1/vms/{name}/sleep|wake[?host=], GET /v1/vms/{name}/console?offset=N[&host=].
+- POST /v1/moves {"vm", "to"?, "host"?} -> 202 move, running in the background: "to" is the target host (default: best
+  fit), "host" the VM's current host when its name is on several; "flashvm" is accepted in place of "vm".
+  GET /v1/moves, GET /v1/moves/{id}: state starting|sleeping|copying|waking, then done or failed.
 - GET /v1/events?since=<cursor>&wait_s=<long-poll seconds> -> {"events": [...], "next": <cursor>}; pass next as since.
 - GET /v1/usage?from=<unix time>, GET|PUT /v1/controller.
 
 Contract:
 - Placement with no host able to take the VM: 409 fleet_full, error.hosts maps each host to its reason.
 - A name already used on the chosen host: 409 vm_exists.
-- A VM name on several hosts: 409 ambiguous_vm (error.hosts lists them) unless ?host= picks one.
+- A VM name on several hosts: 409 ambiguous_vm (error.hosts lists them) unless a host picks one: ?host= on
+  /v1/vms/{name} calls, "host" in the body of POST /v1/moves.
 - POST /v1/moves: 202 with the move, or 409 not_movable, same_host, unknown_host, arch_mismatch, no_target,
   move_in_progress or host_unreachable. A failed move wakes the VM back on its source.
 - Adding a host that cannot be reached: 502 host_unreachable with the reason.
