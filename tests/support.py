@@ -184,9 +184,16 @@ BUNDLE_HOME = Path(os.environ.get("FUSE_TEST_BUNDLES", "/tmp/fuse-test-bundles")
 
 
 def real_bundle_dir() -> Path:
-    """The real guest bundle (Debian kernel + busybox), built once and cached."""
+    """The real guest bundle (Debian kernel + busybox), built once and cached.
+    Test workers running in parallel take turns (a file lock): one builds, the
+    others then find it built."""
+    import fcntl
+
     from fuse.agent.bundle import build_bundle
-    build_bundle(BUNDLE_HOME, "linux", progress=lambda _msg: None)
+    BUNDLE_HOME.mkdir(parents=True, exist_ok=True)
+    with open(BUNDLE_HOME / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_bundle(BUNDLE_HOME, "linux", progress=lambda _msg: None)
     return BUNDLE_HOME / "bundles" / "linux"
 
 

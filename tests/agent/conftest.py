@@ -15,22 +15,17 @@ import pytest
 from fastapi import FastAPI
 
 from agent_support import Host, install_bundle, qemu_pids
+from support import real_bundle_dir
 from fuse import http_errors
 from fuse.agent.api.vms import router
-from fuse.agent.bundle import build_bundle
 from fuse.agent.vms import VmManager
-
-# Built once and reused across runs: build_bundle leaves a bundle whose
-# recorded inputs (kernel .deb, busybox, init, format) match untouched.
-BUNDLE_HOME = Path(os.environ.get("FUSE_TEST_BUNDLES", "/tmp/fuse-test-bundles"))
 
 
 @pytest.fixture(scope="session")
 def bundle_dir() -> Path:
     if shutil.which("qemu-system-x86_64") is None:
         pytest.skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)")
-    build_bundle(BUNDLE_HOME, "linux", progress=lambda _msg: None)
-    return BUNDLE_HOME / "bundles" / "linux"
+    return real_bundle_dir()
 
 
 @pytest.fixture(autouse=True)
