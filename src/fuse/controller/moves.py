@@ -285,26 +285,25 @@ class MoveService:
         if row["state"] not in ("starting", "pending"):
             return
         try:
-            if True:
-                row = self._set(move_id, "sleeping")
-                _crash_point("sleeping")
-                await self._sleep(row)
-                _crash_point("slept")
-                row = self._set(move_id, "copying")
-                await self._copy(row)
-                _crash_point("copied")
-                await _pause_point("copied")
-                _fail_point("copied")
-                row = self._set(move_id, "waking")
-                await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
-                _crash_point("installed")
-                _fail_point("installed")
-                await self._wake_target(row)
-                _crash_point("woke")
-                _fail_point("woke")
-                await _pause_point("woke")
-                await self._finish(self._set(move_id, "done"))
-                return
+            row = self._set(move_id, "sleeping")
+            _crash_point("sleeping")
+            await self._sleep(row)
+            _crash_point("slept")
+            row = self._set(move_id, "copying")
+            await self._copy(row)
+            _crash_point("copied")
+            await _pause_point("copied")
+            _fail_point("copied")
+            row = self._set(move_id, "waking")
+            await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+            _crash_point("installed")
+            _fail_point("installed")
+            await self._wake_target(row)
+            _crash_point("woke")
+            _fail_point("woke")
+            await _pause_point("woke")
+            await self._finish(self._set(move_id, "done"))
+            return
         except asyncio.CancelledError:
             raise
         except Exception as exc:
