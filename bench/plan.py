@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import fuse.controller.pool.formulation  # noqa: E402,F401
+import ortools.sat.python.cp_model  # noqa: E402,F401  (warm: OR-Tools imports pandas, ~0.5 s once per process)
 import fuse.controller.pool.patterns  # noqa: E402,F401  (warm: scipy's import is not the solve's time)
 from fuse.controller.pool.greedy import greedy  # noqa: E402
 from fuse.controller.pool.model import Constraints, DemandGroup, Offer, PlanModel, PoolHost  # noqa: E402

@@ -17,15 +17,43 @@ from __future__ import annotations
 from fuse.controller.pool.model import NO_LIMIT
 
 
+def _orders(items: list[tuple[int, int, int, int]], cap_cpu: int, cap_mem: int) -> list[list]:
+    """Orders to try, largest first: by the larger share of a machine an item takes
+    (the usual rule), by vCPUs, by memory. By vCPUs alone is exact when the sizes
+    divide each other and the machine (1, 2, 4, 8 into 64) and memory is not tight."""
+    def size(it, wc: float, wm: float) -> float:
+        k = -it[1] if it[1] < 0 else 1
+        return k * max(wc * it[2] / max(cap_cpu, 1), wm * it[3] / max(cap_mem, 1))
+    out = []
+    for wc, wm in ((1.0, 1.0), (1.0, 0.0), (0.0, 1.0)):
+        order = sorted(items, key=lambda it: (-size(it, wc, wm), -it[2], -it[3], it[0]))
+        if order not in out:
+            out.append(order)
+    return out
+
+
 def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
          max_vms: int | None, partial: bool = False) -> list[dict[int, int]] | None:
     """items: (group, count, cpus, mem) with count<0 meaning one together item of -count VMs.
-    ``partial``: place what fits and return the bins instead of None."""
+    ``partial``: place what fits and return the bins instead of None. Each order of
+    ``_orders`` is tried in turn; ``partial`` keeps the one placing the most VMs."""
+    best, best_left = None, None
+    for order in _orders(items, cap_cpu, cap_mem):
+        bins, left = _first_fit(order, n_bins, cap_cpu, cap_mem, max_vms)
+        if left == 0:
+            return bins
+        if best_left is None or left < best_left:
+            best, best_left = bins, left
+    return best if partial else None
+
+
+def _first_fit(order: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,
+               max_vms: int | None) -> tuple[list[dict[int, int]], int]:
+    """First fit of the items in ``order``: (bins, VMs left out)."""
     free_cpu, free_mem = [cap_cpu] * n_bins, [cap_mem] * n_bins
     slots = [NO_LIMIT if max_vms is None else max_vms] * n_bins
     bins: list[dict[int, int]] = [dict() for _ in range(n_bins)]
-    # largest first: a together group's size is the whole group's
-    order = sorted(items, key=lambda it: (-(abs(it[1]) if it[1] < 0 else 1) * it[3], -it[2], it[0]))
+    out = 0
     for g, count, cpu, mem in order:
         if count < 0:  # together: the whole group in one bin
             k = -count
@@ -37,8 +65,7 @@ def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
                     bins[b][g] = k
                     break
             else:
-                if not partial:
-                    return None
+                out += k
             continue
         left = count
         for b in range(n_bins):
@@ -51,9 +78,8 @@ def _ffd(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_
                 left -= k
                 if left == 0:
                     break
-        if left and not partial:
-            return None
-    return bins
+        out += left
+    return bins, out
 
 
 def _exact(items: list[tuple[int, int, int, int]], n_bins: int, cap_cpu: int, cap_mem: int,

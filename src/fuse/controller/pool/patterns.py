@@ -42,11 +42,15 @@ so LP tolerances cannot make it invalid, only weaker; when no column prices
 out it is the LP optimum of the full pattern model.
 
 Plans and the search (module ``search``): the best of residual rounding (the LP's whole machines, the rest by
-first fit), fix-and-solve (fix the whole machines, re-price, repeat, then the
-integer master over the remainder), the integer master over every generated
-pattern, and the FFD plan. Then branch-and-price, best bound first, branching
-on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed count p_g): rows of the
-caps' shape, so pricing is unchanged and every pattern is valid in every node.
+first fit), the fill (the LP's whole machines, the rest placed exactly on its
+machine counts rounded up, one CP-SAT variable per group and machine),
+fix-and-solve (fix the whole machines, re-price, repeat, then the integer
+master over the remainder), the integer master over every generated pattern,
+and the FFD plan. Then branch-and-price, best bound first with depth-first
+dives, branching on a machine count N_tk = Σ_{j∈(t,k)} λ_j (or a placed count
+p_g): rows of the caps' shape, so pricing is unchanged and every pattern is
+valid in every node. A node whose counts are all integral is filled: a plan on
+exactly those machines costs at most its LP value, which closes the node.
 The bound is then the least bound of the open nodes and of the nodes closed
 within 10⁻⁶ USD of the plan in hand (each node's own Lagrangian bound; every
 integer plan lies in one of them or in a node no cheaper than the plan); the

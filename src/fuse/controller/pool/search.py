@@ -1,9 +1,11 @@
 """Plans and proofs on the whole-machine pattern model (``patterns``).
 
-    root LP (column generation) ──► plans: residual rounding, fix-and-solve,
+    root LP (column generation) ──► plans: residual rounding, the fill of the
+                                    LP's machines rounded up, fix-and-solve,
                                     the integer master, the FFD plan
                                 ──► branch-and-price on machine counts
-                                    (best bound first, after one dive)
+                                    (best bound first, with depth-first dives
+                                    that end in a fill of whole machine counts)
 
 Every plan here packs by construction; the bound is the least bound of the
 open branch-and-price nodes and of those closed within 10⁻⁶ USD of the plan
@@ -85,12 +87,14 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     if res is None or (not converged and lb <= 0):
         return None
     end = max(deadline, search_deadline or deadline) if converged else deadline
-    cands = [sol for sol in (_residual(model, root, res.x, target),) if sol is not None]
+    cands = [sol for sol in (_residual(model, root, res.x, target),
+                             _fill(model, types, root, res.x, target, deadline) if converged else None)
+             if sol is not None]
     if converged:
         dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
         if dived is not None:
             cands.append(dived)
-    mres = root.mip(0.5 * (end - time.monotonic()) if converged else end - time.monotonic())
+    mres = root.mip(0.15 * (end - time.monotonic()) if converged else end - time.monotonic())
     if mres.x is not None:
         cands.append(extract(model, root, mres.x))
     if sum(start.placed(len(groups))) >= target:
@@ -127,7 +131,14 @@ def _counts(master: Master, x: np.ndarray) -> tuple[dict, dict[int, float], floa
 
 
 def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, deadline):
-    """Best-bound branch-and-price from the root LP; returns (plan, cost, bound)."""
+    """Branch-and-price from the root LP; returns (plan, cost, bound).
+
+    Best bound first, with dives: from the root, and again every ``DIVE_EVERY``
+    nodes from the node in hand, a depth-first plunge that rounds up the count
+    nearest its ceiling (backtracking to the other side when a child closes) until
+    the machine counts are integral; there ``_fill`` (then the integer master with
+    the counts fixed) looks for a plan on exactly those machines. A dive ends there,
+    or after ``DIVE_NODES`` nodes; the nodes it left go back to the open set."""
     import heapq
 
     big_m = 1e3 * (best_cost + 1.0)
@@ -136,19 +147,26 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
     stuck: list[float] = []  # bounds of nodes left open without a branch to take
     pruned: list[float] = []  # bounds of nodes closed within ``tol`` of the plan in hand
     seq = 1
-    dive: list = []  # first plunge depth-first (rounding up) for a good plan, then best bound first
-    dives = 0
+    dive: list = []  # the plunge's stack (depth first); empty between dives
+    dive_nodes, since_dive = 0, DIVE_EVERY  # the root starts with a dive
+
+    def end_dive():
+        for entry in dive:
+            heapq.heappush(heap, entry)
+        dive.clear()
+
     while heap or dive:
-        in_dive = bool(dive)
         if dive:
-            bound, _, node, nres, master = dive.pop()
+            entry = dive.pop()
+            bound, _, node, nres, master = entry
             if bound >= best_cost - tol:
                 pruned.append(bound)
                 continue
             if time.monotonic() >= deadline:
-                heapq.heappush(heap, (bound, seq, node, None, None))
-                seq += 1
+                dive.append(entry)
                 break
+            dive_nodes += 1
+            in_dive = True
         else:
             bound, _, node, nres, master = heap[0]
             if bound >= best_cost - tol:
@@ -156,6 +174,10 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             if time.monotonic() >= deadline:
                 break
             heapq.heappop(heap)
+            since_dive += 1
+            in_dive = since_dive >= DIVE_EVERY
+            if in_dive:
+                since_dive, dive_nodes = 0, 0
         if nres is None:
             master = Master(model, types, target, node, big_m)
             for ty, k, counts in pool:
@@ -169,16 +191,21 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                 pruned.append(bound)
                 continue
         n, p, art = _counts(master, nres.x)
-        if in_dive and art <= 1e-7:
-            sol = _residual(model, master, nres.x, target)
-            if sol is not None and cost_usd(model, sol) < best_cost:
-                best, best_cost = sol, cost_usd(model, sol)
         frac = [(v - math.floor(v), ("n", key)) for key, v in n.items() if abs(v - round(v)) > 1e-6]
         frac += [(v - math.floor(v), ("p", g)) for g, v in p.items() if abs(v - round(v)) > 1e-6]
         if not frac:
+            end_dive()
             if art > 1e-7:
                 stuck.append(bound)
                 continue
+            sol = _fill(model, types, master, nres.x, target, deadline)
+            if sol is not None:
+                cost = cost_usd(model, sol)
+                if cost < best_cost:
+                    best, best_cost = sol, cost
+                if cost <= bound + tol:
+                    pruned.append(bound)
+                    continue
             fixed = Node(n={key: (round(v), round(v)) for key, v in n.items()}, p=node.p)
             fm = Master(model, types, target, fixed)
             for ty, k, counts in pool:
@@ -191,18 +218,15 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                     best, best_cost = sol, cost
                 if cost <= bound + tol:
                     pruned.append(bound)
-                    dive.clear()
                     continue
             stuck.append(bound)
-            dive.clear()
             continue
-        plunge = dives < 2 and (in_dive or not node.n and not node.p)
-        if plunge:  # dive: round up the count nearest its ceiling (the cheapest step to integral)
+        if in_dive:  # round up the count nearest its ceiling (the cheapest step to integral)
             _, (what, key) = max(frac, key=lambda it: (it[0], str(it[1])))
         else:  # the most fractional count
             _, (what, key) = max(frac, key=lambda it: (min(it[0], 1 - it[0]), str(it[1])))
         v = n[key] if what == "n" else p[key]
-        for lo_hi in ("down", "up"):
+        for lo_hi in ("down", "up"):  # in a dive the up side is popped first
             child = Node(n=dict(node.n), p=dict(node.p), bound=bound)
             table = child.n if what == "n" else child.p
             grp = model.groups[key] if what == "p" else None
@@ -213,15 +237,19 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                 table[key] = (math.ceil(v), hi)
             if table[key][0] > table[key][1]:
                 continue
-            if plunge and lo_hi == "up":
+            if in_dive:
                 dive.append((bound, seq, child, None, None))
             else:
                 heapq.heappush(heap, (bound, seq, child, None, None))
             seq += 1
-        if plunge and not dive:
-            dives += 1
-    lb = min([b for b, *_ in heap] + stuck + pruned + [best_cost])
+        if in_dive and dive_nodes >= DIVE_NODES:
+            end_dive()
+    lb = min([b for b, *_ in heap] + [b for b, *_ in dive] + stuck + pruned + [best_cost])
     return best, best_cost, max(root_lb, lb)
+
+
+DIVE_EVERY = 40  # best-first nodes between dives
+DIVE_NODES = 60  # nodes one dive may take before it hands its open nodes back
 
 
 def _dive(model: PlanModel, types: list[MachineType], target: int, pool: list, deadline: float) -> Solution | None:
@@ -269,5 +297,121 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
             xf[j] = master.bounds[j][1]  # keep every VM the whole machines hold
     sol = greedy(model, start=extract(model, master, xf))
     if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
+        return None
+    return sol
+
+
+def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndarray, target: int,
+          deadline: float) -> Solution | None:
+    """A plan on the machines of an LP answer ``x`` whose machine counts N_(t,k) are
+    all integral (a branch-and-price node's): the whole machines ⌊λ_j⌋ of each
+    pattern as they are, then the work the fractional patterns share placed on
+    the N_(t,k) − Σ⌊λ_j⌋ machines left of each type and class by a small exact
+    model, one variable per (group, machine) (CP-SAT, most VMs placed). Its cost
+    is then at most Σ κ N (a machine is billed no longer than its class). What
+    does not fit is completed by first fit. A feasible plan placing ``target``
+    VMs, or None."""
+    from ortools.sat.python import cp_model
+
+    from fuse.controller.pool.greedy import greedy
+    from fuse.controller.pool.solution import Machine
+
+    groups = model.groups
+    by_key = {ty.key: ty for ty in types}
+    x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))])
+    left = [0] * len(groups)
+    room: dict[tuple, float] = {}
+    for j, kind in enumerate(master.kind):
+        if kind[0] == "p":
+            left[kind[1]] = int(round(x[j])) * (groups[kind[1]].count if groups[kind[1]].together else 1)
+        elif kind[0] in ("pat", "host"):
+            key = (("h" if kind[0] == "host" else "t", kind[1]), kind[2])
+            room[key] = room.get(key, 0.0) + x[j]
+    room = {key: math.ceil(v - 1e-6) for key, v in room.items()}
+    sol = Solution()
+    for j, kind in enumerate(master.kind):
+        whole = int(math.floor(x[j] + 1e-6))
+        if kind[0] not in ("pat", "host") or whole <= 0:
+            continue
+        room[("h" if kind[0] == "host" else "t", kind[1]), kind[2]] -= whole
+        for _ in range(whole):
+            counts = {}
+            for g, a in sorted(kind[3].items()):
+                take = min(a, left[g])
+                if groups[g].together and take < groups[g].count:
+                    take = 0
+                if take:
+                    counts[g] = take
+                    left[g] -= take
+            if counts and kind[0] == "host":
+                for g, a in counts.items():
+                    sol.on_hosts[g, kind[1]] = a
+            elif counts:
+                sol.machines.append(Machine(offer=kind[1], counts=counts))
+    bins = [(by_key[key], k) for (key, k), r in sorted(room.items()) for _ in range(max(r, 0))]
+    need = [g for g in range(len(groups)) if left[g] > 0]
+    if bins and need:
+        m = cp_model.CpModel()
+        xs: dict[tuple[int, int], cp_model.IntVar] = {}
+        for b, (ty, k) in enumerate(bins):
+            load = []
+            for g in need:
+                if g not in ty.cls or ty.cls[g] > k or ty.q[g] <= 0:
+                    continue
+                grp = groups[g]
+                unit = grp.count if grp.together else 1
+                xs[g, b] = m.new_int_var(0, 1 if grp.together else min(left[g], ty.q[g]), f"x{g}_{b}")
+                load.append((xs[g, b], unit, grp))
+            if not load:
+                continue
+            m.add(sum(v * u * grp.cpus for v, u, grp in load) <= ty.cap_cpu)
+            m.add(sum(v * u * grp.mem_mib for v, u, grp in load) <= ty.cap_mem)
+            per = 1 if ty.one_space(model) else ty.slots
+            if per is not None:
+                m.add(sum(v * u for v, u, _ in load) <= per)
+        used, used_of = [], {}
+        for b, (ty, k) in enumerate(bins):
+            mine = [v for (g, bb), v in xs.items() if bb == b]
+            if mine:
+                used_of[b] = m.new_bool_var(f"u{b}")
+                for v in mine:
+                    m.add(v == 0).only_enforce_if(used_of[b].Not())
+                used.append((used_of[b], ty.kappa[k]))
+        for b in range(len(bins) - 1):  # identical machines: the used ones first
+            if bins[b] == bins[b + 1] and b in used_of and b + 1 in used_of:
+                m.add_implication(used_of[b + 1], used_of[b])
+        placed = []
+        for g in need:
+            col = [v for (gg, _), v in xs.items() if gg == g]
+            if col:
+                unit = groups[g].count if groups[g].together else 1
+                m.add(sum(col) * unit <= left[g])
+                placed.append(sum(col) * unit)
+        if placed:
+            # most VMs first, then the least cost of the machines used (micro-USD)
+            scale = 1 + sum(round(1e6 * kap) for _, kap in used)
+            m.maximize(scale * sum(placed) - sum(round(1e6 * kap) * u for u, kap in used))
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = max(0.01, min(0.1, deadline - time.monotonic()))
+            solver.parameters.num_workers = 1
+            solver.parameters.random_seed = model.seed
+            if solver.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                filled: dict[int, dict[int, int]] = {}
+                for (g, b), v in xs.items():
+                    got = solver.value(v) * (groups[g].count if groups[g].together else 1)
+                    if got:
+                        filled.setdefault(b, {})[g] = got
+                for b, counts in sorted(filled.items()):
+                    ty = bins[b][0]
+                    for g, a in counts.items():
+                        left[g] -= a
+                    if ty.host:
+                        for g, a in counts.items():
+                            sol.on_hosts[g, ty.t] = sol.on_hosts.get((g, ty.t), 0) + a
+                    else:
+                        sol.machines.append(Machine(offer=ty.t, counts=counts))
+    if any(v > 0 for v in left):
+        sol = greedy(model, start=sol)
+    if violations(model, sol) or sum(sol.placed(len(groups))) < target:
         return None
     return sol
