@@ -6,7 +6,9 @@ Per size (VMs / groups / machine types / existing hosts) it prints, over
 ``--seeds`` models: median and worst solve time of ``plan``, how many plans
 were proven ``exact``, the worst gap (projected − lower bound) / projected,
 the mean and best cost ratio exact / FFD (below 1: cheaper than FFD), and
-whether any plan placed fewer VMs than FFD or cost more. All figures come
+whether any plan placed fewer VMs than FFD or cost more. The last size puts
+the same kind of random groups on the shipped AWS catalogue (its type count
+is marked ``c``). All figures come
 from the same run on one core. The one-time import of the solver libraries
 (scipy/HiGHS, OR-Tools: about 0.5–0.9 s per process) happens before timing,
 as in a running controller.
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import fuse.controller.pool.formulation  # noqa: E402,F401
 import ortools.sat.python.cp_model  # noqa: E402,F401  (warm: OR-Tools imports pandas, ~0.5 s once per process)
 import fuse.controller.pool.patterns  # noqa: E402,F401  (warm: scipy's import is not the solve's time)
+from fuse.controller.pool.catalogue import default_catalogue  # noqa: E402
 from fuse.controller.pool.greedy import greedy  # noqa: E402
 from fuse.controller.pool.model import Constraints, DemandGroup, Offer, PlanModel, PoolHost  # noqa: E402
 from fuse.controller.pool.planner import plan  # noqa: E402
@@ -37,6 +40,7 @@ SIZES = [  # (VMs, groups, machine types, existing hosts)
     (1000, 20, 40, 10),
     (1000, 20, 40, 0),
     (5000, 40, 40, 20),
+    (1000, 20, None, 0),  # None: the shipped catalogue's offers instead of random ones
 ]
 
 
@@ -57,8 +61,8 @@ def random_offers(rng: random.Random, n: int) -> list[Offer]:
     return offers
 
 
-def random_model(seed: int, vms: int, n_groups: int, n_types: int, n_hosts: int) -> PlanModel:
-    rng = random.Random(seed)
+def random_groups(rng: random.Random, vms: int, n_groups: int) -> list[DemandGroup]:
+    """``vms`` VMs cut at random into ``n_groups`` groups of random shape, kind and duration."""
     cuts = sorted(rng.sample(range(1, vms), n_groups - 1)) if n_groups > 1 else []
     counts = [b - a for a, b in zip([0] + cuts, cuts + [vms])]
     groups = []
@@ -69,12 +73,25 @@ def random_model(seed: int, vms: int, n_groups: int, n_types: int, n_hosts: int)
             kind=rng.choice(["container", "container", "microvm"]),
             duration_secs=rng.choice([600, 3600, 3600, 14400]),
             together=count <= 8 and rng.random() < 0.3))
+    return groups
+
+
+def random_model(seed: int, vms: int, n_groups: int, n_types: int, n_hosts: int) -> PlanModel:
+    rng = random.Random(seed)
+    groups = random_groups(rng, vms, n_groups)
     hosts = [PoolHost(name=f"dev{h:02d}", vcpus=rng.choice([8, 16, 32]), mem_mib=rng.choice([16384, 32768, 65536]),
                       kvm=True, own=rng.random() < 0.6, usd_per_hour=0.0, paid_secs_left=rng.choice([0, 1800]))
              for h in range(n_hosts)]
     hosts = [h if h.own else h.model_copy(update={"usd_per_hour": 0.8}) for h in hosts]
     return PlanModel(groups=groups, hosts=hosts, offers=random_offers(rng, n_types),
                      constraints=Constraints(), seed=seed)
+
+
+def catalogue_model(seed: int, vms: int, n_groups: int) -> PlanModel:
+    """The same random groups on the shipped AWS catalogue: real prices (linear within a
+    family), microVMs on the one KVM-capable type (c6g.metal), Modal one-VM sandboxes."""
+    groups = random_groups(random.Random(seed), vms, n_groups)
+    return PlanModel(groups=groups, offers=list(default_catalogue()), constraints=Constraints(), seed=seed)
 
 
 def main() -> None:
@@ -87,7 +104,8 @@ def main() -> None:
     for vms, ng, nt, nh in SIZES:
         times, gaps, ratios, exact, worse = [], [], [], 0, 0
         for seed in range(args.seeds):
-            model = random_model(seed, vms, ng, nt, nh).model_copy(update={"time_limit_secs": args.time_limit})
+            model = random_model(seed, vms, ng, nt, nh) if nt is not None else catalogue_model(seed, vms, ng)
+            model = model.model_copy(update={"time_limit_secs": args.time_limit})
             t0 = time.perf_counter()
             p = plan(model)
             times.append(time.perf_counter() - t0)
@@ -100,7 +118,7 @@ def main() -> None:
             gaps.append((p.projected_usd - p.lower_bound_usd) / p.projected_usd if p.projected_usd else 0.0)
             ratios.append(p.projected_usd / ffd_usd if ffd_usd else 1.0)
             worse += placed < ffd_placed or (placed == ffd_placed and p.projected_usd > ffd_usd + 1e-6)
-        print(f"{vms:>5} {ng:>4} {nt:>5} {nh:>5} | {statistics.median(times):>7.3f} {max(times):>7.3f} "
+        print(f"{vms:>5} {ng:>4} {nt or len(default_catalogue()):>4}{'' if nt else 'c'} {nh:>5} | {statistics.median(times):>7.3f} {max(times):>7.3f} "
               f"{exact:>2}/{args.seeds:<2} | {max(gaps):>8.2%} | {statistics.mean(ratios):>13.4f} "
               f"{min(ratios):>6.3f} | {worse:>5}")
 

@@ -4,6 +4,7 @@ below every plan, and what it calls proven matches brute force."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -134,3 +135,13 @@ def test_microvm_work_on_the_one_kvm_type_is_proven_optimal_with_the_shipped_cat
     sm = m.sorted()
     assert p.solver == "exact" and p.projected_usd == p.lower_bound_usd
     assert p.projected_usd < cost_usd(sm, greedy(sm))
+
+
+def test_solver_output_from_c_never_reaches_stdout(capfd):
+    # HiGHS's MIP can print a debug line from C++ whatever scipy's disp says; stdout is
+    # where ``fuse pool plan --json`` writes its answer, so a solve writes it to stderr
+    with patterns._stdout_to_stderr():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
+    os.write(1, b"after\n")
+    out, err = capfd.readouterr()
+    assert out == "after\n" and "HighsMipSolverData" in err

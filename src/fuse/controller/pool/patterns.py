@@ -60,11 +60,16 @@ plan is proven optimal when its cost meets it (within 10⁻⁶ USD).
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog
+from scipy.optimize import milp as _milp
 from scipy.sparse import csc_matrix
 
 from fuse.controller.pool.model import (
@@ -80,6 +85,35 @@ from fuse.controller.pool.model import (
     offer_vcpus,
 )
 from fuse.controller.pool.solution import Machine, Solution, cost_usd
+
+_STDOUT = threading.Lock()
+
+
+@contextmanager
+def _stdout_to_stderr():
+    """HiGHS's MIP solver can print a debug line on the process's stdout from C++,
+    past scipy's ``disp=False``; ``fuse pool plan --json`` writes its answer there.
+    For the solve, file descriptor 1 points at stderr (one solve at a time)."""
+    with _STDOUT:
+        try:
+            sys.stdout.flush()
+            saved = os.dup(1)
+        except (OSError, ValueError):  # no stdout to protect
+            yield
+            return
+        try:
+            os.dup2(2, 1)
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def milp(*args, **kwargs):
+    """scipy's ``milp`` with nothing written on stdout."""
+    with _stdout_to_stderr():
+        return _milp(*args, **kwargs)
+
 
 MAX_CELLS = 2_000_000  # DP table cells per type; beyond it the pattern model is not used
 EPS = 1e-9
@@ -284,6 +318,57 @@ class Master:
                     bounds=Bounds(lo, hi),
                     constraints=LinearConstraint(self._matrix(), -np.inf, np.array(self.b)),
                     options={"time_limit": max(time_limit, 0.05), "disp": False, "mip_rel_gap": 0.0})
+
+
+    def counts_mip(self, time_limit: float):
+        """The master with whole machine counts and fractional patterns: N_tk ≥ Σ_{j∈(t,k)} λ_j
+        integer and costing κ_tk (the caps on N), λ ≥ 0 fractional and free. Rounding the
+        LP's counts up is a solution, so HiGHS has one at once. Its answer (the λ part,
+        or None) has ⌈Σ λ⌉ machines of each (type, class) within integral counts, which
+        ``search._fill`` places on whole machines."""
+        from scipy.sparse import diags, hstack, vstack
+
+        keys = sorted({(("h" if kd[0] == "host" else "t", kd[1]), kd[2]) for kd in self.kind if kd[0] in ("pat", "host")})
+        if not keys:
+            return None
+        at = {key: i for i, key in enumerate(keys)}
+        kappa = {(ty.key, k): v for ty in self.types for k, v in enumerate(ty.kappa)}
+        n, nk = len(self.cols_c), len(keys)
+        cap_rows = [r for r, _ in self.caps] + ([self.monthly] if self.monthly is not None else [])
+        keep = np.ones(len(self.rows))
+        keep[cap_rows] = 0.0
+        a_lam = diags(keep) @ self._matrix()  # the caps move to the counts
+        rows, cols, vals = [], [], []
+        for r, coef in self.caps:
+            for key, v in coef.items():
+                if key in at and v:
+                    rows.append(r)
+                    cols.append(at[key])
+                    vals.append(v)
+        if self.monthly is not None:
+            for key, i in at.items():
+                rows.append(self.monthly)
+                cols.append(i)
+                vals.append(kappa[key])
+        a_n = csc_matrix((vals, (rows, cols)), shape=(len(self.rows), nk))
+        rows, cols, vals = [], [], []
+        for j, kd in enumerate(self.kind):
+            if kd[0] in ("pat", "host"):
+                rows.append(at[("h" if kd[0] == "host" else "t", kd[1]), kd[2]])
+                cols.append(j)
+                vals.append(1.0)
+        link = hstack([csc_matrix((vals, (rows, cols)), shape=(nk, n)), -diags(np.ones(nk))])
+        a = vstack([hstack([a_lam, a_n]), link]).tocsc()
+        lo = np.array([b[0] for b in self.bounds] + [0.0] * nk)
+        hi = np.array([b[1] for b in self.bounds] + [np.inf] * nk)
+        integral = [0 if kd[0] in ("pat", "host") else i for kd, i in zip(self.kind, self.integral)] + [1] * nk
+        cost = np.concatenate([[0.0 if kd[0] in ("pat", "host") else c for kd, c in zip(self.kind, self.cols_c)],
+                               [kappa[key] for key in keys]])
+        res = milp(cost, integrality=np.array(integral), bounds=Bounds(lo, hi),
+                   constraints=LinearConstraint(a, np.full(len(self.rows) + nk, -np.inf),
+                                                np.concatenate([self.b, np.zeros(nk)])),
+                   options={"time_limit": max(time_limit, 0.02), "disp": False, "mip_rel_gap": 0.0})
+        return None if res.x is None else res.x[:n]
 
 
 def _frac_bound(vals: list[tuple[float, int, int, int, int]], cap_cpu: int, cap_mem: int,

@@ -91,6 +91,9 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
                              _fill(model, types, root, res.x, target, deadline) if converged else None)
              if sol is not None]
     if converged:
+        x = root.counts_mip(0.2 * (end - time.monotonic()))
+        if x is not None:
+            cands.append(_fill(model, types, root, x, target, end))
         dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
         if dived is not None:
             cands.append(dived)
@@ -99,7 +102,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         cands.append(extract(model, root, mres.x))
     if sum(start.placed(len(groups))) >= target:
         cands.append(start)  # no integer master in time: the search starts from the FFD plan
-    cands = [sol for sol in cands if sum(sol.placed(len(groups))) >= target]
+    cands = [sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
     if not cands:
         return None
     best = min(cands, key=lambda sol: cost_usd(model, sol))
