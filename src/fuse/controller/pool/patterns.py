@@ -220,16 +220,13 @@ class Master:
         self.rows: list[str] = []
         self.b: list[float] = []
         self.cols_c: list[float] = []
-        self.cols_a: list[dict[int, float]] = []
         self.bounds: list[tuple[float, float]] = []
         self.integral: list[int] = []
         self.kind: list[tuple] = []
         self._nz: tuple[list[int], list[int], list[float]] = ([], [], [])
-
-        def row(name: str, rhs: float) -> int:
-            self.rows.append(name)
-            self.b.append(rhs)
-            return len(self.rows) - 1
+        self.p_col: dict[int, int] = {}  # group -> its placed-count column
+        self.by_class: dict[tuple, list[int]] = {}  # (type key, class) -> its pattern columns
+        row = self._row
 
         self.cover = [row(f"cover{g}", 0.0) for g in range(G)]
         self.target_row = row("target", -float(target))
@@ -238,9 +235,9 @@ class Master:
             col = {self.cover[g]: 1.0, self.target_row: -1.0}
             lo, hi = node.p.get(g, (0, 1 if grp.together else grp.count))
             if grp.together:
-                self._col(0.0, {r: v * grp.count for r, v in col.items()}, (lo, hi), 1, ("p", g))
+                self.p_col[g] = self._col(0.0, {r: v * grp.count for r, v in col.items()}, (lo, hi), 1, ("p", g))
             else:
-                self._col(0.0, col, (lo, hi), 1, ("p", g))
+                self.p_col[g] = self._col(0.0, col, (lo, hi), 1, ("p", g))
         if big_m:  # artificial: a node whose branching rows or target cannot be met prices at ≥ big_m
             self._col(big_m, {self.target_row: -1.0}, (0, math.inf), 0, ("art",))
         # caps: rows whose coefficients depend only on (t, k)
@@ -264,16 +261,45 @@ class Master:
                 (ty.key, k): model.offers[ty.t].vcpus for ty in offers
                 if model.offers[ty.t].quota_family == fam for k in range(len(ty.deltas))}))
         self.monthly = row("monthly", c.monthly_usd_left + 1e-7) if c.monthly_usd_left is not None else None
-        # branching on N_tk = Σ_{j∈(t,k)} λ_j: rows of the same shape as the caps
-        for (key, k), (lo, hi) in sorted(node.n.items()):
-            if hi < math.inf:
-                self.caps.append((row(f"N{key}{k}<=", hi), {(key, k): 1.0}))
-            if lo > 0:
-                r = row(f"N{key}{k}>=", -lo)
-                self.caps.append((r, {(key, k): -1.0}))
-                if big_m:
-                    self._col(big_m, {r: -1.0}, (0, math.inf), 0, ("art",))
         self.patterns: set[tuple[int, int, tuple[int, ...]]] = set()
+        self._branch_rows(node, big_m)
+
+    def _row(self, name: str, rhs: float) -> int:
+        self.rows.append(name)
+        self.b.append(rhs)
+        return len(self.rows) - 1
+
+    def _branch_rows(self, node: Node, big_m: float) -> None:
+        """Branching on N_tk = Σ_{j∈(t,k)} λ_j: rows of the caps' shape, with the columns
+        already in the master entered in them."""
+        for (key, k), (lo, hi) in sorted(node.n.items()):
+            for sign, rhs, name in ((1.0, hi, "<="), (-1.0, -lo, ">=")):
+                if (sign > 0 and hi == math.inf) or (sign < 0 and lo <= 0):
+                    continue
+                r = self._row(f"N{key}{k}{name}", rhs)
+                self.caps.append((r, {(key, k): sign}))
+                for j in self.by_class.get((key, k), ()):
+                    self._nz[0].append(r)
+                    self._nz[1].append(j)
+                    self._nz[2].append(sign)
+                if sign < 0 and big_m:  # artificial: a node whose rows cannot be met prices at ≥ big_m
+                    self._col(big_m, {r: -1.0}, (0, math.inf), 0, ("art",))
+
+    def with_node(self, node: Node, big_m: float) -> Master:
+        """This master (built without a node: no branching rows, the target's artificial
+        column if ``big_m``) for ``node``: its placed-count bounds and its branching rows,
+        every column already generated kept. Copies lists instead of re-adding columns."""
+        m = object.__new__(Master)
+        m.__dict__.update(self.__dict__)
+        m.rows, m.b, m.cols_c, m.bounds = list(self.rows), list(self.b), list(self.cols_c), list(self.bounds)
+        m.integral, m.kind, m.caps = list(self.integral), list(self.kind), list(self.caps)
+        m._nz = (list(self._nz[0]), list(self._nz[1]), list(self._nz[2]))
+        m.patterns = set(self.patterns)
+        m.by_class = {key: list(cols) for key, cols in self.by_class.items()}
+        for g, bounds in node.p.items():
+            m.bounds[m.p_col[g]] = bounds
+        m._branch_rows(node, big_m)
+        return m
 
     def _col(self, cost: float, a: dict[int, float], bounds, integral: int, kind: tuple) -> int:
         j = len(self.cols_c)
@@ -282,7 +308,6 @@ class Master:
             self._nz[1].append(j)
             self._nz[2].append(v)
         self.cols_c.append(cost)
-        self.cols_a.append(a)
         self.bounds.append(bounds)
         self.integral.append(integral)
         self.kind.append(kind)
@@ -299,7 +324,8 @@ class Master:
                 col[r] = coef[ty.key, k]
         if self.monthly is not None and ty.kappa[k]:
             col[self.monthly] = ty.kappa[k]
-        self._col(ty.kappa[k], col, (0, math.inf), 1, ("host" if ty.host else "pat", ty.t, k, dict(counts)))
+        j = self._col(ty.kappa[k], col, (0, math.inf), 1, ("host" if ty.host else "pat", ty.t, k, dict(counts)))
+        self.by_class.setdefault((ty.key, k), []).append(j)
         return True
 
     def _matrix(self):

@@ -150,6 +150,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
     stuck: list[float] = []  # bounds of nodes left open without a branch to take
     pruned: list[float] = []  # bounds of nodes closed within ``tol`` of the plan in hand
     seq = 1
+    base, synced = Master(model, types, target, None, big_m), 0  # every node's master starts as a copy
     dive: list = []  # the plunge's stack (depth first); empty between dives
     dive_nodes, since_dive = 0, DIVE_EVERY  # the root starts with a dive
 
@@ -182,9 +183,10 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             if in_dive:
                 since_dive, dive_nodes = 0, 0
         if nres is None:
-            master = Master(model, types, target, node, big_m)
-            for ty, k, counts in pool:
-                master.add_pattern(ty, k, counts)
+            for ty, k, counts in pool[synced:]:  # the columns priced since, into the base
+                base.add_pattern(ty, k, counts)
+            synced = len(pool)
+            master = base.with_node(node, big_m)
             nres, nlb, conv = generate(model, master, types, pool, deadline)
             if nres is None or not conv:  # HiGHS failed, or out of time (the loop then ends)
                 stuck.append(max(bound, nlb))
