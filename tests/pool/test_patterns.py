@@ -145,3 +145,26 @@ def test_solver_output_from_c_never_reaches_stdout(capfd):
     os.write(1, b"after\n")
     out, err = capfd.readouterr()
     assert out == "after\n" and "HighsMipSolverData" in err
+
+
+def test_reduced_cost_fixing_keeps_every_optimal_plan():
+    # class_limits bounds N_tk for plans no costlier than a given cost: the proven
+    # optimal plan's own machine counts must be within them, at the root's row prices
+    for seed, (vms, types_n, hosts) in enumerate([(30, 8, 0), (50, 12, 2), (80, 20, 0), (80, 20, 4)]):
+        m = random_model(100 + seed, vms, 4, types_n, hosts).model_copy(update={"time_limit_secs": 20}).sorted()
+        best = solve(m, sum(greedy(m).placed(len(m.groups))), secs=20)
+        sol, _, proven, _ = best
+        assert proven
+        target = sum(sol.placed(len(m.groups)))
+        types, master, _ = _root(m, target)
+        limits = patterns.class_limits(master, cost_usd(m, sol) + 1e-6)
+        assert limits  # some classes are priced out of any plan this cheap
+        by_key = {ty.key: ty for ty in types}
+        used: dict[tuple, int] = {}
+        for mach in sol.machines:
+            ty = by_key[("t", mach.offer)]
+            longest = max(m.groups[g].duration_secs for g, k in mach.counts.items() if k)
+            k = next(k for k, d in enumerate(ty.deltas) if d >= longest)
+            used[ty.key, k] = used.get((ty.key, k), 0) + 1
+        for key, count in used.items():
+            assert count <= limits.get(key, math.inf), (key, count, limits.get(key))

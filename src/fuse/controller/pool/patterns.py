@@ -226,6 +226,7 @@ class Master:
         self._nz: tuple[list[int], list[int], list[float]] = ([], [], [])
         self.p_col: dict[int, int] = {}  # group -> its placed-count column
         self.by_class: dict[tuple, list[int]] = {}  # (type key, class) -> its pattern columns
+        self.class_hi: dict[tuple, float] = {}  # (type key, class) -> the node's upper bound on N_tk
         row = self._row
 
         self.cover = [row(f"cover{g}", 0.0) for g in range(G)]
@@ -273,6 +274,7 @@ class Master:
         """Branching on N_tk = Σ_{j∈(t,k)} λ_j: rows of the caps' shape, with the columns
         already in the master entered in them."""
         for (key, k), (lo, hi) in sorted(node.n.items()):
+            self.class_hi[key, k] = min(hi, self.class_hi.get((key, k), math.inf))
             for sign, rhs, name in ((1.0, hi, "<="), (-1.0, -lo, ">=")):
                 if (sign > 0 and hi == math.inf) or (sign < 0 and lo <= 0):
                     continue
@@ -296,6 +298,7 @@ class Master:
         m._nz = (list(self._nz[0]), list(self._nz[1]), list(self._nz[2]))
         m.patterns = set(self.patterns)
         m.by_class = {key: list(cols) for key, cols in self.by_class.items()}
+        m.class_hi = dict(self.class_hi)
         for g, bounds in node.p.items():
             m.bounds[m.p_col[g]] = bounds
         m._branch_rows(node, big_m)
@@ -531,7 +534,12 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
         y = np.minimum(res.ineqlin.marginals, 0.0)  # ≤ 0 (clipped: the bound holds for any y ≤ 0)
         pi = np.array([-y[r] for r in master.cover])
         new, floors = 0, {}
+        closed = {key for key, hi in master.class_hi.items() if hi <= 0}  # N_tk ≤ 0 in this node
         for ty in types:
+            if all((ty.key, k) in closed for k in range(len(ty.deltas))):
+                for k in range(len(ty.deltas)):
+                    floors[ty.key, k] = 0.0  # no machine of the type here: its term in the bound is 0
+                continue
             mu = []
             for k in range(len(ty.deltas)):
                 v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
@@ -540,7 +548,7 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
                 mu.append(v)
             floor = [0.0] * len(ty.deltas)
             for rc, k, counts in _price(model, ty, pi, mu, floor):
-                if master.add_pattern(ty, k, counts):
+                if (ty.key, k) not in closed and master.add_pattern(ty, k, counts):
                     new += 1
                     pool.append((ty, k, counts))
             for k, v in enumerate(floor):
@@ -575,8 +583,27 @@ def lagrangian_bound(master: Master, types: list[MachineType], y: np.ndarray, fl
                 bound += rc[j] * lo
     for ty in types:
         for k in range(len(ty.deltas)):
-            bound += min(0.0, worst.get((ty.key, k), 0.0)) * ty.ub
+            bound += min(0.0, worst.get((ty.key, k), 0.0)) * min(ty.ub, master.class_hi.get((ty.key, k), math.inf))
+    # kept for reduced-cost fixing (``class_limits``): every plan in the node costs at
+    # least bound + Σ_tk max(0, rc*_tk)·N_tk, with rc*_tk = worst[(t, k)]
+    master.last_bound, master.class_rc = bound, worst
     return bound
+
+
+def class_limits(master: Master, cost: float) -> dict[tuple, int]:
+    """Reduced-cost fixing: machine counts no plan cheaper than ``cost`` in the master's
+    node can exceed. From the last ``lagrangian_bound`` (row prices y, bound L, least
+    reduced cost rc*_tk of each type and class): a plan x in the node costs at least
+    L + Σ_tk rc*_tk·N_tk where rc*_tk > 0, so costing under ``cost`` needs
+    N_tk ≤ ⌊(cost − L)/rc*_tk⌋. {(type key, class): that limit} where it is finite."""
+    out = {}
+    slack = cost - getattr(master, "last_bound", -math.inf)
+    if slack == math.inf or slack < 0:
+        return out
+    for key, rc in getattr(master, "class_rc", {}).items():
+        if rc > 1e-9:
+            out[key] = math.floor(slack / rc + 1e-9)
+    return out
 
 
 def extract(model: PlanModel, master: Master, x: np.ndarray) -> Solution:

@@ -25,6 +25,7 @@ from fuse.controller.pool.patterns import (
     Master,
     Node,
     TooBig,
+    class_limits,
     extract,
     generate,
     machine_types,
@@ -231,8 +232,15 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
         else:  # the most fractional count
             _, (what, key) = max(frac, key=lambda it: (min(it[0], 1 - it[0]), str(it[1])))
         v = n[key] if what == "n" else p[key]
+        limits = class_limits(master, best_cost + tol)  # reduced-cost fixing for the node's children
         for lo_hi in ("down", "up"):  # in a dive the up side is popped first
             child = Node(n=dict(node.n), p=dict(node.p), bound=bound)
+            for kk, most in limits.items():
+                lo, hi = child.n.get(kk, (0, math.inf))
+                if most < hi:
+                    child.n[kk] = (lo, most)
+            if any(lo > hi for lo, hi in child.n.values()):
+                continue  # every plan in it costs more than the plan in hand
             table = child.n if what == "n" else child.p
             grp = model.groups[key] if what == "p" else None
             lo, hi = table.get(key, (0, math.inf if grp is None else 1 if grp.together else grp.count))
