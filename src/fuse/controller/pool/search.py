@@ -341,12 +341,14 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
             key = (("h" if kind[0] == "host" else "t", kind[1]), kind[2])
             room[key] = room.get(key, 0.0) + x[j]
     room = {key: math.ceil(v - 1e-6) for key, v in room.items()}
-    sol = Solution()
+    sol, taken = Solution(), set()
     for j, kind in enumerate(master.kind):
         whole = int(math.floor(x[j] + 1e-6))
         if kind[0] not in ("pat", "host") or whole <= 0:
             continue
         room[("h" if kind[0] == "host" else "t", kind[1]), kind[2]] -= whole
+        if kind[0] == "host":
+            taken.add(("h", kind[1]))
         for _ in range(whole):
             counts = {}
             for g, a in sorted(kind[3].items()):
@@ -361,6 +363,12 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
                     sol.on_hosts[g, kind[1]] = a
             elif counts:
                 sol.machines.append(Machine(offer=kind[1], counts=counts))
+    # an existing host is one machine whatever its classes: one bin, of its longest
+    # class with room, unless a whole pattern already took it
+    for key in {key for key, _ in room if key[0] == "h"}:
+        ks = sorted(k for (kk, k), r in room.items() if kk == key and r > 0)
+        for k in ks:
+            room[key, k] = 1 if k == ks[-1] and key not in taken else 0
     bins = [(by_key[key], k) for (key, k), r in sorted(room.items()) for _ in range(max(r, 0))]
     need = [g for g in range(len(groups)) if left[g] > 0]
     if bins and need:
