@@ -227,6 +227,9 @@ class Master:
         self.p_col: dict[int, int] = {}  # group -> its placed-count column
         self.by_class: dict[tuple, list[int]] = {}  # (type key, class) -> its pattern columns
         self.class_hi: dict[tuple, float] = {}  # (type key, class) -> the node's upper bound on N_tk
+        # the cost of a plan in hand placing the target: the bound need only hold for plans
+        # no costlier (the answer's bound is never above that plan's cost)
+        self.cost_cap = math.inf
         row = self._row
 
         self.cover = [row(f"cover{g}", 0.0) for g in range(G)]
@@ -563,31 +566,66 @@ def lagrangian_bound(master: Master, types: list[MachineType], y: np.ndarray, fl
     """A lower bound on every plan the master's node admits, from any row prices y ≤ 0.
 
     For a plan x (Ax ≤ b): c·x ≥ y·b + Σ_j rc_j x_j with rc = c − Aᵀy. Placed
-    counts p_g sit in their bounds; the patterns of (t, k) sum to N_tk ≤ U_tk, so
+    counts p_g sit in their bounds; the patterns of (t, k) sum to N_tk ≤ U_tk (the
+    type's limit, the node's, and ⌊cost_cap/κ_tk⌋: only plans no costlier than one
+    in hand matter, since the answer's bound never exceeds that plan's cost), so
     theirs is at least min(0, least rc of the class)·U_tk, the least rc taken over
     the master's columns and ``floors`` (a lower bound for the patterns not in
     it, from pricing). Computed here from y, not read from the LP solver, so its
-    tolerances do not enter; artificial columns are in no plan."""
+    tolerances do not enter; artificial columns are in no plan.
+
+    The same holds for θ·y, any θ ∈ [0, 1], and costs nothing more to evaluate:
+    every pattern of (t, k) costs κ_tk, so its least reduced cost at θ·y is
+    κ_tk − θ·(κ_tk − rc*_tk), pricing's fractional screen included (linear in the
+    prices). Before column generation settles, y overprices the work and a θ
+    below 1 gives a far better bound (Farley's); at the LP optimum θ = 1 wins."""
     a = master._matrix()
-    rc = np.array(master.cols_c) - a.T @ y
-    bound = float(y @ np.array(master.b))
+    cost = np.array(master.cols_c)
+    ay = a.T @ y
+    rc1 = cost - ay
+    yb = float(y @ np.array(master.b))
     worst = dict(floors)
+    p_cols, lo_cols = [], []
     for j, kind in enumerate(master.kind):
-        lo, hi = master.bounds[j]
         if kind[0] == "p":
-            bound += rc[j] * (hi if rc[j] < 0 else lo)
+            p_cols.append(j)
         elif kind[0] in ("pat", "host"):
             key = (("h" if kind[0] == "host" else "t", kind[1]), kind[2])
-            worst[key] = min(worst.get(key, 0.0), rc[j])
-            if rc[j] > 0:
-                bound += rc[j] * lo
+            worst[key] = min(worst.get(key, 0.0), rc1[j])
+            if master.bounds[j][0] > 0:
+                lo_cols.append(j)
+    kap, val, most, keys = [], [], [], []
     for ty in types:
         for k in range(len(ty.deltas)):
-            bound += min(0.0, worst.get((ty.key, k), 0.0)) * min(ty.ub, master.class_hi.get((ty.key, k), math.inf))
+            key = (ty.key, k)
+            u = min(ty.ub, master.class_hi.get(key, math.inf))
+            if ty.kappa[k] > 0 and master.cost_cap < math.inf:  # a plan costing at most cost_cap
+                u = min(u, math.floor(master.cost_cap / ty.kappa[k] + 1e-9))  # has at most cost_cap/κ of them
+            keys.append(key)
+            kap.append(ty.kappa[k])
+            val.append(ty.kappa[k] - worst.get(key, 0.0))  # V_tk: rc*(θ) = κ − θ·V
+            most.append(u)
+    thetas = np.concatenate([np.linspace(0.0, 1.0, 41)])[:, None]
+    bound = thetas[:, 0] * yb
+    if p_cols:
+        lo = np.array([master.bounds[j][0] for j in p_cols], dtype=float)
+        hi = np.array([master.bounds[j][1] for j in p_cols], dtype=float)
+        r = cost[p_cols][None, :] - thetas * ay[p_cols][None, :]
+        bound = bound + np.where(r < 0, r * hi, r * lo).sum(axis=1)
+    if lo_cols:
+        lo = np.array([master.bounds[j][0] for j in lo_cols], dtype=float)
+        r = cost[lo_cols][None, :] - thetas * ay[lo_cols][None, :]
+        bound = bound + (np.maximum(r, 0.0) * lo).sum(axis=1)
+    if keys:
+        r = np.array(kap)[None, :] - thetas * np.array(val)[None, :]
+        bound = bound + (np.minimum(r, 0.0) * np.array(most, dtype=float)[None, :]).sum(axis=1)
+    best = int(np.argmax(bound))
+    theta = float(thetas[best, 0])
     # kept for reduced-cost fixing (``class_limits``): every plan in the node costs at
-    # least bound + Σ_tk max(0, rc*_tk)·N_tk, with rc*_tk = worst[(t, k)]
-    master.last_bound, master.class_rc = bound, worst
-    return bound
+    # least bound + Σ_tk max(0, rc*_tk)·N_tk, with rc*_tk its least reduced cost at θ·y
+    master.last_bound = float(bound[best])
+    master.class_rc = {key: kp - theta * v for key, kp, v in zip(keys, kap, val)}
+    return master.last_bound
 
 
 def class_limits(master: Master, cost: float) -> dict[tuple, int]:

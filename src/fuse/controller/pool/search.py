@@ -59,6 +59,8 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     by_key = {ty.key: ty for ty in types}
     pool: list[tuple[MachineType, int, dict[int, int]]] = []  # every pattern generated, for every node
     root = Master(model, types, target)
+    if sum(start.placed(len(groups))) >= target:
+        root.cost_cap = cost_usd(model, start)
     # seed: the FFD plan's hosts and machines as patterns (machines mapped to
     # kept dominators), and one single-group full pattern per (type, class)
     from fuse.controller.pool.formulation import dominators
@@ -152,6 +154,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
     pruned: list[float] = []  # bounds of nodes closed within ``tol`` of the plan in hand
     seq = 1
     base, synced = Master(model, types, target, None, big_m), 0  # every node's master starts as a copy
+    base.cost_cap = best_cost
     dive: list = []  # the plunge's stack (depth first); empty between dives
     dive_nodes, since_dive = 0, DIVE_EVERY  # the root starts with a dive
 
@@ -187,6 +190,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             for ty, k, counts in pool[synced:]:  # the columns priced since, into the base
                 base.add_pattern(ty, k, counts)
             synced = len(pool)
+            base.cost_cap = best_cost
             master = base.with_node(node, big_m)
             nres, nlb, conv = generate(model, master, types, pool, deadline)
             if nres is None or not conv:  # HiGHS failed, or out of time (the loop then ends)
