@@ -93,16 +93,18 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     cands = [sol for sol in (_residual(model, root, res.x, target),
                              _fill(model, types, root, res.x, target, deadline) if converged else None)
              if sol is not None]
-    if converged:
+    met = converged and any(cost_usd(model, sol) <= lb + 1e-6 for sol in cands)  # the root LP's plan is whole
+    if converged and not met:
         x = root.counts_mip(0.2 * (end - time.monotonic()))
         if x is not None:
             cands.append(_fill(model, types, root, x, target, end))
         dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
         if dived is not None:
             cands.append(dived)
-    mres = root.mip(0.15 * (end - time.monotonic()) if converged else end - time.monotonic())
-    if mres.x is not None:
-        cands.append(extract(model, root, mres.x))
+    if not met:
+        mres = root.mip(0.15 * (end - time.monotonic()) if converged else end - time.monotonic())
+        if mres.x is not None:
+            cands.append(extract(model, root, mres.x))
     if sum(start.placed(len(groups))) >= target:
         cands.append(start)  # no integer master in time: the search starts from the FFD plan
     cands = [sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
