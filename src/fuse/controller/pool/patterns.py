@@ -352,12 +352,13 @@ class Master:
                     options={"time_limit": max(time_limit, 0.05), "disp": False, "mip_rel_gap": 0.0})
 
 
-    def counts_mip(self, time_limit: float):
+    def counts_mip(self, time_limit: float, limits: dict | None = None):
         """The master with whole machine counts and fractional patterns: N_tk ≥ Σ_{j∈(t,k)} λ_j
         integer and costing κ_tk (the caps on N), λ ≥ 0 fractional and free. Rounding the
         LP's counts up is a solution, so HiGHS has one at once. Its answer (the λ part,
         or None) has ⌈Σ λ⌉ machines of each (type, class) within integral counts, which
-        ``search._fill`` places on whole machines."""
+        ``search._fill`` places on whole machines. ``limits``: upper bounds on N_tk
+        (``class_limits``: a class at 0 drops out)."""
         from scipy.sparse import diags, hstack, vstack
 
         keys = sorted({(("h" if kd[0] == "host" else "t", kd[1]), kd[2]) for kd in self.kind if kd[0] in ("pat", "host")})
@@ -391,8 +392,12 @@ class Master:
                 vals.append(1.0)
         link = hstack([csc_matrix((vals, (rows, cols)), shape=(nk, n)), -diags(np.ones(nk))])
         a = vstack([hstack([a_lam, a_n]), link]).tocsc()
+        limits = limits or {}
         lo = np.array([b[0] for b in self.bounds] + [0.0] * nk)
-        hi = np.array([b[1] for b in self.bounds] + [np.inf] * nk)
+        hi = np.array([b[1] for b in self.bounds] + [limits.get(key, np.inf) for key in keys])
+        for j, kd in enumerate(self.kind):
+            if kd[0] in ("pat", "host") and limits.get((("h" if kd[0] == "host" else "t", kd[1]), kd[2])) == 0:
+                hi[j] = 0.0
         integral = [0 if kd[0] in ("pat", "host") else i for kd, i in zip(self.kind, self.integral)] + [1] * nk
         cost = np.concatenate([[0.0 if kd[0] in ("pat", "host") else c for kd, c in zip(self.kind, self.cols_c)],
                                [kappa[key] for key in keys]])

@@ -95,7 +95,9 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
              if sol is not None]
     met = converged and any(cost_usd(model, sol) <= lb + 1e-6 for sol in cands)  # the root LP's plan is whole
     if converged and not met:
-        x = root.counts_mip(0.2 * (end - time.monotonic()))
+        so_far = min([cost_usd(model, sol) for sol in cands]
+                     + [cost_usd(model, start) if sum(start.placed(len(groups))) >= target else math.inf])
+        x = root.counts_mip(0.35 * (end - time.monotonic()), class_limits(root, so_far + 1e-6))
         if x is not None:
             cands.append(_fill(model, types, root, x, target, end))
         dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
@@ -419,7 +421,8 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
             scale = 1 + sum(round(1e6 * kap) for _, kap in used)
             m.maximize(scale * sum(placed) - sum(round(1e6 * kap) * u for u, kap in used))
             solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = max(0.01, min(0.1, deadline - time.monotonic()))
+            left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
+            solver.parameters.max_time_in_seconds = max(0.01, min(max(0.1, min(0.5, 0.05 * left_secs)), left_secs))
             solver.parameters.num_workers = 1
             solver.parameters.random_seed = model.seed
             if solver.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
