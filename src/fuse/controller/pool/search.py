@@ -1,11 +1,15 @@
 """Plans and proofs on the whole-machine pattern model (``patterns``).
 
     root LP (column generation) ──► plans: residual rounding, the fill of the
-                                    LP's machines rounded up, fix-and-solve,
-                                    the integer master, the FFD plan
+                                    LP's machines rounded up, the fill of the
+                                    counts MIP's machines (whole counts,
+                                    fractional patterns), fix-and-solve, the
+                                    integer master, the FFD plan
                                 ──► branch-and-price on machine counts
                                     (best bound first, with depth-first dives
-                                    that end in a fill of whole machine counts)
+                                    that end in a fill of whole machine counts;
+                                    reduced-cost fixing limits each child's
+                                    counts, ``patterns.class_limits``)
 
 Every plan here packs by construction; the bound is the least bound of the
 open branch-and-price nodes and of those closed within 10⁻⁶ USD of the plan
