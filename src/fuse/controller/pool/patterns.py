@@ -668,20 +668,27 @@ def extract(model: PlanModel, master: Master, x: np.ndarray) -> Solution:
         if kind[0] not in ("pat", "host") or not v:
             continue
         for _ in range(v if kind[0] == "pat" else 1):
-            counts = {}
-            for g, n in sorted(kind[3].items()):
-                take = min(n, left[g])
-                if groups[g].together and take < groups[g].count:
-                    take = 0
-                if take:
-                    counts[g] = take
-                    left[g] -= take
-            if counts and kind[0] == "host":
-                for g, n in counts.items():
-                    sol.on_hosts[g, kind[1]] = n
-            elif counts:
-                sol.machines.append(Machine(offer=kind[1], counts=counts))
+            take_pattern(model, sol, kind, left)
     return sol
+
+
+def take_pattern(model: PlanModel, sol: Solution, kind: tuple, left: list[int]) -> None:
+    """One machine of pattern column ``kind`` into ``sol`` (a new machine, or its host),
+    holding of each group at most what ``left`` still wants (a together group all or
+    none); ``left`` is decreased by what it holds."""
+    groups, counts = model.groups, {}
+    for g, n in sorted(kind[3].items()):
+        take = min(n, left[g])
+        if groups[g].together and take < groups[g].count:
+            take = 0
+        if take:
+            counts[g] = take
+            left[g] -= take
+    if counts and kind[0] == "host":
+        for g, n in counts.items():
+            sol.on_hosts[g, kind[1]] = n
+    elif counts:
+        sol.machines.append(Machine(offer=kind[1], counts=counts))
 
 
 def prefer_existing(model: PlanModel, sol: Solution) -> Solution:

@@ -33,6 +33,7 @@ from fuse.controller.pool.patterns import (
     extract,
     generate,
     machine_types,
+    take_pattern,
 )
 from fuse.controller.pool.solution import Solution, cost_usd, violations
 
@@ -354,7 +355,9 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
             room[key] = room.get(key, 0.0) + x[j]
     room = {key: math.ceil(v - 1e-6) for key, v in room.items()}
     sol, taken = Solution(), set()
-    for j, kind in enumerate(master.kind):
+    # existing hosts first, as ``extract``: a surplus (cover rows are ≥) lands on new machines
+    for j in sorted(range(len(master.kind)), key=lambda j: master.kind[j][0] != "host"):
+        kind = master.kind[j]
         whole = int(math.floor(x[j] + 1e-6))
         if kind[0] not in ("pat", "host") or whole <= 0:
             continue
@@ -362,19 +365,7 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
         if kind[0] == "host":
             taken.add(("h", kind[1]))
         for _ in range(whole):
-            counts = {}
-            for g, a in sorted(kind[3].items()):
-                take = min(a, left[g])
-                if groups[g].together and take < groups[g].count:
-                    take = 0
-                if take:
-                    counts[g] = take
-                    left[g] -= take
-            if counts and kind[0] == "host":
-                for g, a in counts.items():
-                    sol.on_hosts[g, kind[1]] = a
-            elif counts:
-                sol.machines.append(Machine(offer=kind[1], counts=counts))
+            take_pattern(model, sol, kind, left)
     # an existing host is one machine whatever its classes: one bin, of its longest
     # class with room, unless a whole pattern already took it
     for key in {key for key, _ in room if key[0] == "h"}:
