@@ -203,6 +203,7 @@ class Node:
     n: dict[tuple[tuple[str, int], int], tuple[float, float]] = field(default_factory=dict)
     p: dict[int, tuple[float, float]] = field(default_factory=dict)
     bound: float = 0.0
+    origin: tuple | None = None  # (what was branched on, "down"/"up", the step, the parent's bound)
 
     def __lt__(self, other: Node) -> bool:
         return self.bound < other.bound

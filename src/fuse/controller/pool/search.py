@@ -164,6 +164,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
     seq = 1
     base, synced = Master(model, types, target, None, big_m), 0  # every node's master starts as a copy
     base.cost_cap = best_cost
+    costs: dict[str, dict] = {"down": {}, "up": {}}  # pseudo-costs: bound rise per unit step, per count
     dive: list = []  # the plunge's stack (depth first); empty between dives
     dive_nodes, since_dive = 0, DIVE_EVERY  # the root starts with a dive
 
@@ -206,6 +207,9 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
                 stuck.append(max(bound, nlb))
                 continue
             bound = max(bound, nlb)
+            if node.origin is not None:  # how much the bound rose per unit of the step that made this node
+                what, side, step, parent = node.origin
+                costs[side].setdefault(what, []).append((bound - parent) / max(step, 1e-6))
             if bound >= best_cost - tol:
                 pruned.append(bound)
                 continue
@@ -242,12 +246,13 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             continue
         if in_dive:  # round up the count nearest its ceiling (the cheapest step to integral)
             _, (what, key) = max(frac, key=lambda it: (it[0], str(it[1])))
-        else:  # the most fractional count
-            _, (what, key) = max(frac, key=lambda it: (min(it[0], 1 - it[0]), str(it[1])))
+        else:  # pseudo-costs: the count whose two sides are expected to raise the bound most
+            _, (what, key) = max(frac, key=lambda it: (_score(costs, it[1], it[0]), str(it[1])))
         v = n[key] if what == "n" else p[key]
         limits = class_limits(master, best_cost + tol)  # reduced-cost fixing for the node's children
         for lo_hi in ("down", "up"):  # in a dive the up side is popped first
-            child = Node(n=dict(node.n), p=dict(node.p), bound=bound)
+            child = Node(n=dict(node.n), p=dict(node.p), bound=bound,
+                         origin=((what, key), lo_hi, v - math.floor(v) if lo_hi == "down" else math.ceil(v) - v, bound))
             for kk, most in limits.items():
                 lo, hi = child.n.get(kk, (0, math.inf))
                 if most < hi:
@@ -272,6 +277,21 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             end_dive()
     lb = min([b for b, *_ in heap] + [b for b, *_ in dive] + stuck + pruned + [best_cost])
     return best, best_cost, max(root_lb, lb)
+
+
+def _score(costs: dict, what: tuple, f: float) -> float:
+    """Pseudo-cost score of branching on ``what`` at fractional part ``f``: the product of
+    the bound rises expected on its two sides (the mean over all counts where it has none)."""
+    out = 1.0
+    for side, step in (("down", f), ("up", 1 - f)):
+        seen = costs[side].get(what)
+        if seen:
+            per = sum(seen) / len(seen)
+        else:
+            every = [x for xs in costs[side].values() for x in xs]
+            per = sum(every) / len(every) if every else 1.0
+        out *= max(per * step, 1e-6)
+    return out
 
 
 DIVE_EVERY = 40  # best-first nodes between dives
