@@ -209,7 +209,11 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             bound = max(bound, nlb)
             if node.origin is not None:  # how much the bound rose per unit of the step that made this node
                 what, side, step, parent = node.origin
-                costs[side].setdefault(what, []).append((bound - parent) / max(step, 1e-6))
+                rise = (bound - parent) / max(step, 1e-6)
+                for at in (what, None):
+                    seen = costs[side].setdefault(at, [0.0, 0])
+                    seen[0] += rise
+                    seen[1] += 1
             if bound >= best_cost - tol:
                 pruned.append(bound)
                 continue
@@ -281,16 +285,12 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
 
 def _score(costs: dict, what: tuple, f: float) -> float:
     """Pseudo-cost score of branching on ``what`` at fractional part ``f``: the product of
-    the bound rises expected on its two sides (the mean over all counts where it has none)."""
+    the bound rises expected on its two sides (the mean over all counts where it has none).
+    ``costs[side]``: {count: [sum of rises per unit step, how many]}, and None: the totals."""
     out = 1.0
     for side, step in (("down", f), ("up", 1 - f)):
-        seen = costs[side].get(what)
-        if seen:
-            per = sum(seen) / len(seen)
-        else:
-            every = [x for xs in costs[side].values() for x in xs]
-            per = sum(every) / len(every) if every else 1.0
-        out *= max(per * step, 1e-6)
+        total, n = costs[side].get(what) or costs[side].get(None) or (1.0, 1)
+        out *= max(total / n * step, 1e-6)
     return out
 
 
@@ -349,16 +349,12 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
 
 def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndarray, target: int,
           deadline: float) -> Solution | None:
-    """A plan on the machines of an LP answer ``x`` whose machine counts N_(t,k) are
-    all integral (a branch-and-price node's): the whole machines ⌊λ_j⌋ of each
-    pattern as they are, then the work the fractional patterns share placed on
-    the N_(t,k) − Σ⌊λ_j⌋ machines left of each type and class by a small exact
-    model, one variable per (group, machine) (CP-SAT, most VMs placed). Its cost
-    is then at most Σ κ N (a machine is billed no longer than its class). What
-    does not fit is completed by first fit. A feasible plan placing ``target``
-    VMs, or None."""
-    from ortools.sat.python import cp_model
-
+    """A plan on the machines of an LP answer ``x``: the whole machines ⌊λ_j⌋ of each
+    pattern as they are, then the work the fractional patterns share placed on the
+    ⌈N_(t,k)⌉ − Σ⌊λ_j⌋ machines left of each type and class (``_place_rest``). When
+    the counts N are integral (a branch-and-price node's) and everything fits, the
+    cost is at most Σ κ N (a machine is billed no longer than its class). What does
+    not fit is completed by first fit. A feasible plan placing ``target`` VMs, or None."""
     from fuse.controller.pool.greedy import greedy
     from fuse.controller.pool.solution import Machine
 
@@ -393,70 +389,81 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
         for k in ks:
             room[key, k] = 1 if k == ks[-1] and key not in taken else 0
     bins = [(by_key[key], k) for (key, k), r in sorted(room.items()) for _ in range(max(r, 0))]
-    need = [g for g in range(len(groups)) if left[g] > 0]
-    if bins and need:
-        m = cp_model.CpModel()
-        xs: dict[tuple[int, int], cp_model.IntVar] = {}
-        for b, (ty, k) in enumerate(bins):
-            load = []
-            for g in need:
-                if g not in ty.cls or ty.cls[g] > k or ty.q[g] <= 0:
-                    continue
-                grp = groups[g]
-                unit = grp.count if grp.together else 1
-                xs[g, b] = m.new_int_var(0, 1 if grp.together else min(left[g], ty.q[g]), f"x{g}_{b}")
-                load.append((xs[g, b], unit, grp))
-            if not load:
-                continue
-            m.add(sum(v * u * grp.cpus for v, u, grp in load) <= ty.cap_cpu)
-            m.add(sum(v * u * grp.mem_mib for v, u, grp in load) <= ty.cap_mem)
-            per = 1 if ty.one_space(model) else ty.slots
-            if per is not None:
-                m.add(sum(v * u for v, u, _ in load) <= per)
-        used, used_of = [], {}
-        for b, (ty, k) in enumerate(bins):
-            mine = [v for (g, bb), v in xs.items() if bb == b]
-            if mine:
-                used_of[b] = m.new_bool_var(f"u{b}")
-                for v in mine:
-                    m.add(v == 0).only_enforce_if(used_of[b].Not())
-                used.append((used_of[b], ty.kappa[k]))
-        for b in range(len(bins) - 1):  # identical machines: the used ones first
-            if bins[b] == bins[b + 1] and b in used_of and b + 1 in used_of:
-                m.add_implication(used_of[b + 1], used_of[b])
-        placed = []
-        for g in need:
-            col = [v for (gg, _), v in xs.items() if gg == g]
-            if col:
-                unit = groups[g].count if groups[g].together else 1
-                m.add(sum(col) * unit <= left[g])
-                placed.append(sum(col) * unit)
-        if placed:
-            # most VMs first, then the least cost of the machines used (micro-USD)
-            scale = 1 + sum(round(1e6 * kap) for _, kap in used)
-            m.maximize(scale * sum(placed) - sum(round(1e6 * kap) * u for u, kap in used))
-            solver = cp_model.CpSolver()
-            left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
-            solver.parameters.max_time_in_seconds = max(0.01, min(max(0.1, min(0.5, 0.05 * left_secs)), left_secs))
-            solver.parameters.num_workers = 1
-            solver.parameters.random_seed = model.seed
-            if solver.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                filled: dict[int, dict[int, int]] = {}
-                for (g, b), v in xs.items():
-                    got = solver.value(v) * (groups[g].count if groups[g].together else 1)
-                    if got:
-                        filled.setdefault(b, {})[g] = got
-                for b, counts in sorted(filled.items()):
-                    ty = bins[b][0]
-                    for g, a in counts.items():
-                        left[g] -= a
-                    if ty.host:
-                        for g, a in counts.items():
-                            sol.on_hosts[g, ty.t] = sol.on_hosts.get((g, ty.t), 0) + a
-                    else:
-                        sol.machines.append(Machine(offer=ty.t, counts=counts))
+    for b, counts in _place_rest(model, bins, left, deadline):
+        ty = bins[b][0]
+        for g, a in counts.items():
+            left[g] -= a
+        if ty.host:
+            for g, a in counts.items():
+                sol.on_hosts[g, ty.t] = sol.on_hosts.get((g, ty.t), 0) + a
+        else:
+            sol.machines.append(Machine(offer=ty.t, counts=counts))
     if any(v > 0 for v in left):
         sol = greedy(model, start=sol)
     if violations(model, sol) or sum(sol.placed(len(groups))) < target:
         return None
     return sol
+
+
+def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: list[int],
+                deadline: float) -> list[tuple[int, dict[int, int]]]:
+    """Place what ``left`` still wants on ``bins`` (one per machine: its type and class),
+    exactly: one CP-SAT variable per (group, machine), most VMs first, then the least
+    cost of the machines used. [(bin, {group: VMs})], empty when nothing is placed."""
+    from ortools.sat.python import cp_model
+
+    groups = model.groups
+    need = [g for g in range(len(groups)) if left[g] > 0]
+    if not bins or not need:
+        return []
+    m = cp_model.CpModel()
+    xs: dict[tuple[int, int], cp_model.IntVar] = {}
+    of_group: dict[int, list] = {g: [] for g in need}
+    used = []
+    for b, (ty, k) in enumerate(bins):
+        load = []
+        for g in need:
+            if g not in ty.cls or ty.cls[g] > k or ty.q[g] <= 0:
+                continue
+            grp = groups[g]
+            unit = grp.count if grp.together else 1
+            xs[g, b] = m.new_int_var(0, 1 if grp.together else min(left[g], ty.q[g]), f"x{g}_{b}")
+            load.append((xs[g, b], unit, grp))
+            of_group[g].append(xs[g, b] * unit)
+        if not load:
+            used.append(None)
+            continue
+        m.add(sum(v * u * grp.cpus for v, u, grp in load) <= ty.cap_cpu)
+        m.add(sum(v * u * grp.mem_mib for v, u, grp in load) <= ty.cap_mem)
+        per = 1 if ty.one_space(model) else ty.slots
+        if per is not None:
+            m.add(sum(v * u for v, u, _ in load) <= per)
+        on = m.new_bool_var(f"u{b}")
+        for v, _, _ in load:
+            m.add(v == 0).only_enforce_if(on.Not())
+        if b and used[-1] is not None and bins[b - 1][0] is ty and bins[b - 1][1] == k:
+            m.add_implication(on, used[-1])  # identical machines: the used ones first
+        used.append(on)
+    placed = [sum(col) for g, col in of_group.items() if col]
+    if not placed:
+        return []
+    for g, col in of_group.items():
+        if col:
+            m.add(sum(col) <= left[g])
+    # most VMs first, then the least cost of the machines used (micro-USD)
+    price = [(on, round(1e6 * bins[b][0].kappa[bins[b][1]])) for b, on in enumerate(used) if on is not None]
+    scale = 1 + sum(c for _, c in price)
+    m.maximize(scale * sum(placed) - sum(c * on for on, c in price))
+    solver = cp_model.CpSolver()
+    left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
+    solver.parameters.max_time_in_seconds = max(0.01, min(max(0.1, min(0.5, 0.05 * left_secs)), left_secs))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = model.seed
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return []
+    filled: dict[int, dict[int, int]] = {}
+    for (g, b), v in xs.items():
+        got = solver.value(v) * (groups[g].count if groups[g].together else 1)
+        if got:
+            filled.setdefault(b, {})[g] = got
+    return sorted(filled.items())
