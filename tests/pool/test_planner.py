@@ -160,3 +160,14 @@ def test_a_plan_is_not_exact_while_the_most_placeable_count_is_unproven(monkeypa
     assert calls[0] == "optimal"  # the stage-1 answer was in fact optimal, but reported unproven
     assert p.solver == "exact-incumbent" and sum(a.count for a in p.assignments) == 2
     assert any("most VMs that can be placed" in line for line in p.explain)
+
+
+def test_a_host_placement_undone_by_the_monthly_budget_leaves_nothing_behind():
+    # first fit puts the VM on the running host, then takes it back (an hour there costs
+    # $0.50, the month has $0.20 left): no empty entry may remain for the exact models
+    m = PlanModel(groups=[DemandGroup(name="g", count=1, cpus=1, mem_mib=512, kind="container", duration_secs=3600)],
+                  hosts=[PoolHost(name="h", vcpus=1, mem_mib=2048, kvm=False, own=False, usd_per_hour=0.5)],
+                  constraints=Constraints(monthly_usd_left=0.2), time_limit_secs=2.0).sorted()
+    assert greedy(m).on_hosts == {}
+    p = plan(m)
+    assert p.assignments == [] and [u.count for u in p.unplaced] == [1]

@@ -102,9 +102,13 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
         if bins.kind[b] == "host":
             key = (g, bins.index[b])
             sol.on_hosts[key] = sol.on_hosts.get(key, 0) + k
+            if sol.on_hosts[key] == 0:  # an add undone (over the monthly budget) leaves no entry
+                del sol.on_hosts[key]
         else:
             m = sol.machines[bins.index[b]]
             m.counts[g] = m.counts.get(g, 0) + k
+            if m.counts[g] == 0:
+                del m.counts[g]
 
     items = sorted(range(len(groups)), key=lambda g: (
         -(groups[g].mem_mib * (groups[g].count if groups[g].together else 1)),
