@@ -95,7 +95,7 @@ def test_fill_puts_the_work_on_the_lp_machines_rounded_up_and_costs_no_more():
     for m in (random_model(1, 100, 5, 20, 4).sorted(), random_model(2, 300, 8, 20, 0).sorted()):
         target = sum(greedy(m).placed(len(m.groups)))
         types, master, res = _root(m, target)
-        sol = search._fill(m, types, master, res.x, target, time.monotonic() + 5)
+        sol = search._fill(m, types, master.kind, res.x, target, time.monotonic() + 5)
         assert sol is not None and violations(m, sol) == []
         assert sum(sol.placed(len(m.groups))) >= target
         n, _, _ = search._counts(master, res.x)

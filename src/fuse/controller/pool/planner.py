@@ -52,9 +52,11 @@ is compared against first-fit decreasing on the whole model: the better one
 Before the aggregate model, ``patterns`` solves the whole-machine pattern model
 (Gilmore–Gomory, column generation priced by a per-type knapsack DP, HiGHS for
 the LP and the integer master; each existing host is a type of its own with
-one machine), whose LP must settle within half the time; branch-and-price on
-machine counts may then use the rest. Its plans pack by construction and its
-bound is valid. It answers ``exact`` when its plan meets its bound; when its
+one machine), whose LP must settle within half the time; Benders cuts on the
+machine counts (``benders``: an integer master over N_tk, each answer checked
+by a feasibility LP that returns a cut or holds the work) and then
+branch-and-price on machine counts may use the rest. Its plans pack by
+construction and its bound is valid. It answers ``exact`` when its plan meets its bound; when its
 search ran to the time limit the aggregate model (a weaker bound) is skipped;
 else the better plan of the two is kept and the bound is the larger of the two
 (each bounds every plan placing the target). Offers are first pruned by

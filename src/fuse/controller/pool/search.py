@@ -3,17 +3,22 @@
     root LP (column generation) ──► plans: residual rounding, the fill of the
                                     LP's machines rounded up, the fill of the
                                     counts MIP's machines (whole counts,
-                                    fractional patterns), fix-and-solve, the
-                                    integer master, the FFD plan
+                                    fractional patterns)
+                                ──► Benders cuts on the machine counts from
+                                    the best plan so far (``benders``): most
+                                    proofs at 1,000 VMs end here
+                                ──► fix-and-solve, the integer master, the
+                                    FFD plan
                                 ──► branch-and-price on machine counts
                                     (best bound first, with depth-first dives
                                     that end in a fill of whole machine counts;
                                     reduced-cost fixing limits each child's
                                     counts, ``patterns.class_limits``)
 
-Every plan here packs by construction; the bound is the least bound of the
-open branch-and-price nodes and of those closed within 10⁻⁶ USD of the plan
-(see ``solve``), each a Lagrangian bound computed from the LP's row prices.
+Every plan here packs by construction; the bound is the larger of the Benders
+master's (HiGHS's dual bound on a relaxation of every plan) and the least bound
+of the open branch-and-price nodes and of those closed within 10⁻⁶ USD of the
+plan (see ``solve``), each a Lagrangian bound computed from the LP's row prices.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 
 import numpy as np
 
+from fuse.controller.pool.benders import prove
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.patterns import (
     MachineType,
@@ -96,15 +102,27 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         return None
     end = max(deadline, search_deadline or deadline) if converged else deadline
     cands = [sol for sol in (_residual(model, root, res.x, target),
-                             _fill(model, types, root, res.x, target, deadline) if converged else None)
+                             _fill(model, types, root.kind, res.x, target, deadline) if converged else None)
              if sol is not None]
     met = converged and any(cost_usd(model, sol) <= lb + 1e-6 for sol in cands)  # the root LP's plan is whole
+    cuts_lb = -math.inf
     if converged and not met:
         so_far = min([cost_usd(model, sol) for sol in cands]
                      + [cost_usd(model, start) if sum(start.placed(len(groups))) >= target else math.inf])
-        x = root.counts_mip(0.35 * (end - time.monotonic()), class_limits(root, so_far + 1e-6))
+        x = root.counts_mip(min(COUNTS_SHARE * (end - time.monotonic()), COUNTS_SECS), class_limits(root, so_far + 1e-6))
         if x is not None:
-            cands.append(_fill(model, types, root, x, target, end))
+            cands.append(_fill(model, types, root.kind, x, target, end))
+        # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
+        held = min([sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
+                   + ([start] if sum(start.placed(len(groups))) >= target else []),
+                   key=lambda sol: cost_usd(model, sol), default=None)
+        if held is not None:
+            y = np.minimum(res.ineqlin.marginals, 0.0)
+            sol, cost, cuts_lb, proven = prove(model, types, target, pool, root, y, held, cost_usd(model, held),
+                                               time.monotonic() + BENDERS_SHARE * (end - time.monotonic()))
+            if proven:
+                return sol, cost, True, True  # proven: no plan is cheaper by more than 10⁻⁶ USD
+            cands.append(sol)
         dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
         if dived is not None:
             cands.append(dived)
@@ -125,6 +143,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         except TooBig:
             pass
     lb = max(0.0, lb - 1e-9 * max(1.0, abs(lb)))  # float rounding in the bound's sums
+    lb = max(lb, cuts_lb)  # both bound every plan placing the target
     proven = converged and best_cost <= lb + 1e-6
     return best, min(lb, best_cost), proven, converged
 
@@ -225,7 +244,7 @@ def _branch(model, types, target, pool, res, root, root_lb, best, best_cost, dea
             if art > 1e-7:
                 stuck.append(bound)
                 continue
-            sol = _fill(model, types, master, nres.x, target, deadline)
+            sol = _fill(model, types, master.kind, nres.x, target, deadline)
             if sol is not None:
                 cost = cost_usd(model, sol)
                 if cost < best_cost:
@@ -294,6 +313,8 @@ def _score(costs: dict, what: tuple, f: float) -> float:
     return out
 
 
+COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
+BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
 DIVE_EVERY = 40  # best-first nodes between dives
 DIVE_NODES = 60  # nodes one dive may take before it hands its open nodes back
 
@@ -347,9 +368,10 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
     return sol
 
 
-def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndarray, target: int,
+def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.ndarray, target: int,
           deadline: float) -> Solution | None:
-    """A plan on the machines of an LP answer ``x``: the whole machines ⌊λ_j⌋ of each
+    """A plan on the machines of an LP answer ``x`` over columns ``kinds`` (a master's
+    ``kind``: placed counts ("p", g) and patterns): the whole machines ⌊λ_j⌋ of each
     pattern as they are, then the work the fractional patterns share placed on the
     ⌈N_(t,k)⌉ − Σ⌊λ_j⌋ machines left of each type and class (``_place_rest``). When
     the counts N are integral (a branch-and-price node's) and everything fits, the
@@ -360,10 +382,10 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
 
     groups = model.groups
     by_key = {ty.key: ty for ty in types}
-    x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(master.kind) - len(x)))])
+    x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(kinds) - len(x)))])
     left = [0] * len(groups)
     room: dict[tuple, float] = {}
-    for j, kind in enumerate(master.kind):
+    for j, kind in enumerate(kinds):
         if kind[0] == "p":
             left[kind[1]] = int(round(x[j])) * (groups[kind[1]].count if groups[kind[1]].together else 1)
         elif kind[0] in ("pat", "host"):
@@ -372,8 +394,8 @@ def _fill(model: PlanModel, types: list[MachineType], master: Master, x: np.ndar
     room = {key: math.ceil(v - 1e-6) for key, v in room.items()}
     sol, taken = Solution(), set()
     # existing hosts first, as ``extract``: a surplus (cover rows are ≥) lands on new machines
-    for j in sorted(range(len(master.kind)), key=lambda j: master.kind[j][0] != "host"):
-        kind = master.kind[j]
+    for j in sorted(range(len(kinds)), key=lambda j: kinds[j][0] != "host"):
+        kind = kinds[j]
         whole = int(math.floor(x[j] + 1e-6))
         if kind[0] not in ("pat", "host") or whole <= 0:
             continue

@@ -1,0 +1,336 @@
+"""Proofs on whole machine counts: Benders cuts over the pattern model (``patterns``).
+
+Branch-and-price closes the last 0.1–1.5 % between the LP bound and the best
+plan slowly: each node is a column generation. But the counts relaxation —
+whole machine counts N_tk, fractional patterns λ — is nearly always tight at
+this scale, and its feasible counts are cut out by linear inequalities on N:
+
+  for any prices π ≥ 0 on the groups, a plan placing p_g VMs of each group g on
+  N_tk machines of each type t and class k has  Σ_g π_g p_g ≤ Σ_tk V_tk(π) N_tk,
+  V_tk(π) = max over the patterns of (t, k) of Σ_g π_g a_g
+
+(every VM placed sits in a pattern, and a machine holds at most V of π-value).
+So the *master* — min Σ_tk κ_tk N_tk over integer N and placed counts p with
+the caps (limits, hosts, budget, quotas, the target) and every cut found so far
+— is a relaxation of the planner's problem, with ≤ a few hundred variables.
+HiGHS solves it; its answer N* is checked by the *feasibility LP* (column
+generation over λ with Σ_{j∈(t,k)} λ_j ≤ N*_tk; minimise the VMs left over):
+  - some VMs left over: the LP's row prices π give a cut that N* violates
+    (Farkas), which joins the master;
+  - none: N* holds the work fractionally; ``search._fill`` places it on exactly
+    those machines (whole patterns, then an exact CP-SAT placement of the rest).
+    A plan found costs at most Σ κ N* and becomes the plan in hand.
+With a plan costing U in hand, the master gets the row Σ κ N ≤ U − ε: when HiGHS
+finds it infeasible, no plan is cheaper than U − ε and U is proven optimal.
+
+The master starts with the cut at the root LP's prices and with cuts that need
+no DP (``capacity_cuts``: vCPUs and memory of the work of duration ≥ δ, of its
+KVM part, and each group's VMs per machine), which spare it most of the answers
+that cost exactly the LP bound but hold nothing like the work. Reduced-cost
+fixing (``patterns.class_limits``) bounds each N_tk. The master is solved to a
+0.01 % gap while it only proposes counts, to none for the last proof; one solve
+may take half the time left, so a master grown hard hands the rest of the time
+to branch-and-price.
+
+Every cut is valid for every plan, whatever N* it was found at, so the master's
+optimum (HiGHS's dual bound on it) is a lower bound at every iteration. V_tk is
+exact (one dynamic programme per set of allowed groups, ``class_values``), and
+rounded up; the proof trusts HiGHS's branch and bound on the small master.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog
+from scipy.sparse import csc_matrix
+
+from fuse.controller.pool.model import PlanModel
+from fuse.controller.pool.patterns import EPS, MAX_CELLS, MachineType, Master, TooBig, _price, class_limits, milp
+from fuse.controller.pool.solution import Solution, cost_usd
+
+EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's exactness)
+PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
+MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
+MASTER_SHARE = 0.5  # of the time left, for one solve of the master
+
+
+def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> dict[tuple, float]:
+    """{(type key, class): V_tk(π), the most π-value one machine of the class holds}, exact.
+
+    One bounded-knapsack DP (vCPUs × memory in the groups' common memory unit)
+    per set of types that admit the same groups, over the largest machine of the
+    set: the table's cell (C_t, M_t) is type t's optimum, since a smaller machine's
+    patterns are the bigger one's that fit in (C_t, M_t). Groups enter by
+    duration; the table after the groups of duration ≤ δ_k is class k's. A host
+    with a VM-count limit has a DP of its own (a third dimension, VMs)."""
+    groups = model.groups
+    out: dict[tuple, float] = {}
+    sets: dict[tuple, list[MachineType]] = {}
+    for ty in types:
+        if ty.one_space(model):  # one VM per machine: the best single VM of the class
+            for k in range(len(ty.deltas)):
+                out[ty.key, k] = max([pi[g] for g in ty.groups if ty.cls[g] <= k and ty.q[g] >= 1
+                                      and (not groups[g].together or groups[g].count == 1)] + [0.0])
+            continue
+        own = ty.key if ty.slots is not None else None
+        sets.setdefault((tuple(ty.groups), own), []).append(ty)
+    for (gs, own), tys in sets.items():
+        items = []  # (group, value, vCPUs, MiB, copies, VMs per copy)
+        for g in gs:
+            grp = groups[g]
+            if pi[g] <= EPS:
+                continue
+            if grp.together:
+                items.append((g, pi[g] * grp.count, grp.cpus * grp.count, grp.mem_mib * grp.count, 1, grp.count))
+            else:
+                items.append((g, pi[g], grp.cpus, grp.mem_mib, grp.count, 1))
+        if not items:
+            out.update({(ty.key, k): 0.0 for ty in tys for k in range(len(ty.deltas))})
+            continue
+        unit = 0
+        for it in items:
+            unit = math.gcd(unit, it[3])
+        C, M = max(ty.cap_cpu for ty in tys), max(ty.cap_mem for ty in tys) // unit
+        S = tys[0].slots if own is not None else 0
+        if (C + 1) * (M + 1) * (S + 1) > MAX_CELLS:
+            raise TooBig
+        f = np.zeros((C + 1, M + 1, S + 1))
+        after: dict[int, np.ndarray] = {}  # duration -> the table's last VM layer after its groups
+        for d in sorted({groups[g].duration_secs for g in gs}):
+            for g, v, wc, wm, u, per in items:
+                if groups[g].duration_secs != d:
+                    continue
+                wm //= unit
+                m = 1
+                while u > 0:  # binary split of the bound
+                    n = min(m, u)
+                    u -= n
+                    m *= 2
+                    cw, mw, sw = wc * n, wm * n, (n * per if own is not None else 0)
+                    if cw > C or mw > M or sw > S:
+                        break
+                    sub = f[cw:, mw:, sw:]
+                    np.maximum(sub, f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n, out=sub)
+            after[d] = f[:, :, S].copy()
+        durations = sorted(after)
+        for ty in tys:
+            for k, delta in enumerate(ty.deltas):
+                d = max((d for d in durations if d <= delta), default=None)
+                out[ty.key, k] = 0.0 if d is None else float(after[d][ty.cap_cpu, ty.cap_mem // unit])
+    return out
+
+
+def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, root: Master, y: np.ndarray,
+          best: Solution, best_cost: float, deadline: float) -> tuple[Solution, float, float, bool]:
+    """(plan, its cost, a valid lower bound, proven optimal) by Benders cuts on machine
+    counts (module docstring), starting from ``root``'s rows (the caps) and one cut at
+    the root LP's row prices ``y``; ``pool`` holds every pattern priced so far (new ones
+    join it). Stops at ``deadline``, or when a count the LP holds does not pack."""
+    from fuse.controller.pool.search import _fill
+
+    groups = model.groups
+    G = len(groups)
+    keys = [(ty.key, k) for ty in types for k in range(len(ty.deltas))]
+    at = {key: i for i, key in enumerate(keys)}
+    nk, nv = len(keys), len(keys) + G
+    unit = np.array([g.count if g.together else 1 for g in groups], dtype=float)  # VMs per placed unit u_g
+    cost = np.concatenate([[ty.kappa[k] for ty in types for k in range(len(ty.deltas))], np.zeros(G)])
+    lo = np.zeros(nv)
+    hi = np.concatenate([[ty.ub for ty in types for k in range(len(ty.deltas))],
+                         [1 if g.together else g.count for g in groups]]).astype(float)
+    # the caps, on the counts: every row of the root master but the cover rows
+    rows, rlo, rhi = [], [], []
+    for r, coef in root.caps:
+        row = np.zeros(nv)
+        for key, v in coef.items():
+            if key in at:
+                row[at[key]] = v
+        rows.append(row)
+        rlo.append(-np.inf)
+        rhi.append(root.b[r])
+    if root.monthly is not None:
+        rows.append(cost.copy())
+        rlo.append(-np.inf)
+        rhi.append(root.b[root.monthly])
+    rows.append(np.concatenate([np.zeros(nk), unit]))
+    rlo.append(float(target))
+    rhi.append(np.inf)
+
+    def cut(pi: np.ndarray) -> None:
+        rows.append(value_cut(model, types, at, pi))
+        rlo.append(0.0)
+        rhi.append(np.inf)
+
+    for row in capacity_cuts(model, types, at):
+        rows.append(row)
+        rlo.append(0.0)
+        rhi.append(np.inf)
+    lb = -math.inf
+    try:
+        cut(np.array([-y[r] for r in root.cover]))
+        while time.monotonic() < deadline:
+            for key, most in class_limits(root, best_cost + EPS_USD).items():  # reduced-cost fixing
+                hi[at[key]] = min(hi[at[key]], most)
+            res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, MASTER_GAP, deadline)
+            if res is None:
+                break
+            if res.status == 2:  # no counts cheaper than the plan in hand: it is optimal
+                return best, best_cost, best_cost - PROVEN_GAP, True
+            x = np.round(res.x)
+            if float(cost @ x) >= best_cost - EPS_USD:  # only the plan in hand, within HiGHS's
+                res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, 0.0, deadline)  # tolerance: prove it
+                if res is None:
+                    break
+                if res.status == 2:
+                    return best, best_cost, best_cost - PROVEN_GAP, True
+                x = np.round(res.x)
+                bound = getattr(res, "mip_dual_bound", -math.inf)
+                if float(cost @ x) >= best_cost - EPS_USD:
+                    if bound >= best_cost - EPS_USD:
+                        return best, best_cost, best_cost - PROVEN_GAP, True
+                    return best, best_cost, max(lb, bound), False
+            lb = max(lb, min(getattr(res, "mip_dual_bound", -math.inf), best_cost - EPS_USD))
+            n, u = x[:nk].astype(int), x[nk:].astype(int)
+            found = _feasible(model, types, pool, {key: int(n[i]) for i, key in enumerate(keys) if n[i] > 0},
+                              u * unit, deadline)
+            if found is None:
+                break
+            pi, kinds, lam = found
+            if pi is not None:
+                cut(pi)
+                continue
+            sol = _fill(model, types, [("p", g) for g in range(G)] + kinds,
+                        np.concatenate([u.astype(float), lam]), target, deadline)
+            if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
+                break  # the counts hold the work fractionally, but it did not pack on them
+            best, best_cost = sol, cost_usd(model, sol)
+    except TooBig:
+        pass
+    return best, best_cost, lb, False
+
+
+def value_cut(model: PlanModel, types: list[MachineType], at: dict[tuple, int], pi: np.ndarray) -> np.ndarray:
+    """The cut at prices π as a row over (N_tk in ``at``'s order, then u_g):
+    Σ_tk V_tk(π) N_tk − Σ_g π_g p_g ≥ 0 with p_g = u_g (n_g·u_g for a together group),
+    V rounded up so float error only weakens it."""
+    groups = model.groups
+    row = np.zeros(len(at) + len(groups))
+    for key, v in class_values(model, types, pi).items():
+        row[at[key]] = v * (1 + 1e-9) + 1e-9
+    row[len(at):] = -pi * np.array([g.count if g.together else 1 for g in groups])
+    return row
+
+
+def capacity_cuts(model: PlanModel, types: list[MachineType], at: dict[tuple, int]) -> list[np.ndarray]:
+    """Cuts whose V needs no DP (rows as ``value_cut``'s): for a set S of groups and a
+    resource (vCPUs, MiB), a machine of (t, k) holds at most its capacity of S's work
+    when some group of S may use it, else none; S: the groups of duration ≥ δ (a class
+    below δ holds none of them), and those of them that need KVM. And per group g: a
+    machine holds at most min(q_gt, n_g) of its VMs (a together group: all or none)."""
+    groups = model.groups
+    nk, nv = len(at), len(at) + len(groups)
+    unit = np.array([g.count if g.together else 1 for g in groups], dtype=float)
+    out = []
+    durations = sorted({g.duration_secs for g in groups})
+    sets = []
+    for d in durations:
+        sets.append([g for g, grp in enumerate(groups) if grp.duration_secs >= d])
+        sets.append([g for g, grp in enumerate(groups) if grp.duration_secs >= d and grp.needs_kvm])
+    for S in sets:
+        if not S:
+            continue
+        for res in ("cpus", "mem_mib"):
+            row = np.zeros(nv)
+            for ty in types:
+                cap = ty.cap_cpu if res == "cpus" else ty.cap_mem
+                for k in range(len(ty.deltas)):
+                    if any(g in ty.cls and ty.cls[g] <= k for g in S):
+                        row[at[ty.key, k]] = cap
+            for g in S:
+                row[nk + g] = -getattr(groups[g], res) * unit[g]
+            out.append(row)
+    for g, grp in enumerate(groups):  # VMs of g: min(q_gt, n_g) a machine, all of a together group or none
+        row = np.zeros(nv)
+        for ty in types:
+            if g in ty.cls:
+                most = (grp.count if ty.q[g] >= grp.count else 0) if grp.together else min(ty.q[g], grp.count)
+                row[[at[ty.key, k] for k in range(ty.cls[g], len(ty.deltas))]] = most
+        row[nk + g] = -unit[g]
+        out.append(row)
+    return out
+
+
+def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float):
+    """HiGHS on the master, with Σ κ N ≤ best_cost − ε when a plan is in hand; None
+    when out of time without an answer."""
+    a, alo, ahi = list(rows), list(rlo), list(rhi)
+    if best_cost < math.inf:
+        a.append(cost)
+        alo.append(-np.inf)
+        ahi.append(best_cost - EPS_USD / 2)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    left = max(min(left, 0.05), MASTER_SHARE * left)  # a master that grows hard hands the time back
+    res = milp(cost, integrality=np.ones(len(cost)), bounds=Bounds(lo, hi),
+               constraints=LinearConstraint(np.array(a), np.array(alo), np.array(ahi)),
+               options={"mip_rel_gap": gap, "disp": False, "time_limit": left})
+    if res.status == 2:
+        return res
+    return res if res.x is not None and res.status == 0 else None
+
+
+def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tuple, int], p: np.ndarray,
+              deadline: float):
+    """Does the work p fit fractionally on the machines n? Column generation on
+    min Σ_g s_g  s.t.  Σ_j a_gj λ_j + s_g ≥ p_g,  Σ_{j∈(t,k)} λ_j ≤ n_tk,  λ, s ≥ 0.
+    (π, None, None) with the cover rows' prices when VMs are left over (a cut N
+    violates); (None, pattern kinds, λ) when none are; None when out of time."""
+    G = len(model.groups)
+    live = sorted(n)
+    li = {key: i for i, key in enumerate(live)}
+    cols = [(ty, k, c) for ty, k, c in pool if (ty.key, k) in li]
+    seen = {(ty.key, k, tuple(sorted(c.items()))) for ty, k, c in cols}
+    while time.monotonic() < deadline:
+        nc = len(cols)
+        r_, c_, v_ = [], [], []
+        for j, (ty, k, counts) in enumerate(cols):
+            for g, a in counts.items():
+                r_.append(g)
+                c_.append(j)
+                v_.append(-float(a))
+            r_.append(G + li[ty.key, k])
+            c_.append(j)
+            v_.append(1.0)
+        for g in range(G):
+            r_.append(g)
+            c_.append(nc + g)
+            v_.append(-1.0)
+        a = csc_matrix((v_, (r_, c_)), shape=(G + len(live), nc + G))
+        b = np.concatenate([-np.asarray(p, dtype=float), [float(n[key]) for key in live]])
+        res = linprog(np.concatenate([np.zeros(nc), np.ones(G)]), A_ub=a, b_ub=b, bounds=(0, None), method="highs")
+        if res.status != 0:
+            return None
+        y = res.ineqlin.marginals
+        pi, mu = np.maximum(-y[:G], 0.0), np.maximum(-y[G:], 0.0)
+        new = 0
+        for ty in types:
+            if not any((ty.key, k) in li for k in range(len(ty.deltas))):
+                continue
+            # a pattern improves when its π-value beats its class's price μ (reduced cost
+            # κ + (μ − κ) − value, as ``_price`` counts it); closed classes never do
+            shift = [(mu[li[ty.key, k]] if (ty.key, k) in li else 1e18) - ty.kappa[k] for k in range(len(ty.deltas))]
+            for _, k, counts in _price(model, ty, pi, shift):
+                key = (ty.key, k, tuple(sorted(counts.items())))
+                if (ty.key, k) in li and key not in seen:
+                    seen.add(key)
+                    cols.append((ty, k, counts))
+                    pool.append((ty, k, counts))
+                    new += 1
+        if new == 0:
+            kinds = [("host" if ty.host else "pat", ty.t, k, dict(counts)) for ty, k, counts in cols]
+            return (pi if res.fun > 1e-7 else None), kinds, res.x[:nc]
+    return None
