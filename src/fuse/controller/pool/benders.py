@@ -16,7 +16,8 @@ the caps (limits, hosts, budget, quotas, the target) and every cut found so far
 HiGHS solves it; its answer N* is checked by the *feasibility LP* (column
 generation over λ with Σ_{j∈(t,k)} λ_j ≤ N*_tk; minimise the VMs left over):
   - some VMs left over: the LP's row prices π give a cut that N* violates
-    (Farkas), which joins the master;
+    (Farkas), which joins the master; the LP's whole machines and first fit
+    for the rest make a plan near N*, kept when it is cheaper (``_round``);
   - none: N* holds the work fractionally; ``search._fill`` places it on exactly
     those machines (whole patterns, then an exact CP-SAT placement of the rest).
     A plan found costs at most Σ κ N* and becomes the plan in hand.
@@ -48,8 +49,18 @@ from scipy.optimize import Bounds, LinearConstraint, linprog
 from scipy.sparse import csc_matrix
 
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.patterns import EPS, MAX_CELLS, MachineType, Master, TooBig, _price, class_limits, milp
-from fuse.controller.pool.solution import Solution, cost_usd
+from fuse.controller.pool.patterns import (
+    EPS,
+    MAX_CELLS,
+    MachineType,
+    Master,
+    TooBig,
+    _price,
+    class_limits,
+    milp,
+    take_pattern,
+)
+from fuse.controller.pool.solution import Solution, cost_usd, violations
 
 EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's exactness)
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
@@ -201,6 +212,9 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             pi, kinds, lam = found
             if pi is not None:
                 cut(pi)
+                sol = _round(model, kinds, lam, u * unit, target)  # a plan near N*, when one is cheaper
+                if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                    best, best_cost = sol, cost_usd(model, sol)
                 continue
             sol = _fill(model, types, [("p", g) for g in range(G)] + kinds,
                         np.concatenate([u.astype(float), lam]), target, deadline)
@@ -261,6 +275,23 @@ def capacity_cuts(model: PlanModel, types: list[MachineType], at: dict[tuple, in
         row[nk + g] = -unit[g]
         out.append(row)
     return out
+
+
+def _round(model: PlanModel, kinds: list[tuple], lam: np.ndarray, p: np.ndarray, target: int) -> Solution | None:
+    """A plan from counts that do not hold the work: the feasibility LP's whole machines
+    (⌊λ_j⌋ of each pattern, existing hosts first), the rest by first fit. Cheap (no
+    CP-SAT), so every proposal of the master may give the plan in hand a rival."""
+    from fuse.controller.pool.greedy import greedy
+
+    left = [int(round(v)) for v in p]
+    sol = Solution()
+    for j in sorted(range(len(kinds)), key=lambda j: kinds[j][0] != "host"):
+        for _ in range(int(math.floor(lam[j] + 1e-9))):
+            take_pattern(model, sol, kinds[j], left)
+    sol = greedy(model, start=sol)
+    if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
+        return None
+    return sol
 
 
 def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float):
