@@ -27,7 +27,9 @@ finds it infeasible, no plan is cheaper than U − ε and U is proven optimal.
 The master starts with the cut at the root LP's prices and with cuts that need
 no DP (``capacity_cuts``: vCPUs and memory of the work of duration ≥ δ, of its
 KVM part, and each group's VMs per machine), which spare it most of the answers
-that cost exactly the LP bound but hold nothing like the work. Reduced-cost
+that cost exactly the LP bound but hold nothing like the work; so do up to
+``KELLEY_ROUNDS`` proposals of the master's LP relaxation (cheap: an LP, not a
+branch and bound) checked the same way before the integer master. Reduced-cost
 fixing (``patterns.class_limits``) bounds each N_tk. The master is solved to a
 0.01 % gap while it only proposes counts, to none for the last proof; one solve
 may take half the time left, so a master grown hard hands the rest of the time
@@ -66,6 +68,7 @@ EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's ex
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
+KELLEY_ROUNDS = 15  # proposals of the LP master before the integer one
 
 
 def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> dict[tuple, float]:
@@ -182,6 +185,24 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
     lb = -math.inf
     try:
         cut(np.array([-y[r] for r in root.cover]))
+        # the LP master first (Kelley): a proposal costs an LP of ~5 ms instead of a
+        # branch and bound, and its cuts spare the integer master most of its rounds
+        for _ in range(KELLEY_ROUNDS):
+            if time.monotonic() >= deadline:
+                break
+            res = milp(cost, integrality=np.zeros(nv), bounds=Bounds(lo, hi), options={"disp": False},
+                       constraints=LinearConstraint(np.array(rows), np.array(rlo), np.array(rhi)))
+            if res.x is None:
+                break
+            n = {key: float(res.x[i]) for i, key in enumerate(keys) if res.x[i] > 1e-9}
+            found = _feasible(model, types, pool, n, res.x[nk:] * unit, deadline)
+            if found is None or found[0] is None:
+                break  # the LP's counts hold the work: its cuts are all in
+            pi, kinds, lam = found
+            cut(pi)
+            sol = _round(model, kinds, lam, np.floor(res.x[nk:] + 1e-9) * unit, target)
+            if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                best, best_cost = sol, cost_usd(model, sol)
         while time.monotonic() < deadline:
             for key, most in class_limits(root, best_cost + EPS_USD).items():  # reduced-cost fixing
                 hi[at[key]] = min(hi[at[key]], most)
@@ -314,7 +335,7 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
     return res if res.x is not None and res.status == 0 else None
 
 
-def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tuple, int], p: np.ndarray,
+def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tuple, float], p: np.ndarray,
               deadline: float):
     """Does the work p fit fractionally on the machines n? Column generation on
     min Σ_g s_g  s.t.  Σ_j a_gj λ_j + s_g ≥ p_g,  Σ_{j∈(t,k)} λ_j ≤ n_tk,  λ, s ≥ 0.
