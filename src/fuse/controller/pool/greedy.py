@@ -27,7 +27,9 @@ from fuse.controller.pool.solution import Machine, Solution, cost_usd, violation
 
 
 class _Bins:
-    """Free room of every machine the packer may use, as numpy arrays (first-fit scans them)."""
+    """Free room of every machine the packer may use, as numpy arrays (first-fit scans them).
+    ``cpu``, ``mem`` and ``slots`` are views of the first ``n`` cells of buffers that double
+    when full, so opening a machine costs O(1), not a copy of every array."""
 
     def __init__(self, model: PlanModel, start: Solution):
         c = model.constraints
@@ -35,24 +37,43 @@ class _Bins:
         order = sorted(range(len(model.hosts)), key=lambda h: (not model.hosts[h].own, model.hosts[h].usd_per_hour, h))
         self.kind = ["host"] * len(order)
         self.index = list(order)
-        self.cpu = np.array([host_vcpus(model.hosts[h], c) for h in order], dtype=np.int64)
-        self.mem = np.array([model.hosts[h].mem_mib for h in order], dtype=np.int64)
+        size = max(16, 2 * (len(order) + len(start.machines)))
+        self._cpu, self._mem, self._slots = (np.zeros(size, dtype=np.int64) for _ in range(3))
+        self.n = len(order)
+        self._cpu[:self.n] = [host_vcpus(model.hosts[h], c) for h in order]
+        self._mem[:self.n] = [model.hosts[h].mem_mib for h in order]
         # VMs it may still take by count: a host's vm_count policy, one on a one-VM sandbox
-        self.slots = np.array([host_slots(model.hosts[h]) for h in order], dtype=np.int64)
+        self._slots[:self.n] = [host_slots(model.hosts[h]) for h in order]
         pos = {h: b for b, h in enumerate(order)}
         for (g, h), k in start.on_hosts.items():
             self.cpu[pos[h]] -= k * model.groups[g].cpus
             self.mem[pos[h]] -= k * model.groups[g].mem_mib
             self.slots[pos[h]] -= k
 
+    @property
+    def cpu(self) -> np.ndarray:
+        return self._cpu[:self.n]
+
+    @property
+    def mem(self) -> np.ndarray:
+        return self._mem[:self.n]
+
+    @property
+    def slots(self) -> np.ndarray:
+        return self._slots[:self.n]
+
     def open(self, model: PlanModel, machine: int, t: int) -> int:
         o = model.offers[t]
+        if self.n == len(self._cpu):
+            self._cpu, self._mem, self._slots = (np.concatenate([a, np.zeros_like(a)])
+                                                 for a in (self._cpu, self._mem, self._slots))
         self.kind.append("new")
         self.index.append(machine)
-        self.cpu = np.append(self.cpu, offer_vcpus(o, model.constraints))
-        self.mem = np.append(self.mem, o.mem_mib)
-        self.slots = np.append(self.slots, 1 if o.one_space else NO_LIMIT)
-        return len(self.kind) - 1
+        self._cpu[self.n] = offer_vcpus(o, model.constraints)
+        self._mem[self.n] = o.mem_mib
+        self._slots[self.n] = 1 if o.one_space else NO_LIMIT
+        self.n += 1
+        return self.n - 1
 
 
 def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
