@@ -62,13 +62,13 @@ from fuse.controller.pool.patterns import (
     milp,
     take_pattern,
 )
-from fuse.controller.pool.solution import Solution, cost_usd, violations
+from fuse.controller.pool.solution import Solution, cost_usd
 
 EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's exactness)
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
-KELLEY_ROUNDS = 15  # proposals of the LP master before the integer one
+KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 
 
 def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> dict[tuple, float]:
@@ -187,8 +187,9 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
         cut(np.array([-y[r] for r in root.cover]))
         # the LP master first (Kelley): a proposal costs an LP of ~5 ms instead of a
         # branch and bound, and its cuts spare the integer master most of its rounds
+        lp_until = time.monotonic() + KELLEY_SHARE * (deadline - time.monotonic())
         for _ in range(KELLEY_ROUNDS):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= lp_until:
                 break
             res = milp(cost, integrality=np.zeros(nv), bounds=Bounds(lo, hi), options={"disp": False},
                        constraints=LinearConstraint(np.array(rows), np.array(rlo), np.array(rhi)))
@@ -309,10 +310,8 @@ def _round(model: PlanModel, kinds: list[tuple], lam: np.ndarray, p: np.ndarray,
     for j in sorted(range(len(kinds)), key=lambda j: kinds[j][0] != "host"):
         for _ in range(int(math.floor(lam[j] + 1e-9))):
             take_pattern(model, sol, kinds[j], left)
-    sol = greedy(model, start=sol)
-    if violations(model, sol) or sum(sol.placed(len(model.groups))) < target:
-        return None
-    return sol
+    sol = greedy(model, start=sol)  # whose answer keeps every constraint (it checks)
+    return sol if sum(sol.placed(len(model.groups))) >= target else None
 
 
 def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float):
