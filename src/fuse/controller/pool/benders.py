@@ -60,6 +60,7 @@ from fuse.controller.pool.patterns import (
     _price,
     class_limits,
     milp,
+    split,
     take_pattern,
 )
 from fuse.controller.pool.solution import Solution, cost_usd
@@ -117,15 +118,7 @@ def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> 
             for g, v, wc, wm, u, per in items:
                 if groups[g].duration_secs != d:
                     continue
-                wm //= unit
-                m = 1
-                while u > 0:  # binary split of the bound
-                    n = min(m, u)
-                    u -= n
-                    m *= 2
-                    cw, mw, sw = wc * n, wm * n, (n * per if own is not None else 0)
-                    if cw > C or mw > M or sw > S:
-                        break
+                for n, cw, mw, sw in split(u, wc, wm // unit, per if own is not None else 0, C, M, S):
                     sub = f[cw:, mw:, sw:]
                     np.maximum(sub, f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n, out=sub)
             after[d] = f[:, :, S].copy()

@@ -487,15 +487,7 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
         for g, v, wc, wm, u, mult in items:
             if ty.cls[g] != k:
                 continue
-            wm //= unit
-            m = 1
-            while u > 0:  # binary split of the bound
-                n = min(m, u)
-                u -= n
-                m *= 2
-                cw, mw, sw = wc * n, wm * n, (n * mult if ty.slots is not None else 0)
-                if cw > C or mw > M or sw > S:
-                    break
+            for n, cw, mw, sw in split(u, wc, wm // unit, mult if ty.slots is not None else 0, C, M, S):
                 cand = f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n
                 mask = np.zeros(f.shape, dtype=bool)
                 sub = f[cw:, mw:, sw:]
@@ -511,6 +503,20 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
         if rc < -1e-7 and counts:
             out.append((rc, k, counts))
     return out
+
+
+def split(u: int, wc: int, wm: int, ws: int, C: int, M: int, S: int):
+    """The binary split of an item bounded by ``u`` copies into 1, 2, 4, … (the rest
+    last), each as (copies, vCPUs, memory units, VMs), while it fits the (C, M, S) table:
+    any count up to u is a sum of some of them, so a 0/1 DP over them is the bounded one."""
+    m = 1
+    while u > 0:
+        n = min(m, u)
+        u -= n
+        m *= 2
+        if wc * n > C or wm * n > M or ws * n > S:
+            return
+        yield n, wc * n, wm * n, ws * n
 
 
 def _backtrack(copies, C: int, M: int, S: int) -> dict[int, int]:
