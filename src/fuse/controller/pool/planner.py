@@ -71,8 +71,8 @@ pack onto whole machines and first fit completed it (a packing gap; the note
 says so). ``greedy`` when first-fit decreasing answered: the exact models
 found no plan in time, or none better. Never worse than first fit either way.
 
-``lower_bound_usd``: the pattern model's bound (the least bound of the open
-branch-and-price nodes), or ⌈bound⌉ / 10⁶ with ``bound`` CP-SAT's proven bound
+``lower_bound_usd``: the pattern model's bound (the larger of the Benders
+master's bound and the least bound of the open branch-and-price nodes), or ⌈bound⌉ / 10⁶ with ``bound`` CP-SAT's proven bound
 on stage 2 (re-solved for the plan's placed count when the answer places fewer
 VMs than stage 1 found), the larger when both apply; it equals
 ``projected_usd`` when exact.
