@@ -52,13 +52,13 @@ from scipy.sparse import csc_matrix
 
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.patterns import (
-    EPS,
     MAX_CELLS,
     MachineType,
     Master,
     TooBig,
     _price,
     class_limits,
+    knapsack_items,
     milp,
     split,
     take_pattern,
@@ -93,15 +93,7 @@ def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> 
         own = ty.key if ty.slots is not None else None
         sets.setdefault((tuple(ty.groups), own), []).append(ty)
     for (gs, own), tys in sets.items():
-        items = []  # (group, value, vCPUs, MiB, copies, VMs per copy)
-        for g in gs:
-            grp = groups[g]
-            if pi[g] <= EPS:
-                continue
-            if grp.together:
-                items.append((g, pi[g] * grp.count, grp.cpus * grp.count, grp.mem_mib * grp.count, 1, grp.count))
-            else:
-                items.append((g, pi[g], grp.cpus, grp.mem_mib, grp.count, 1))
+        items = knapsack_items(groups, gs, pi)  # bounded by counts: the capacity bounds the rest
         if not items:
             out.update({(ty.key, k): 0.0 for ty in tys for k in range(len(ty.deltas))})
             continue

@@ -450,17 +450,7 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
                     out.append((rc, k, {g: 1}))
         return out
     # cheap screen: can any class price out?
-    items = []
-    for g in ty.groups:
-        grp = groups[g]
-        if pi[g] <= EPS:
-            continue
-        if grp.together:
-            items.append((g, pi[g] * grp.count, grp.cpus * grp.count, grp.mem_mib * grp.count, 1, grp.count))
-        else:
-            u = min(ty.q[g], grp.count)
-            if u > 0:
-                items.append((g, pi[g], grp.cpus, grp.mem_mib, u, 1))
+    items = knapsack_items(groups, ty.groups, pi, ty.q)
     promising = []
     for k, delta in enumerate(ty.deltas):
         vals = [(v, wc, wm, u, mult) for g, v, wc, wm, u, mult in items if ty.cls[g] <= k]
@@ -503,6 +493,25 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
         if rc < -1e-7 and counts:
             out.append((rc, k, counts))
     return out
+
+
+def knapsack_items(groups, gs, pi: np.ndarray, q: dict[int, int] | None = None) -> list[tuple]:
+    """The items of the pricing knapsack over groups ``gs`` at prices π: (group, value,
+    vCPUs, MiB, copies, VMs per copy); a together group is one item of its whole size,
+    a group priced at 0 is left out. Copies are bounded by the group's count, and by
+    ``q[g]`` (VMs one machine holds) when given."""
+    items = []
+    for g in gs:
+        grp = groups[g]
+        if pi[g] <= EPS:
+            continue
+        if grp.together:
+            items.append((g, pi[g] * grp.count, grp.cpus * grp.count, grp.mem_mib * grp.count, 1, grp.count))
+        else:
+            u = grp.count if q is None else min(q[g], grp.count)
+            if u > 0:
+                items.append((g, pi[g], grp.cpus, grp.mem_mib, u, 1))
+    return items
 
 
 def split(u: int, wc: int, wm: int, ws: int, C: int, M: int, S: int):
