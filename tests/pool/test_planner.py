@@ -116,28 +116,51 @@ def test_one_thousand_vms_plan_is_feasible_and_bounded():
 
 
 def _big(time_limit: float) -> PlanModel:
+    """A 1,000-VM model; seed 2 is the hardest of the benchmark's (not proven in 60 s here)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from plan import random_model
 
-    return random_model(1, 1000, 20, 40, 10).model_copy(update={"time_limit_secs": time_limit})
+    return random_model(2, 1000, 20, 40, 10).model_copy(update={"time_limit_secs": time_limit})
 
 
-@pytest.mark.parametrize("secs, solver", [(0.05, "greedy"), (2.0, "exact-incumbent")],
-                         ids=["no time for the exact models: first fit answers",
-                              "the time limit ends the search: the best plan found, unproven"])
-def test_a_time_limit_on_a_big_model_gives_each_label_and_never_worse_than_first_fit(secs, solver):
-    m = _big(secs)
-    p = plan(m)
+def _never_worse_than_first_fit(m: PlanModel, p) -> None:
     base = greedy(m.sorted())
-    assert p.solver == solver
     assert sum(a.count for a in p.assignments) >= sum(base.placed(len(m.groups)))
     assert p.lower_bound_usd <= p.projected_usd <= cost_usd(m.sorted(), base) + 1e-6
-    if solver == "exact-incumbent":
-        assert p.lower_bound_usd > 0 and p.projected_usd < cost_usd(m.sorted(), base)
-        assert any("time limit" in line for line in p.explain)
+
+
+def test_a_short_time_limit_on_a_big_model_is_never_worse_than_first_fit():
+    # which label 50 ms earns depends on the machine's speed; the guarantees do not
+    m = _big(0.05)
+    p = plan(m)
+    assert p.solver in ("greedy", "exact-incumbent")
+    _never_worse_than_first_fit(m, p)
+
+
+def test_first_fit_answers_when_no_exact_model_finds_a_plan_in_time(monkeypatch):
+    from fuse.controller.pool import formulation as F
+    from fuse.controller.pool import search
+
+    # neither the pattern search nor CP-SAT finds a plan within the limit
+    monkeypatch.setattr(search, "solve", lambda *a, **k: None)
+    monkeypatch.setattr(F, "run", lambda f, model, time_limit: ("unknown", None))
+    m = _big(0.5)
+    p = plan(m)
+    assert p.solver == "greedy"
+    assert any("no plan in time" in line for line in p.explain)
+    _never_worse_than_first_fit(m, p)
+
+
+def test_the_time_limit_ends_the_search_with_the_best_plan_found_unproven():
+    m = _big(2.0)
+    p = plan(m)
+    assert p.solver == "exact-incumbent"
+    _never_worse_than_first_fit(m, p)
+    assert p.lower_bound_usd > 0 and p.projected_usd < cost_usd(m.sorted(), greedy(m.sorted()))
+    assert any("time limit" in line for line in p.explain)
 
 
 def test_a_plan_is_not_exact_while_the_most_placeable_count_is_unproven(monkeypatch):
