@@ -184,27 +184,26 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             found = _feasible(model, types, pool, n, res.x[nk:] * unit, deadline)
             if found is None or found[0] is None:
                 break  # the LP's counts hold the work: its cuts are all in
-            pi, kinds, lam = found
-            cut(pi)
-            sol = _round(model, kinds, lam, np.floor(res.x[nk:] + 1e-9) * unit, target)
-            if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
-                best, best_cost = sol, cost_usd(model, sol)
+            cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
         while time.monotonic() < deadline:
             for key, most in class_limits(root, best_cost + EPS_USD).items():  # reduced-cost fixing
                 hi[at[key]] = min(hi[at[key]], most)
-            res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, MASTER_GAP, deadline)
+            # near the plan in hand a rough answer would only return it: solve to 0 at once
+            gap = 0.0 if lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
+            res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline)
             if res is None:
                 break
             if res.status == 2:  # no counts cheaper than the plan in hand: it is optimal
                 return best, best_cost, best_cost - PROVEN_GAP, True
             x = np.round(res.x)
-            if float(cost @ x) >= best_cost - EPS_USD:  # only the plan in hand, within HiGHS's
-                res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, 0.0, deadline)  # tolerance: prove it
-                if res is None:
-                    break
-                if res.status == 2:
-                    return best, best_cost, best_cost - PROVEN_GAP, True
-                x = np.round(res.x)
+            if float(cost @ x) >= best_cost - EPS_USD:  # only the plan in hand, within HiGHS's tolerance
+                if gap:  # prove it
+                    res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, 0.0, deadline)
+                    if res is None:
+                        break
+                    if res.status == 2:
+                        return best, best_cost, best_cost - PROVEN_GAP, True
+                    x = np.round(res.x)
                 bound = getattr(res, "mip_dual_bound", -math.inf)
                 if float(cost @ x) >= best_cost - EPS_USD:
                     if bound >= best_cost - EPS_USD:

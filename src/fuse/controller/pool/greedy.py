@@ -131,6 +131,9 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
             if m.counts[g] == 0:
                 del m.counts[g]
 
+    # no cap or budget a new machine could run into: the cheapest offer depends only on the group
+    static = (cap_hosts >= 1 << 30 and not c.quotas and c.max_usd_per_hour is None and c.monthly_usd_left is None
+              and all(o.limit is None for o in model.offers))
     items = sorted(range(len(groups)), key=lambda g: (
         -(groups[g].mem_mib * (groups[g].count if groups[g].together else 1)),
         -groups[g].cpus, groups[g].name))
@@ -152,29 +155,37 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
                 add(g, int(b), -k)  # the longer work would overrun the monthly budget
                 continue
             left -= k
+        # (offer, USD of one machine for g's duration, VMs of g it holds): fixed per group
+        shop = [(t, o, o.usd_per_hour * billed_secs(o, grp.duration_secs) / 3600,
+                 min(1 if o.one_space else grp.count, fits_per_machine(grp, offer_vcpus(o, c), o.mem_mib)))
+                for t, o in enumerate(model.offers) if offer_ok[g][t]]
+        most = max((fit for _, _, _, fit in shop), default=0)
+        chosen = None  # without caps, the choice is the same while ``left`` fills any machine
         while left > 0:
-            best = None
-            for t, o in enumerate(model.offers):
-                if not offer_ok[g][t]:
-                    continue
-                if not o.one_space and n_new >= cap_hosts:
-                    continue
-                if o.limit is not None and per_type[t] >= o.limit:
-                    continue
-                if o.quota_family in c.quotas and family.get(o.quota_family, 0) + o.vcpus > c.quotas[o.quota_family]:
-                    continue
-                if c.max_usd_per_hour is not None and usd_h + o.usd_per_hour > c.max_usd_per_hour + 1e-9:
-                    continue
-                take = min(1 if o.one_space else left, fits_per_machine(grp, offer_vcpus(o, c), o.mem_mib))
-                if take < unit:
-                    continue
-                usd = o.usd_per_hour * billed_secs(o, grp.duration_secs) / 3600
-                if not within_budget(usd):
-                    continue
-                if best is None or usd / take < best[0] - 1e-12:
-                    best = (usd / take, t, take)
+            if static and chosen is not None and left >= most:
+                best = chosen
+            else:
+                best = _cheapest(shop, left, unit) if static else None
+            if not static:
+                for t, o, usd, fit in shop:
+                    if not o.one_space and n_new >= cap_hosts:
+                        continue
+                    if o.limit is not None and per_type[t] >= o.limit:
+                        continue
+                    if o.quota_family in c.quotas and family.get(o.quota_family, 0) + o.vcpus > c.quotas[o.quota_family]:
+                        continue
+                    if c.max_usd_per_hour is not None and usd_h + o.usd_per_hour > c.max_usd_per_hour + 1e-9:
+                        continue
+                    take = min(left, fit)
+                    if take < unit:
+                        continue
+                    if not within_budget(usd):
+                        continue
+                    if best is None or usd / take < best[0] - 1e-12:
+                        best = (usd / take, t, take)
             if best is None:
                 break
+            chosen = best
             _, t, take = best
             o = model.offers[t]
             sol.machines.append(Machine(offer=t))
@@ -189,6 +200,17 @@ def greedy(model: PlanModel, start: Solution | None = None) -> Solution:
         # splitting for the hosts pin can break a cap: then the baseline adds nothing more
         sol = start if not violations(model, start) else Solution()
     return sol
+
+
+def _cheapest(shop: list, left: int, unit: int) -> tuple[float, int, int] | None:
+    """(USD per VM, offer, VMs taken) of the machine that takes the most of ``left`` VMs per
+    dollar (a together group only whole, ``unit`` VMs), the first such offer on ties."""
+    best = None
+    for t, _, usd, fit in shop:
+        take = min(left, fit)
+        if take >= unit and (best is None or usd / take < best[0] - 1e-12):
+            best = (usd / take, t, take)
+    return best
 
 
 def _meet_exact_hosts(model: PlanModel, sol: Solution) -> Solution:

@@ -71,7 +71,15 @@ def host_durations(model: PlanModel, sol: Solution) -> dict[int, int]:
 
 def cost_usd(model: PlanModel, sol: Solution) -> float:
     """What the plan costs: new machines billed, plus running hosts' extra billed time."""
-    total = sum(model.offers[m.offer].usd_per_hour * machine_billed_secs(model, m) for m in sol.machines)
+    dur = [grp.duration_secs for grp in model.groups]
+    each: dict[tuple[int, int], float] = {}  # (offer, duration) -> USD·s/h of one machine
+    total = 0.0
+    for m in sol.machines:
+        key = (m.offer, max((dur[g] for g, k in m.counts.items() if k > 0), default=0))
+        if key not in each:
+            o = model.offers[m.offer]
+            each[key] = o.usd_per_hour * billed_secs(o, key[1])
+        total += each[key]
     for h, d in host_durations(model, sol).items():
         total += model.hosts[h].usd_per_hour * extra_secs(model.hosts[h], d)
     return total / 3600.0
