@@ -158,8 +158,16 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
     rlo.append(float(target))
     rhi.append(np.inf)
 
+    def fix() -> None:
+        """Reduced-cost fixing: counts no plan cheaper than the one in hand exceeds."""
+        for key, most in class_limits(root, best_cost + EPS_USD).items():
+            hi[at[key]] = min(hi[at[key]], most)
+
     def cut(pi: np.ndarray) -> None:
-        rows.append(value_cut(model, types, at, pi))
+        # a type fixed at 0 machines has no term: its V is not needed, and the DP's table
+        # (the largest machine of a set) shrinks when the big expensive types are out
+        live = [ty for ty in types if any(hi[at[ty.key, k]] > 0 for k in range(len(ty.deltas)))]
+        rows.append(value_cut(model, live, at, pi))
         rlo.append(0.0)
         rhi.append(np.inf)
 
@@ -169,6 +177,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
         rhi.append(np.inf)
     lb = -math.inf
     try:
+        fix()
         cut(np.array([-y[r] for r in root.cover]))
         # the LP master first (Kelley): a proposal costs an LP of ~5 ms instead of a
         # branch and bound, and its cuts spare the integer master most of its rounds
@@ -186,8 +195,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 break  # the LP's counts hold the work: its cuts are all in
             cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
         while time.monotonic() < deadline:
-            for key, most in class_limits(root, best_cost + EPS_USD).items():  # reduced-cost fixing
-                hi[at[key]] = min(hi[at[key]], most)
+            fix()
             # near the plan in hand a rough answer would only return it: solve to 0 at once
             gap = 0.0 if lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
             res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline)
