@@ -194,13 +194,17 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             if found is None or found[0] is None:
                 break  # the LP's counts hold the work: its cuts are all in
             cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
-        while time.monotonic() < deadline:
+        timed_out = False  # a master out of its share of the time: its counts are the last proposal
+        while time.monotonic() < deadline and not timed_out:
+            if lb >= best_cost - EPS_USD:  # a master's bound already meets the plan a proposal gave
+                return best, best_cost, best_cost - PROVEN_GAP, True
             fix()
             # near the plan in hand a rough answer would only return it: solve to 0 at once
             gap = 0.0 if lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
             res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline)
             if res is None:
                 break
+            timed_out = res.status == 1
             if res.status == 2:  # no counts cheaper than the plan in hand: it is optimal
                 return best, best_cost, best_cost - PROVEN_GAP, True
             x = np.round(res.x)
@@ -308,7 +312,7 @@ def _round(model: PlanModel, kinds: list[tuple], lam: np.ndarray, p: np.ndarray,
 
 def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float):
     """HiGHS on the master, with Σ κ N ≤ best_cost − ε when a plan is in hand; None
-    when out of time without an answer."""
+    when out of time without an answer (status 1: out of time with counts found)."""
     a, alo, ahi = list(rows), list(rlo), list(rhi)
     if best_cost < math.inf:
         a.append(cost)
@@ -323,7 +327,7 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
                options={"mip_rel_gap": gap, "disp": False, "time_limit": left})
     if res.status == 2:
         return res
-    return res if res.x is not None and res.status == 0 else None
+    return res if res.x is not None and res.status in (0, 1) else None  # 1: out of its time, x a proposal
 
 
 def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tuple, float], p: np.ndarray,
