@@ -69,6 +69,7 @@ EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's ex
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
+UB_SCALE = 1e3  # the plan-in-hand row's unit: mUSD (see ``_master``)
 KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 
 
@@ -315,9 +316,12 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
     when out of time without an answer (status 1: out of time with counts found)."""
     a, alo, ahi = list(rows), list(rlo), list(rhi)
     if best_cost < math.inf:
-        a.append(cost)
+        # in mUSD: HiGHS's feasibility tolerance (10⁻⁶ on the row) would let the plan in
+        # hand through at ε/2 below it in USD, and it proposed that plan back instead of
+        # proving none cheaper (infeasible) in one solve
+        a.append(cost * UB_SCALE)
         alo.append(-np.inf)
-        ahi.append(best_cost - EPS_USD / 2)
+        ahi.append((best_cost - EPS_USD / 2) * UB_SCALE)
     left = deadline - time.monotonic()
     if left <= 0:
         return None
