@@ -725,6 +725,7 @@ def prefer_existing(model: PlanModel, sol: Solution) -> Solution:
         slots[h] -= n
         dur[h] = max(dur[h], groups[g].duration_secs)
     order = sorted(range(len(hosts)), key=lambda h: (not hosts[h].own, hosts[h].usd_per_hour, h))
+    allowed = [[host_reject(grp, host, c, size=False) is None for host in hosts] for grp in groups]
     on_hosts = dict(sol.on_hosts)
     machines = [Machine(offer=m.offer, counts=dict(m.counts)) for m in sol.machines]
     for m in machines:
@@ -736,7 +737,7 @@ def prefer_existing(model: PlanModel, sol: Solution) -> Solution:
                 if m.counts.get(g, 0) == 0:
                     break
                 host = hosts[h]
-                if host_reject(grp, host, c, size=False) is not None:
+                if not allowed[g][h] or free_cpu[h] < grp.cpus or free_mem[h] < grp.mem_mib or slots[h] <= 0:
                     continue
                 if extra_secs(host, max(dur[h], grp.duration_secs)) > extra_secs(host, dur[h]) and host.usd_per_hour > 0:
                     continue
