@@ -60,7 +60,8 @@ construction and its bound is valid. It answers ``exact`` when its plan meets it
 search ran to the time limit the aggregate model (a weaker bound) is skipped;
 else the better plan of the two is kept and the bound is the larger of the two
 (each bounds every plan placing the target). Offers are first pruned by
-dominance (``formulation.dominators``).
+dominance (``formulation.dominators``). The searches end 10% of the time limit
+(at most 0.25 s) before it, so the answer, checked and explained, is back within it.
 
 Labels (``solver``): ``exact`` when the plan is proven optimal — stage 1 proved
 its placed count the most possible (or nothing was left unplaced by first fit)
@@ -98,13 +99,16 @@ def plan(model: PlanModel) -> ElasticPlan:
     return to_plan(model, sol, solver=solver, lower_bound_usd=lb, notes=notes)
 
 
+TAIL_SHARE, TAIL_SECS = 0.1, 0.25  # of the time limit kept for finishing the answer, at most (s)
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")
 
 
 def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     """(solution, solver label, lower bound USD, explain notes) for a sorted model."""
-    deadline = time.monotonic() + model.time_limit_secs
+    # the searches stop early enough for the answer to be written within the limit
+    # (a search step in flight, the plan's checks and its explain lines)
+    deadline = time.monotonic() + model.time_limit_secs - min(TAIL_SHARE * model.time_limit_secs, TAIL_SECS)
     base = greedy(model)
     total = sum(g.count for g in model.groups)
     if total == 0:
