@@ -15,8 +15,12 @@
 
 Expected outcomes inside services are values; these exceptions cross the API
 boundary. ``error_body`` gives the wire envelope
-``{"error": {"code", "message", ...details}}`` that the SDK turns back into
-``fuse.ApiError``.
+``{"error": {"code", "message", ...details, "details": {...details}}}`` that the
+SDK turns back into ``fuse.ApiError``. An error's extras (``hosts`` on
+``fleet_full``) sit both at the top of ``error``, where fuse has always put
+them, and under ``error.details``, where the public Fuse API's clients
+(folsom-fuse) read them; an error without extras is the bare
+``{"error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
@@ -89,4 +93,7 @@ class NotAnAgent(HostUnreachable):
 
 
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, **details}}
+    err: dict[str, Any] = {"code": code, "message": message, **details}
+    if details:
+        err["details"] = dict(details)
+    return {"error": err}

@@ -1,7 +1,14 @@
 """Map the fuse error tree (and FastAPI's own validation errors) onto the
-wire envelope `{"error": {"code", "message"}}`."""
+wire envelope `{"error": {"code", "message"}}`.
+
+Anything else a route raises is a bug: it answers 500 ``internal`` in the
+same envelope (never Starlette's text/plain "Internal Server Error"), and its
+traceback goes to the ``fuse.http`` log once.
+"""
 
 from __future__ import annotations
+
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -10,11 +17,48 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import FuseError, error_body
 
+log = logging.getLogger("fuse.http")
+
 _STATUS_CODES = {400: "invalid_argument", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                  405: "method_not_allowed", 409: "conflict", 502: "host_unreachable"}
 
 
+class CatchAll:
+    """ASGI middleware answering an unhandled exception with 500 ``internal``.
+
+    It sits inside Starlette's ServerErrorMiddleware rather than being an
+    ``exception_handler(Exception)``: that one re-raises after answering, so
+    the server would log the traceback a second time. An exception after the
+    response has started cannot be answered any more and goes on up."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unhandled error in %s %s", scope.get("method", ""), scope.get("path", ""))
+            resp = JSONResponse(error_body("internal", f"internal error ({type(exc).__name__}); the server's log "
+                                                       "has the details"), status_code=500)
+            await resp(scope, receive, send)
+
+
 def install(app: FastAPI) -> None:
+    app.add_middleware(CatchAll)
+
     @app.exception_handler(FuseError)
     async def _fuse(request: Request, exc: FuseError):
         return JSONResponse(exc.body(), status_code=exc.http_status)

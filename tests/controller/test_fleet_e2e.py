@@ -134,6 +134,25 @@ def test_200_concurrent_creates_against_room_for_50(fleet):
         assert fleet.client.hosts.get(h).allocated.vm_count == 25
 
 
+def test_a_sleeping_vm_gives_its_room_back_to_placement(fleet):
+    """Sleep frees a VM's memory (its host admits another VM in its place),
+    so the controller's view of the host frees it too: a second VM as large
+    as the host allows is placed there, not refused fleet_full."""
+    fleet.add("h1", fleet.agent("a1"), ram_mb=1024)
+    fleet.client.vms.create(shape(mem=768, name="sleeper"))
+    assert fleet.client.hosts.get("h1").allocated.ram_mb == 768
+    e = err(fleet.client.vms.create, shape(mem=768, name="second"))
+    assert e.code == "fleet_full" and "256 MiB free" in e.details["hosts"]["h1"]  # running, it holds the room
+    assert fleet.client.vms.sleep("sleeper")["state"] == "sleeping"
+    a = fleet.client.hosts.get("h1").allocated
+    assert (a.ram_mb, a.cpus, a.vm_count) == (0, 0, 0)
+    assert fleet.client.vms.create(shape(mem=768, name="second"))["host"] == "h1"
+    a = fleet.client.hosts.get("h1").allocated
+    assert (a.ram_mb, a.cpus, a.vm_count) == (768, 1, 1)
+    assert sorted((v["name"], v["state"]) for v in fleet.client.vms.list()) == [("second", "running"),
+                                                                              ("sleeper", "sleeping")]
+
+
 def test_disconnect_and_reconnect(fleet):
     a = fleet.agent("a1")
     port = a.url.rsplit(":", 1)[1]
@@ -217,7 +236,8 @@ def test_usage_counts_a_host_under_two_names_once_and_lists_unreachable(fleet):
     time.sleep(0.5)
     u = fleet.client.usage()
     assert sorted((r["host"], r["vm"]) for r in u["vms"]) in ([("alias", "m1"), ("alias", "m2")], [("h1", "m1"), ("h1", "m2")])
-    assert [h["host"] for h in u["unreachable"]] == ["gone"]
+    assert u["unreachable"] == ["gone"] and set(u["unreachable_reasons"]) == {"gone"}
+    assert u["unreachable_reasons"]["gone"]  # why, in one sentence
     wall = sum(r["wall_seconds"] for r in u["vms"])
     assert abs(u["totals"]["wall_seconds"] - wall) < 1e-6
     assert u["totals"]["state_bytes_written"] == sum(r["state_bytes_written"] for r in u["vms"])

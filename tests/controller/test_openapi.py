@@ -55,3 +55,61 @@ def test_operation_ids_are_unique_verb_noun_names(served):
     assert all(i[0].islower() and "_" not in i for i in ids), ids
     assert {"createVm", "listVms", "registerHost", "listEvents", "getUsage"} <= set(ids)
 
+
+
+def _schema(served, op_responses, status) -> dict:
+    ref = op_responses[status]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    return served["components"]["schemas"][ref]
+
+
+@pytest.mark.parametrize("path,method,status,codes", [
+    ("/v1/vms", "post", "409", ["fleet_full", "vm_exists"]),
+    ("/v1/vms", "post", "404", ["not_found"]),
+    ("/v1/vms/{name}", "get", "404", ["not_found"]),
+    ("/v1/vms/{name}", "get", "409", ["ambiguous_vm"]),
+    ("/v1/vms/{name}", "get", "502", ["host_unreachable"]),
+    ("/v1/vms/{name}", "delete", "404", ["not_found"]),
+    ("/v1/vms/{name}", "delete", "409", ["ambiguous_vm", "move_in_progress"]),
+    ("/v1/vms/{name}", "delete", "502", ["host_unreachable"]),
+    ("/v1/vms/{name}/sleep", "post", "409", ["ambiguous_vm"]),
+    ("/v1/vms/{name}/wake", "post", "409", ["ambiguous_vm", "host_full"]),
+    ("/v1/hosts/{host_id}", "get", "404", ["not_found"]),
+    ("/v1/events", "get", "400", ["invalid_argument"]),
+    ("/v1/usage", "get", "400", ["invalid_argument"]),
+], ids=lambda v: v if isinstance(v, str) else "+".join(v))
+def test_the_contracts_error_codes_are_documented_with_the_envelope(served, path, method, status, codes):
+    rs = served["paths"][path][method]["responses"]
+    assert status in rs, f"{method.upper()} {path} does not document {status}; {STALE}"
+    assert all(c in rs[status]["description"] for c in codes), rs[status]["description"]
+    assert "error" in _schema(served, rs, status)["properties"]
+
+
+def test_error_details_are_documented(served):
+    assert "details" in served["components"]["schemas"]["ErrorDetail"]["properties"]
+
+
+@pytest.mark.parametrize("path,method,status,schema,fields", [
+    ("/v1/vms", "post", "201", "PlacedVm", {"name", "host", "state", "shape"}),
+    ("/v1/vms", "get", "200", "PlacedVmList", {"vms"}),
+    ("/v1/vms/{name}", "get", "200", "PlacedVm", {"name", "host", "state"}),
+    ("/v1/events", "get", "200", "EventPage", {"events", "next_cursor", "next"}),
+    ("/v1/usage", "get", "200", "UsageReport", {"from", "to", "vms", "totals", "hosts", "aliases", "unreachable",
+                                                "unreachable_reasons"}),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_fleet_answers_have_schemas(served, path, method, status, schema, fields):
+    rs = served["paths"][path][method]["responses"]
+    ref = rs[status]["content"]["application/json"]["schema"].get("$ref", "")
+    assert ref.endswith("/" + schema), f"{method.upper()} {path} {status}: {ref!r}; {STALE}"
+    assert fields <= set(served["components"]["schemas"][schema]["properties"])
+
+
+def test_create_vm_documents_its_body(served):
+    body = served["paths"]["/v1/vms"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    props = served["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]["properties"]
+    assert {"name", "shape", "entry", "bundle", "host"} <= set(props)
+
+
+def test_usage_lists_unreachable_hosts_by_name(served):
+    usage = served["components"]["schemas"]["UsageReport"]["properties"]
+    assert usage["unreachable"]["items"] == {"type": "string"}
+    assert usage["unreachable_reasons"]["additionalProperties"] == {"type": "string"}

@@ -65,6 +65,8 @@ def test_register_a_host_create_a_vm_and_read_events_through_the_tool(fleet):
         for code in ("fleet_full", "vm_exists", "ambiguous_vm", "not_movable", "same_host", "unknown_host",
                      "arch_mismatch", "no_target", "move_in_progress", "host_unreachable", "502"):
             assert code in tool.description
+        for field in ("next_cursor", "unreachable_reasons", "error.details"):
+            assert field in tool.description
 
         async def call(method, path, body=None):
             args = {"method": method, "path": path} | ({"body": body} if body is not None else {})
@@ -94,7 +96,8 @@ def test_register_a_host_create_a_vm_and_read_events_through_the_tool(fleet):
         assert events["status"] == 200
         placed = [e for e in events["body"]["events"] if e["type"] == "placed"]
         assert [(e["vm"], e["host"]) for e in placed] == [("job1", "h1")]
-        assert isinstance(events["body"]["next"], int)
+        assert isinstance(events["body"]["next_cursor"], int)
+        assert events["body"]["next"] == events["body"]["next_cursor"]
 
         gone = await call("DELETE", "/v1/vms/job1")
         assert gone == {"status": 204, "body": None}
@@ -191,6 +194,7 @@ def test_moves_names_on_two_hosts_and_usage_through_the_tool(two_hosts):
         usage = await call("GET", "/v1/usage")
         assert usage["status"] == 200
         assert usage["body"]["hosts"] == ["h1", "h2"] and usage["body"]["unreachable"] == []
+        assert usage["body"]["unreachable_reasons"] == {}
         assert {(r["host"], r.get("name") or r.get("vm")) for r in usage["body"]["vms"]} >= {
             ("h2", "job1"), ("h1", "twin"), ("h2", "twin")}
 

@@ -97,7 +97,7 @@ def test_register_place_events_and_usage_over(fleet, transport):
         r = http.get("/v1/usage")
         assert r.status_code == 200, r.text
         usage = r.json()  # metering read from the agent over this transport
-        assert hid not in [u["host"] for u in usage["unreachable"]], usage["unreachable"]
+        assert hid not in usage["unreachable"], usage["unreachable_reasons"]
         assert hid in usage["hosts"]
         assert any(row["host"] == hid and row.get("name", row.get("vm")) == vm_name for row in usage["vms"]), usage
     finally:

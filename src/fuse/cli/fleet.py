@@ -105,7 +105,7 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
                     rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
                     stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
                     typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
-            since = page["next"]
+            since = page.get("next_cursor", page.get("next", since))
             if not follow:
                 return
 
@@ -122,8 +122,9 @@ def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds
     rows = [[r.get(k, "") for k in cols] for r in u["vms"]]
     rows.append(["TOTAL", ""] + [u["totals"].get(k, "") for k in cols[2:]])
     table(cols, rows, title="usage")
+    reasons = u.get("unreachable_reasons") or {}
     for h in u["unreachable"]:
-        typer.echo(f"unreachable: {h['host']}: {h['reason']}")
+        typer.echo(f"unreachable: {h}: {reasons.get(h, 'no answer')}")
 
 
 def mount(app: typer.Typer) -> None:

@@ -90,7 +90,11 @@ def check(resp: httpx.Response) -> None:
     try:
         err = resp.json().get("error", {})
         code, message = err.get("code", ""), err.get("message", message)
-        details = {k: v for k, v in err.items() if k not in ("code", "message")}
+        # Extras come at the top of `error` and again under `error.details`
+        # (the public Fuse API's place): one dict either way.
+        details = {k: v for k, v in err.items() if k not in ("code", "message", "details")}
+        if isinstance(err.get("details"), dict):
+            details.update(err["details"])
     except Exception:
         message = resp.text[:500] or message
     raise ApiError(resp.status_code, code, message, details)

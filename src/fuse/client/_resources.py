@@ -19,7 +19,9 @@ def attach(client: Any) -> None:
     from ._core import Call
 
     def usage(from_: int | str | None = None, to: int | str | None = None):
-        """Fleet usage: per-VM rows tagged with host, exact totals, unreachable hosts."""
+        """Fleet usage over [from, to) (echoed as unix seconds): per-VM rows tagged
+        with host, exact totals (zeros when no host answered), the names of the
+        hosts that did not answer in `unreachable` and why in `unreachable_reasons`."""
         params = {k: v for k, v in (("from", from_), ("to", to)) if v is not None}
         return client._send(Call("GET", "/v1/usage", params=params))
 

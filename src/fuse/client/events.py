@@ -7,12 +7,19 @@ from typing import Any, AsyncIterator, Callable, Iterator
 from ._core import Call
 
 
+def _cursor(page: dict, since: int) -> int:
+    """The page's cursor: `next_cursor`, or `next` from a controller that
+    predates it."""
+    return page.get("next_cursor", page.get("next", since))
+
+
 class EventsAPI:
     def __init__(self, send: Callable[[Call], Any]):
         self._send = send
 
     def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict:
-        """`{"events": [...], "next": cursor}`; waits up to `wait_s` for news."""
+        """`{"events": [...], "next_cursor": cursor, "next": cursor}` (the same
+        cursor under both names); waits up to `wait_s` for news."""
         return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
                                timeout=wait_s + 30))
 
@@ -26,7 +33,7 @@ class EventsAPI:
                 n += 1
                 if max_events is not None and n >= max_events:
                     return
-            since = page["next"]
+            since = _cursor(page, since)
 
     async def afollow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None) -> AsyncIterator[dict]:
         """`follow` for the async client."""
@@ -38,4 +45,4 @@ class EventsAPI:
                 n += 1
                 if max_events is not None and n >= max_events:
                     return
-            since = page["next"]
+            since = _cursor(page, since)

@@ -1,6 +1,8 @@
 """The merged event stream: every host's events tagged with the host, plus
 the controller's own (host_added, host_removed, host_connected,
 host_disconnected, placed, moves), under one cursor — the store's event id.
+A page is ``{"events": [...], "next_cursor": id, "next": id}``: pass either
+as the next ``since``.
 """
 
 from __future__ import annotations
@@ -49,4 +51,7 @@ class EventService:
             except asyncio.TimeoutError:
                 pass
         events = [wire(r) for r in rows]
-        return {"events": events, "next": events[-1]["id"] if events else since}
+        cursor = events[-1]["id"] if events else since
+        # `next_cursor` is the name every listing cursor has (GET /v1/hosts);
+        # `next` is the same value, kept for the clients written against it.
+        return {"events": events, "next_cursor": cursor, "next": cursor}

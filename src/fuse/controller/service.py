@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,21 @@ from .hosts import HostRegistry
 from .store import Store, engine_url
 
 
+WINDOWS_PIPE = r"\\.\pipe\fuse-controller"
+
+
 def default_controller_socket() -> Path:
+    r"""The controller's owner-only address (seed 004). Linux:
+    /run/fuse-controller.sock for root, else $XDG_RUNTIME_DIR/fuse-controller.sock
+    (or a per-user directory under /tmp). macOS: a per-user file,
+    ~/.fuse/fuse-controller.sock (there is no XDG runtime dir, and $TMPDIR is
+    swept of old files under a long-running controller). Windows: the named
+    pipe \\.\pipe\fuse-controller. Only the Unix branch asks os.geteuid,
+    which Windows lacks."""
+    if sys.platform == "win32":
+        return Path(WINDOWS_PIPE)
+    if sys.platform == "darwin":
+        return Path.home() / ".fuse" / "fuse-controller.sock"
     if os.geteuid() == 0:
         return Path("/run/fuse-controller.sock")
     runtime = os.environ.get("XDG_RUNTIME_DIR")

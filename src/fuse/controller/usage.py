@@ -1,19 +1,43 @@
 """Fleet usage: the same metering query on every host, rows tagged with the
 host, totals summed exactly (decimal, bytes as integers), a host registered
 under two names counted once (same agent identity), and the hosts that did
-not answer listed in `unreachable`."""
+not answer listed by name in `unreachable` (why, in `unreachable_reasons`).
+
+The window is fixed here, once, and every host is asked for that same
+[from, to): the report echoes it as unix seconds, as a host does."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..errors import FuseError, HostUnreachable
+from ..errors import FuseError, HostUnreachable, InvalidArgument
+
+# What a host's metering totals (fuse.agent.metering): seconds are exact
+# decimals, bytes are integers. Every report carries all four, zeros included.
+DECIMAL_TOTALS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
+INTEGER_TOTALS = ("state_bytes_written",)
 
 
 def _dec(v: Any) -> Decimal:
     return Decimal(str(v))
+
+
+def instant(value: str | None, what: str) -> float | None:
+    """Unix seconds or an ISO 8601 time (what a host accepts); None when not given."""
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None
 
 
 class UsageService:
@@ -21,13 +45,18 @@ class UsageService:
         self.ctl = ctl
 
     async def usage(self, start: str | None, end: str | None) -> dict[str, Any]:
+        t0 = instant(start, "from") or 0.0
+        t1 = instant(end, "to")
+        t1 = time.time() if t1 is None else t1
+        if t1 < t0:
+            raise InvalidArgument("to must not be before from")
         rows = self.ctl.store.list_hosts()
         # One query per machine: hosts that share an agent identity are one.
         by_agent: dict[str, list[str]] = {}
         for r in rows:
             by_agent.setdefault(r["agent_id"] or f"host:{r['id']}", []).append(r["id"])
         groups = [sorted(ids) for ids in by_agent.values()]
-        params = {k: v for k, v in (("from", start), ("to", end)) if v not in (None, "")}
+        params = {"from": repr(t0), "to": repr(t1)}
 
         async def one(host: str):
             try:
@@ -41,20 +70,24 @@ class UsageService:
             return host, resp.json(), ""
 
         results = await asyncio.gather(*(one(g[0]) for g in groups))
-        vms, unreachable = [], []
-        totals: dict[str, Decimal | int] = {}
+        vms: list[dict[str, Any]] = []
+        reasons: dict[str, str] = {}
+        totals: dict[str, Decimal | int] = {k: Decimal(0) for k in DECIMAL_TOTALS} | {k: 0 for k in INTEGER_TOTALS}
         aliases = {g[0]: g[1:] for g in groups if len(g) > 1}
         for host, data, err in sorted(results, key=lambda x: x[0]):
             if data is None:
-                unreachable.append({"host": host, "reason": err})
+                reasons[host] = err
                 continue
             for row in data.get("vms", []):
                 vms.append({"host": host, **row})
             for k, v in (data.get("totals") or {}).items():
-                if isinstance(v, int) and not isinstance(v, bool):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    continue
+                if isinstance(v, int) and isinstance(totals.get(k, 0), int):
                     totals[k] = int(totals.get(k, 0)) + v
-                elif isinstance(v, float):
+                else:
                     totals[k] = _dec(totals.get(k, 0)) + _dec(v)
-        return {"from": start, "to": end, "vms": vms,
+        return {"from": t0, "to": t1, "vms": vms,
                 "totals": {k: (float(v) if isinstance(v, Decimal) else v) for k, v in sorted(totals.items())},
-                "hosts": sorted(h for g in groups for h in g[:1]), "aliases": aliases, "unreachable": unreachable}
+                "hosts": sorted(h for g in groups for h in g[:1]), "aliases": aliases,
+                "unreachable": sorted(reasons), "unreachable_reasons": reasons}

@@ -32,7 +32,8 @@ and move them, read merged events and usage."""
 DESCRIPTION = """\
 Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
 method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/, with any query string; body: JSON or omitted.
-Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code.
+Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code. A code's extras (hosts on
+fleet_full) are both beside code and under error.details.
 
 Resources:
 - POST /v1/hosts {"name", "addr"} (addr: local | ssh://user@host[:port] | host:port | http://host:port) or
@@ -44,8 +45,11 @@ Resources:
 - POST /v1/moves {"vm", "to"?, "host"?} -> 202 move, running in the background: "to" is the target host (default: best
   fit), "host" the VM's current host when its name is on several; "flashvm" is accepted in place of "vm".
   GET /v1/moves, GET /v1/moves/{id}: state starting|sleeping|copying|waking, then done or failed.
-- GET /v1/events?since=<cursor>&wait_s=<long-poll seconds> -> {"events": [...], "next": <cursor>}; pass next as since.
-- GET /v1/usage?from=<unix time>, GET|PUT /v1/controller.
+- GET /v1/events?since=<cursor>&wait_s=<long-poll seconds> -> {"events": [...], "next_cursor": <cursor>, "next":
+  <the same>}; pass next_cursor as since.
+- GET /v1/usage?from=<unix time>[&to=<unix time>] -> {"from", "to" (unix seconds), "vms": [rows tagged with host],
+  "totals", "hosts", "aliases", "unreachable": [host names that did not answer], "unreachable_reasons": {host: why}}.
+- GET|PUT /v1/controller.
 
 Contract:
 - Placement with no host able to take the VM: 409 fleet_full, error.hosts maps each host to its reason.

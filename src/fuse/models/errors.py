@@ -1,6 +1,6 @@
 """The error envelope every API answers with, for the OpenAPI document.
 
-``{"error": {"code": "...", "message": "...", ...details}}`` (built by
+``{"error": {"code": "...", "message": "...", ...details, "details": {...}}}`` (built by
 ``fuse.errors.error_body``). Routes list their statuses and codes with
 ``responses(...)``; the app documents every request-validation failure as
 the 400 it is (``invalid_argument``), never FastAPI's default 422.
@@ -8,19 +8,22 @@ the 400 it is (``invalid_argument``), never FastAPI's default 422.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorDetail(BaseModel):
     """The error's code and one-sentence message; some codes add details
-    (``hosts`` on ``fleet_full``)."""
+    (``hosts`` on ``fleet_full`` and ``ambiguous_vm``), both beside ``code``
+    and under ``details``."""
 
     model_config = ConfigDict(extra="allow")
 
     code: str
     message: str
+    details: Optional[dict[str, Any]] = Field(
+        default=None, description="the code's extras (the same keys as beside code); absent when it has none")
 
 
 class ErrorBody(BaseModel):

@@ -116,3 +116,13 @@ class ConsoleChunk(Record):
     text: str
     offset: int
     next_offset: int
+
+
+class PlacedVm(Vm):
+    """A VM through the controller: the host's record, tagged with the host it is on."""
+
+    host: str
+
+
+class PlacedVmList(Record):
+    vms: list[PlacedVm]

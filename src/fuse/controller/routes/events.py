@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from ...models.errors import responses
+from ...models.events import EventPage
 
 router = APIRouter(tags=["events"])
 
 
-@router.get("/v1/events", summary="listEvents: events after `since`; waits up to `wait_s` when there are none.")
-async def list_events(request: Request, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict:
-    return await request.app.state.ctl.events.list(since, wait_s, limit)
+@router.get("/v1/events", response_model=EventPage,
+            responses=responses(s400="invalid_argument: since or wait_s below 0, or limit outside 1..500"),
+            summary="listEvents: events after `since`; waits up to `wait_s` when there are none.")
+async def list_events(request: Request,
+                      since: int = Query(0, description="next_cursor of the previous page; 0: from the start."),
+                      wait_s: float = Query(0, description="Seconds to wait when nothing is newer (at most 60)."),
+                      limit: int = Query(100, description="Events per page, 1 to 500.")) -> JSONResponse:
+    return JSONResponse(await request.app.state.ctl.events.list(since, wait_s, limit))

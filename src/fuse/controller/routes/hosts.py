@@ -95,7 +95,8 @@ async def list_hosts(request: Request,
     return HostPage(hosts=hosts, next_cursor=nxt)
 
 
-@router.get("/v1/hosts/{host_id:path}", response_model=Host, summary="getHost: one host by id.")
+@router.get("/v1/hosts/{host_id:path}", response_model=Host, responses=responses(s404="not_found: no such host"),
+            summary="getHost: one host by id.")
 async def get_host(request: Request, host_id: str) -> Host:
     return _ctl(request).hosts.get(host_id)
 

@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import Optional
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from ...models.errors import responses
+from ...models.usage import UsageReport
 
 router = APIRouter(tags=["usage"])
 
 
-@router.get("/v1/usage", summary="getUsage: per-VM rows tagged with host, exact totals, unreachable hosts.")
-async def get_usage(request: Request, from_: Optional[str] = Query(None, alias="from"), to: Optional[str] = None) -> dict:
-    return await request.app.state.ctl.usage.usage(from_, to)
+@router.get("/v1/usage", response_model=UsageReport,
+            responses=responses(s400="invalid_argument: from or to is neither unix seconds nor an ISO 8601 time, "
+                                     "or to is before from"),
+            summary="getUsage: per-VM rows tagged with host, exact totals, unreachable hosts.")
+async def get_usage(request: Request,
+                    from_: Optional[str] = Query(None, alias="from",
+                                                 description="Unix seconds or ISO 8601; default 0."),
+                    to: Optional[str] = Query(None, description="Unix seconds or ISO 8601; default now.")
+                    ) -> JSONResponse:
+    return JSONResponse(await request.app.state.ctl.usage.usage(from_, to))

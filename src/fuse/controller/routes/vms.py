@@ -1,49 +1,88 @@
-"""/v1/vms: VMs placed by best fit, and the per-VM calls."""
+"""/v1/vms: VMs placed by best fit, and the per-VM calls.
+
+The routes answer the services' dicts as they are (JSONResponse); the
+response models only document them."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from fastapi import APIRouter, Body, Request, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from ...models.errors import responses
+from ...models.vm import PlacedVm, PlacedVmList
+from ..vms import ControllerCreateVm
 
 router = APIRouter(tags=["vms"])
+
+NOT_FOUND = "not_found: no such VM (or no such VM on the host given)"
+AMBIGUOUS = "ambiguous_vm: the name is on several hosts (error.hosts lists them); pick one with host"
+UNREACHABLE = "host_unreachable: the VM's host does not answer"
 
 
 def _vms(request: Request):
     return request.app.state.ctl.vms
 
 
-@router.post("/v1/vms", status_code=201, summary="createVm: place a VM on the best host (409 fleet_full, vm_exists).")
-async def create_vm(request: Request, body: dict[str, Any] = Body(...)) -> dict:
-    return await _vms(request).create(body)
+@router.post("/v1/vms", status_code=201, response_model=PlacedVm,
+             responses=responses(s400="invalid_argument: a field is missing or out of range, or the host refused "
+                                      "the body (no such bundle, entry too long)",
+                                 s404="not_found: the host given to pin the VM is not registered",
+                                 s409="fleet_full: no host took the VM (error.hosts maps every host to its "
+                                      "reason); vm_exists: the name is already used on the chosen host"),
+             summary="createVm: place a VM on the best host (409 fleet_full, vm_exists).")
+async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
+    vm = await _vms(request).create(body.model_dump(mode="json", exclude_unset=True))
+    return JSONResponse(vm, status_code=201)
 
 
-@router.get("/v1/vms", summary="listVms: every VM on every host, tagged with its host.")
-async def list_vms(request: Request, host: Optional[str] = None) -> dict:
-    return {"vms": _vms(request).list(host)}
+@router.get("/v1/vms", response_model=PlacedVmList,
+            summary="listVms: every VM on every host, tagged with its host.")
+async def list_vms(request: Request, host: Optional[str] = None) -> JSONResponse:
+    return JSONResponse({"vms": _vms(request).list(host)})
 
 
-@router.get("/v1/vms/{name}", summary="getVm: one VM (409 ambiguous_vm unless host picks one).")
-async def get_vm(request: Request, name: str, host: Optional[str] = None) -> dict:
-    return await _vms(request).get(name, host)
+@router.get("/v1/vms/{name}", response_model=PlacedVm,
+            responses=responses(s404=NOT_FOUND, s409=AMBIGUOUS, s502=UNREACHABLE),
+            summary="getVm: one VM (409 ambiguous_vm unless host picks one).")
+async def get_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(await _vms(request).get(name, host))
 
 
-@router.delete("/v1/vms/{name}", status_code=204, summary="deleteVm: stop and remove a VM.")
+@router.delete("/v1/vms/{name}", status_code=204,
+               responses=responses(s404=NOT_FOUND,
+                                   s409=AMBIGUOUS + "; move_in_progress: a move holds the VM",
+                                   s502=UNREACHABLE),
+               summary="deleteVm: stop and remove a VM.")
 async def delete_vm(request: Request, name: str, host: Optional[str] = None) -> Response:
     await _vms(request).delete(name, host)
     return Response(status_code=204)
 
 
-@router.post("/v1/vms/{name}/sleep", summary="sleepVm: write the VM's state to files and free its memory.")
-async def sleep_vm(request: Request, name: str, host: Optional[str] = None) -> dict:
-    return await _vms(request).act(name, "sleep", host)
+@router.post("/v1/vms/{name}/sleep", response_model=PlacedVm,
+             responses=responses(s404=NOT_FOUND,
+                                 s409=AMBIGUOUS + "; conflict: the VM is not running; move_in_progress: a move "
+                                                  "holds the VM",
+                                 s502=UNREACHABLE),
+             summary="sleepVm: write the VM's state to files and free its memory.")
+async def sleep_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(await _vms(request).act(name, "sleep", host))
 
 
-@router.post("/v1/vms/{name}/wake", summary="wakeVm: carry on from the instant it slept.")
-async def wake_vm(request: Request, name: str, host: Optional[str] = None) -> dict:
-    return await _vms(request).act(name, "wake", host)
+@router.post("/v1/vms/{name}/wake", response_model=PlacedVm,
+             responses=responses(s404=NOT_FOUND,
+                                 s409=AMBIGUOUS + "; conflict: the VM is not sleeping; host_full: its host has "
+                                                  "no room for it now; move_in_progress: a move holds the VM",
+                                 s502=UNREACHABLE),
+             summary="wakeVm: carry on from the instant it slept.")
+async def wake_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(await _vms(request).act(name, "wake", host))
 
 
-@router.get("/v1/vms/{name}/console", summary="getVmConsole: the serial log from a byte offset.")
+@router.get("/v1/vms/{name}/console",
+            responses=responses(s400="invalid_argument: offset below 0", s404=NOT_FOUND, s409=AMBIGUOUS,
+                                s502=UNREACHABLE),
+            summary="getVmConsole: the serial log from a byte offset.")
 async def vm_console(request: Request, name: str, offset: int = 0, host: Optional[str] = None) -> dict:
     return await _vms(request).console(name, offset, host)

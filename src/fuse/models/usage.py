@@ -1,0 +1,42 @@
+"""Fleet usage (``GET /v1/usage``), for the OpenAPI document.
+
+The route answers the plain dict ``UsageService.usage`` builds; these models
+name and describe its fields without touching the JSON on the wire. The
+figures are a host's metering (see ``fuse.agent.metering``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Record
+
+
+class UsageTotals(Record):
+    """Sums over the rows, exact (decimal; bytes as integers). Zeros when no
+    host answered."""
+
+    cpu_seconds: float = 0.0
+    mem_mib_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    state_bytes_written: int = 0
+
+
+class UsageRow(UsageTotals):
+    """One VM's figures over the window, tagged with its host."""
+
+    host: str
+    vm: str
+
+
+class UsageReport(Record):
+    """Every answering host's rows and their totals over [from, to)."""
+
+    from_: float = Field(alias="from", description="unix seconds (0 when not given)")
+    to: float = Field(description="unix seconds (now when not given)")
+    vms: list[UsageRow]
+    totals: UsageTotals
+    hosts: list[str] = Field(description="the hosts asked: one name per machine")
+    aliases: dict[str, list[str]] = Field(description="a host -> its other names (same agent), counted once")
+    unreachable: list[str] = Field(description="the hosts that did not answer")
+    unreachable_reasons: dict[str, str] = Field(description="a host that did not answer -> why")

@@ -1,0 +1,55 @@
+"""`fuse controller usage` and `events` over a stand-in client (no
+controller): what they print and ask from the answers' shapes."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from fuse.cli import fleet
+
+REPORT = {"from": 0.0, "to": 1761958800.0, "vms": [], "hosts": ["h1", "h2"], "aliases": {},
+          "totals": {"cpu_seconds": 0.0, "mem_mib_seconds": 0.0, "wall_seconds": 0.0, "state_bytes_written": 0},
+          "unreachable": ["h2"], "unreachable_reasons": {"h2": "connection refused"}}
+
+
+class OutOfPages(Exception):
+    pass
+
+
+class StandIn:
+    """`client.usage` answers REPORT; `client.events.list` answers `pages` in
+    turn, then raises OutOfPages (which ends a follow)."""
+
+    def __init__(self, pages=()):
+        self.pages, self.asked = list(pages), []
+        self.events = self
+
+    def usage(self, from_, to):
+        return REPORT
+
+    def list(self, since, wait_s, limit):
+        self.asked.append(since)
+        if not self.pages:
+            raise OutOfPages
+        return self.pages.pop(0)
+
+
+def stand_in(monkeypatch, client):
+    monkeypatch.setattr(fleet, "_client", lambda: contextlib.nullcontext(client))
+
+
+def test_usage_prints_each_unreachable_host_with_its_reason(monkeypatch, capsys):
+    stand_in(monkeypatch, StandIn())
+    fleet.usage(from_=None, to=None, json_=False)
+    assert "unreachable: h2: connection refused" in capsys.readouterr().out
+
+
+def test_events_follow_from_next_cursor(monkeypatch, capsys):
+    client = StandIn([{"events": [{"id": 7, "time": 0.0, "type": "placed", "host": "h1", "vm": "a"}],
+                       "next_cursor": 7}])
+    stand_in(monkeypatch, client)
+    with pytest.raises(OutOfPages):
+        fleet.events(since=0, follow=True, json_=True, wait_s=0)
+    assert '"vm": "a"' in capsys.readouterr().out and client.asked == [0, 7]
