@@ -26,10 +26,11 @@ class Fleet:
         self.agents[host_id] = a
         return a
 
-    def add(self, host_id, vm_count=10, **kw):
+    def add(self, host_id, vm_count=10, ram_mb=0, **kw):
         a = self.agents.get(host_id) or self.agent(host_id, **kw)
-        self.client.hosts.register(fuse.RegisterHostRequest(id=host_id, url=a.url, token=a.token, backend="qemu",
-                                                            capacity=fuse.HostCapacity(vm_count=vm_count)))
+        self.client.hosts.register(fuse.RegisterHostRequest(
+            id=host_id, url=a.url, token=a.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=vm_count, ram_mb=ram_mb)))  # ram_mb 0: probed
 
     def restart_controller(self, env=None):
         self.client.close()
@@ -44,6 +45,11 @@ class Fleet:
         except httpx.ConnectError:
             return {}  # a stopped agent runs nothing (its VMs' processes are reaped at the end)
         return {v["name"]: v for v in r.json()["vms"]}
+
+    def host_events(self, host_id):
+        a = self.agents[host_id]
+        return httpx.get(a.url + "/v1/host/events", params={"since": 0, "limit": 500},
+                         headers={"Authorization": f"Bearer {a.token}"}, timeout=10).json()["events"]
 
     def incoming(self, host_id):
         a = self.agents[host_id]
@@ -130,6 +136,83 @@ def test_best_fit_target_when_none_is_named(fleet):
     assert fleet.wait_move(fleet.client.moves.create("job1")["id"])["to"] == "dst"
 
 
+def test_done_is_recorded_only_once_the_source_copy_is_removed(fleet):
+    """Seed 004 step 4, "done: the source copy is removed": the source
+    deletes its copy while the move is still waking, never after `done`."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
+    assert m["state"] == "done", m
+    assert "job1" not in fleet.host_vms("src")
+    removed = [e["time"] for e in fleet.host_events("src")
+               if e["type"] == "vm_state" and e.get("vm") == "job1" and e["to"] == "deleted"]
+    done_at = [h["time"] for h in m["history"] if h["state"] == "done"]
+    assert len(removed) == 1 and len(done_at) == 1 and removed[0] < done_at[0], (removed, m["history"])
+
+
+def test_a_source_away_at_the_end_still_ends_done_and_its_copy_goes_once_it_is_back(fleet, tmp_path):
+    """The target runs the VM: a source that cannot be reached for the
+    removal does not hold the move up; the copy goes once it answers."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "woke:3"})
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.host_vms("dst").get("job1", {}).get("state") == "running", timeout=30,
+               what="target woke")
+    src = fleet.agents["src"]
+    src.stop()
+    m = fleet.wait_move(m["id"])
+    assert m["state"] == "done", m
+    assert fleet.running_copies("job1") == ["dst"]
+    port = int(src.url.rsplit(":", 1)[1])
+    fleet.procs.append(start_agent(tmp_path, backend="fake", name="agent-src", port=port))
+    wait_until(lambda: "job1" not in fleet.host_vms("src"), timeout=30, what="source copy removed")
+    assert fleet.client.vms.get("job1")["host"] == "dst"
+
+
+@pytest.mark.parametrize("case", ["memory", "vm_count"], ids=["the target lacks the memory",
+                                                              "the target is at its vm_count policy"])
+def test_a_named_target_without_room_is_refused_409_no_target(fleet, case):
+    """A named target passes the same room check as a best-fit one, so the
+    call says no at once instead of the move failing at the target's
+    admission."""
+    fleet.add("src")
+    if case == "memory":
+        fleet.add("dst", ram_mb=512)
+    else:
+        fleet.add("dst", vm_count=1)
+        fleet.client.vms.create(vm_body("resident", host="dst", mem=256))
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="dst")
+    assert (info.value.status, info.value.code) == (409, "no_target"), info.value.message
+    why = "needs 1024 MiB of memory, 512 MiB free" if case == "memory" else "vm_count policy 1 reached"
+    assert why in info.value.message and "dst" in info.value.message
+    assert fleet.client.moves.list() == []
+    assert fleet.running_copies("job1") == ["src"]
+
+
+def test_the_source_keeps_a_running_vms_room_while_it_moves(fleet):
+    """A sleeping VM gives its room back, but not the source copy of a
+    running VM's move: a failed move must be able to wake it back home."""
+    fleet.add("src", ram_mb=1024)
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src", mem=768))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "copied:4"})
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: [(v["host"], v["state"]) for v in fleet.client.vms.list()] == [("src", "sleeping")],
+               timeout=30, what="the controller sees the source copy asleep")
+    assert fleet.client.hosts.get("src").allocated.ram_mb == 768
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.vms.create(vm_body("other", host="src", mem=768))
+    assert info.value.code == "fleet_full" and "256 MiB free" in info.value.details["hosts"]["src"]
+    assert fleet.wait_move(m["id"])["state"] == "done"
+    assert fleet.client.hosts.get("src").allocated.ram_mb == 0
+    assert fleet.client.vms.create(vm_body("other", host="src", mem=768))["host"] == "src"
+
+
 @pytest.mark.parametrize("case,code", [
     ("unknown target", "unknown_host"), ("same host", "same_host"), ("exited vm", "not_movable"),
     ("second move", "move_in_progress"), ("no other host", "no_target"), ("target down", "host_unreachable"),
@@ -194,7 +277,8 @@ def _check_home_or_moved(fleet, name, expect=None):
     return copies[0]
 
 
-@pytest.mark.parametrize("point", ["sleeping", "slept", "chunk:1", "chunk:3", "copied", "installed", "woke"])
+@pytest.mark.parametrize("point", ["sleeping", "slept", "chunk:1", "chunk:3", "copied", "installed", "woke",
+                                   "removed"])
 def test_controller_crash_at_every_step_completes_or_rolls_back(fleet, point):
     fleet.add("src")
     fleet.add("dst")
@@ -208,7 +292,7 @@ def test_controller_crash_at_every_step_completes_or_rolls_back(fleet, point):
     m = fleet.wait_move(m["id"])
     where = _check_home_or_moved(fleet, "job1")
     assert where == ("dst" if m["state"] == "done" else "src")
-    if point == "woke":
+    if point in ("woke", "removed"):  # the target runs it: the move finishes forward
         assert m["state"] == "done"
     if point in ("sleeping", "slept", "chunk:1", "chunk:3", "installed"):
         assert m["state"] == "failed" and "restarted" in m["reason"] and not m["rolling_back"], m

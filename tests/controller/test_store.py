@@ -69,6 +69,35 @@ def test_events_get_increasing_ids_on_both_engines(tmp_path, db_url):
         store.close()
 
 
+@pytest.mark.parametrize("state,record,holds", [
+    ("creating", {}, True),
+    ("running", {}, True),
+    ("sleeping", {}, False),
+    ("sleeping", {"move_id": "mv-1", "move_role": "source", "return_room": True}, True),
+    ("sleeping", {"move_id": "mv-1", "move_role": "source", "return_room": False}, False),
+    ("sleeping", {"reserved": True}, True),
+    ("exited", {}, False),
+    ("failed", {}, False),
+], ids=["a creating vm holds its room", "a running vm holds its room", "a sleeping vm gave its room back",
+        "the source copy of a running vm's move keeps its room to come home to",
+        "the source copy of a sleeping vm's move holds nothing", "a reserved sleeping copy keeps its room",
+        "an exited vm holds nothing", "a failed vm holds nothing"])
+def test_allocated_counts_only_vms_that_hold_room_on_both_engines(tmp_path, db_url, state, record, holds):
+    from fuse.controller.store import vms
+    store = Store(db_url and engine_url(db_url, tmp_path) or engine_url(None, tmp_path))
+    try:
+        with store.tx() as c:
+            c.execute(vms.delete())
+            c.execute(vms.insert().values(name="base", host="h", vcpus=1, mem_mib=256, state="running",
+                                          record={}, created_at=0))
+            c.execute(vms.insert().values(name="vm", host="h", vcpus=2, mem_mib=1024, state=state,
+                                          record={"state": state, **record}, created_at=0))
+        want = {"vm_count": 2, "cpus": 3, "ram_mb": 1280} if holds else {"vm_count": 1, "cpus": 1, "ram_mb": 256}
+        assert store.allocated() == {"h": want}
+    finally:
+        store.close()
+
+
 def test_replicas_report_a_host_connecting_and_going_away_once(tmp_path, postgres):
     url = postgres.create_db("fuse_links")
     ag = start_agent(tmp_path, backend="fake", name="agent-links")

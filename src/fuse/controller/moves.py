@@ -10,8 +10,9 @@ store before the step it names runs, and emits a `move_state` event:
     starting      → sleeping      the move starts
     sleeping      → copying       the source slept, marked with the move id
     copying       → waking        every file copied (4 MiB chunks) and verified
-    waking        → done          the target installed and woke the VM; the
-                                  source copy goes
+    waking        → done          the target installed and woke the VM, and the
+                                  source copy went (or the janitor removes it
+                                  once an unanswering source is back)
     any but done  → rolling back  a step failed (or the controller restarted
                                   before the target woke the VM)
     rolling back  → failed        target side aborted, VM woken on the source
@@ -246,6 +247,7 @@ class MoveService:
     def _target(self, name: str, source: str, vm: dict, to: str | None) -> str:
         from .placement import rank
         from .resources import Resources
+        ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
         if to is not None:
             host = self.store.get_host(to)
             if host is None:
@@ -259,9 +261,16 @@ class MoveService:
                 raise refuse("host_unreachable", f"target host {to} is not connected")
             if why := self.compatible(vm, source, to):
                 raise refuse("arch_mismatch", why)
+            # The same filter an automatic target passes (memory, vm_count
+            # policy, memory pressure), so a target without room is refused
+            # now, with its reason, not by its admission halfway through.
+            fleet, reasons = self.ctl.vms.arrays(only=to)
+            decision = rank(fleet, ask, reasons)
+            if to not in decision.order:
+                raise refuse("no_target", f"host {to} has no room for vm {name}: "
+                                          f"{decision.reasons.get(to, 'not accepting placements')}")
             return to
         fleet, reasons = self.ctl.vms.arrays()
-        ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
         for h in rank(fleet, ask, reasons).order:
             if h != source and self.fleet.views.get(h) and not self.compatible(vm, source, h):
                 return h
@@ -302,7 +311,7 @@ class MoveService:
             _crash_point("woke")
             _fail_point("woke")
             await _pause_point("woke")
-            await self._finish(self._set(move_id, "done"))
+            await self._finish(row)
             return
         except asyncio.CancelledError:
             raise
@@ -461,13 +470,26 @@ class MoveService:
         self.fleet.upsert_vms(row["target"], [vm])
 
     async def _finish(self, row: dict) -> None:
-        """Remove the source copy (retried by the janitor if the source is away)."""
+        """The target runs the VM: remove the source copy while the move is
+        still `waking`, then record `done` (seed 004: "done: the source copy
+        is removed"). A source that does not answer does not hold the move
+        up: it is `done` with `source_removed` false, and the janitor removes
+        the copy once the source answers. A crash before `done` is settled
+        from `waking`: the target runs the VM, so the move finishes forward
+        (the removal answers 404 if it had happened)."""
+        removed = await self._remove_source(row)
+        _crash_point("removed")
+        self._set(row["id"], "done", source_removed=removed)
+
+    async def _remove_source(self, row: dict) -> bool:
+        """Delete the source copy this move holds; False if the source did not answer."""
         try:
             await self._host(row["source"], "DELETE", f"/v1/host/vms/{row['vm']}", ok=(204, 404),
                              params={"move_id": row["id"]}, timeout=60)
-            self._set(row["id"], source_removed=True)
+            return True
         except FuseError as exc:
             log.warning("move %s: source copy not removed yet: %s", row["id"], exc.message)
+            return False
 
     async def _settle(self, row: dict) -> None:
         """Bring a move that cannot go on to rest: forward when the target
@@ -484,7 +506,7 @@ class MoveService:
             await self._abort_target(row)
             if vm := await self._on_target(row):
                 self._reassign(row, vm)
-                await self._finish(self._set(move_id, "done"))
+                await self._finish(row)
                 return
         if row["state"] != "rolling_back":
             row = self._set(move_id, "rolling_back", reason=reason)
@@ -618,8 +640,8 @@ class MoveService:
                 if row["state"] == "failed" and rec.get("cleanup_pending"):
                     await self._abort_target(row)
                     self._set(row["id"], cleanup_pending=False, target_clear=True)
-                elif row["state"] == "done" and not rec.get("source_removed"):
-                    await self._finish(row)
+                elif row["state"] == "done" and not rec.get("source_removed") and await self._remove_source(row):
+                    self._set(row["id"], source_removed=True)
             except FuseError:
                 pass
 

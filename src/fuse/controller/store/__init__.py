@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint, create_engine, delete, event, func, insert, select, update)
+                        UniqueConstraint, and_, create_engine, delete, event, func, insert, or_, select, update)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
+
+from ...agent.admission import HOLDS_MEMORY
 
 metadata = MetaData()
 
@@ -179,9 +181,21 @@ class Store:
             return [dict(r) for r in c.execute(select(vms).where(vms.c.name == name)).mappings()]
 
     def allocated(self) -> dict[str, dict[str, int]]:
-        """Per host: the VMs assigned to it and their summed shape."""
-        q = select(vms.c.host, func.count(), func.coalesce(func.sum(vms.c.vcpus), 0),
-                   func.coalesce(func.sum(vms.c.mem_mib), 0)).group_by(vms.c.host)
+        """Per host: the VMs that hold room there and their summed shape.
+
+        The host agent's own rule (`HOLDS_MEMORY`): a creating or running VM
+        holds its memory; a sleeping one gave it back (seed 002: deallocate
+        releases the compute resources), unless its room stays reserved: the
+        source copy of a running VM's move keeps `return_room` so a failed
+        move can always wake it home, and a copy that arrived by a move keeps
+        `reserved` until the wake completing it. Exited and failed VMs hold
+        nothing. Counting only these keeps placement's `capacity − allocated`
+        in step with what the host would admit."""
+        holds = or_(vms.c.state.in_(sorted(HOLDS_MEMORY)),
+                    and_(vms.c.state == "sleeping",
+                         or_(vms.c.record["return_room"].as_boolean(), vms.c.record["reserved"].as_boolean())))
+        q = (select(vms.c.host, func.count(), func.coalesce(func.sum(vms.c.vcpus), 0),
+                    func.coalesce(func.sum(vms.c.mem_mib), 0)).where(holds).group_by(vms.c.host))
         with self.read() as c:
             return {h: {"vm_count": n, "cpus": int(cpu), "ram_mb": int(mem)} for h, n, cpu, mem in c.execute(q)}
 
