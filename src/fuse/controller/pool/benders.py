@@ -69,6 +69,7 @@ EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's ex
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
+FILL_RETRY = 0.25  # of the time left, for packing a proposal's machines once more
 UB_SCALE = 1e3  # the plan-in-hand row's unit: mUSD (see ``_master``)
 KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 
@@ -183,13 +184,15 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
         # the LP master first (Kelley): a proposal costs an LP of ~5 ms instead of a
         # branch and bound, and its cuts spare the integer master most of its rounds
         lp_until = time.monotonic() + KELLEY_SHARE * (deadline - time.monotonic())
+        last = None
         for _ in range(KELLEY_ROUNDS):
             if time.monotonic() >= lp_until:
                 break
             res = milp(cost, integrality=np.zeros(nv), bounds=Bounds(lo, hi), options={"disp": False},
                        constraints=LinearConstraint(np.array(rows), np.array(rlo), np.array(rhi)))
-            if res.x is None:
-                break
+            if res.x is None or (last is not None and np.allclose(res.x, last, rtol=0, atol=1e-7)):
+                break  # (the same answer again: the last cut, within tolerances, did not cut it off)
+            last = res.x
             n = {key: float(res.x[i]) for i, key in enumerate(keys) if res.x[i] > 1e-9}
             found = _feasible(model, types, pool, n, res.x[nk:] * unit, deadline)
             if found is None or found[0] is None:
@@ -235,8 +238,12 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                     best, best_cost = sol, cost_usd(model, sol)
                 continue
-            sol = _fill(model, types, [("p", g) for g in range(G)] + kinds,
-                        np.concatenate([u.astype(float), lam]), target, deadline)
+            kinds, x = [("p", g) for g in range(G)] + kinds, np.concatenate([u.astype(float), lam])
+            sol = _fill(model, types, kinds, x, target, deadline)
+            if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
+                # CP-SAT's short share may not have packed them (a loaded machine): once
+                # more with a quarter of the time left, since the master proposes N* again
+                sol = _fill(model, types, kinds, x, target, deadline, secs=FILL_RETRY * (deadline - time.monotonic()))
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
                 break  # the counts hold the work fractionally, but it did not pack on them
             best, best_cost = sol, cost_usd(model, sol)

@@ -369,14 +369,15 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
 
 
 def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.ndarray, target: int,
-          deadline: float) -> Solution | None:
+          deadline: float, secs: float | None = None) -> Solution | None:
     """A plan on the machines of an LP answer ``x`` over columns ``kinds`` (a master's
     ``kind``: placed counts ("p", g) and patterns): the whole machines ⌊λ_j⌋ of each
     pattern as they are, then the work the fractional patterns share placed on the
     ⌈N_(t,k)⌉ − Σ⌊λ_j⌋ machines left of each type and class (``_place_rest``). When
     the counts N are integral (a branch-and-price node's) and everything fits, the
     cost is at most Σ κ N (a machine is billed no longer than its class). What does
-    not fit is completed by first fit. A feasible plan placing ``target`` VMs, or None."""
+    not fit is completed by first fit. A feasible plan placing ``target`` VMs, or None.
+    ``secs``: CP-SAT's time for the rest, instead of its share of what is left."""
     from fuse.controller.pool.greedy import greedy
     from fuse.controller.pool.solution import Machine
 
@@ -411,7 +412,7 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
         for k in ks:
             room[key, k] = 1 if k == ks[-1] and key not in taken else 0
     bins = [(by_key[key], k) for (key, k), r in sorted(room.items()) for _ in range(max(r, 0))]
-    for b, counts in _place_rest(model, bins, left, deadline):
+    for b, counts in _place_rest(model, bins, left, deadline, secs):
         ty = bins[b][0]
         for g, a in counts.items():
             left[g] -= a
@@ -428,7 +429,7 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
 
 
 def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: list[int],
-                deadline: float) -> list[tuple[int, dict[int, int]]]:
+                deadline: float, secs: float | None = None) -> list[tuple[int, dict[int, int]]]:
     """Place what ``left`` still wants on ``bins`` (one per machine: its type and class),
     exactly: one CP-SAT variable per (group, machine), most VMs first, then the least
     cost of the machines used. [(bin, {group: VMs})], empty when nothing is placed."""
@@ -478,7 +479,8 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
     m.maximize(scale * sum(placed) - sum(c * on for on, c in price))
     solver = cp_model.CpSolver()
     left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
-    solver.parameters.max_time_in_seconds = max(0.01, min(max(0.1, min(0.5, 0.05 * left_secs)), left_secs))
+    share = max(0.1, min(0.5, 0.05 * left_secs)) if secs is None else secs
+    solver.parameters.max_time_in_seconds = max(0.01, min(share, left_secs))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = model.seed
     if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
