@@ -15,7 +15,8 @@ from support import FUSE, start_agent, start_controller
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hosts-add")
-    ctl = start_controller(tmp)
+    # Also on TCP with its own token, to tell it from the agent's token.
+    ctl = start_controller(tmp, listen=True, token="controller-token")
     agent = start_agent(tmp)
     yield {"ctl": ctl, "agent": agent, "env": {**os.environ, "FUSE_URL": ctl.url}}
     ctl.stop()
@@ -60,3 +61,24 @@ def test_bad_flags_print_the_code_and_exit_non_zero(env, flags, code, exit_code)
     listed = subprocess.run(FUSE + ["controller", "hosts", "list", "--json"], capture_output=True, text=True,
                             timeout=60, env=env["env"])
     assert "bad" not in [h["id"] for h in json.loads(listed.stdout)]
+
+
+@pytest.mark.parametrize("flag", ["--agent-token", "--token"],
+                         ids=["the agent token as --agent-token", "the agent token as --token after hosts add"])
+def test_the_agent_token_after_hosts_add_and_the_controller_token_before_it(env, flag):
+    a, port = env["agent"], env["ctl"].extra["port"]
+
+    def add_over_tcp(name, controller_token, agent_token):
+        return subprocess.run(FUSE + ["controller", "--url", f"http://127.0.0.1:{port}", "--token", controller_token,
+                                      "hosts", "add", "--name", name, "--addr", a.url, flag, agent_token,
+                                      "--vm-count", "2", "--json"],
+                              capture_output=True, text=True, timeout=120, env=env["env"])
+
+    r = add_over_tcp(f"tcp{flag}", "controller-token", a.token)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["id"] == f"tcp{flag}" and "token" not in json.loads(r.stdout)
+    # Each token goes where its place says: a wrong one is refused by its own side.
+    r = add_over_tcp("wrong-agent", "controller-token", "not-the-agent-token")
+    assert r.returncode == 1 and "error: unauthorized" in r.stderr, r.stderr
+    r = add_over_tcp("wrong-controller", a.token, a.token)
+    assert r.returncode == 1 and "error: unauthorized" in r.stderr and "agent" not in r.stderr, r.stderr

@@ -99,7 +99,9 @@ def hosts_add(
     name: str = typer.Option(..., help="The host's id."),
     addr: str = typer.Option(..., help="local | unix:///path | http(s)://h:p | ssh://user@h[:p] | h:p (mutual TLS)."),
     vm_count: int = typer.Option(16, help="VM-count policy (never probed)."),
-    agent_token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="The agent's bearer token."),
+    # `--token` here is the agent's; the controller's own is `fuse controller --token` (before `hosts`).
+    agent_token: Optional[str] = typer.Option(None, "--agent-token", "--token", envvar="FUSE_HOST_TOKEN",
+                                              help="The agent's bearer token."),
     region: Optional[str] = typer.Option(None),
     backend: Optional[str] = typer.Option(None, help="qemu or firecracker (unset: the controller's default, "
                                                      "firecracker)."),
@@ -145,28 +147,32 @@ def hosts_get(host_id: str, json_: bool = typer.Option(False, "--json")) -> None
     emit_json(host) if json_ else table(HOST_COLUMNS, _host_rows([host]))
 
 
-def _action(verb: str):
-    def run(host_id: str) -> None:
+def _action(verb: str, name: str):
+    """The `hosts NAME HOST` command calling `client.hosts.<verb>`; --json prints
+    the API's answer (drain's report), or `{"id", "action", "ok": true}` for the
+    calls that answer nothing (204)."""
+    def run(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
         with api_errors(), client() as c:
             report = getattr(c.hosts, verb)(host_id)
-        typer.echo(f"host {host_id}: {verb} done")
-        if verb == "drain":
-            for m in report["moved"]:
-                typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
-            for s in report["stuck"]:
-                typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
-            if report["stuck"]:
-                raise typer.Exit(1)
-    run.__name__ = f"hosts_{verb}"
+        if json_:
+            emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})
+        else:
+            typer.echo(f"host {host_id}: {verb} done")
+            if verb == "drain":
+                for m in report["moved"]:
+                    typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
+                for s in report["stuck"]:
+                    typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
+        if verb == "drain" and report["stuck"]:
+            raise typer.Exit(1)
+    run.__name__ = f"hosts_{name}"
     run.__doc__ = {"cordon": "Stop new placements on a host.", "uncordon": "Resume placements (ends a drain).",
                    "drain": "Stop placements and move every VM away.", "deregister": "Remove a host."}[verb]
     return run
 
 
-for _verb in ("cordon", "uncordon", "drain"):
-    hosts_app.command(_verb)(_action(_verb))
-hosts_app.command("remove")(_action("deregister"))
-
+for _verb, _name in (("cordon", "cordon"), ("uncordon", "uncordon"), ("drain", "drain"), ("deregister", "remove")):
+    hosts_app.command(_name)(_action(_verb, _name))
 
 
 def _mount_fleet() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from ..client.moves import TERMINAL
 from .output import api_errors, console, emit_json, table
 
 MOVE_COLUMNS = ["id", "vm", "from", "to", "state", "copied", "total", "reason"]
@@ -16,6 +17,45 @@ MOVE_COLUMNS = ["id", "vm", "from", "to", "state", "copied", "total", "reason"]
 def _rows(moves):
     for m in moves:
         yield (m["id"], m["vm"], m["from"], m["to"], m["state"], m["copied_bytes"], m["total_bytes"], m["reason"])
+
+
+def _until_ended(c, m: dict, timeout_s: float = 3600) -> Iterator[dict]:
+    """Poll the move until it ends or `timeout_s` passes, yielding each answer."""
+    deadline = time.monotonic() + timeout_s
+    while m["state"] not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.2)
+        m = c.moves.get(m["id"])
+        yield m
+
+
+def _progress_line(m: dict) -> str:
+    """One plain line for a pipe or a log: the state, and the bytes while copying."""
+    if m["state"] == "copying":
+        return f"copying {m['copied_bytes']}/{m['total_bytes']} bytes"
+    return m["state"] + (f": {m['reason']}" if m["state"] == "failed" and m.get("reason") else "")
+
+
+def _wait(c, m: dict, vm: str, json_: bool) -> dict:
+    """Wait for the move to end, showing its progress: a Rich bar of copied/total
+    bytes on a terminal, else one plain line per change (on stderr under --json,
+    so stdout stays one JSON document). Returns the last answer."""
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=console) as bar:
+            task = bar.add_task(f"{vm} {m['from']} → {m['to']}: {m['state']}", total=None)
+            for m in _until_ended(c, m):
+                bar.update(task, completed=m["copied_bytes"], total=m["total_bytes"] or None,
+                           description=f"{vm} {m['from']} → {m['to']}: {m['state']}")
+        return m
+    typer.echo(f"move {m['id']}: {vm} {m['from']} -> {m['to']}", err=json_)
+    last = _progress_line(m)
+    typer.echo(last, err=json_)
+    for m in _until_ended(c, m):
+        line = _progress_line(m)
+        if line != last:
+            typer.echo(line, err=json_)
+            last = line
+    return m
 
 
 def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (default: best fit)."),
@@ -27,15 +67,7 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
     with api_errors(), client() as c:
         m = c.moves.create(vm, to, host)
         if wait:
-            with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                          console=console, transient=not console.is_terminal) as bar:
-                task = bar.add_task(f"{vm} {m['from']} → {m['to']}: {m['state']}", total=None)
-                deadline = time.monotonic() + 3600
-                while m["state"] not in ("done", "failed") and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    m = c.moves.get(m["id"])
-                    bar.update(task, completed=m["copied_bytes"], total=m["total_bytes"] or None,
-                               description=f"{vm} {m['from']} → {m['to']}: {m['state']}")
+            m = _wait(c, m, vm, json_)
     if json_:
         emit_json(m)
         return

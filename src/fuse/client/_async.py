@@ -22,7 +22,7 @@ class AsyncClient:
                                        transport=transport)
         self.hosts = HostsAPI(self._send)
         from . import _resources
-        _resources.attach(self)
+        _resources.attach(self, asynchronous=True)
 
     async def _send(self, call: Call) -> Any:
         kw = {"timeout": call.timeout} if call.timeout is not None else {}

@@ -14,8 +14,14 @@ RESOURCES = {
     "pool": ("fuse.client.pool", "PoolAPI"),
 }
 
+# attribute -> class for the async client, where a method does I/O itself
+# (iterators) instead of returning one Call; the rest share the sync class.
+ASYNC_RESOURCES = {
+    "events": "AsyncEventsAPI",
+}
 
-def attach(client: Any) -> None:
+
+def attach(client: Any, *, asynchronous: bool = False) -> None:
     from ._core import Call
 
     def usage(from_: int | str | None = None, to: int | str | None = None):
@@ -27,5 +33,7 @@ def attach(client: Any) -> None:
 
     client.usage = usage
     for attr, (mod, cls) in RESOURCES.items():
+        if asynchronous:
+            cls = ASYNC_RESOURCES.get(attr, cls)
         api = getattr(importlib.import_module(mod), cls)
         setattr(client, attr, api(client._send))

@@ -46,3 +46,11 @@ class EventsAPI:
                 if max_events is not None and n >= max_events:
                     return
             since = _cursor(page, since)
+
+
+class AsyncEventsAPI(EventsAPI):
+    """The async client's events: `list` returns an awaitable, so `follow`
+    is the async iterator (`async for e in client.events.follow(...)`);
+    `afollow` stays as the same thing under its older name."""
+
+    follow = EventsAPI.afollow  # type: ignore[assignment]
