@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from agent_support import Host, install_bundle, qemu_pids
-from support import real_bundle_dir
+from support import fake_bundle, real_bundle_dir
 from fuse import http_errors
 from fuse.agent.api.vms import router
 from fuse.agent.vms import VmManager
@@ -43,18 +43,21 @@ def no_qemu_left(tmp_path):
 
 @pytest.fixture
 async def make_host(tmp_path, bundle_dir):
-    """Factory: ``await make_host(name, ram_mb=..., max_vms=..., pressure=...)``.
+    """Factory: ``await make_host(name, ram_mb=..., max_vms=..., pressure=...)``
+    (``backend="fake"``: the fast stand-in, for rules that need no real guest).
     Every VM still on a host at the end is deleted (its process killed)."""
     hosts: list[Host] = []
 
-    async def make(name: str = "host", *, bundle: bool = True, **kwargs) -> Host:
+    async def make(name: str = "host", *, bundle: bool = True, backend: str = "qemu", **kwargs) -> Host:
         state = tmp_path / name
         state.mkdir(parents=True, exist_ok=True)
-        if bundle:
+        if bundle and backend == "fake":
+            fake_bundle(state)  # a manifest: the fake backend boots nothing
+        elif bundle:
             install_bundle(bundle_dir, state)
         kwargs.setdefault("ram_mb", 4096)
         kwargs.setdefault("cpus", 2)
-        vms = VmManager(state, "qemu", **kwargs)
+        vms = VmManager(state, backend, **kwargs)
         await vms.start()
         app = FastAPI()
         http_errors.install(app)

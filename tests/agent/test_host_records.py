@@ -36,6 +36,46 @@ async def test_every_transition_is_allowed_or_refused_by_the_table(tmp_path, bef
     mgr.events.close()
 
 
+async def test_sleeping_a_sleeping_vm_or_waking_a_running_one_is_refused_but_a_moves_calls_repeat(make_host):
+    """Neither sleeping -> sleeping nor running -> running is in the table, so
+    each is 409 conflict. The calls a move makes carry its id and may be
+    repeated (a retry, a controller resuming after a crash): they answer as
+    the first did."""
+    host = await make_host(backend="fake")
+    r = await host.client.post("/v1/host/vms", json={"name": "v", "shape": {"vcpus": 1, "mem_mib": 64},
+                                                     "entry": "true"})
+    assert r.status_code == 201, r.text
+
+    async def call(action: str, body: dict | None = None) -> tuple[int, str, dict]:
+        r = await host.client.post(f"/v1/host/vms/v/{action}", json=body or {})
+        return r.status_code, r.json().get("error", {}).get("code", ""), r.json()
+
+    status, code, body = await call("wake")
+    assert (status, code) == (409, "conflict") and "already running" in body["error"]["message"]
+    assert (await call("sleep"))[2]["state"] == "sleeping"
+    status, code, body = await call("sleep")
+    assert (status, code) == (409, "conflict") and "already sleeping" in body["error"]["message"]
+    states = [e["to"] for e in host.vms.events.list() if e["type"] == "vm_state"]
+    assert states == ["creating", "running", "sleeping"]  # a refusal changes nothing
+
+    # A sleeping VM's move marks it by sleeping it; again for the same move is the same answer.
+    for _ in range(2):
+        status, _, vm = await call("sleep", {"move_id": "m1"})
+        assert (status, vm["state"], vm["move_id"]) == (200, "sleeping", "m1")
+    assert (await call("sleep"))[:2] == (409, "move_in_progress")
+    for _ in range(2):  # the move ends and clears its mark, or its recovery does it again
+        status, _, vm = await call("wake", {"move_id": "m1", "clear_mark": True})
+        assert (status, vm["state"], vm["move_id"]) == (200, "sleeping", None)
+
+    assert (await call("wake"))[2]["state"] == "running"
+    # A retried wake of a move's target, and a move bringing home a VM it
+    # never slept, find it running: no refusal, no change.
+    for body in ({"move_id": "m1"}, {"move_id": "m1", "if_marked": True}):
+        status, _, vm = await call("wake", body)
+        assert (status, vm["state"]) == (200, "running")
+    assert [e["to"] for e in host.vms.events.list() if e["type"] == "vm_state"][-1] == "running"
+
+
 def test_deleted_is_terminal_and_every_state_can_reach_it():
     assert TRANSITIONS["deleted"] == frozenset()
     assert all("deleted" in to for state, to in TRANSITIONS.items() if state != "deleted")

@@ -6,6 +6,7 @@ configuration: the controller trusts these over an operator's guess.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import math
 import os
@@ -228,16 +229,42 @@ def probe_gpus() -> dict[str, Any]:
 
 
 def probe(state_dir: Path) -> dict[str, Any]:
-    """The static hardware facts of this machine."""
+    """The static hardware facts of this machine.
+
+    ``kvm_device`` is whether /dev/kvm answers. ``kvm`` (usable KVM) needs the
+    backend's boot probe too, so here it is only the device's answer: the
+    agent's summary and ``host_facts`` replace it with what the backend
+    settled on."""
+    kvm_device = kvm_device_answers()
     facts = {
         "cpus": usable_cpus(),
         "ram_mb": ram_mb(),
         "storage_gb": storage_gb(state_dir),
         "arch": arch(),
-        "kvm": kvm_device_answers(),
+        "kvm": kvm_device,
+        "kvm_device": kvm_device,
         "qemu_version": qemu_version(),
         "firecracker": firecracker_release(),
         "firecracker_pinned": FIRECRACKER_PINNED,
     }
     facts.update(probe_gpus())
+    return facts
+
+
+def host_facts(state_dir: Path, backend: str = "qemu") -> dict[str, Any]:
+    """What ``GET /v1/host`` reports of this machine, without serving: the
+    probe, the accelerator the backend settles on (by the agent's own boot
+    probe and cache, so an answer this machine already has costs nothing),
+    whether KVM is usable under it, and the bundles built in ``state_dir``."""
+    from . import bundle as bundles
+    from .backends.base import get_backend
+
+    be = get_backend(backend, state_dir=state_dir)
+    facts = probe(state_dir)
+    device = facts["kvm_device"]
+    if (settle := getattr(be, "probe_accel", None)) is not None:
+        # The bundle the agent settles with when it starts (VmManager.start).
+        asyncio.run(settle(bundles.get_bundle(state_dir, "linux"), device))
+    facts.update(backend=backend, accel=getattr(be, "accel", None), kvm=be.kvm_usable(device),
+                 bundles=bundles.list_bundles(state_dir))
     return facts

@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
 from ..models.vm import CreateVmRequest, StateFile, Vm
 from . import bundle as bundles
+from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
 from .backends.base import MAX_ENTRY_BYTES, BackendError, BootSpec, get_backend, kill_and_wait
 from .events import EventLog
@@ -84,6 +85,9 @@ class VmManager:
         self.events = EventLog(self.state_dir / "events.jsonl")
         self.metering = Metering(self.state_dir / "metering.json")
         self.incoming = IncomingMoves(self)
+        # Whether /dev/kvm answers; whether a guest boots under it is the
+        # backend's to settle (``_settle_accel``), and ``kvm`` reports that.
+        self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Held from the admission check to the reservation it makes, so two
@@ -173,6 +177,9 @@ class VmManager:
             "vms_total": len(self.vms),
             "memory_pressure": self.pressure(0) is not None,
             "accel": getattr(self.backend, "accel", None),
+            # usable KVM: what the backend settled on, not just /dev/kvm answering
+            "kvm": self.backend.kvm_usable(self.kvm_device),
+            "kvm_device": self.kvm_device,
             "bundles": bundles.list_bundles(self.state_dir),
         }
 
@@ -226,12 +233,17 @@ class VmManager:
 
     async def sleep(self, name: str, move_id: str | None = None) -> Vm:
         """Write the VM's memory and device state to files and stop its
-        process. Sleeping an already sleeping VM only (re)marks it."""
+        process. sleeping -> sleeping is no transition, so sleeping a sleeping
+        VM is 409 ``conflict`` -- except for a move (``move_id``): a sleeping
+        VM's move starts by marking it this way, and a repeated call for the
+        same move answers as the first did."""
         vm = self.get(name)
         async with self.lock(name):
             if vm.state == "sleeping":
-                if move_id and move_id != vm.move_id:
-                    _check_mark(vm, move_id)
+                _check_mark(vm, move_id)
+                if not move_id:
+                    raise Conflict(f"vm {name} is already sleeping; only a running vm can sleep")
+                if move_id != vm.move_id:
                     # It held no room asleep and a failed move leaves it asleep
                     # here, so marking reserves nothing.
                     vm.move_id, vm.move_role = move_id, "source"
@@ -258,7 +270,10 @@ class VmManager:
                    if_marked: bool = False) -> Vm:
         """Resume a sleeping VM from its files (a marked VM only for its own
         move); or, with ``clear_mark``, just drop the mark. ``if_marked``: only
-        a VM ``move_id`` holds (a move bringing it home), else it stays as it is."""
+        a VM ``move_id`` holds (a move bringing it home), else it stays as it is.
+        running -> running is no transition: waking a running VM is 409
+        ``conflict``, except for a move's call (``move_id``), which a retried
+        wake of the move's target must find done, not refused."""
         vm = self.get(name)
         async with self.lock(name):
             if if_marked and (not move_id or vm.move_id != move_id):
@@ -273,7 +288,9 @@ class VmManager:
                     self.events.emit("vm_unmarked", vm=name, move_id=move_id)
                 return vm
             if vm.state == "running":
-                return vm
+                if move_id:
+                    return vm
+                raise Conflict(f"vm {name} is already running; only a sleeping vm can wake")
             if vm.state != "sleeping":
                 raise Conflict(f"vm {name} is {vm.state}; only a sleeping vm can wake")
             if not (vm.reserved or vm.return_room):
@@ -397,8 +414,8 @@ class VmManager:
     async def _settle_accel(self, b: bundles.Bundle) -> None:
         probe = getattr(self.backend, "probe_accel", None)
         if probe is not None:
-            from .probe import kvm_device_answers
-            await probe(b, kvm_device_answers())
+            self.kvm_device = probe_mod.kvm_device_answers()
+            await probe(b, self.kvm_device)
 
     async def _watch(self) -> None:
         ticks = 0

@@ -56,17 +56,23 @@ def serve(
 
 
 @app.command()
-def probe(state_dir: Path = typer.Option(None), json_: bool = typer.Option(False, "--json")) -> None:
+def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its bundles and KVM answer)."),
+          backend: str = typer.Option("qemu", help="The backend whose accelerator to settle: qemu or firecracker."),
+          json_: bool = typer.Option(False, "--json")) -> None:
     """Print this machine's hardware facts, as the agent would report them."""
-    from ..agent.probe import probe as do_probe
+    from ..agent.probe import host_facts
 
+    if backend not in ("qemu", "firecracker", "fake"):
+        raise typer.BadParameter("backend must be qemu or firecracker")
     state_dir = state_dir or default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
-    facts = do_probe(state_dir)
+    facts = host_facts(state_dir, backend)
     if json_:
         emit_json(facts)
     else:
-        table(["fact", "value"], sorted(facts.items()), title="host probe")
+        shown = dict(facts, bundles=", ".join(f"{b['name']} ({b['fingerprint'][:12]}, {b['kernel']})"
+                                              for b in facts["bundles"]) or "none (fuse bundle build)")
+        table(["fact", "value"], sorted(shown.items()), title="host probe")
 
 
 

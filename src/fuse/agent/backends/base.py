@@ -72,6 +72,12 @@ class Backend(ABC):
         """The platform a new VM gets on this host (``backend``, ``arch``,
         ``machine``, ``accel``, ...)."""
 
+    def kvm_usable(self, device_answers: bool) -> bool:
+        """Whether this backend's VMs run under KVM, given whether /dev/kvm
+        answers. Firecracker has no other accelerator, so the device decides;
+        a backend that may fall back (qemu) answers from what it settled on."""
+        return device_answers
+
     def incompatible(self, platform: dict[str, Any]) -> str | None:
         """Why a VM that slept on ``platform`` cannot wake here, or None."""
         mine = self.platform()

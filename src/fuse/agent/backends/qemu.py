@@ -126,6 +126,11 @@ class QemuBackend(Backend):
         return {"backend": "qemu", "arch": "x86_64", "machine": "microvm", "accel": self.accel,
                 "tsc_khz": self._tsc_khz, "qemu": self._version}
 
+    def kvm_usable(self, device_answers: bool) -> bool:
+        """KVM only once ``probe_accel`` settled on it (or it was forced):
+        a device that answers but cannot boot the bundle's kernel is not."""
+        return device_answers and self.accel == "kvm"
+
     async def probe_accel(self, bundle: Bundle | None, kvm_answers: bool) -> str:
         """Settle the accelerator: KVM only if the bundle's kernel really
         boots under it (a probe of up to 10 s). The answer belongs to the
