@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidArgument
 from .backends.base import cpu_seconds
 
 _FIELDS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
@@ -123,3 +125,18 @@ def _dec(x: float) -> Decimal:
 
 def _plain(r: dict[str, Decimal | int]) -> dict[str, float | int]:
     return {k: (float(v) if isinstance(v, Decimal) else v) for k, v in r.items()}
+
+
+def instant(value: str | None, what: str) -> float | None:
+    """A usage window's end as unix seconds, from unix seconds or an ISO 8601 time
+    (what GET /v1/usage takes, on a host and on the controller); None when not given."""
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from ..agent.metering import instant
 from ..errors import FuseError, HostUnreachable, InvalidArgument
 
 # What a host's metering totals (fuse.agent.metering): seconds are exact
@@ -26,18 +26,6 @@ def _dec(v: Any) -> Decimal:
     return Decimal(str(v))
 
 
-def instant(value: str | None, what: str) -> float | None:
-    """Unix seconds or an ISO 8601 time (what a host accepts); None when not given."""
-    if value in (None, ""):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None
 
 
 class UsageService:

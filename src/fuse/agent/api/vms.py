@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -17,6 +16,7 @@ from fastapi import APIRouter, Query, Request, Response
 from ...errors import InvalidArgument
 from ...models.vm import CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..events import MAX_LIMIT
+from ..metering import instant
 from ..vms import VmManager
 
 router = APIRouter(tags=["vms"])
@@ -139,21 +139,9 @@ async def list_events(request: Request, since: int = 0, limit: int = 100, wait_s
 @router.get("/v1/host/usage", summary="Per-VM metering over [from, to) with exact totals.")
 async def get_usage(request: Request, from_: str | None = Query(default=None, alias="from"),
                     to: str | None = None) -> dict[str, Any]:
-    start, end = _instant(from_, "from") or 0.0, _instant(to, "to")
+    start, end = instant(from_, "from") or 0.0, instant(to, "to")
     if end is not None and end < start:
         raise InvalidArgument("to must not be before from")
     return _vms(request).metering.usage(start, end)
 
 
-def _instant(value: str | None, what: str) -> float | None:
-    """Unix seconds or an ISO 8601 time."""
-    if value in (None, ""):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None
