@@ -99,6 +99,7 @@ def plan(model: PlanModel) -> ElasticPlan:
     return to_plan(model, sol, solver=solver, lower_bound_usd=lb, notes=notes)
 
 
+AGGREGATE_SHARE = 0.85  # of the time left, for stage 2 on the aggregate model
 TAIL_SHARE, TAIL_SECS = 0.1, 0.25  # of the time limit kept for finishing the answer, at most (s)
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")
@@ -185,7 +186,9 @@ def _aggregate(model: PlanModel, kept: list[int], base: Solution, target: int,
     f.m.add(sum(f.placed) >= target)
     f.m.minimize(f.cost)
     f.hint(model, base)
-    st, solver = F.run(f, model, deadline - time.monotonic())
+    # a share of the time is kept for what may follow: a bound of its own when the plan
+    # is first fit's or places fewer VMs (another CP-SAT run), or stage 3
+    st, solver = F.run(f, model, AGGREGATE_SHARE * (deadline - time.monotonic()))
     if st not in ("optimal", "feasible"):
         return base, "greedy", _bound(model, kept, base, deadline), ["exact solver found no plan in time"]
     bound_micro = max(0, math.ceil(solver.best_objective_bound - 1e-6))

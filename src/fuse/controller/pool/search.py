@@ -123,10 +123,12 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
             if proven:
                 return sol, cost, True, True  # proven: no plan is cheaper by more than 10⁻⁶ USD
             cands.append(sol)
-        dived = _dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
+        # (each step below takes at least ~50 ms: none starts without that much time left)
+        dived = (_dive(model, types, target, pool, min(end, time.monotonic() + 0.3 * (end - time.monotonic())))
+                 if end - time.monotonic() > MIN_STEP_SECS else None)
         if dived is not None:
             cands.append(dived)
-    if not met:
+    if not met and end - time.monotonic() > MIN_STEP_SECS:
         mres = root.mip(0.15 * (end - time.monotonic()) if converged else end - time.monotonic())
         if mres.x is not None:
             cands.append(extract(model, root, mres.x))
@@ -313,6 +315,7 @@ def _score(costs: dict, what: tuple, f: float) -> float:
     return out
 
 
+MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
 DIVE_EVERY = 40  # best-first nodes between dives
