@@ -116,7 +116,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         held = min([sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
                    + ([start] if sum(start.placed(len(groups))) >= target else []),
                    key=lambda sol: cost_usd(model, sol), default=None)
-        if held is not None:
+        if held is not None and end - time.monotonic() > MIN_STEP_SECS:
             y = np.minimum(res.ineqlin.marginals, 0.0)
             sol, cost, cuts_lb, proven = prove(model, types, target, pool, root, y, held, cost_usd(model, held),
                                                time.monotonic() + BENDERS_SHARE * (end - time.monotonic()))
