@@ -21,19 +21,23 @@ generation over λ with Σ_{j∈(t,k)} λ_j ≤ N*_tk; minimise the VMs left ove
   - none: N* holds the work fractionally; ``search._fill`` places it on exactly
     those machines (whole patterns, then an exact CP-SAT placement of the rest).
     A plan found costs at most Σ κ N* and becomes the plan in hand.
-With a plan costing U in hand, the master gets the row Σ κ N ≤ U − ε: when HiGHS
-finds it infeasible, no plan is cheaper than U − ε and U is proven optimal.
+With a plan costing U in hand, the master gets the row Σ κ N ≤ U − ε (in mUSD,
+so HiGHS's row tolerance cannot let U itself through): when HiGHS finds it
+infeasible, no plan is cheaper than U − ε and U is proven optimal.
 
 The master starts with the cut at the root LP's prices and with cuts that need
 no DP (``capacity_cuts``: vCPUs and memory of the work of duration ≥ δ, of its
 KVM part, and each group's VMs per machine), which spare it most of the answers
 that cost exactly the LP bound but hold nothing like the work; so do up to
 ``KELLEY_ROUNDS`` proposals of the master's LP relaxation (cheap: an LP, not a
-branch and bound) checked the same way before the integer master. Reduced-cost
-fixing (``patterns.class_limits``) bounds each N_tk. The master is solved to a
-0.01 % gap while it only proposes counts, to none for the last proof; one solve
-may take half the time left, so a master grown hard hands the rest of the time
-to branch-and-price.
+branch and bound) checked the same way before the integer master (cuts only:
+first fit on fractional counts never beat the plan in hand; they stop when the
+LP answers the same counts again). Reduced-cost fixing (``patterns.class_limits``)
+bounds each N_tk, and a type fixed at 0 machines drops out of the cuts' DPs.
+The master is solved to a 0.01 % gap while it only proposes counts, to none once
+its bound is that close to the plan; one solve may take half the time left, so a
+master grown hard proposes what it found and hands the rest of the time to
+branch-and-price.
 
 Every cut is valid for every plan, whatever N* it was found at, so the master's
 optimum (HiGHS's dual bound on it) is a lower bound at every iteration. V_tk is
