@@ -32,9 +32,13 @@ def _continues(text: str, before: int) -> None:
 async def test_a_sleeping_guest_wakes_where_it_stopped(make_host):
     host = await make_host()
     await _counting(host)
+    r = await host.client.post("/v1/host/vms/counter/wake")  # running -> running: not in the table
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "conflict")
 
     vm = (await host.client.post("/v1/host/vms/counter/sleep")).json()
     assert vm["state"] == "sleeping" and vm["pid"] is None
+    r = await host.client.post("/v1/host/vms/counter/sleep")  # sleeping -> sleeping: not either
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "conflict")
     assert not qemu_pids(str(host.vms.vm_dir("counter")))
     assert host.vms.summary()["free_mem_mib"] == 4096 - 256  # a sleeping vm holds no memory
     files = (await host.client.get("/v1/host/vms/counter/files")).json()["files"]
