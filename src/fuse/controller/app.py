@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 
 from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
@@ -19,6 +20,7 @@ from .routes import moves as move_routes
 from .routes import pool as pool_routes
 from .routes import usage as usage_routes
 from .routes import vms as vm_routes
+from .pool.planner import warm as warm_planner
 from .service import Controller
 
 
@@ -35,6 +37,8 @@ def create_app(ctl: Controller) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await ctl.start()
+        # the planner's solver libraries load in the background (~1 s), not in the first plan's time limit
+        threading.Thread(target=warm_planner, name="fuse-planner-warm", daemon=True).start()
         try:
             yield
         finally:

@@ -66,7 +66,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
+import highspy
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog
 from scipy.optimize import milp as _milp
@@ -109,6 +111,14 @@ def _stdout_to_stderr():
             os.close(saved)
 
 
+def _new_highs():
+    """A silent HiGHS instance (the first one in a process prints a banner on stdout)."""
+    with _stdout_to_stderr():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def milp(*args, **kwargs):
     """scipy's ``milp`` with nothing written on stdout."""
     with _stdout_to_stderr():
@@ -134,6 +144,9 @@ class MachineType:
     host: bool = False
     cls: dict[int, int] | None = None  # group -> its class: the first δ_k ≥ d_g
     slots: int | None = None  # VMs one machine may hold by count, when that binds (a host's max_vms)
+    # the groups its rules admit, whatever their size, by duration then index: types with
+    # the same ones share one pricing DP (``_price_shared``)
+    ruled: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:
@@ -174,7 +187,9 @@ def machine_types(model: PlanModel, kept: list[int]) -> list[MachineType]:
         for lim in (o.limit, None if o.one_space else c.max_new_hosts):
             if lim is not None:
                 ub = min(ub, lim)
-        out.append(_finish(MachineType(t, deltas, kappa, ok, q, cap_cpu, o.mem_mib, ub), groups))
+        ruled = tuple(sorted((g for g, grp in enumerate(groups) if grp.count > 0 and offer_reject(grp, o, c, size=False) is None),
+                             key=lambda g: (groups[g].duration_secs, g)))
+        out.append(_finish(MachineType(t, deltas, kappa, ok, q, cap_cpu, o.mem_mib, ub, ruled=ruled), groups))
     # each existing host is a type of its own with at most one machine: its
     # patterns are exact (no capacity relaxation) and its cost is the extra
     # billed time of the longest work it takes (0 on own devices)
@@ -191,7 +206,9 @@ def machine_types(model: PlanModel, kept: list[int]) -> list[MachineType]:
         room = sum(groups[g].count if groups[g].together else min(groups[g].count, q[g]) for g in ok)
         room = min(room, cap_cpu // min(groups[g].cpus for g in ok), host.mem_mib // min(groups[g].mem_mib for g in ok))
         slots = host.max_vms if host.max_vms is not None and host.max_vms < room else None
-        out.append(_finish(MachineType(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True, slots=slots),
+        ruled = tuple(sorted((g for g, grp in enumerate(groups) if grp.count > 0 and host_reject(grp, host, c, size=False) is None),
+                             key=lambda g: (groups[g].duration_secs, g)))
+        out.append(_finish(MachineType(h, deltas, kappa, ok, q, cap_cpu, host.mem_mib, 1, host=True, slots=slots, ruled=ruled),
                            groups))
     return out
 
@@ -231,6 +248,7 @@ class Master:
         # the cost of a plan in hand placing the target: the bound need only hold for plans
         # no costlier (the answer's bound is never above that plan's cost)
         self.cost_cap = math.inf
+        self._highs = None  # the LP, kept between ``lp`` calls
         row = self._row
 
         self.cover = [row(f"cover{g}", 0.0) for g in range(G)]
@@ -301,6 +319,7 @@ class Master:
         m.integral, m.kind, m.caps = list(self.integral), list(self.kind), list(self.caps)
         m._nz = (list(self._nz[0]), list(self._nz[1]), list(self._nz[2]))
         m.patterns = set(self.patterns)
+        m._highs = None  # its own LP: the branching rows differ
         m.by_class = {key: list(cols) for key, cols in self.by_class.items()}
         m.class_hi = dict(self.class_hi)
         for g, bounds in node.p.items():
@@ -340,9 +359,40 @@ class Master:
         return csc_matrix((data, (rows, cols)), shape=(len(self.rows), len(self.cols_c)))
 
     def lp(self):
-        res = linprog(np.array(self.cols_c), A_ub=self._matrix(), b_ub=np.array(self.b),
-                      bounds=self.bounds, method="highs")
-        return res
+        """The LP relaxation, by HiGHS's simplex kept between calls: columns priced since
+        the last call join the model and the solve starts from the last basis (column
+        generation adds a few columns a round; a solve from scratch cost ~10× more).
+        A result with ``status`` (0: optimal), ``x``, ``fun`` and ``ineqlin.marginals``
+        (the rows' duals, ≤ 0 for these ≤ rows of a minimisation), as scipy's ``linprog``."""
+        h = self._highs
+        n = len(self.cols_c)
+        if h is None:
+            h = self._highs = _new_highs()
+            h.addRows(len(self.rows), np.full(len(self.rows), -highspy.kHighsInf), np.array(self.b, dtype=float),
+                      0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+            self._in_highs, self._nz_in_highs, self._bounds_in_highs = 0, 0, []
+        if n > self._in_highs:  # the new columns, whose entries are the triplets added since
+            rows, cols, vals = (np.asarray(v[self._nz_in_highs:]) for v in self._nz)
+            order = np.argsort(cols, kind="stable")
+            rows, cols, vals = rows[order], cols[order], vals[order]
+            starts = np.searchsorted(cols, np.arange(self._in_highs, n)).astype(np.int32)
+            new = self.bounds[self._in_highs:]
+            h.addCols(n - self._in_highs, np.array(self.cols_c[self._in_highs:], dtype=float),
+                      np.array([b[0] for b in new], dtype=float), np.array([b[1] for b in new], dtype=float),
+                      len(vals), starts, rows.astype(np.int32), vals.astype(float))
+            self._bounds_in_highs.extend(new)
+            self._in_highs, self._nz_in_highs = n, len(self._nz[0])
+        if self.bounds != self._bounds_in_highs:  # a dive fixed some columns' lower bounds
+            for j, (was, now) in enumerate(zip(self._bounds_in_highs, self.bounds)):
+                if was != now:
+                    h.changeColBounds(j, float(now[0]), float(now[1]))
+            self._bounds_in_highs = list(self.bounds)
+        h.run()
+        ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        sol = h.getSolution()
+        return SimpleNamespace(status=0 if ok else 2, x=np.array(sol.col_value) if ok else None,
+                               fun=h.getInfo().objective_function_value if ok else None,
+                               ineqlin=SimpleNamespace(marginals=np.array(sol.row_dual) if ok else None))
 
     def mip(self, time_limit: float):
         lo = np.array([b[0] for b in self.bounds], dtype=float)
@@ -495,6 +545,65 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
     return out
 
 
+def _price_shared(model: PlanModel, ruled: tuple[int, ...], tys: list[tuple[MachineType, list[float], list[float]]],
+                  pi: np.ndarray) -> list[tuple[MachineType, float, int, dict[int, int]]]:
+    """``_price`` for several types whose rules admit the same groups ``ruled`` (no VM-count
+    dimension, not one-VM sandboxes), by one DP: ``tys`` holds (type, μ, floor) as
+    ``_price`` takes them. Each type's fractional screen runs first; one DP over the
+    largest machine among the classes that pass it then serves them all, since a
+    table's cell (C_t, M_t) is type t's own optimum (a group too big for t fits in
+    none of its cells) and groups enter by duration, so the table after the groups of
+    duration ≤ δ_k is class k's. [(type, reduced cost, class, pattern)] that price out."""
+    groups = model.groups
+    promising = []
+    for ty, mu, floor in tys:
+        items = knapsack_items(groups, ty.groups, pi, ty.q)
+        for k in range(len(ty.deltas)):
+            vals = [(v, wc, wm, u, mult) for g, v, wc, wm, u, mult in items if ty.cls[g] <= k]
+            floor[k] = ty.kappa[k] + mu[k] - (_frac_bound(vals, ty.cap_cpu, ty.cap_mem) if vals else 0.0)
+            if vals and floor[k] < -1e-7:
+                promising.append((ty, mu, floor, k))
+    if not promising:
+        return []
+    items = knapsack_items(groups, ruled, pi)  # by duration (``ruled``'s order), bounded by counts
+    unit = 0
+    for it in items:
+        unit = math.gcd(unit, it[3])
+    C = max(ty.cap_cpu for ty, *_ in promising)
+    M = max(ty.cap_mem for ty, *_ in promising) // unit
+    if (C + 1) * (M + 1) > MAX_CELLS:
+        raise TooBig
+    last = max(ty.deltas[k] for ty, _, _, k in promising)
+    f = np.zeros((C + 1, M + 1))
+    copies: list[tuple[int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, improved cells from (wc, wm))
+    ends: dict[int, int] = {}  # duration -> copies after its groups
+    for g, v, wc, wm, u, mult in items:
+        d = groups[g].duration_secs
+        if d > last:
+            break
+        for n, cw, mw, _ in split(u, wc, wm // unit, 0, C, M, 0):
+            cand = f[:C + 1 - cw, :M + 1 - mw] + v * n
+            sub = f[cw:, mw:]
+            improved = cand > sub + 1e-12
+            np.maximum(sub, cand, out=sub)
+            copies.append((g, n * mult, cw, mw, improved))
+        ends[d] = len(copies)
+    out = []
+    for ty, mu, floor, k in promising:
+        stage = max((n for d, n in ends.items() if d <= ty.deltas[k]), default=0)
+        c, m, counts = ty.cap_cpu, ty.cap_mem // unit, {}
+        for g, n, cw, mw, improved in reversed(copies[:stage]):
+            if c >= cw and m >= mw and improved[c - cw, m - mw]:
+                counts[g] = counts.get(g, 0) + n
+                c -= cw
+                m -= mw
+        rc = ty.kappa[k] + mu[k] - sum(pi[g] * n for g, n in counts.items())
+        floor[k] = max(floor[k], rc)  # the DP's optimum: exact
+        if rc < -1e-7 and counts:
+            out.append((ty, rc, k, counts))
+    return out
+
+
 def knapsack_items(groups, gs, pi: np.ndarray, q: dict[int, int] | None = None) -> list[tuple]:
     """The items of the pricing knapsack over groups ``gs`` at prices π: (group, value,
     vCPUs, MiB, copies, VMs per copy); a together group is one item of its whole size,
@@ -558,6 +667,8 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
         y = np.minimum(res.ineqlin.marginals, 0.0)  # ≤ 0 (clipped: the bound holds for any y ≤ 0)
         pi = np.array([-y[r] for r in master.cover])
         new, floors = 0, {}
+        shared: dict[tuple, list] = {}  # types whose pricing shares one DP, by the groups they admit
+        found: list[tuple] = []  # (type, reduced cost, class, pattern)
         closed = {key for key, hi in master.class_hi.items() if hi <= 0}  # N_tk ≤ 0 in this node
         for ty in types:
             if all((ty.key, k) in closed for k in range(len(ty.deltas))):
@@ -571,12 +682,21 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
                     v += -y[master.monthly] * ty.kappa[k]
                 mu.append(v)
             floor = [0.0] * len(ty.deltas)
-            for rc, k, counts in _price(model, ty, pi, mu, floor):
-                if (ty.key, k) not in closed and master.add_pattern(ty, k, counts):
-                    new += 1
-                    pool.append((ty, k, counts))
-            for k, v in enumerate(floor):
-                floors[ty.key, k] = v
+            if ty.slots is None and not ty.one_space(model):
+                shared.setdefault(ty.ruled, []).append((ty, mu, floor))
+            else:  # a VM-count dimension, or one VM a machine: a pricing of its own
+                found.extend((ty, rc, k, counts) for rc, k, counts in _price(model, ty, pi, mu, floor))
+            for k in range(len(ty.deltas)):
+                floors[ty.key, k] = floor  # (filled in below)
+        for ruled, tys in shared.items():
+            found.extend(_price_shared(model, ruled, tys, pi))
+        for (key, k), floor in list(floors.items()):
+            if isinstance(floor, list):
+                floors[key, k] = floor[k]
+        for ty, rc, k, counts in found:
+            if (ty.key, k) not in closed and master.add_pattern(ty, k, counts):
+                new += 1
+                pool.append((ty, k, counts))
         lb = max(lb, lagrangian_bound(master, types, y, floors))
         if new == 0:
             return res, lb, True
