@@ -50,9 +50,9 @@ from __future__ import annotations
 import math
 import time
 
+import highspy
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linprog
-from scipy.sparse import csc_matrix
+from scipy.optimize import Bounds, LinearConstraint
 
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.patterns import (
@@ -60,7 +60,8 @@ from fuse.controller.pool.patterns import (
     MachineType,
     Master,
     TooBig,
-    _price,
+    _new_highs,
+    price_all,
     class_limits,
     knapsack_items,
     milp,
@@ -356,43 +357,51 @@ def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tu
     li = {key: i for i, key in enumerate(live)}
     cols = [(ty, k, c) for ty, k, c in pool if (ty.key, k) in li]
     seen = {(ty.key, k, tuple(sorted(c.items()))) for ty, k, c in cols}
+    # rows (all ≤): −Σ_j a_gj λ_j − s_g ≤ −p_g, then Σ_{j∈(t,k)} λ_j ≤ n_tk; columns s_g, then the
+    # patterns, joining HiGHS as they are priced (each round starts from the last basis)
+    h = _new_highs()
+    inf = highspy.kHighsInf
+    h.addRows(G + len(live), np.full(G + len(live), -inf),
+              np.concatenate([-np.asarray(p, dtype=float), [float(n[key]) for key in live]]),
+              0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addCols(G, np.ones(G), np.zeros(G), np.full(G, inf), G, np.arange(G, dtype=np.int32),
+              np.arange(G, dtype=np.int32), -np.ones(G))
+    in_lp = 0
+    by_type = [ty for ty in types if any((ty.key, k) in li for k in range(len(ty.deltas)))]
     while time.monotonic() < deadline:
-        nc = len(cols)
-        r_, c_, v_ = [], [], []
-        for j, (ty, k, counts) in enumerate(cols):
-            for g, a in counts.items():
-                r_.append(g)
-                c_.append(j)
-                v_.append(-float(a))
-            r_.append(G + li[ty.key, k])
-            c_.append(j)
-            v_.append(1.0)
-        for g in range(G):
-            r_.append(g)
-            c_.append(nc + g)
-            v_.append(-1.0)
-        a = csc_matrix((v_, (r_, c_)), shape=(G + len(live), nc + G))
-        b = np.concatenate([-np.asarray(p, dtype=float), [float(n[key]) for key in live]])
-        res = linprog(np.concatenate([np.zeros(nc), np.ones(G)]), A_ub=a, b_ub=b, bounds=(0, None), method="highs")
-        if res.status != 0:
+        if len(cols) > in_lp:
+            starts, idx, val = [], [], []
+            for ty, k, counts in cols[in_lp:]:
+                starts.append(len(idx))
+                for g, a in sorted(counts.items()):
+                    idx.append(g)
+                    val.append(-float(a))
+                idx.append(G + li[ty.key, k])
+                val.append(1.0)
+            m = len(cols) - in_lp
+            h.addCols(m, np.zeros(m), np.zeros(m), np.full(m, inf), len(idx), np.array(starts, dtype=np.int32),
+                      np.array(idx, dtype=np.int32), np.array(val))
+            in_lp = len(cols)
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
-        y = res.ineqlin.marginals
+        sol = h.getSolution()
+        y = np.array(sol.row_dual)
         pi, mu = np.maximum(-y[:G], 0.0), np.maximum(-y[G:], 0.0)
+        # a pattern improves when its π-value beats its class's price μ (reduced cost
+        # κ + (μ − κ) − value, as ``_price`` counts it); closed classes never do
+        mus = {ty.key: [(mu[li[ty.key, k]] if (ty.key, k) in li else 1e18) - ty.kappa[k]
+                        for k in range(len(ty.deltas))] for ty in by_type}
         new = 0
-        for ty in types:
-            if not any((ty.key, k) in li for k in range(len(ty.deltas))):
-                continue
-            # a pattern improves when its π-value beats its class's price μ (reduced cost
-            # κ + (μ − κ) − value, as ``_price`` counts it); closed classes never do
-            shift = [(mu[li[ty.key, k]] if (ty.key, k) in li else 1e18) - ty.kappa[k] for k in range(len(ty.deltas))]
-            for _, k, counts in _price(model, ty, pi, shift):
-                key = (ty.key, k, tuple(sorted(counts.items())))
-                if (ty.key, k) in li and key not in seen:
-                    seen.add(key)
-                    cols.append((ty, k, counts))
-                    pool.append((ty, k, counts))
-                    new += 1
+        for ty, _, k, counts in price_all(model, by_type, pi, mus):
+            key = (ty.key, k, tuple(sorted(counts.items())))
+            if (ty.key, k) in li and key not in seen:
+                seen.add(key)
+                cols.append((ty, k, counts))
+                pool.append((ty, k, counts))
+                new += 1
         if new == 0:
             kinds = [("host" if ty.host else "pat", ty.t, k, dict(counts)) for ty, k, counts in cols]
-            return (pi if res.fun > 1e-7 else None), kinds, res.x[:nc]
+            left = h.getInfo().objective_function_value
+            return (pi if left > 1e-7 else None), kinds, np.array(sol.col_value[G:])
     return None

@@ -545,6 +545,32 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
     return out
 
 
+def price_all(model: PlanModel, types: list[MachineType], pi: np.ndarray, mus: dict[tuple, list[float]],
+              floors: dict | None = None) -> list[tuple[MachineType, float, int, dict[int, int]]]:
+    """Price every type of ``types`` at prices π, with μ_t = ``mus[t.key]`` (per class):
+    [(type, reduced cost, class, pattern)] of the best pattern of each class that prices
+    out. Types admitting the same groups share one DP (``_price_shared``); a VM-count
+    dimension or a one-VM sandbox is priced alone (``_price``). ``floors`` gets each
+    class's lower bound on the reduced cost of its patterns."""
+    shared: dict[tuple, list] = {}
+    found: list[tuple] = []
+    kept: list[tuple[MachineType, list[float]]] = []
+    for ty in types:
+        floor = [0.0] * len(ty.deltas)
+        kept.append((ty, floor))
+        if ty.slots is None and not ty.one_space(model):
+            shared.setdefault(ty.ruled, []).append((ty, mus[ty.key], floor))
+        else:
+            found.extend((ty, rc, k, counts) for rc, k, counts in _price(model, ty, pi, mus[ty.key], floor))
+    for ruled, tys in shared.items():
+        found.extend(_price_shared(model, ruled, tys, pi))
+    if floors is not None:
+        for ty, floor in kept:
+            for k, v in enumerate(floor):
+                floors[ty.key, k] = v
+    return found
+
+
 def _price_shared(model: PlanModel, ruled: tuple[int, ...], tys: list[tuple[MachineType, list[float], list[float]]],
                   pi: np.ndarray) -> list[tuple[MachineType, float, int, dict[int, int]]]:
     """``_price`` for several types whose rules admit the same groups ``ruled`` (no VM-count
@@ -667,9 +693,8 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
         y = np.minimum(res.ineqlin.marginals, 0.0)  # ≤ 0 (clipped: the bound holds for any y ≤ 0)
         pi = np.array([-y[r] for r in master.cover])
         new, floors = 0, {}
-        shared: dict[tuple, list] = {}  # types whose pricing shares one DP, by the groups they admit
-        found: list[tuple] = []  # (type, reduced cost, class, pattern)
         closed = {key for key, hi in master.class_hi.items() if hi <= 0}  # N_tk ≤ 0 in this node
+        mus = {}
         for ty in types:
             if all((ty.key, k) in closed for k in range(len(ty.deltas))):
                 for k in range(len(ty.deltas)):
@@ -681,18 +706,8 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
                 if master.monthly is not None:
                     v += -y[master.monthly] * ty.kappa[k]
                 mu.append(v)
-            floor = [0.0] * len(ty.deltas)
-            if ty.slots is None and not ty.one_space(model):
-                shared.setdefault(ty.ruled, []).append((ty, mu, floor))
-            else:  # a VM-count dimension, or one VM a machine: a pricing of its own
-                found.extend((ty, rc, k, counts) for rc, k, counts in _price(model, ty, pi, mu, floor))
-            for k in range(len(ty.deltas)):
-                floors[ty.key, k] = floor  # (filled in below)
-        for ruled, tys in shared.items():
-            found.extend(_price_shared(model, ruled, tys, pi))
-        for (key, k), floor in list(floors.items()):
-            if isinstance(floor, list):
-                floors[key, k] = floor[k]
+            mus[ty.key] = mu
+        found = price_all(model, [ty for ty in types if ty.key in mus], pi, mus, floors)
         for ty, rc, k, counts in found:
             if (ty.key, k) not in closed and master.add_pattern(ty, k, counts):
                 new += 1
