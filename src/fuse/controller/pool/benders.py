@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import time
-from types import SimpleNamespace
 
 import highspy
 import numpy as np
@@ -62,10 +61,11 @@ from fuse.controller.pool.patterns import (
     Master,
     TooBig,
     _new_highs,
-    price_all,
     class_limits,
+    highs_mip,
     knapsack_items,
     milp,
+    price_all,
     split,
     take_pattern,
 )
@@ -338,35 +338,10 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
     if left <= 0:
         return None
     left = max(min(left, 0.05), MASTER_SHARE * left)  # a master that grows hard hands the time back
-    n = len(cost)
-    h = _new_highs()
-    h.setOptionValue("mip_rel_gap", gap)
-    h.setOptionValue("time_limit", left)
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("presolve", "off")  # measured: the small master solves 20-40% faster without it
-    if best_cost < math.inf:
-        h.setOptionValue("objective_bound", best_cost - EPS_USD / 2)
-    inf = highspy.kHighsInf
-    h.addVars(n, np.asarray(lo, dtype=float), np.where(np.isinf(hi), inf, hi).astype(float))
-    idx = np.arange(n, dtype=np.int32)
-    h.changeColsCost(n, idx, np.asarray(cost, dtype=float))
-    h.changeColsIntegrality(n, idx, np.full(n, highspy.HighsVarType.kInteger))
-    a = np.array(rows)
-    nz = a != 0
-    starts = np.concatenate([[0], np.cumsum(nz.sum(axis=1))[:-1]]).astype(np.int32)
-    h.addRows(len(rows), np.where(np.isinf(rlo), -inf, rlo).astype(float), np.where(np.isinf(rhi), inf, rhi).astype(float),
-              int(nz.sum()), starts, np.nonzero(nz)[1].astype(np.int32), a[nz].astype(float))
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    S = highspy.HighsModelStatus
-    if status in (S.kInfeasible, S.kObjectiveBound):
-        return SimpleNamespace(status=2, x=None, mip_dual_bound=math.inf)
-    has_x = info.primal_solution_status == 2  # a feasible point
-    if not has_x or status not in (S.kOptimal, S.kTimeLimit, S.kInterrupt, S.kSolutionLimit):
-        return None
-    return SimpleNamespace(status=0 if status == S.kOptimal else 1, x=np.array(h.getSolution().col_value),
-                           mip_dual_bound=info.mip_dual_bound)
+    # (measured: the small master solves 20-40 % faster without presolve)
+    res = highs_mip(cost, np.ones(len(cost)), lo, hi, np.array(rows), rlo, rhi, gap=gap, time_limit=left,
+                    cutoff=best_cost - EPS_USD / 2, presolve=False)
+    return None if res.status == 3 else res
 
 
 def _feasible(model: PlanModel, types: list[MachineType], pool: list, n: dict[tuple, float], p: np.ndarray,

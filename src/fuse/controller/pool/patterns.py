@@ -119,6 +119,46 @@ def _new_highs():
     return h
 
 
+def highs_mip(cost, integrality, lo, hi, a, rlo, rhi, *, gap: float, time_limit: float,
+              cutoff: float | None = None, presolve: bool = True) -> SimpleNamespace:
+    """HiGHS on min cost·x, rlo ≤ a·x ≤ rhi (``a`` dense or sparse), lo ≤ x ≤ hi, x_j integer
+    where ``integrality[j]``; ``cutoff``: HiGHS's objective bound (no node whose bound
+    reaches it is explored). The answer: ``status`` 0 (optimal), 1 (out of time with a
+    point), 2 (no point below the cutoff, or infeasible), 3 (no answer); ``x`` (or None)
+    and ``mip_dual_bound``."""
+    from scipy.sparse import csr_matrix
+
+    n = len(cost)
+    h = _new_highs()
+    h.setOptionValue("mip_rel_gap", gap)
+    h.setOptionValue("time_limit", max(time_limit, 0.01))
+    h.setOptionValue("random_seed", 0)
+    if not presolve:
+        h.setOptionValue("presolve", "off")
+    if cutoff is not None and cutoff < math.inf:
+        h.setOptionValue("objective_bound", cutoff)
+    inf = highspy.kHighsInf
+    idx = np.arange(n, dtype=np.int32)
+    h.addVars(n, np.asarray(lo, dtype=float), np.where(np.isinf(hi), inf, hi).astype(float))
+    h.changeColsCost(n, idx, np.asarray(cost, dtype=float))
+    h.changeColsIntegrality(n, idx, np.where(np.asarray(integrality) > 0, highspy.HighsVarType.kInteger,
+                                             highspy.HighsVarType.kContinuous))
+    m = csr_matrix(a)
+    m.eliminate_zeros()
+    rlo, rhi = np.asarray(rlo, dtype=float), np.asarray(rhi, dtype=float)
+    h.addRows(m.shape[0], np.where(np.isinf(rlo), -inf, rlo), np.where(np.isinf(rhi), inf, rhi),
+              m.nnz, m.indptr[:-1].astype(np.int32), m.indices.astype(np.int32), m.data.astype(float))
+    h.run()
+    status, info = h.getModelStatus(), h.getInfo()
+    S = highspy.HighsModelStatus
+    if status in (S.kInfeasible, S.kObjectiveBound):
+        return SimpleNamespace(status=2, x=None, mip_dual_bound=math.inf)
+    if info.primal_solution_status != 2:  # no feasible point
+        return SimpleNamespace(status=3, x=None, mip_dual_bound=info.mip_dual_bound)
+    return SimpleNamespace(status=0 if status == S.kOptimal else 1, x=np.array(h.getSolution().col_value),
+                           mip_dual_bound=info.mip_dual_bound)
+
+
 def milp(*args, **kwargs):
     """scipy's ``milp`` with nothing written on stdout."""
     with _stdout_to_stderr():
@@ -403,13 +443,14 @@ class Master:
                     options={"time_limit": max(time_limit, 0.05), "disp": False, "mip_rel_gap": 0.0})
 
 
-    def counts_mip(self, time_limit: float, limits: dict | None = None):
+    def counts_mip(self, time_limit: float, limits: dict | None = None, cutoff: float | None = None):
         """The master with whole machine counts and fractional patterns: N_tk ≥ Σ_{j∈(t,k)} λ_j
         integer and costing κ_tk (the caps on N), λ ≥ 0 fractional and free. Rounding the
         LP's counts up is a solution, so HiGHS has one at once. Its answer (the λ part,
         or None) has ⌈Σ λ⌉ machines of each (type, class) within integral counts, which
         ``search._fill`` places on whole machines. ``limits``: upper bounds on N_tk
-        (``class_limits``: a class at 0 drops out)."""
+        (``class_limits``: a class at 0 drops out); ``cutoff``: only answers cheaper
+        than it (the plans in hand) are looked for."""
         from scipy.sparse import diags, hstack, vstack
 
         keys = sorted({(("h" if kd[0] == "host" else "t", kd[1]), kd[2]) for kd in self.kind if kd[0] in ("pat", "host")})
@@ -452,10 +493,9 @@ class Master:
         integral = [0 if kd[0] in ("pat", "host") else i for kd, i in zip(self.kind, self.integral)] + [1] * nk
         cost = np.concatenate([[0.0 if kd[0] in ("pat", "host") else c for kd, c in zip(self.kind, self.cols_c)],
                                [kappa[key] for key in keys]])
-        res = milp(cost, integrality=np.array(integral), bounds=Bounds(lo, hi),
-                   constraints=LinearConstraint(a, np.full(len(self.rows) + nk, -np.inf),
-                                                np.concatenate([self.b, np.zeros(nk)])),
-                   options={"time_limit": max(time_limit, 0.02), "disp": False, "mip_rel_gap": 0.0})
+        res = highs_mip(cost, integral, lo, hi, a, np.full(len(self.rows) + nk, -np.inf),
+                        np.concatenate([self.b, np.zeros(nk)]), gap=0.0, time_limit=max(time_limit, 0.02),
+                        cutoff=cutoff)
         return None if res.x is None else res.x[:n]
 
 
@@ -700,13 +740,7 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
                 for k in range(len(ty.deltas)):
                     floors[ty.key, k] = 0.0  # no machine of the type here: its term in the bound is 0
                 continue
-            mu = []
-            for k in range(len(ty.deltas)):
-                v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
-                if master.monthly is not None:
-                    v += -y[master.monthly] * ty.kappa[k]
-                mu.append(v)
-            mus[ty.key] = mu
+            mus[ty.key] = class_prices(master, ty, y)
         found = price_all(model, [ty for ty in types if ty.key in mus], pi, mus, floors)
         for ty, rc, k, counts in found:
             if (ty.key, k) not in closed and master.add_pattern(ty, k, counts):
@@ -716,6 +750,17 @@ def generate(model: PlanModel, master: Master, types: list[MachineType], pool: l
         if new == 0:
             return res, lb, True
     return res, lb, False
+
+
+def class_prices(master: Master, ty: MachineType, y: np.ndarray) -> list[float]:
+    """μ_tk per class of ``ty``: the caps' row prices y (≤ 0) times the class's coefficients."""
+    mu = []
+    for k in range(len(ty.deltas)):
+        v = sum(-y[r] * coef.get((ty.key, k), 0.0) for r, coef in master.caps)
+        if master.monthly is not None:
+            v += -y[master.monthly] * ty.kappa[k]
+        mu.append(v)
+    return mu
 
 
 def lagrangian_bound(master: Master, types: list[MachineType], y: np.ndarray, floors: dict) -> float:

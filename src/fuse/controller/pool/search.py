@@ -109,7 +109,8 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     if converged and not met:
         so_far = min([cost_usd(model, sol) for sol in cands]
                      + [cost_usd(model, start) if sum(start.placed(len(groups))) >= target else math.inf])
-        x = root.counts_mip(min(COUNTS_SHARE * (end - time.monotonic()), COUNTS_SECS), class_limits(root, so_far + 1e-6))
+        x = root.counts_mip(min(COUNTS_SHARE * (end - time.monotonic()), COUNTS_SECS), class_limits(root, so_far + 1e-6),
+                            cutoff=so_far - 1e-6)  # only counts cheaper than the plans in hand
         if x is not None:
             cands.append(_fill(model, types, root.kind, x, target, end))
         # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
