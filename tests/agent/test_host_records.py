@@ -135,3 +135,32 @@ async def test_usage_over_http_takes_unix_or_iso_times(make_host):
         assert r.status_code == 200 and r.json()["vms"] == []
     r = await host.client.get("/v1/host/usage", params={"from": "yesterday"})
     assert r.status_code == 400
+
+
+@pytest.mark.parametrize("params,window", [
+    ({}, (0, None)),
+    ({"from": "1761955200", "to": "1761958800"}, (1761955200, 1761958800)),
+    ({"from": "1761955200.0", "to": "1761958800.5"}, (1761955200, 1761958800.5)),
+    ({"from": "2025-11-01T00:00:00Z", "to": "2025-11-01T01:00:00Z"}, (1761955200, 1761958800)),
+], ids=["no window: 0 to now", "unix seconds", "a fraction of a second is kept", "ISO 8601"])
+async def test_usage_over_http_echoes_whole_seconds_as_integers(make_host, params, window):
+    import time
+    host = await make_host(bundle=False)
+    t0 = time.time()
+    body = (await host.client.get("/v1/host/usage", params=params)).json()
+    assert body["from"] == window[0] and type(body["from"]) is type(window[0])
+    if window[1] is None:  # now, rounded up to the second
+        assert type(body["to"]) is int and t0 <= body["to"] <= time.time() + 1
+    else:
+        assert body["to"] == window[1] and type(body["to"]) is type(window[1])
+
+
+@pytest.mark.parametrize("params,why", [
+    ({"from": "4102444800"}, "to must not be before from"),
+    ({"from": "200", "to": "100"}, "to must not be before from"),
+    ({"from": "inf"}, "from must be unix seconds or an ISO 8601 time"),
+], ids=["a from in the future, to left at now", "to before from", "a from that is no time"])
+async def test_usage_over_http_refuses_a_window_ending_before_it_starts(make_host, params, why):
+    host = await make_host(bundle=False)
+    r = await host.client.get("/v1/host/usage", params=params)
+    assert r.status_code == 400 and r.json()["error"] == {"code": "invalid_argument", "message": why}

@@ -104,6 +104,19 @@ def test_vm_exists_and_ambiguous_vm(fleet):
     assert fleet.client.vms.get("job1")["host"] == "h2"
 
 
+@pytest.mark.parametrize("full_by", ["vm_count", "memory", "cordon"],
+                         ids=["at its vm_count", "out of memory", "cordoned"])
+def test_a_name_taken_on_the_pinned_host_is_vm_exists_even_when_that_host_is_full(fleet, full_by):
+    fleet.add("h1", fleet.agent("a1"), vm_count=1 if full_by == "vm_count" else 10, ram_mb=512)
+    fleet.client.vms.create(shape(name="job1", host="h1", mem=256 if full_by == "vm_count" else 512))
+    if full_by == "cordon":
+        fleet.client.hosts.cordon("h1")
+    e = err(fleet.client.vms.create, shape(name="job1", host="h1", mem=256))
+    assert (e.status, e.code) == (409, "vm_exists") and e.message == "a vm named job1 already exists on host h1"
+    e = err(fleet.client.vms.create, shape(name="job2", host="h1", mem=256))
+    assert (e.status, e.code) == (409, "fleet_full")  # a free name on it is still refused for room
+
+
 def test_bad_shape_is_invalid_argument(fleet):
     fleet.add("h1", fleet.agent("a1"))
     for body in ({"shape": {"vcpus": 0, "mem_mib": 256}, "entry": "x"}, {"entry": "x"},
@@ -168,6 +181,26 @@ def test_disconnect_and_reconnect(fleet):
     types = [e["type"] for e in fleet.client.events.list(0, limit=500)["events"] if e["host"] == "h1"]
     assert "host_disconnected" in types and types.index("host_connected") < types.index("host_disconnected")
     assert types.count("host_connected") == 2
+
+
+def test_an_agent_restarted_with_a_new_identity_is_recorded_on_its_hosts(fleet):
+    a = fleet.agent("a1")
+    port = int(a.url.rsplit(":", 1)[1])
+    fleet.add("h1", a)
+    fleet.add("alias", a)
+    fleet.add("h2", fleet.agent("a2"))
+    before = fleet.client.hosts.get("h1").agent_id
+    assert before and fleet.client.hosts.get("alias").agent_id == before
+    assert fleet.client.usage()["aliases"] == {"alias": ["h1"]}
+    a.stop()
+    (a.state_dir / "agent-id").unlink()  # a wiped state dir: the agent comes back as another
+    a = fleet.agent("a1", port=port)
+    now = httpx.get(a.url + "/v1/host", headers={"Authorization": f"Bearer {a.token}"}).json()["agent_id"]
+    assert now != before
+    wait_until(lambda: {fleet.client.hosts.get(h).agent_id for h in ("h1", "alias")} == {now}, timeout=40,
+               what="the new agent_id recorded")
+    u = fleet.client.usage()
+    assert u["aliases"] == {"alias": ["h1"]} and u["hosts"] == ["alias", "h2"]  # still one machine
 
 
 def test_running_vms_are_adopted_on_registration_and_block_deregister(fleet):

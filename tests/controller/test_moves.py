@@ -37,6 +37,9 @@ class Fleet:
         self.ctl.stop()
         self.ctl = start_controller(self.tmp, env=env)
         self.client = fuse.Client(self.ctl.url)
+        # Its pollers reach the hosts a moment after it answers, and a move
+        # asked before that is refused: the source is not connected yet.
+        wait_until(lambda: all(h.connected for h in self.client.hosts.list()), what="the controller sees the hosts")
 
     def host_vms(self, host_id):
         a = self.agents[host_id]

@@ -143,16 +143,17 @@ def test_rule4_unreachable_with_all_declared_registers_with_a_warning(client):
 
 @pytest.fixture
 def impostor():
-    """An HTTP server on loopback that answers GET /v1/host with 200 and
-    whatever body a test sets: something at the url, but not a fuse agent."""
+    """An HTTP server on loopback that answers GET /v1/host with 200 (or the
+    status a test sets) and whatever body a test sets: something at the url,
+    but not a fuse agent."""
     import http.server
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        body, content_type = b"", "text/plain"
+        body, content_type, status = b"", "text/plain", 200
 
         def do_GET(self):
-            self.send_response(200)
+            self.send_response(Handler.status)
             self.send_header("Content-Type", Handler.content_type)
             self.send_header("Content-Length", str(len(Handler.body)))
             self.end_headers()
@@ -194,6 +195,44 @@ def test_rule4_a_url_that_answers_but_is_not_an_agent_is_502_and_stores_nothing(
     assert err.message.startswith(f"{impostor.url} answered but is not a fuse agent: ") and why in err.message
     assert "\n" not in err.message and err.message.count(". ") == 0
     assert client.hosts.list() == []
+
+
+NOT_FOUND_PAGE = (b'<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 4.01//EN">\n<html><head><title>Error response</title>'
+                  b'</head>\n<body><h1>Error response</h1><p>Error code: 404</p></body></html>\n')
+
+
+@pytest.mark.parametrize("status,body,content_type,said", [
+    (404, NOT_FOUND_PAGE, "text/html", "is HTTP 404, not an agent's facts"),
+    (404, b'{"error": {"code": "not_found", "message": "no route GET /v1/healthz/v1/host"}}', "application/json",
+     'is HTTP 404 ("no route GET /v1/healthz/v1/host"), not an agent\'s facts'),
+    (404, b'{"detail": "Not Found"}', "application/json", 'is HTTP 404 ("Not Found"), not an agent\'s facts'),
+    (500, b"Internal Server Error", "text/plain", "is HTTP 500, not an agent's facts"),
+    (403, b"<html>Forbidden</html>", "text/html", "is HTTP 403, not an agent's facts"),
+], ids=["a plain server's 404 page", "a fuse error body's 404", "a FastAPI 404", "a 500", "a 403 page"])
+@pytest.mark.parametrize("declared", [False, True], ids=["with fields to probe", "with everything declared"])
+def test_rule4_a_url_answering_another_status_is_not_an_agent_and_stores_nothing(client, impostor, status, body,
+                                                                                 content_type, said, declared):
+    impostor.status, impostor.body, impostor.content_type = status, body, content_type
+    cap = HostCapacity(vm_count=2, cpus=1, ram_mb=512, storage_gb=1) if declared else HostCapacity(vm_count=2)
+    err = api_error(client.hosts.register, RegisterHostRequest(id="impostor", url=impostor.url, token="t", capacity=cap))
+    assert (err.status, err.code) == (502, "host_unreachable"), err
+    assert err.message == f"{impostor.url} answered but is not a fuse agent: its reply to GET /v1/host {said}"
+    assert client.hosts.list() == []
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_rule4_an_agent_saying_it_is_unavailable_is_an_outage(client, impostor, status):
+    impostor.status, impostor.content_type = status, "text/html"
+    impostor.body = b"<html><body><h1>%d</h1>upstream is down</body></html>" % status
+    req = RegisterHostRequest(id="later", url=impostor.url, token="t", capacity=HostCapacity(vm_count=2, cpus=4))
+    err = api_error(client.hosts.register, req)
+    assert (err.status, err.code) == (502, "host_unreachable") and "storage_gb" in err.message
+    assert client.hosts.list() == []
+    host = client.hosts.register(req.model_copy(update={"capacity": HostCapacity(vm_count=2, cpus=4, ram_mb=512,
+                                                                                 storage_gb=10)}))
+    warning = f"probe skipped, host unreachable (the host agent at {impostor.url} answered HTTP {status}); " \
+              "registered with the declared capacity"
+    assert host.warnings == [warning]
 
 
 def test_rule4_an_agent_like_reply_with_only_the_probes_fields_registers(client, impostor):

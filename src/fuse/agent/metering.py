@@ -20,6 +20,7 @@ the same figures a person adding the rows would.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from datetime import datetime
@@ -133,10 +134,30 @@ def instant(value: str | None, what: str) -> float | None:
     if value in (None, ""):
         return None
     try:
-        return float(value)
+        t = float(value)
     except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time") from None
+        try:
+            t = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            t = math.nan
+    if not math.isfinite(t):
+        raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time")
+    return t
+
+
+def window(start: str | None, end: str | None, now: float | None = None) -> tuple[int | float, int | float]:
+    """The [from, to) of a GET /v1/usage query (a host's and the controller's)
+    as unix seconds, whole seconds as integers: from defaults to 0 and to to
+    now, rounded up to the second (which leaves out nothing metered so far:
+    a running VM's segment is clipped at now anyway). 400 when to is before
+    from, a from in the future with no to included."""
+    t0, t1 = instant(start, "from"), instant(end, "to")
+    t0 = 0 if t0 is None else _whole(t0)
+    t1 = math.ceil(time.time() if now is None else now) if t1 is None else _whole(t1)
+    if t1 < t0:
+        raise InvalidArgument("to must not be before from")
+    return t0, t1
+
+
+def _whole(t: float) -> int | float:
+    return int(t) if t.is_integer() else t

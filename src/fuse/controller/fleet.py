@@ -37,6 +37,7 @@ class HostView:
     seen_at: float = 0.0
     error: str = ""
     failures: int = 0  # polls failed in a row
+    agent_id: str = ""  # the identity last recorded in the host's row
 
 
 class Fleet:
@@ -138,6 +139,12 @@ class Fleet:
             if resp.status_code != 200:
                 raise HostUnreachable(f"host answered {resp.status_code}")
             summary = resp.json()
+            ident = summary.get("agent_id", "")
+            if ident and ident != view.agent_id:
+                # Usage counts a machine once by its agent identity: keep the
+                # one the agent answers with now (a wiped state dir gives it a new one).
+                self.store.set_agent_id(host_id, ident)
+                view.agent_id = ident
             if not view.connected:
                 await self._adopt(host_id, conn)
             view.summary, view.seen_at, view.error, view.failures = summary, time.time(), "", 0

@@ -105,10 +105,31 @@ def agent_facts(url: str, body: bytes) -> dict[str, Any]:
                          f"{where} ({first['msg'][:1].lower() + first['msg'][1:]})") from None
 
 
+# A proxy in front of the agent, or the agent itself, saying it cannot answer
+# for now: an outage, not a wrong address.
+UNAVAILABLE = (502, 503, 504)
+
+
+def _said(resp) -> str:
+    """A JSON error body's message, briefly and on one line, as
+    ' ("...")'; nothing for any other body (an HTML page is never quoted)."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return ""
+    err = data.get("error") if isinstance(data, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else data.get("detail") if isinstance(data, dict) else None
+    if not isinstance(msg, str) or not msg.strip():
+        return ""
+    msg = " ".join(msg.split())
+    return f' ("{msg[:80]}...")' if len(msg) > 80 else f' ("{msg}")'
+
+
 async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> dict[str, Any]:
-    """GET /v1/host on the agent. Unreachable: HostUnreachable; token
-    refused: 502 `unauthorized` (the controller's request was fine; the
-    agent behind it said no); a reply without the probe's facts: NotAnAgent."""
+    """GET /v1/host on the agent. Unreachable, or answering 502/503/504:
+    HostUnreachable; token refused: 502 `unauthorized` (the controller's
+    request was fine; the agent behind it said no); any other answer without
+    the probe's facts (another status, or a 200 that is not them): NotAnAgent."""
     conn = HostConnection(url, token, tls)
     try:
         resp = await conn.request("GET", "/v1/host")
@@ -116,8 +137,11 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
         await conn.close()
     if resp.status_code == 401:
         raise HostUnreachable(f"the host agent at {url} rejected the token", code="unauthorized")
+    if resp.status_code in UNAVAILABLE:
+        raise HostUnreachable(f"the host agent at {url} answered HTTP {resp.status_code}{_said(resp)}")
     if resp.status_code != 200:
-        raise HostUnreachable(f"the host agent at {url} answered {resp.status_code}: {resp.text[:200]}")
+        raise NotAnAgent(f"{url} answered but is not a fuse agent: its reply to GET /v1/host is HTTP "
+                         f"{resp.status_code}{_said(resp)}, not an agent's facts")
     return agent_facts(url, resp.content)
 
 

@@ -9,12 +9,11 @@ The window is fixed here, once, and every host is asked for that same
 from __future__ import annotations
 
 import asyncio
-import time
 from decimal import Decimal
 from typing import Any
 
-from ..agent.metering import instant
-from ..errors import FuseError, HostUnreachable, InvalidArgument
+from ..agent.metering import window
+from ..errors import FuseError, HostUnreachable
 
 # What a host's metering totals (fuse.agent.metering): seconds are exact
 # decimals, bytes are integers. Every report carries all four, zeros included.
@@ -33,11 +32,7 @@ class UsageService:
         self.ctl = ctl
 
     async def usage(self, start: str | None, end: str | None) -> dict[str, Any]:
-        t0 = instant(start, "from") or 0.0
-        t1 = instant(end, "to")
-        t1 = time.time() if t1 is None else t1
-        if t1 < t0:
-            raise InvalidArgument("to must not be before from")
+        t0, t1 = window(start, end)
         rows = self.ctl.store.list_hosts()
         # One query per machine: hosts that share an agent identity are one.
         by_agent: dict[str, list[str]] = {}

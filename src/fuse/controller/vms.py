@@ -89,6 +89,10 @@ class VmService:
         if req.host is not None and self.store.get_host(req.host) is None:
             raise NotFound(f"host {req.host} not found")
         name = req.name or f"vm-{secrets.token_hex(4)}"
+        if req.host is not None and any(r["host"] == req.host for r in self.store.vms_named(name)):
+            # The pinned host is the chosen one: its name clash is the answer,
+            # whatever placement would say of its room (a full host included).
+            raise VmExists(f"a vm named {name} already exists on host {req.host}")
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
         host_body = req.model_dump(mode="json", exclude={"host"}) | {"name": name}
         reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why

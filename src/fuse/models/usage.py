@@ -32,8 +32,9 @@ class UsageRow(UsageTotals):
 class UsageReport(Record):
     """Every answering host's rows and their totals over [from, to)."""
 
-    from_: float = Field(alias="from", description="unix seconds (0 when not given)")
-    to: float = Field(description="unix seconds (now when not given)")
+    from_: float = Field(alias="from", description="unix seconds, an integer when whole (0 when not given)")
+    to: float = Field(description="unix seconds, an integer when whole (now, rounded up to the second, "
+                                  "when not given)")
     vms: list[UsageRow]
     totals: UsageTotals
     hosts: list[str] = Field(description="the hosts asked: one name per machine")

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request, Response
 from ...errors import InvalidArgument
 from ...models.vm import CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..events import MAX_LIMIT
-from ..metering import instant
+from ..metering import window
 from ..vms import VmManager
 
 router = APIRouter(tags=["vms"])
@@ -139,9 +139,7 @@ async def list_events(request: Request, since: int = 0, limit: int = 100, wait_s
 @router.get("/v1/host/usage", summary="Per-VM metering over [from, to) with exact totals.")
 async def get_usage(request: Request, from_: str | None = Query(default=None, alias="from"),
                     to: str | None = None) -> dict[str, Any]:
-    start, end = instant(from_, "from") or 0.0, instant(to, "to")
-    if end is not None and end < start:
-        raise InvalidArgument("to must not be before from")
+    start, end = window(from_, to)
     return _vms(request).metering.usage(start, end)
 
 

@@ -159,6 +159,19 @@ class Store:
                           .values(state=state, updated_at=time.time())).rowcount
         return n > 0
 
+    def set_agent_id(self, host_id: str, agent_id: str) -> bool:
+        """Record the identity the host's agent now answers with (a wiped
+        state dir gives an agent a new one); False when it was already so.
+        Read first: every poller calls this on its first poll, and a write
+        would queue behind every other writer."""
+        row = self.get_host(host_id)
+        if row is None or row["agent_id"] == agent_id:
+            return False
+        with self.tx() as c:
+            n = c.execute(update(hosts).where(hosts.c.id == host_id, hosts.c.agent_id != agent_id)
+                          .values(agent_id=agent_id, updated_at=time.time())).rowcount
+        return n > 0
+
     def delete_host(self, conn: Connection, host_id: str) -> None:
         conn.execute(delete(hosts).where(hosts.c.id == host_id))
         conn.execute(delete(host_cursors).where(host_cursors.c.host == host_id))
