@@ -165,6 +165,7 @@ def milp(*args, **kwargs):
         return _milp(*args, **kwargs)
 
 
+COUNTS_GAP = 0.0  # the counts MIP's relative gap: it looks for a plan, the proof comes after
 MAX_CELLS = 2_000_000  # DP table cells per type; beyond it the pattern model is not used
 EPS = 1e-9
 
@@ -494,7 +495,7 @@ class Master:
         cost = np.concatenate([[0.0 if kd[0] in ("pat", "host") else c for kd, c in zip(self.kind, self.cols_c)],
                                [kappa[key] for key in keys]])
         res = highs_mip(cost, integral, lo, hi, a, np.full(len(self.rows) + nk, -np.inf),
-                        np.concatenate([self.b, np.zeros(nk)]), gap=0.0, time_limit=max(time_limit, 0.02),
+                        np.concatenate([self.b, np.zeros(nk)]), gap=COUNTS_GAP, time_limit=max(time_limit, 0.02),
                         cutoff=cutoff)
         return None if res.x is None else res.x[:n]
 

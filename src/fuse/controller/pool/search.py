@@ -316,6 +316,7 @@ def _score(costs: dict, what: tuple, f: float) -> float:
     return out
 
 
+FILL_MIN_SECS = 0.05  # CP-SAT's least time for placing the rest in a fill
 MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
@@ -483,7 +484,7 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
     m.maximize(scale * sum(placed) - sum(c * on for on, c in price))
     solver = cp_model.CpSolver()
     left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
-    share = max(0.1, min(0.5, 0.05 * left_secs)) if secs is None else secs
+    share = max(FILL_MIN_SECS, min(0.5, 0.05 * left_secs)) if secs is None else secs
     solver.parameters.max_time_in_seconds = max(0.01, min(share, left_secs))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = model.seed
