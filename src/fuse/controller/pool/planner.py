@@ -131,6 +131,7 @@ def warm() -> None:
 
 AGGREGATE_SHARE = 0.85  # of the time left, for stage 2 on the aggregate model
 PATTERN_LP_SHARE = 0.8  # of the time left, by which the pattern model's LP must settle
+AGGREGATE_MIN_SHARE = 0.25  # of the time limit: with less left, the aggregate model is not started
 # kept of the time limit for finishing the answer: a share (at most TAIL_SECS) and, since
 # checking and explaining a plan grows with it, a little per VM (at most 30% in all)
 TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.1, 0.25, 1e-5
@@ -183,6 +184,11 @@ def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int
         # settled: the pattern LP bound is in hand and branch-and-price has had the
         # time; the aggregate model's bound is weaker, so it is not run
         return pat[0], "exact-incumbent", pat[1], ["time limit reached (branch-and-price on the pattern model)"]
+    if (pat is not None and deadline - time.monotonic() < AGGREGATE_MIN_SHARE * model.time_limit_secs
+            and sum(pat[0].placed(len(model.groups))) >= target and not better(model, base, pat[0])):
+        # too little time left for the aggregate model to build and solve (at 5,000 VMs
+        # building it alone takes ~0.1 s): the pattern model's plan and bound answer
+        return pat[0], "exact-incumbent", pat[1], ["time limit reached (the pattern model's column generation)"]
     sol, solver, lb, notes = _aggregate(model, kept, base, target, deadline)
     if pat is None or solver == "exact":
         return sol, solver, lb, notes
