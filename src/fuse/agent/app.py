@@ -61,7 +61,10 @@ def create_app(cfg: AgentConfig) -> FastAPI:
             if vms is not None:
                 await vms.close()
 
+    # The OpenAPI document and docs page are our own routes below, so the
+    # token every route needs guards them too (FastAPI's built-ins would be open).
     app = FastAPI(title="fuse host agent", version="0.1.0", lifespan=lifespan,
+                  openapi_url=None, docs_url=None, redoc_url=None,
                   dependencies=[Depends(bearer_checker(cfg.token))])
     http_errors.install(app)
     app.state.config = cfg
@@ -79,6 +82,15 @@ def create_app(cfg: AgentConfig) -> FastAPI:
         return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live}
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        from fastapi.openapi.docs import get_swagger_ui_html
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="fuse host agent")
 
     from .api.vms import router as vms_router
     app.include_router(vms_router)

@@ -16,6 +16,7 @@ class AsyncClient:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = _core.DEFAULT_TIMEOUT,
                  transport: httpx.AsyncBaseTransport | None = None):
         base, uds = _core.resolve_url(url)
+        self._where = _core.where(base, uds)
         if transport is None and uds:
             transport = httpx.AsyncHTTPTransport(uds=uds)
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
@@ -26,8 +27,11 @@ class AsyncClient:
 
     async def _send(self, call: Call) -> Any:
         kw = {"timeout": call.timeout} if call.timeout is not None else {}
-        resp = await self._http.request(call.method, call.path, params=call.params,
-                                        json=_core.body_json(call.body), **kw)
+        try:
+            resp = await self._http.request(call.method, call.path, params=call.params,
+                                            json=_core.body_json(call.body), **kw)
+        except httpx.TransportError as exc:
+            raise _core.unreachable(exc, self._where) from exc
         _core.check(resp)
         return call.parse(resp)
 

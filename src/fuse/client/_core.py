@@ -16,12 +16,15 @@ import httpx
 from pydantic import BaseModel
 
 DEFAULT_TIMEOUT = 60.0
+UNREACHABLE = "unreachable"  # the code of an ApiError for a request that got no answer (status 0)
 
 
 class ApiError(Exception):
     """An error answer from a fuse API: `status` (HTTP), `code` (stable,
     e.g. "conflict"), `message` (for people), `details` (the rest of the
-    error object, e.g. `hosts` for fleet_full)."""
+    error object, e.g. `hosts` for fleet_full). A controller that could not
+    be reached (refused, reset, no answer in time) is status 0, code
+    "unreachable", with httpx's error as the `__cause__`."""
 
     def __init__(self, status: int, code: str = "", message: str = "", details: dict | None = None):
         self.status, self.code, self.message = status, code, message
@@ -100,6 +103,13 @@ def check(resp: httpx.Response) -> None:
     raise ApiError(resp.status_code, code, message, details)
 
 
+def unreachable(exc: httpx.TransportError, where: str) -> ApiError:
+    """The ApiError for a request that got no answer (raise it `from exc`)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ApiError(0, UNREACHABLE, f"the controller at {where} did not answer in time")
+    return ApiError(0, UNREACHABLE, f"cannot reach the controller at {where}: {str(exc) or type(exc).__name__}")
+
+
 def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate(r.json())
 
@@ -113,6 +123,11 @@ def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.
 
 def none(_: httpx.Response) -> None:
     return None
+
+
+def where(base: str, uds: str | None) -> str:
+    """The controller's address, as an error names it."""
+    return f"unix://{uds}" if uds else base
 
 
 def resolve_url(url: str | None) -> tuple[str, str | None]:

@@ -2,7 +2,8 @@
 the controller's own (host_added, host_removed, host_connected,
 host_disconnected, placed, moves), under one cursor — the store's event id.
 A page is ``{"events": [...], "next_cursor": id, "next": id}``: pass either
-as the next ``since``.
+as the next ``since``. A ``since`` beyond the newest event gets the newest
+id back at once.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class EventService:
             raise InvalidArgument("wait_s must be >= 0")
         deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
         store = self.ctl.store
+        newest = store.last_event_id()
+        if since > newest:
+            # A cursor no page ever gave (another store's, or made up): waiting
+            # for ids to reach it would skip every event until then. Answer at
+            # once with the newest id, so the client resumes from real ones.
+            return {"events": [], "next_cursor": newest, "next": newest}
         while True:
             rows = store.events_after(since, limit)
             if rows or time.monotonic() >= deadline:

@@ -62,6 +62,10 @@ CHUNK = 4 * 1024 * 1024
 # Per-request limit while copying: a target whose network vanished must fail
 # the move (and bring the VM home) in bounded time, not hang it.
 IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
+# A chunk read changes nothing, so one that met a dropped connection (an agent
+# closes a kept-alive one after ~5 s idle, as slow chunks leave them) is sent
+# again this many times before it fails the move. Nothing else is retried.
+CHUNK_READ_RETRIES = 3
 # "pending" is the name a store written by an earlier version has for "starting"
 ACTIVE = ("starting", "pending", "sleeping", "copying", "waking", "rolling_back")
 STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the wire's (seed 004)
@@ -254,6 +258,9 @@ class MoveService:
                 raise refuse("unknown_host", f"host {to} is not registered")
             if to == source:
                 raise refuse("same_host", f"vm {name} is already on {to}")
+            if self._same_machine(source, to):
+                raise refuse("same_host", f"host {to} is the same machine as {source} (the same agent, "
+                                          f"registered under another id): vm {name} is already there")
             if host["state"] != "active":
                 raise refuse("no_target", f"host {to} is {host['state']}: it takes no new VMs")
             view = self.fleet.views.get(to)
@@ -272,9 +279,19 @@ class MoveService:
             return to
         fleet, reasons = self.ctl.vms.arrays()
         for h in rank(fleet, ask, reasons).order:
-            if h != source and self.fleet.views.get(h) and not self.compatible(vm, source, h):
+            if (h != source and self.fleet.views.get(h) and not self._same_machine(source, h)
+                    and not self.compatible(vm, source, h)):
                 return h
         raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}")
+
+    def _same_machine(self, a: str, b: str) -> bool:
+        """Whether two host ids reach one agent (its identity, as usage counts
+        machines): a move between them would only put the VM to sleep."""
+        def ident(host_id: str) -> str:
+            view = self.fleet.views.get(host_id)
+            row = self.store.get_host(host_id) or {}
+            return (view.summary.get("agent_id", "") if view else "") or row.get("agent_id", "")
+        return bool(ident(a)) and ident(a) == ident(b)
 
     def _spawn(self, move_id: str) -> None:
         if move_id in self._tasks and not self._tasks[move_id].done():
@@ -428,7 +445,8 @@ class MoveService:
         async def fetch(i: int) -> bytes:
             f, offset, length = plan[i]
             data = (await self._host(row["source"], "GET", f"/v1/host/vms/{row['vm']}/files/{f['name']}",
-                                     params={"offset": offset, "length": length}, timeout=IO_TIMEOUT)).content
+                                     params={"offset": offset, "length": length}, timeout=IO_TIMEOUT,
+                                     retries=CHUNK_READ_RETRIES)).content
             if len(data) != length:
                 raise FuseError(f"short read of {f['name']} at {offset}: {len(data)} of {length} bytes")
             return data

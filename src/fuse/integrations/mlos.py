@@ -433,6 +433,8 @@ class FuseVMService(Service):
                     vm = self.client.vms.wake(spec.name, host=vm["host"])
                     _LOG.info("fuse: woke vm %s on %s", spec.name, vm["host"])
                 except fuse.ApiError as err:
+                    if err.code == "unreachable":  # no answer: the VM may have woken, so never recreate it
+                        raise
                     moved = self._wake_elsewhere(op, spec, vm) if err.code == "host_full" else None
                     if moved is not None:
                         vm = moved
@@ -474,6 +476,8 @@ class FuseVMService(Service):
             _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
             return woke
         except fuse.ApiError as err:
+            if err.code == "unreachable":  # no answer: it may have moved or woken, so never recreate it
+                raise
             _LOG.warning("fuse: vm %s could not wake elsewhere: %s", spec.name, err)
             return None
 

@@ -10,11 +10,14 @@ An address names its transport:
 
 Whatever the transport, callers get a `HostConnection` whose `request` speaks
 the same host API and turns every way of not getting there into
-`HostUnreachable` with a one-sentence reason.
+`HostUnreachable` with a one-sentence reason. An idempotent read may ask for
+`retries`: an agent closes a kept-alive connection after ~5 s idle, and a
+request that meets one as it closes is sent again on a new one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
 from dataclasses import dataclass
@@ -40,6 +43,9 @@ class TlsSettings:
         return ctx
 
 
+RETRY_BACKOFF_S = 0.2  # the first pause before a retry; each next one doubles
+IDEMPOTENT = ("GET", "HEAD")
+
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
 
 
@@ -56,8 +62,14 @@ def transport_kind(addr: str) -> str:
                      "ssh://USER@HOST[:PORT] or HOST:PORT")
 
 
-def _describe(exc: Exception, addr: str) -> str:
-    """One sentence saying why a host could not be reached."""
+# How a peer hanging up reads, in httpx's words and OpenSSL's.
+_HUNG_UP = ("server disconnected without sending", "connection reset", "unexpected eof", "eof occurred",
+            "peer closed connection")
+
+
+def _describe(exc: Exception, addr: str, handshake: bool = False) -> str:
+    """One sentence saying why a host could not be reached. `handshake`: this
+    request made a TLS handshake and got no answer after it."""
     text = str(exc) or exc.__class__.__name__
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain, cur = [], exc
@@ -70,7 +82,7 @@ def _describe(exc: Exception, addr: str) -> str:
     if any(isinstance(c, FileNotFoundError) for c in chain):
         low += " no such file"
     if _HOSTPORT.match(addr):
-        tls = _describe_tls(chain, low, addr)
+        tls = _describe_tls(chain, low, addr, handshake)
         if tls:
             return tls
     if isinstance(exc, ssl.SSLError) or "certificate" in low or "ssl" in low or "tls" in low:
@@ -83,23 +95,35 @@ def _describe(exc: Exception, addr: str) -> str:
         return f"no host agent socket at {addr}: is the host agent running?"
     if isinstance(exc, httpx.TimeoutException):
         return f"{addr} did not answer in time"
+    if any(s in low for s in _HUNG_UP):
+        return _dropped(addr, chain)
     return f"cannot reach {addr}: {text}"
 
 
-def _describe_tls(chain: list[BaseException], low: str, addr: str) -> str | None:
-    """Say which side of a mutual-TLS handshake said no."""
+def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> str | None:
+    """Say which side of a mutual-TLS handshake said no. Only the handshake
+    can refuse the controller's certificate: a connection that answered
+    before and hangs up now was dropped, and says so."""
     verify = next((c for c in chain if isinstance(c, ssl.SSLCertVerificationError)), None)
     if verify is not None or "certificate verify failed" in low:
         why = getattr(verify, "verify_message", "") or "certificate verify failed"
         return (f"TLS with {addr} failed: the host's certificate is not signed by the controller's CA "
                 f"or is not valid ({why})")
-    # With TLS 1.3 the host checks our certificate after the handshake and
-    # hangs up (at best with an alert): that is how it says no to us.
-    if any(s in low for s in ("alert", "server disconnected without sending", "connection reset",
-                              "unexpected eof")):
+    # The host says no with an alert (bad certificate, unknown ca, certificate
+    # required) or, with TLS 1.3, where it checks our certificate after the
+    # handshake, by hanging up before it answers the request that shook hands.
+    hung_up = any(s in low for s in _HUNG_UP)
+    if ("alert" in low and "close notify" not in low) or (handshake and hung_up):
         return (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
                 "by the host's CA, unexpired, and issued with --client)")
+    if hung_up:
+        return _dropped(addr, chain)
     return None
+
+
+def _dropped(addr: str, chain: list[BaseException]) -> str:
+    said = next((str(c) for c in chain if str(c)), type(chain[0]).__name__)  # httpx's ReadError('') says nothing
+    return f"the connection to {addr} was dropped before the host answered ({said})"
 
 
 class HostConnection:
@@ -131,16 +155,40 @@ class HostConnection:
                                              headers=headers, timeout=timeout)
 
     async def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
-                      content: bytes | None = None, timeout: float | None = None) -> httpx.Response:
+                      content: bytes | None = None, timeout: float | None = None,
+                      retries: int = 0) -> httpx.Response:
+        """Send one request. `retries` (GET and HEAD only: never a call that
+        changes anything) sends it again, after a short doubling pause, when
+        the connection failed; a timeout is not retried, so a host that went
+        away still fails the call in `timeout`."""
+        if retries and method.upper() not in IDEMPOTENT:
+            raise ValueError(f"{method} is not idempotent: it is never retried")
         kw: dict[str, Any] = {}
         if timeout is not None:
             kw["timeout"] = timeout
-        try:
-            return await self._client.request(method, path, json=json, params=params, content=content, **kw)
-        except HostUnreachable:
-            raise
-        except (httpx.TransportError, OSError, ssl.SSLError) as exc:
-            raise HostUnreachable(_describe(exc, self.addr)) from exc
+        # Whether this request shook hands and then got no answer: only then
+        # can a hang-up be the host refusing our certificate.
+        shook: list[str] = []
+
+        async def trace(event: str, info: dict) -> None:
+            if event in ("connection.start_tls.started", "http11.receive_response_headers.complete"):
+                shook.append(event)
+
+        if self.kind == "tls":
+            kw["extensions"] = {"trace": trace}
+        attempt = 0
+        while True:
+            shook.clear()
+            try:
+                return await self._client.request(method, path, json=json, params=params, content=content, **kw)
+            except HostUnreachable:
+                raise
+            except (httpx.TransportError, OSError, ssl.SSLError) as exc:
+                if attempt == retries or isinstance(exc, httpx.TimeoutException):
+                    why = _describe(exc, self.addr, handshake=shook == ["connection.start_tls.started"])
+                    raise HostUnreachable(why) from exc
+            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
+            attempt += 1
 
     async def close(self) -> None:
         await self._client.aclose()

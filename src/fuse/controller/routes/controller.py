@@ -22,8 +22,10 @@ class ControllerSettings(Record):
 
 
 def _public(s: dict) -> dict:
-    # The key's path is a secret's location; the settings never show it.
-    return {k: v for k, v in s.items() if k != "key"} | {"key_set": bool(s.get("key"))}
+    # The key's path is a secret's location; the settings never show it. The
+    # shape is the same before any PUT: fields not set are null.
+    shown = {"cert": None, "ca": None, "placement": "best_fit"}
+    return shown | {k: v for k, v in s.items() if k != "key"} | {"key_set": bool(s.get("key"))}
 
 
 @router.get("/v1/controller", summary="getController: settings, without the key.")

@@ -1,0 +1,44 @@
+"""The agent's API description is behind its token on TCP, as every other
+route is; over the owner-only socket it needs none."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from support import start_agent
+
+TOKEN = "agent-docs-token"
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    p = start_agent(tmp_path_factory.mktemp("agent-docs"), token=TOKEN, backend="fake")
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize("given", ["no token", "a wrong token", "a token in the wrong scheme"])
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
+def test_the_api_description_needs_the_token_on_tcp(agent, given, path):
+    headers = {"no token": {}, "a wrong token": {"Authorization": "Bearer nope"},
+               "a token in the wrong scheme": {"Authorization": f"Basic {TOKEN}"}}[given]
+    r = httpx.get(agent.url + path, headers=headers, timeout=10)
+    assert r.status_code in (401, 404), (path, r.status_code)
+    if r.status_code == 401:
+        assert r.json()["error"]["code"] == "unauthorized"
+    assert "/v1/host" not in r.text
+
+
+def test_with_the_token_the_api_description_is_served(agent):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = httpx.get(agent.url + "/openapi.json", headers=auth, timeout=10).json()
+    assert doc["openapi"].startswith("3.") and "/v1/host" in doc["paths"]
+    assert "/openapi.json" not in doc["paths"] and "/docs" not in doc["paths"]
+    page = httpx.get(agent.url + "/docs", headers=auth, timeout=10)
+    assert page.status_code == 200 and "/openapi.json" in page.text
+
+
+def test_over_the_owner_only_socket_no_token_is_needed(agent):
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent") as c:
+        assert "/v1/host" in c.get("/openapi.json", timeout=10).json()["paths"]

@@ -1,0 +1,132 @@
+"""Moves between real agent processes (fake backend): a move to the source
+machine under another host id is refused at once, and a chunk read that
+meets a dropped connection is sent again instead of failing the move."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import httpx
+import pytest
+
+import fuse
+from support import reap, start_agent, start_controller, wait_until
+
+
+class DropFirstChunkRead:
+    """A loopback TCP proxy in front of an agent that hangs up, without a
+    word, on the connection carrying the first chunk read of a move: what a
+    kept-alive connection the agent closed as it was reused looks like."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.dropped = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if requests and not self.dropped and data.startswith(b"GET /v1/host/vms/") and b"/files/" in data:
+                    self.dropped += 1
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Fleet:
+    def __init__(self, tmp, env=None):
+        self.tmp, self.procs = tmp, []
+        self.ctl = start_controller(tmp, env=env)
+        self.client = fuse.Client(self.ctl.url)
+
+    def agent(self, name):
+        a = start_agent(self.tmp, backend="fake", name=name)
+        self.procs.append(a)
+        return a
+
+    def add(self, host_id, url, token="agent-token"):
+        self.client.hosts.register(fuse.RegisterHostRequest(id=host_id, url=url, token=token, backend="qemu",
+                                                            capacity=fuse.HostCapacity(vm_count=10)))
+        wait_until(lambda: self.client.hosts.get(host_id).connected, what=f"{host_id} connected")
+
+    def vms_on(self, agent):
+        r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
+        return {v["name"]: v for v in r.json()["vms"]}
+
+    def close(self):
+        self.client.close()
+        self.ctl.stop()
+        for p in self.procs:
+            p.stop()
+        reap(self.tmp)
+
+
+def vm_body(name, **kw):
+    return {"name": name, "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "count", **kw}
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path, env={"FUSE_MOVE_COPY_PATH": "http"})
+    yield f
+    f.close()
+
+
+def test_a_move_to_the_same_machine_under_another_id_is_refused_at_once(fleet):
+    a = fleet.agent("agent-a")
+    fleet.add("src", a.url)
+    fleet.add("alias", a.url)  # the same agent, registered a second time
+    wait_until(lambda: fleet.client.hosts.get("alias").agent_id == fleet.client.hosts.get("src").agent_id != "",
+               what="both ids carry the agent's identity")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="alias")
+    assert (info.value.status, info.value.code) == (409, "same_host")
+    assert "same machine" in info.value.message and "src" in info.value.message, info.value.message
+    # ...and a target chosen by best fit is never the source's alias either
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1")
+    assert (info.value.status, info.value.code) == (409, "no_target")
+    assert fleet.client.moves.list() == []
+    assert fleet.vms_on(a)["job1"]["state"] == "running"  # never put to sleep
+
+
+def test_a_chunk_read_on_a_dropped_connection_is_sent_again_and_the_move_completes(fleet):
+    src, dst = fleet.agent("agent-src"), fleet.agent("agent-dst")
+    proxy = DropFirstChunkRead(int(src.url.rsplit(":", 1)[1]))
+    try:
+        fleet.add("src", f"http://127.0.0.1:{proxy.port}")
+        fleet.add("dst", dst.url)
+        fleet.client.vms.create(vm_body("job1", host="src"))
+        m = fleet.client.moves.create("job1", to="dst")
+        m = wait_until(lambda: (x := fleet.client.moves.get(m["id"]))["state"] in ("done", "failed") and x,
+                       timeout=60, what="the move ends")
+        assert proxy.dropped == 1
+        assert m["state"] == "done", m["reason"]
+        assert m["copy_path"] == "http" and m["copied_bytes"] == m["total_bytes"] > 0
+        assert fleet.vms_on(dst)["job1"]["state"] == "running"
+    finally:
+        proxy.close()
