@@ -4,6 +4,8 @@ page names its cursor `next_cursor`, as every listing does, and keeps `next`
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from starlette.testclient import TestClient
@@ -55,3 +57,24 @@ def test_follow_resumes_from_the_page_cursor(pages):
 
     got = list(EventsAPI(send).follow(0, wait_s=0, max_events=2))
     assert [e["id"] for e in got] == [1, 2] and asked == [0, 1]
+
+
+# a cursor beyond the newest event (one no page gave): the answer hands back the newest
+# id at once, so a client resumes from real ids instead of missing every event until
+# the ids reach its cursor
+@pytest.mark.parametrize("events", [0, 3], ids=["on an empty stream", "past the newest of three events"])
+def test_a_cursor_beyond_the_newest_event_gets_the_newest_id_back_at_once(ctl, events):
+    for i in range(events):
+        ctl.store.add_event("host_added", {"id": f"h{i}"}, host=f"h{i}")
+    newest = ctl.store.last_event_id()
+    t0 = time.monotonic()
+    got = page(ctl, since=newest + 1000, wait_s=5)
+    assert time.monotonic() - t0 < 2  # no long poll for ids that do not exist yet
+    assert got == {"events": [], "next_cursor": newest, "next": newest}
+
+
+def test_resuming_from_the_cursor_handed_back_misses_nothing(ctl):
+    ctl.store.add_event("host_added", {"id": "h0"}, host="h0")
+    cursor = page(ctl, since=10_000)["next_cursor"]
+    ctl.store.add_event("host_added", {"id": "h1"}, host="h1")
+    assert [e["host"] for e in page(ctl, since=cursor)["events"]] == ["h1"]
