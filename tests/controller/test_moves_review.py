@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -127,6 +128,52 @@ def test_a_chunk_read_on_a_dropped_connection_is_sent_again_and_the_move_complet
         assert proxy.dropped == 1
         assert m["state"] == "done", m["reason"]
         assert m["copy_path"] == "http" and m["copied_bytes"] == m["total_bytes"] > 0
+        assert fleet.vms_on(dst)["job1"]["state"] == "running"
+    finally:
+        proxy.close()
+
+
+class SlowProxy(DropFirstChunkRead):
+    """A loopback TCP proxy in front of an agent that, while ``delay`` is set, holds
+    each request that much before passing it on (a busy host's first answer)."""
+
+    delay = 0.0
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if requests and self.delay:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_a_move_asked_right_after_a_controller_restart_waits_for_the_first_poll(fleet):
+    src, dst = fleet.agent("agent-src"), fleet.agent("agent-dst")
+    proxy = SlowProxy(int(src.url.rsplit(":", 1)[1]))
+    try:
+        fleet.add("src", f"http://127.0.0.1:{proxy.port}")
+        fleet.add("dst", dst.url)
+        fleet.client.vms.create(vm_body("job1", host="src"))
+        fleet.client.close()
+        fleet.ctl.stop()
+        proxy.delay = 1.5  # the restarted controller's first poll of src answers late
+        fleet.ctl = start_controller(fleet.tmp)
+        fleet.client = fuse.Client(fleet.ctl.url)
+        # at once: the poller has not heard from src yet (this was refused "source
+        # host src is not connected" until its first answer)
+        m = fleet.client.moves.create("job1", to="dst")
+        proxy.delay = 0.0
+        m = wait_until(lambda: (x := fleet.client.moves.get(m["id"]))["state"] in ("done", "failed") and x,
+                       timeout=60, what="the move ends")
+        assert m["state"] == "done", m["reason"]
         assert fleet.vms_on(dst)["job1"]["state"] == "running"
     finally:
         proxy.close()

@@ -76,6 +76,20 @@ class Fleet:
                 "free_mem_mib": int(s.get("free_mem_mib", 0)), "memory_pressure": bool(s.get("memory_pressure")),
                 "platform": s.get("platform", ""), "bundles": s.get("bundles", [])}
 
+    async def first_poll(self, host_id: str, timeout: float = 6.0) -> None:
+        """Wait (at most ``timeout`` s: the poll's own request timeout is 5 s) until the
+        host's poller has answered once, when it has not yet: just after a controller
+        starts, every host is "not connected" until then, and a move asked in that
+        second would be refused for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = self.views.get(host_id)
+            if v is not None and (v.connected or v.failures or v.error):
+                return
+            if v is None and host_id in self._tasks and self._tasks[host_id].done():
+                return
+            await asyncio.sleep(0.05)
+
     # ---- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
         self._sync = asyncio.create_task(self._sync_loop())

@@ -201,6 +201,7 @@ class MoveService:
             source = self.ctl.vms.locate(name, pin)
             if self._active_for(name, source):
                 raise refuse("move_in_progress", f"vm {name} is already moving")
+            await self.fleet.first_poll(source)
             src_view = self.fleet.views.get(source)
             if src_view is None or not src_view.connected:
                 raise refuse("host_unreachable", f"source host {source} is not connected")
@@ -212,6 +213,10 @@ class MoveService:
                 raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
             if vm["state"] not in ("running", "sleeping"):
                 raise refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+            # just after a start the pollers have not answered yet: the target's (or, for
+            # best fit, every host's) first poll decides whether it is connected
+            await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
+                                                                         else [r["id"] for r in self.store.list_hosts()])))
             target = self._target(name, source, vm, to)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
