@@ -70,7 +70,7 @@ from types import SimpleNamespace
 
 import highspy
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linprog
+from scipy.optimize import Bounds, LinearConstraint
 from scipy.optimize import milp as _milp
 from scipy.sparse import csc_matrix
 
