@@ -203,3 +203,35 @@ def test_moves_names_on_two_hosts_and_usage_through_the_tool(two_hosts):
         assert bad.is_error and "GET, POST, PUT, PATCH, DELETE" in bad.content[0].text
 
     anyio.run(session_run, server_params(fleet.ctl.url), steps)
+
+
+def test_the_pool_and_prewarm_calls_are_described_and_answer_through_the_tool(tmp_path):
+    ctl = start_controller(tmp_path)
+
+    async def steps(s: ClientSession):
+        tool = (await s.list_tools()).tools[0]
+        for words in ('"host"?, "on"?}', "auto (default", "| local (own hosts) | <linked cloud> | host:<machine>",
+                      "POST /v1/pool/plan", '"apply": true', 'in "added"', "PUT /v1/pool/clouds/{name}",
+                      '"kind": "aws"|"local"', "GET /v1/pool/hosts[?all=true]", "POST /v1/pool/hosts/remove",
+                      "PATCH /v1/pool/budget", "(0 = no cap)", "POST /v1/pool/reconcile", "POST /v1/prewarms",
+                      "DELETE /v1/prewarms/{id} -> 204 or 404", "409 budget_exceeded", "502 cloud_error"):
+            assert words in tool.description
+
+        async def call(method, path, body=None):
+            args = {"method": method, "path": path} | ({"body": body} if body is not None else {})
+            return answer(await s.call_tool("fuse_controller", args))
+
+        budget = await call("PATCH", "/v1/pool/budget", {"max_usd_per_hour": 1.5})
+        assert budget["status"] == 200 and budget["body"]["max_usd_per_hour"] == 1.5
+        assert await call("GET", "/v1/pool/hosts?all=true") == {"status": 200, "body": {"hosts": []}}
+        assert await call("GET", "/v1/pool/clouds") == {"status": 200, "body": {"clouds": []}}
+        gone = await call("DELETE", "/v1/prewarms/pw-nope")
+        assert gone["status"] == 404 and gone["body"]["error"]["code"] == "not_found"
+        buy = await call("POST", "/v1/pool/hosts", {"provider": "aws", "instance_type": "t3.small"})
+        assert buy["status"] == 400 and buy["body"]["error"]["code"] == "invalid_argument"
+
+    try:
+        anyio.run(session_run, server_params(ctl.url), steps)
+    finally:
+        ctl.stop()
+        reap(tmp_path)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fuse import http_errors
-
 from fuse.controller.pool.request import kind_of_image, learned_shape, model_from_request
-from fuse.controller.routes.pool import router
 from fuse.errors import InvalidArgument
 from fuse.models.pool import ElasticPlan, ElasticPlanRequest
 
@@ -53,12 +51,13 @@ def test_bad_input_is_invalid_argument():
 
 
 def _app(snapshot=None) -> TestClient:
-    app = FastAPI()
-    app.include_router(router)
-    http_errors.install(app)  # as the controller does: validation errors are 400 invalid_argument
-    if snapshot is not None:
-        app.state.pool_snapshot = lambda: snapshot
-    return TestClient(app)
+    import tempfile
+
+    from fuse.controller.app import create_app
+    from fuse.controller.service import Controller
+    app = create_app(Controller(Path(tempfile.mkdtemp(prefix="fuse-plan-route-"))))
+    app.state.pool_snapshot = lambda: snapshot or []
+    return TestClient(app)  # not entered: no lifespan, so no pollers start
 
 
 def test_route_plans_against_the_snapshot_and_accepts_camel_case():

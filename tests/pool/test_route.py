@@ -108,7 +108,7 @@ def test_unknown_fields_are_refused_with_a_clear_message(ctl, body, says):
     ({"instance_type": "nope.large"}, "unknown instance_type"),
     ({"count": -1}, "count"),
     ({"memory_mb": 0}, "memory_mb"),
-    ({"apply": True}, "apply is not supported yet"),
+    ({"apply": True}, "none is linked"),
 ], ids=["a bad caller", "an unknown provider", "an unknown region", "an unknown instance_type",
         "a negative count", "no memory", "apply"])
 def test_bad_requests_are_400_invalid_argument(ctl, body, says):

@@ -41,6 +41,9 @@ def vms_create(
     vcpus: int = typer.Option(1), mem_mib: int = typer.Option(256), entry: str = typer.Option(...),
     name: Optional[str] = typer.Option(None), host: Optional[str] = typer.Option(None, help="Pin to this host."),
     bundle: str = typer.Option("linux"), json_: bool = typer.Option(False, "--json"),
+    on: Optional[str] = typer.Option(None, "--on", help=(
+        "auto (default: any host, a prewarmed VM first; with the budget's autoscale on, a machine the elastic "
+        "pool buys) | local (your own hosts) | <linked cloud> | host:<machine>.")),
 ) -> None:
     """Place a VM on the best host."""
     body = {"shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry, "bundle": bundle}
@@ -48,6 +51,8 @@ def vms_create(
         body["name"] = name
     if host:
         body["host"] = host
+    if on:
+        body["on"] = on
     with api_errors(), _client() as c:
         vm = c.vms.create(body)
     emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))

@@ -1,21 +1,30 @@
-"""``fuse pool plan``: what the elastic pool would do for some VMs, and at what cost.
+"""``fuse pool ...``: the elastic pool — plans, linked clouds, the hosts it buys,
+the budget, scale-in and prewarm.
 
-Without a controller (no ``--url`` and no ``FUSE_URL``) it plans offline
+``plan`` without a controller (no ``--url`` and no ``FUSE_URL``) plans offline
 against the shipped catalogue and an empty pool. ``--model FILE.json`` re-solves
 an edited model: the ``json`` field of an earlier plan, a whole plan saved
 with ``--json``, or a bare model; it takes no request flags (they would be
-ignored). A table for people; ``--json`` prints the ElasticPlan for programs.
-Errors print ``error: <code>: <message>`` and exit 2.
+ignored). ``--apply`` buys the machines the plan adds, so it needs a controller.
+
+Every other command talks to a controller through the SDK (``fuse.Client``):
+``--url``/``FUSE_URL`` and ``--token``/``FUSE_TOKEN``, by default the
+controller's own socket. A table for people; ``--json`` prints what the SDK
+call returns, for programs. Errors print ``error: <code>: <message>`` and exit
+2; a command whose answer is "partly no" (``remove-host`` with failures,
+``unprewarm`` of no such prewarm) exits 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -23,33 +32,71 @@ from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.planner import plan as solve_plan
 from fuse.controller.pool.request import model_from_request
 from fuse.errors import FuseError, InvalidArgument
-from fuse.models.pool import ElasticPlan, ElasticPlanRequest
+from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticHost, ElasticPlan, ElasticPlanRequest,
+                              Prewarm, PrewarmOptions)
 
-app = typer.Typer(help="The elastic pool: plan where VMs go and what it costs.", no_args_is_help=True)
+from .output import emit_json, table
+
+app = typer.Typer(help="The elastic pool: plans, linked clouds, cloud hosts, budget, scale-in and prewarm.",
+                  no_args_is_help=True)
+cloud_app = typer.Typer(help="The clouds the pool buys machines in.", no_args_is_help=True)
+app.add_typer(cloud_app, name="cloud")
 
 
 @app.callback()
 def _pool() -> None:
-    """The elastic pool: plan where VMs go and what it costs."""
-    # a callback keeps ``plan`` a subcommand even while it is the only one
+    """The elastic pool: plans, linked clouds, cloud hosts, budget, scale-in and prewarm."""
+    # a callback keeps ``plan`` a subcommand even if it were the only one
 
 
-def _plan_via_controller(url: str, token: str | None, req: ElasticPlanRequest) -> ElasticPlan:
-    """POST the request to a controller's ``/v1/pool/plan`` (the seam the SDK replaces)."""
-    import httpx
+# ---- talking to a controller ------------------------------------------------
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if url.startswith("unix://"):
-        transport, base = httpx.HTTPTransport(uds=url[len("unix://"):]), "http://fuse"
-    else:
-        transport, base = None, url.rstrip("/")
-    with httpx.Client(base_url=base, transport=transport, headers=headers, timeout=60) as c:
-        r = c.post("/v1/pool/plan", json=req.model_dump(exclude_none=True))
-        if r.status_code >= 400:
-            err = r.json().get("error", {}) if r.headers.get("content-type", "").startswith("application/json") else {}
-            raise FuseError(err.get("message", r.text), code=err.get("code", "http_error"))
-        return ElasticPlan.model_validate(r.json())
+def _url_option(help: str = "Controller: unix:///path or http(s)://host:port (default: its socket).") -> Any:
+    return typer.Option(None, "--url", envvar="FUSE_URL", help=help)
 
+
+def _token_option() -> Any:
+    return typer.Option(None, "--token", envvar="FUSE_TOKEN", help="Controller token (TCP).")
+
+
+def _fail(code: str, message: str, details: dict | None = None) -> None:
+    typer.echo(f"error: {code}: {message}", err=True)
+    for k, v in (details or {}).items():  # fleet_full's hosts and the like
+        typer.echo(f"  {k}: {json.dumps(v)}", err=True)
+    raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def _controller(url: str | None, token: str | None) -> Iterator[Any]:
+    """A ``fuse.Client``; an API error (or no controller) ends the command with exit 2."""
+    from fuse.client import ApiError, Client
+    try:
+        client = Client(url or None, token)
+    except ValueError as e:  # a malformed --url
+        _fail("invalid_argument", f"--url: {e}")
+    try:
+        with client:
+            yield client
+    except ApiError as e:  # "unreachable" (status 0) when no controller answered
+        _fail(e.code or str(e.status), e.message, e.details)
+
+
+def _valid(cls: type[BaseModel], **fields: Any) -> Any:
+    """``cls(**fields)``, or ``invalid_argument`` naming the first bad flag (no traceback)."""
+    try:
+        return cls(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        flag = "--" + where.replace("_", "-") if where else "request"
+        raise InvalidArgument(f"{flag}: {first['msg']}") from None
+
+
+def _when(t: int | float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+
+
+# ---- plan ---------------------------------------------------------------------
 
 def load_model(path: Path) -> PlanModel:
     """A model from FILE.json: a plan's ``json`` field ({"model", "plan"}), a whole plan, or a bare model."""
@@ -62,15 +109,15 @@ def load_model(path: Path) -> PlanModel:
 
 
 def render(plan: ElasticPlan, console: Console) -> None:
-    table = Table(title=f"plan ({plan.solver})")
+    table_ = Table(title=f"plan ({plan.solver})")
     for col in ("group", "where", "VMs"):
-        table.add_column(col)
+        table_.add_column(col)
     for a in plan.assignments:
         where = a.host if a.host else f"new #{a.new_index} {plan.new_hosts[a.new_index].type_name}"
-        table.add_row(a.group, where, str(a.count))
+        table_.add_row(a.group, where, str(a.count))
     for u in plan.unplaced:
-        table.add_row(u.group, f"[red]unplaced[/red]: {u.reason}", str(u.count))
-    console.print(table)
+        table_.add_row(u.group, f"[red]unplaced[/red]: {u.reason}", str(u.count))
+    console.print(table_)
     console.print(f"new machines: {len(plan.new_hosts)}  added ${plan.added_usd_per_hour:.4f}/h  "
                   f"projected ${plan.projected_usd:.4f}  lower bound ${plan.lower_bound_usd:.4f}  "
                   f"ready in {plan.ready_in_secs} s")
@@ -86,20 +133,9 @@ REQUEST_FLAGS = {  # option -> parameter: what ``--model`` cannot take (the mode
 }
 
 
-def _fail(code: str, message: str) -> None:
-    typer.echo(f"error: {code}: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def _request(**fields) -> ElasticPlanRequest:
     """The request, or ``invalid_argument`` naming the first bad flag (no traceback)."""
-    try:
-        return ElasticPlanRequest(**fields)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        flag = "--" + where.replace("_", "-") if where else "request"
-        raise InvalidArgument(f"{flag}: {first['msg']}") from None
+    return _valid(ElasticPlanRequest, **fields)
 
 
 @app.command("plan")
@@ -124,20 +160,27 @@ def plan_cmd(
     no_scale: bool = typer.Option(False, "--no-scale", help="Add no machines."),
     devices_only: bool = typer.Option(False, "--devices-only", help="Only your own devices."),
     max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="A $/hour cap."),
+    apply: bool = typer.Option(False, "--apply", help=(
+        "Buy the machines the plan adds in the linked clouds (through a controller only); "
+        "then create the VMs with --on auto.")),
     model: Optional[Path] = typer.Option(None, "--model", exists=True, dir_okay=False, help=(
         "Re-solve an edited model (a plan's json field, or a whole plan saved with --json); "
         "takes no request flags: edit the file instead.")),
     time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Solver seconds (offline only)."),
-    url: Optional[str] = typer.Option(None, "--url", envvar="FUSE_URL", help="Controller URL (else offline)."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="FUSE_TOKEN", help="Controller token."),
+    url: Optional[str] = _url_option("Controller URL (else offline)."),
+    token: Optional[str] = _token_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the ElasticPlan as JSON."),
 ) -> None:
-    """What the elastic pool would do for some VMs: where each goes and what it costs."""
+    """What the elastic pool would do for some VMs: where each goes and what it costs (--apply: do it)."""
     given = dict(count=count, image=image, kind=kind, cpus=cpus, memory_mb=memory_mb, duration_secs=duration_secs,
                  caller=caller, together=together or None, provider=provider, region=region,
                  instance_type=instance_type, hosts=hosts, no_scale=no_scale or None,
                  devices_only=devices_only or None, max_usd_per_hour=max_usd_per_hour)
     try:
+        if apply and (model is not None or not url):
+            raise InvalidArgument("--apply buys machines in the linked clouds, so it needs a controller "
+                                  "(--url or FUSE_URL)" + (" and the request flags, not --model" if model else "")
+                                  + "; an offline plan only shows what it would do")
         if model is not None:
             flags = [flag for flag, name in REQUEST_FLAGS.items() if given[name] is not None]
             if flags:
@@ -146,7 +189,11 @@ def plan_cmd(
             m = load_model(model)
             result = solve_plan(m if time_limit is None else m.model_copy(update={"time_limit_secs": time_limit}))
         elif url:
-            result = _plan_via_controller(url, token, _request(**given))
+            req = _request(**given, apply=apply or None)
+            if apply and not as_json:
+                typer.echo("applying: the controller buys the machines the plan adds...", err=True)
+            with _controller(url, token) as c:
+                result = c.pool.cloud_plan(req)
         else:
             kw = {} if time_limit is None else {"time_limit_secs": time_limit}
             result = solve_plan(model_from_request(_request(**given), [], **kw))
@@ -158,5 +205,281 @@ def plan_cmd(
         _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}")
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
+        return
+    render(result, Console())
+    if result.added:
+        _host_table(result.added, title="added")
+
+
+# ---- elastic hosts --------------------------------------------------------------
+
+HOST_COLUMNS = ["name", "cloud", "type", "region", "state", "cloud id", "$/hour", "started", "ends", "by hand"]
+
+
+def _host_table(hosts: list[ElasticHost], title: str | None = None) -> None:
+    table(HOST_COLUMNS, ((h.name, h.provider, h.type_name, h.region, h.state, h.id or "-", f"{h.usd_per_hour:.4f}",
+                          _when(h.started), _when(h.expires), "yes" if h.pinned else "no") for h in hosts),
+          title=title)
+
+
+@app.command("hosts")
+def hosts_cmd(
+    all_: bool = typer.Option(False, "--all", help="Also the hosts already gone."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the ElasticHost records as JSON."),
+) -> None:
+    """The hosts the pool added in the linked clouds, with their state and cost."""
+    with _controller(url, token) as c:
+        hosts = c.pool.cloud_hosts(include_gone=all_)
+    if as_json:
+        emit_json(hosts)
+    elif hosts:
+        _host_table(hosts)
     else:
-        render(result, Console())
+        typer.echo("no elastic hosts (fuse pool add-host adds one; autoscale and plan --apply buy them too)")
+
+
+@app.command("add-host")
+def add_host_cmd(
+    provider: str = typer.Option(..., "--provider", help="The linked cloud (fuse pool cloud list)."),
+    instance_type: str = typer.Option(..., "--instance-type", help="One of the cloud's machine types."),
+    region: Optional[str] = typer.Option(None, "--region", help="Region (default: the type's first)."),
+    count: Optional[int] = typer.Option(None, "--count", help="How many, 1 to 20 (default 1)."),
+    ttl_hours: Optional[int] = typer.Option(None, "--ttl-hours", help="Hours until each ends on its own (default 24)."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the ElasticHost records as JSON."),
+) -> None:
+    """Buy hosts by hand: the scaler never removes them; each ends at its TTL.
+
+    They join the fleet as they boot: watch fuse pool hosts."""
+    with _controller(url, token) as c:
+        hosts = c.pool.cloud_add_host(provider, instance_type, region, count, ttl_hours)
+    emit_json(hosts) if as_json else _host_table(hosts, title="added")
+
+
+@app.command("remove-host")
+def remove_host_cmd(
+    names: list[str] = typer.Argument(..., help="Elastic host names (fuse pool hosts)."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the ElasticRemoved record as JSON."),
+) -> None:
+    """Terminate hosts the pool added; exit 1 if any was refused.
+
+    A host with VMs is refused: drain it first (fuse controller hosts drain)."""
+    with _controller(url, token) as c:
+        out = c.pool.cloud_remove_host(names)
+    if as_json:
+        emit_json(out)
+    else:
+        for name in out.removed:
+            typer.echo(f"removed {name}")
+        for line in out.failed:
+            typer.echo(f"failed {line}", err=True)
+    if out.failed:
+        raise typer.Exit(1)
+
+
+# ---- budget and scale-in ----------------------------------------------------------
+
+def _budget_rows(b: ElasticBudget):
+    cap = lambda v, fmt: fmt.format(v) if v else "no cap"  # noqa: E731 (0 means no cap)
+    yield "autoscale", "on" if b.autoscale else "off"
+    yield "max $/hour", cap(b.max_usd_per_hour, "${:.4f}")
+    yield "monthly $", cap(b.monthly_usd, "${:.2f}")
+    yield "max new hosts", cap(b.max_new_hosts, "{}")
+    yield "warm (refill prewarms)", "on" if b.warm else "off"
+    yield "allow metal", "yes" if b.allow_metal else "no"
+    yield "spent this month", f"${b.month_usd:.4f}"
+    yield "running $/hour", f"${b.running_usd_per_hour:.4f}"
+    yield "hosts", b.hosts
+
+
+@app.command("budget")
+def budget_cmd(
+    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="$/hour cap (0: none)."),
+    monthly_usd: Optional[float] = typer.Option(None, "--monthly-usd", help="$ per calendar month cap (0: none)."),
+    max_new_hosts: Optional[int] = typer.Option(None, "--max-new-hosts", help="Cap on elastic hosts (0: none)."),
+    autoscale: Optional[bool] = typer.Option(None, "--autoscale/--no-autoscale", help=(
+        "Let creates on auto (or a cloud) buy a machine when no host has room.")),
+    warm: Optional[bool] = typer.Option(None, "--warm/--no-warm", help="Refill prewarms in the background."),
+    allow_metal: Optional[bool] = typer.Option(None, "--allow-metal/--no-allow-metal", help="Allow metal types."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the ElasticBudget as JSON."),
+) -> None:
+    """The budget and what the clouds cost now, after setting the caps and switches given (none: show it)."""
+    update = ElasticBudgetUpdate(max_usd_per_hour=max_usd_per_hour, monthly_usd=monthly_usd,
+                                 max_new_hosts=max_new_hosts, autoscale=autoscale, warm=warm, allow_metal=allow_metal)
+    with _controller(url, token) as c:
+        b = c.pool.cloud_budget(update)
+    emit_json(b) if as_json else table(["", "budget"], _budget_rows(b))
+
+
+@app.command("reconcile")
+def reconcile_cmd(
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the ElasticDecision records as JSON."),
+) -> None:
+    """One scale-in pass now: idle hosts go at the end of their paid time.
+
+    The least used host is cordoned when the others have room for its VMs."""
+    with _controller(url, token) as c:
+        decisions = c.pool.cloud_reconcile()
+    if as_json:
+        emit_json(decisions)
+    elif decisions:
+        table(["host", "action", "reason", "until", "saves $"],
+              ((d.host, d.action, d.reason, _when(d.until), f"{d.saves_usd:.4f}") for d in decisions))
+    else:
+        typer.echo("no elastic hosts: nothing to decide")
+
+
+# ---- prewarm ------------------------------------------------------------------------
+
+PREWARM_COLUMNS = ["id", "image", "kind", "vcpus", "MiB", "ready", "where (ready/count)", "ends", "bought"]
+
+
+def _prewarm_table(pws: list[Prewarm]) -> None:
+    table(PREWARM_COLUMNS, ((p.id, p.image, p.kind, p.cpus, p.memory_mb, f"{p.ready}/{p.count}",
+                             ", ".join(f"{pl.host} {pl.ready}/{pl.count}" for pl in p.placements),
+                             _when(p.expires_at), ", ".join(p.new_hosts) or "-") for p in pws))
+
+
+@app.command("prewarm")
+def prewarm_cmd(
+    image: str = typer.Argument(..., help="Image (bundle) of the VMs kept ready."),
+    count: Optional[int] = typer.Option(None, "--count", help="How many to keep ready, 1 to 256 (default 1)."),
+    on: Optional[str] = typer.Option(None, "--on", help="auto (default) | local | <linked cloud> | host:<machine>."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="vm or microvm (default: from the image)."),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="vCPUs each (default: learned from the image)."),
+    memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="MiB each (default: learned from the image)."),
+    ttl_secs: Optional[int] = typer.Option(None, "--ttl-secs", help="Seconds until it ends (default 3600)."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="Only this machine type."),
+    region: Optional[str] = typer.Option(None, "--region", help="Only this region."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the Prewarm as JSON."),
+) -> None:
+    """Keep VMs of IMAGE ready, so the next creates of that shape start at once.
+
+    Refused, and nothing bought, when the budget or pins cannot fit them."""
+    try:
+        options = _valid(PrewarmOptions, count=count, on=on, kind=kind, cpus=cpus, memory_mb=memory_mb,
+                         ttl_secs=ttl_secs, instance_type=instance_type, region=region)
+    except FuseError as e:
+        _fail(e.code, e.message)
+    with _controller(url, token) as c:
+        pw = c.pool.prewarm(image, options)
+    emit_json(pw) if as_json else _prewarm_table([pw])
+
+
+@app.command("prewarms")
+def prewarms_cmd(
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the Prewarm records as JSON."),
+) -> None:
+    """The prewarms, with how many each keeps ready now."""
+    with _controller(url, token) as c:
+        pws = c.pool.prewarms()
+    if as_json:
+        emit_json(pws)
+    elif pws:
+        _prewarm_table(pws)
+    else:
+        typer.echo("no prewarms")
+
+
+@app.command("unprewarm")
+def unprewarm_cmd(
+    pw_id: str = typer.Argument(..., metavar="ID", help="The prewarm's id (fuse pool prewarms)."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+) -> None:
+    """End a prewarm: its ready VMs go. Exit 1 when there is no such prewarm."""
+    with _controller(url, token) as c:
+        ended = c.pool.remove_prewarm(pw_id)
+    if not ended:
+        typer.echo(f"error: not_found: no prewarm {pw_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"prewarm {pw_id} ended")
+
+
+# ---- linked clouds ---------------------------------------------------------------------
+
+def _option_value(text: str) -> Any:
+    """A number, true/false, null, list or object when the text is JSON; else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _options(items: list[str], options_json: str | None) -> dict[str, Any]:
+    """``--options-json`` with each ``--option key=value`` over it, or invalid_argument naming the bad one."""
+    out: dict[str, Any] = {}
+    if options_json is not None:
+        try:
+            out = json.loads(options_json)
+        except ValueError as e:
+            raise InvalidArgument(f"--options-json: not JSON: {e}") from None
+        if not isinstance(out, dict):
+            raise InvalidArgument("--options-json: must be a JSON object")
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--option: {item!r} is not key=value")
+        out[key] = _option_value(value)
+    return out
+
+
+def _cloud_table(clouds: list[dict]) -> None:
+    table(["name", "kind", "types", "options"],
+          ((c["name"], c["kind"], ", ".join(c.get("types", [])), json.dumps(c.get("options", {}), sort_keys=True))
+           for c in clouds))
+
+
+@cloud_app.command("link")
+def cloud_link_cmd(
+    name: str = typer.Argument(..., help="The cloud's name (lower-case letters, digits and '-')."),
+    kind: str = typer.Option(..., "--kind", help="aws (EC2) or local (host agents started on this machine)."),
+    option: list[str] = typer.Option([], "--option", metavar="KEY=VALUE", help=(
+        "An option (repeat); a value that reads as JSON (a number, true, a list) is taken as JSON. "
+        "aws: image_id (required), region, endpoint_url, access_key_id, secret_access_key, key_name, "
+        "security_group_ids, subnet_id, agent_port, types. local: types, region, backend, bundle_dir, vm_count.")),
+    options_json: Optional[str] = typer.Option(None, "--options-json", metavar="JSON",
+                                               help="All the options as one JSON object (--option wins)."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the linked cloud as JSON."),
+) -> None:
+    """Link (or re-link) a cloud: its machine types join the plans."""
+    try:
+        options = _options(option, options_json)
+    except FuseError as e:
+        _fail(e.code, e.message)
+    with _controller(url, token) as c:
+        cloud = c.pool.link_cloud(name, kind, options)
+    emit_json(cloud) if as_json else _cloud_table([cloud])
+
+
+@cloud_app.command("list")
+def cloud_list_cmd(
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print the linked clouds as JSON."),
+) -> None:
+    """The linked clouds, their machine types and options (no secrets)."""
+    with _controller(url, token) as c:
+        clouds = c.pool.clouds()
+    if as_json:
+        emit_json(clouds)
+    elif clouds:
+        _cloud_table(clouds)
+    else:
+        typer.echo("no linked clouds (fuse pool cloud link NAME --kind aws|local)")
+
+
+@cloud_app.command("unlink")
+def cloud_unlink_cmd(
+    name: str = typer.Argument(..., help="The linked cloud."),
+    url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+) -> None:
+    """Forget a cloud; refused (conflict) while it has hosts: remove them first."""
+    with _controller(url, token) as c:
+        c.pool.unlink_cloud(name)
+    typer.echo(f"cloud {name} unlinked")

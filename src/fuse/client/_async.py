@@ -32,8 +32,7 @@ class AsyncClient:
                                             json=_core.body_json(call.body), **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc
-        _core.check(resp)
-        return call.parse(resp)
+        return _core.finish(call, resp)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -65,6 +65,9 @@ def is_invalid_argument(err: object) -> bool:
     return _has_code(err, "invalid_argument")
 
 
+NO_VALUE = object()
+
+
 @dataclass
 class Call:
     method: str
@@ -73,6 +76,16 @@ class Call:
     body: Any = None
     parse: Callable[[httpx.Response], Any] = field(default=lambda r: r.json() if r.content else None)
     timeout: float | None = None
+    # a 404 not_found answered as this value instead of raising (remove_prewarm's False)
+    not_found: Any = NO_VALUE
+
+
+def finish(call: Call, resp: httpx.Response) -> Any:
+    """The call's answer from a response: parsed, ``not_found``'s value, or ApiError."""
+    if call.not_found is not NO_VALUE and resp.status_code == 404:
+        return call.not_found
+    check(resp)
+    return call.parse(resp)
 
 
 def path(base: str, *parts: str) -> str:

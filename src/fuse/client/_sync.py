@@ -30,8 +30,7 @@ class Client:
                                       **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc
-        _core.check(resp)
-        return call.parse(resp)
+        return _core.finish(call, resp)
 
     def close(self) -> None:
         self._http.close()

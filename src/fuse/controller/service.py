@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from ..transport import TlsSettings
 from .hosts import HostRegistry
+from .pool.elastic import paid_until
 from .store import Store, engine_url
 
 
@@ -53,6 +55,14 @@ class Controller:
         self.moves = MoveService(self)
         self.events = EventService(self)
         self.usage = UsageService(self)
+        from .pool.elastic import ElasticPool
+        from .pool.prewarm import PrewarmService
+        self.pool = ElasticPool(self)
+        self.prewarm = PrewarmService(self)
+
+    async def pool_tick(self) -> None:
+        """Each pass of the elastic pool's loop: refill the prewarms (and end expired ones)."""
+        await self.prewarm.fill()
 
     # ---- controller settings (PUT /v1/controller) ---------------------------
     def settings(self) -> dict[str, Any]:
@@ -72,8 +82,10 @@ class Controller:
         self.fleet = Fleet(self)
         await self.fleet.start()
         await self.moves.resume()
+        await self.pool.start()
 
     async def close(self) -> None:
+        await self.pool.close()
         await self.moves.close()
         if self.fleet is not None:
             await self.fleet.close()
@@ -85,18 +97,25 @@ class Controller:
         ``free_vm_slots``: VMs its vm_count policy still admits (the policy less
         the VMs on it and those being placed). Own devices have no machine type."""
         fleet, reasons = self.vms.arrays()
+        elastic = self.pool.live_rows()
+        now = time.time()
         out = []
         for i, host_id in enumerate(fleet.ids):
             row = self.store.get_host(host_id) or {}
             cap = row.get("capacity", {})
             view = self.fleet.views.get(host_id) if self.fleet else None
+            e = elastic.get(host_id)
+            cloud = {} if e is None else {
+                "own": False, "provider": e["provider"], "type_name": e["type_name"],
+                "usd_per_hour": e["usd_per_hour"], "billing_step_secs": e["billing_step_secs"],
+                "paid_secs_left": max(0, int(paid_until(e, now) - now))}
             out.append({"name": host_id, "cpus": int(fleet.cap_vcpus[i]), "mem_mib": int(fleet.cap_mem[i]),
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
                         "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),
                         "arch": cap.get("arch", "amd64") or "amd64",
                         "kvm": bool(view and view.summary.get("kvm")), "own": True,
                         "region": row.get("region", "") or "", "type_name": "",
-                        "state": row.get("state", "active") if fleet.usable[i] else "unavailable"})
+                        "state": row.get("state", "active") if fleet.usable[i] else "unavailable"} | cloud)
         return out
 
     async def register_host(self, req):

@@ -16,10 +16,17 @@ from .placement import FleetArrays, rank
 from .resources import Resources
 from .store import vms as vms_t
 
+JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
+
 
 class ControllerCreateVm(CreateVmRequest):
-    """The host's create body, plus an optional `host` to pin the VM."""
+    """The host's create body, plus where the VM may go: ``host`` pins it;
+    ``on`` is ``auto`` (default: any host, a prewarmed VM first, and with the
+    budget's autoscale on, a machine the elastic pool buys when none has room),
+    ``local`` (the operator's own hosts only), a linked cloud's name (only its
+    hosts; autoscale may buy one there) or ``host:<machine>`` (= ``host``)."""
     host: Optional[str] = None
+    on: Optional[str] = None
 
 
 def host_error(resp, host: str) -> FuseError:
@@ -46,10 +53,13 @@ class VmService:
         return self.ctl.fleet
 
     # ---- placement -----------------------------------------------------------
-    def arrays(self, only: str | None = None, bundle: str | None = None) -> tuple[FleetArrays, dict[str, str]]:
+    def arrays(self, only: str | None = None, bundle: str | None = None,
+               among: set[str] | None = None) -> tuple[FleetArrays, dict[str, str]]:
         rows = self.store.list_hosts()
         if only is not None:
             rows = [r for r in rows if r["id"] == only]
+        if among is not None:
+            rows = [r for r in rows if r["id"] in among]
         alloc = self.store.allocated()
         n = len(rows)
         cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
@@ -86,6 +96,13 @@ class VmService:
         except ValidationError as exc:
             first = exc.errors()[0]
             raise InvalidArgument(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        on = req.on or "auto"
+        if on.startswith("host:"):
+            if req.host is not None and req.host != on[5:]:
+                raise InvalidArgument(f"host {req.host} and on {on} disagree")
+            req.host = on[5:]
+            on = "auto"
+        among = self._among(on)
         if req.host is not None and self.store.get_host(req.host) is None:
             raise NotFound(f"host {req.host} not found")
         name = req.name or f"vm-{secrets.token_hex(4)}"
@@ -93,20 +110,37 @@ class VmService:
             # The pinned host is the chosen one: its name clash is the answer,
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
+        if req.host is None and not getattr(req, "standby", False):
+            vm = await self._claim(req, name, among)
+            if vm is not None:
+                return vm
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
-        host_body = req.model_dump(mode="json", exclude={"host"}) | {"name": name}
+        host_body = req.model_dump(mode="json", exclude={"host", "on"}) | {"name": name}
         reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
         decisions = []
         tried: set[str] = set()
+        scaled = False
         while True:
             async with self._lock:
-                fleet, unusable = self.arrays(only=req.host, bundle=req.bundle)
+                fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among)
                 decision = rank(fleet, ask, unusable)
                 decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
                 host = decision.best(exclude=tried)
-                if host is None:
+                if host is not None:
+                    self._pending[host] = self._pending.get(host, Resources()) + ask
+            if host is None:
+                if scaled or not self._may_scale(req, on):
                     break
-                self._pending[host] = self._pending.get(host, Resources()) + ask
+                scaled = True
+                try:  # the elastic pool buys a machine for it (outside the lock: it takes a while)
+                    new = await self.ctl.pool.host_for(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux",
+                                                       None if on == "auto" else on, timeout=JOIN_WAIT_SECS)
+                except FuseError as exc:
+                    reasons["elastic pool"] = exc.message
+                    break
+                if new is not None and among is not None:
+                    among.add(new)
+                continue
             tried.add(host)
             try:
                 resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
@@ -135,6 +169,50 @@ class VmService:
                 filtered.setdefault(h, why)
         raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB)",
                         details={"hosts": dict(sorted((filtered | reasons).items()))})
+
+    def _among(self, on: str) -> set[str] | None:
+        """The hosts ``on`` allows (None: any)."""
+        if on == "auto":
+            return None
+        elastic = {r["name"]: r for r in self.ctl.pool._rows()}
+        if on == "local":
+            return {r["id"] for r in self.store.list_hosts() if r["id"] not in elastic}
+        self.ctl.pool.provider(on)  # a linked cloud, or 400
+        return {n for n, r in elastic.items() if r["provider"] == on}
+
+    def _may_scale(self, req: ControllerCreateVm, on: str) -> bool:
+        """Whether a create no host took may have the elastic pool buy a machine:
+        not pinned, not local, a cloud linked and the budget's autoscale on."""
+        return (req.host is None and on != "local" and not getattr(req, "standby", False) and bool(self.ctl.pool._cloud_names())
+                and self.ctl.pool.budget().autoscale)
+
+    async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
+        """Take a prewarmed VM of this shape: its host renames it and gives the
+        guest the entry (tens of ms). None when no ready one takes it."""
+        prewarm = getattr(self.ctl, "prewarm", None)
+        if prewarm is None:
+            return None
+        for v in prewarm.candidates(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux", among):
+            host = v["host"]
+            if any(r["host"] == host for r in self.store.vms_named(name)):
+                continue
+            try:
+                resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",
+                                                           json={"name": name, "entry": req.entry}, timeout=90)
+            except HostUnreachable:
+                continue
+            if resp.status_code != 200:  # another create took it first, or it is gone
+                continue
+            vm = resp.json()
+            with self.store.tx() as c:
+                c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == v["name"]))
+            self.fleet.upsert_vms(host, [vm])  # it holds the room its standby self held
+            self.store.add_event("placed", {"vm": name, "id": host, "vcpus": req.shape.vcpus,
+                                            "mem_mib": req.shape.mem_mib, "prewarmed": v["name"]}, host=host)
+            self.fleet.changed.set()
+            asyncio.get_running_loop().create_task(prewarm.fill())  # refill it in the background
+            return vm | {"host": host}
+        return None
 
     def _release(self, host: str, ask: Resources) -> None:
         left = self._pending.get(host, Resources()) - ask

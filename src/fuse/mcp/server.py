@@ -39,8 +39,10 @@ Resources:
 - POST /v1/hosts {"name", "addr"} (addr: local | ssh://user@host[:port] | host:port | http://host:port) or
   {"id", "url", "token", "backend", "capacity": {"vm_count": N}} -> 201 host. GET /v1/hosts, GET|DELETE /v1/hosts/{id},
   POST /v1/hosts/{id}?action=cordon|uncordon|drain.
-- POST /v1/vms {"name"?, "shape": {"vcpus", "mem_mib"}, "entry": "<command>", "bundle"?, "host"?} -> 201 {name, host,
-  state, ...} ("host" pins it). GET /v1/vms[?host=], GET|DELETE /v1/vms/{name}[?host=],
+- POST /v1/vms {"name"?, "shape": {"vcpus", "mem_mib"}, "entry": "<command>", "bundle"?, "host"?, "on"?} -> 201
+  {name, host, state, ...} ("host" pins it). "on": auto (default: any host, a prewarmed VM first; with the budget's
+  autoscale on, the pool buys a machine if none has room) | local (own hosts) | <linked cloud> | host:<machine>.
+  GET /v1/vms[?host=], GET|DELETE /v1/vms/{name}[?host=],
   POST /v1/vms/{name}/sleep|wake[?host=], GET /v1/vms/{name}/console?offset=N[&host=].
 - POST /v1/moves {"vm", "to"?, "host"?} -> 202 move, running in the background: "to" is the target host (default: best
   fit), "host" the VM's current host when its name is on several; "flashvm" is accepted in place of "vm".
@@ -50,6 +52,20 @@ Resources:
 - GET /v1/usage?from=<unix time>[&to=<unix time>] -> {"from", "to" (unix seconds), "vms": [rows tagged with host],
   "totals", "hosts", "aliases", "unreachable": [host names that did not answer], "unreachable_reasons": {host: why}}.
 - GET|PUT /v1/controller.
+- Elastic pool (cloud machines bought under a budget): POST /v1/pool/plan {"count"?, "image"?, "cpus"?,
+  "memory_mb"?, "provider"?, "region"?, "instance_type"?, "no_scale"?, "max_usd_per_hour"?, "apply"?, ...} -> plan
+  {assignments, new_hosts, unplaced (with reasons), projected_usd, explain}; buys only with "apply": true (the machines
+  in "added"). GET /v1/pool/clouds -> {"clouds": [{name, kind, options, types}]}; PUT /v1/pool/clouds/{name}
+  {"kind": "aws"|"local", "options"} links one; DELETE /v1/pool/clouds/{name} -> 204.
+  GET /v1/pool/hosts[?all=true] -> {"hosts": [{name, provider, type_name, state, usd_per_hour, expires, ...}]}, state
+  creating|booting|joined|cordoned|offline|gone; POST /v1/pool/hosts {"provider", "instance_type", "region"?,
+  "count"?, "ttl_hours"?} -> 201 {"hosts"} (they join as they boot); POST /v1/pool/hosts/remove {"names"} ->
+  {"removed", "failed": ["<name>: <why>"]}. GET /v1/pool/budget; PATCH /v1/pool/budget {"max_usd_per_hour"?,
+  "monthly_usd"?, "max_new_hosts"? (0 = no cap), "autoscale"?, "warm"?, "allow_metal"?} -> the whole budget.
+  POST /v1/pool/reconcile -> {"decisions": [{host, action: keep|cordon|remove, reason}]} (one scale-in pass).
+- Prewarm (VMs kept booted so the next create of that shape starts at once): POST /v1/prewarms {"image", "count"?,
+  "on"?, "kind"?, "cpus"?, "memory_mb"?, "ttl_secs"?, "instance_type"?, "region"?} -> 201 {id, count, ready,
+  placements, ...}; GET /v1/prewarms -> {"prewarms"}; DELETE /v1/prewarms/{id} -> 204 or 404.
 
 Contract:
 - Placement with no host able to take the VM: 409 fleet_full, error.hosts maps each host to its reason.
@@ -59,6 +75,9 @@ Contract:
 - POST /v1/moves: 202 with the move, or 409 not_movable, same_host, unknown_host, arch_mismatch, no_target,
   move_in_progress or host_unreachable. A failed move wakes the VM back on its source.
 - Adding a host that cannot be reached: 502 host_unreachable with the reason.
+- Elastic pool and prewarm: 409 budget_exceeded (the message names the cap; nothing is bought), 409 fleet_full (a
+  prewarm the hosts and pins cannot fit), 409 conflict (unlinking a cloud that has hosts), 502 cloud_error (the cloud
+  refused or failed), 400 invalid_argument (no such linked cloud, type or region; apply with none linked).
 - Bad input: 400 invalid_argument; unknown name: 404 not_found."""
 
 

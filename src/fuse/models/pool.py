@@ -74,7 +74,8 @@ class ElasticPlanRequest(_Record):
     devices_only: bool | None = Field(default=None, description="Only your own devices.")
     max_usd_per_hour: float | None = Field(default=None, ge=0, description=(
         "A $/hour cap for this plan (the lower of it and the pool budget's cap applies)."))
-    apply: bool = Field(default=False, description="Add the machines the plan needs (not supported yet: 400).")
+    apply: bool = Field(default=False, description=(
+        "Add the machines the plan needs in the linked clouds (they show in `added`; create the VMs with on auto)."))
 
     @model_validator(mode="before")
     @classmethod

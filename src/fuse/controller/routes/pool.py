@@ -1,47 +1,174 @@
-"""``POST /v1/pool/plan``: what the elastic pool would do for some VMs (seed 001 cloud_plan).
+"""The elastic pool (seed 001): plans, linked clouds, elastic hosts, budget, scale-in.
 
-The route parses, snapshots the pool and calls the pure planner; it buys
-nothing (``apply`` arrives with the provider issue). The snapshot comes from
-``app.state.pool_snapshot()`` when the app provides one, else the pool is empty;
-the VMs the controller records (``app.state.ctl.vms``) teach the default shape
-of an image. Only the request can make a 400: a malformed snapshot is the
-controller's bug and answers 500 ``internal``.
+``POST /v1/pool/plan`` plans (and with ``apply`` buys); ``/v1/pool/clouds``
+links clouds; ``/v1/pool/hosts`` lists, adds and removes the machines the pool
+bought; ``/v1/pool/budget`` reads and sets the caps; ``/v1/pool/reconcile``
+runs one scale-in pass. Routes parse and call ``ctl.pool``; a malformed pool
+snapshot is the controller's bug and answers 500 ``internal``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
+from pydantic import Field
 
-from fuse.controller.pool.planner import plan
-from fuse.controller.pool.request import history_from_vms, model_from_request
-from fuse.errors import InvalidArgument
-from fuse.models.errors import ErrorBody
-from fuse.models.pool import ElasticPlan, ElasticPlanRequest
+from fuse.controller.pool.request import history_from_vms
+from fuse.models.base import Record
+from fuse.models.errors import responses
+from fuse.errors import NotFound
+from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
+                              ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
 
 router = APIRouter(tags=["pool"])
 
+NO_CLOUD = "invalid_argument: no such linked cloud, machine type or region, or a bad count or ttl_hours"
+BUDGET = "budget_exceeded: the machines would pass a cap of the budget (the message names it)"
+CLOUD = "cloud_error: the cloud refused or failed (its message is given)"
 
-def _history(request: Request) -> list[dict[str, Any]]:
-    ctl = getattr(request.app.state, "ctl", None)
-    return history_from_vms(ctl.vms.list()) if ctl is not None else []
+
+def _pool(request: Request):
+    return request.app.state.ctl.pool
+
+
+class AddHostsRequest(Record):
+    """cloud_add_host: machines of one type added by hand."""
+    provider: str
+    instance_type: str
+    region: Optional[str] = None
+    count: Optional[int] = Field(default=None, description="1 to 20 (default 1).")
+    ttl_hours: Optional[int] = Field(default=None, description="Hours until it ends on its own (default 24).")
+
+
+class RemoveHostsRequest(Record):
+    names: list[str]
+
+
+class LinkCloudRequest(Record):
+    kind: str = Field(description="`aws` (EC2 through boto3) or `local` (host agents started on this machine).")
+    options: dict[str, Any] = Field(default_factory=dict, description=(
+        "aws: region, image_id (required), endpoint_url, access_key_id, secret_access_key, key_name, "
+        "security_group_ids, subnet_id, agent_port, types. local: types, region, backend, bundle_dir, vm_count."))
+
+
+class Cloud(Record):
+    name: str
+    kind: str
+    options: dict[str, Any]
+    types: list[str]
+
+
+class CloudList(Record):
+    clouds: list[Cloud]
+
+
+class ElasticHostList(Record):
+    hosts: list[ElasticHost]
+
+
+class DecisionList(Record):
+    decisions: list[ElasticDecision]
 
 
 @router.post("/v1/pool/plan", response_model=ElasticPlan, response_model_by_alias=False, operation_id="planPool",
-             summary="Plan where VMs go and what it costs (nothing is bought)",
-             responses={400: {"model": ErrorBody, "description": (
-                 "invalid_argument: a bad request (an unknown field, a value out of range, an unknown "
-                 "kind, caller, provider, region or instance_type, or apply)")}})
+             summary="Plan where VMs go and what it costs; with apply, add the machines it needs",
+             responses=responses(
+                 s400="invalid_argument: a bad request (an unknown field, a value out of range, an unknown "
+                      "kind, caller, provider, region or instance_type), or apply with no linked cloud",
+                 s409=BUDGET, s502=CLOUD))
 async def plan_pool(body: ElasticPlanRequest, request: Request) -> ElasticPlan:
-    if body.apply:
-        # TODO(the pool follow-up issue of issue 6): apply adds machines through providers
-        raise InvalidArgument("apply is not supported yet: plan only")
-    snapshot_fn = getattr(request.app.state, "pool_snapshot", None)
-    snapshot = snapshot_fn() if snapshot_fn is not None else []
+    snapshot = request.app.state.pool_snapshot()  # the app's seam: tests give the planner a pool
     if hasattr(snapshot, "__await__"):
         snapshot = await snapshot
-    model = model_from_request(body, snapshot, history=_history(request))
-    # the solve is CPU-bound for up to the time limit: keep the event loop free
-    return await run_in_threadpool(plan, model)
+    return await _pool(request).plan(body, snapshot, history=history_from_vms(request.app.state.ctl.vms.list()))
+
+
+@router.get("/v1/pool/clouds", response_model=CloudList, summary="listClouds: the linked clouds (no secrets).")
+async def list_clouds(request: Request) -> CloudList:
+    return CloudList(clouds=_pool(request).clouds())
+
+
+@router.put("/v1/pool/clouds/{name}", response_model=Cloud,
+            responses=responses(s400="invalid_argument: a bad name, kind or option (named)"),
+            summary="linkCloud: link (or re-link) a cloud; its machine types join the plans.")
+async def link_cloud(name: str, body: LinkCloudRequest, request: Request) -> Cloud:
+    return Cloud(**await _pool(request).link(name, body.kind, body.options))
+
+
+@router.delete("/v1/pool/clouds/{name}", status_code=204,
+               responses=responses(s404="not_found: no such linked cloud",
+                                   s409="conflict: the cloud still has hosts; remove them first"),
+               summary="unlinkCloud: forget a cloud with no hosts left.")
+async def unlink_cloud(name: str, request: Request) -> None:
+    await _pool(request).unlink(name)
+
+
+@router.get("/v1/pool/hosts", response_model=ElasticHostList,
+            summary="listElasticHosts: the hosts the pool added, with their cost (all=true: gone ones too).")
+async def list_elastic_hosts(request: Request, all: bool = False) -> ElasticHostList:
+    return ElasticHostList(hosts=_pool(request).hosts(include_gone=all))
+
+
+@router.post("/v1/pool/hosts", status_code=201, response_model=ElasticHostList,
+             responses=responses(s400=NO_CLOUD, s409=BUDGET, s502=CLOUD),
+             summary="addElasticHosts: add hosts by hand (never removed by the scaler; each ends at its TTL).")
+async def add_elastic_hosts(body: AddHostsRequest, request: Request) -> ElasticHostList:
+    return ElasticHostList(hosts=await _pool(request).add_hosts(
+        body.provider, body.instance_type, body.region, body.count, body.ttl_hours))
+
+
+@router.post("/v1/pool/hosts/remove", response_model=ElasticRemoved,
+             summary="removeElasticHosts: terminate hosts the pool added (a host with VMs is refused, in failed).")
+async def remove_elastic_hosts(body: RemoveHostsRequest, request: Request) -> ElasticRemoved:
+    return await _pool(request).remove_hosts(body.names)
+
+
+@router.get("/v1/pool/budget", response_model=ElasticBudget, summary="getBudget: the caps and what the clouds cost now.")
+async def get_budget(request: Request) -> ElasticBudget:
+    return _pool(request).budget()
+
+
+@router.patch("/v1/pool/budget", response_model=ElasticBudget,
+              responses=responses(s400="invalid_argument: a negative cap"),
+              summary="updateBudget: set the fields given (0 = no cap); answers the whole budget.")
+async def update_budget(body: ElasticBudgetUpdate, request: Request) -> ElasticBudget:
+    return _pool(request).update_budget(body)
+
+
+@router.post("/v1/pool/reconcile", response_model=DecisionList,
+             summary="reconcile: one scale-in pass now (idle hosts go at the end of their paid time).")
+async def reconcile(request: Request) -> DecisionList:
+    return DecisionList(decisions=await _pool(request).reconcile())
+
+
+class PrewarmRequest(PrewarmOptions):
+    """prewarm(image, options): the options, with the image beside them."""
+    image: str = Field(min_length=1, description="Image (bundle) of the VMs kept ready.")
+
+
+class PrewarmList(Record):
+    prewarms: list[Prewarm]
+
+
+@router.post("/v1/prewarms", status_code=201, response_model=Prewarm,
+             responses=responses(s400="invalid_argument: a bad option, kind container, or no such linked cloud",
+                                 s404="not_found: on host:<machine> names no registered host",
+                                 s409="fleet_full: the hosts and pins cannot fit them; budget_exceeded: only the "
+                                      "budget stands in the way (nothing is bought either way)",
+                                 s502=CLOUD),
+             summary="prewarm: keep VMs of one shape ready where the elastic pool puts them.")
+async def prewarm(body: PrewarmRequest, request: Request) -> Prewarm:
+    return await request.app.state.ctl.prewarm.prewarm(body.image, PrewarmOptions(**body.model_dump(exclude={"image"})))
+
+
+@router.get("/v1/prewarms", response_model=PrewarmList, summary="listPrewarms: the prewarms, with how many each keeps ready.")
+async def list_prewarms(request: Request) -> PrewarmList:
+    return PrewarmList(prewarms=request.app.state.ctl.prewarm.list())
+
+
+@router.delete("/v1/prewarms/{pw_id}", status_code=204, responses=responses(s404="not_found: no such prewarm"),
+               summary="removePrewarm: end a prewarm (its ready VMs go).")
+async def remove_prewarm(pw_id: str, request: Request) -> None:
+    if not await request.app.state.ctl.prewarm.remove(pw_id):
+        raise NotFound(f"no prewarm {pw_id}")

@@ -86,6 +86,44 @@ moves = Table(
 )
 
 
+# The elastic pool (seed 001): linked clouds, the machines added in them, prewarms.
+clouds = Table(
+    "clouds", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("options", JSON, nullable=False, default=dict),  # secrets included: never returned
+    Column("created_at", Float, nullable=False),
+)
+
+elastic_hosts = Table(
+    "elastic_hosts", metadata,
+    Column("name", String(255), primary_key=True),
+    Column("provider", String(64), nullable=False),
+    Column("type_name", String(64), nullable=False),
+    Column("region", String(64), nullable=False),
+    Column("cloud_id", String(255), nullable=False, default=""),
+    Column("state", String(16), nullable=False),
+    Column("started", Float, nullable=False),
+    Column("ended", Float, nullable=True),
+    Column("expires", BigInteger, nullable=False, default=0),
+    Column("usd_per_hour", Float, nullable=False),
+    Column("billing_step_secs", Integer, nullable=False),
+    Column("billing_min_secs", Integer, nullable=False),
+    Column("boot_secs", Integer, nullable=False, default=0),
+    Column("pinned", Integer, nullable=False, default=0),
+    Column("token", Text, nullable=False, default=""),  # the agent's token: never returned
+    Column("record", JSON, nullable=False, default=dict),  # history, last error, url
+    Column("updated_at", Float, nullable=False),
+)
+
+prewarms = Table(
+    "prewarms", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("record", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+
 def engine_url(db: str | None, state_dir: Path) -> str:
     if not db:
         return f"sqlite:///{state_dir / 'fuse.db'}"

@@ -1,0 +1,245 @@
+"""Prewarm (seed 001): VMs of one shape kept booted and waiting, so the next
+creates of that shape start in a fraction of a second.
+
+A prewarm is a target: ``count`` standby VMs (``standby: true`` on the host
+agent: booted, the guest waiting for its entry) spread over ``placements``
+that the elastic pool's solve chose — the same solve as a create ``on auto``,
+under the budget and the pins, buying machines when it has to. Nothing is
+bought when the solve cannot place all of them: the request is refused.
+
+A create whose shape (vCPUs, MiB, bundle) matches a ready standby VM *claims*
+it (``POST /v1/host/vms/{name}/claim``: the agent renames it and hands the
+guest its entry), and the pool refills the prewarm in the background while
+the budget's ``warm`` switch is on. Standby VMs are named ``<prewarm id>-<n>``;
+a prewarm ends at its TTL or when removed, and its standby VMs go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+
+from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
+from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
+from ..store import prewarms as prewarms_t
+from .elastic import BudgetExceeded
+from .request import kind_of_image, learned_shape, history_from_vms
+
+log = logging.getLogger("fuse.controller.pool")
+DEFAULT_TTL_SECS = 3600
+JOIN_WAIT_SECS = 600  # a machine bought for a prewarm may take this long to join
+
+
+class PrewarmService:
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.store = ctl.store
+        self._fill_lock = asyncio.Lock()
+
+    # ---- records ---------------------------------------------------------------
+    def _records(self) -> list[dict[str, Any]]:
+        with self.store.read() as c:
+            return [dict(r["record"]) for r in c.execute(select(prewarms_t).order_by(prewarms_t.c.created_at)).mappings()]
+
+    def _get(self, pw_id: str) -> dict[str, Any] | None:
+        with self.store.read() as c:
+            r = c.execute(select(prewarms_t.c.record).where(prewarms_t.c.id == pw_id)).first()
+        return dict(r[0]) if r else None
+
+    def _standby(self, pw_id: str) -> list[dict]:
+        """The standby VMs of prewarm ``pw_id`` (controller store rows)."""
+        return [v for v in self.store.list_vms()
+                if v["name"].startswith(pw_id + "-") and (v["record"] or {}).get("standby")]
+
+    def view(self, rec: dict[str, Any]) -> Prewarm:
+        vms = self._standby(rec["id"])
+        placements = []
+        for host, want in rec["placements"].items():
+            on = [v for v in vms if v["host"] == host]
+            placements.append(PrewarmPlacement(host=host, machine="local" if host not in rec["new_hosts"] else host,
+                                               count=want, ready=sum(v["state"] == "running" for v in on)))
+        return Prewarm(id=rec["id"], image=rec["image"], kind=rec["kind"], cpus=rec["cpus"],
+                       memory_mb=rec["memory_mb"], count=rec["count"], ready=sum(p.ready for p in placements),
+                       placements=placements, expires_at=rec["expires_at"], new_hosts=rec["new_hosts"])
+
+    def list(self) -> list[Prewarm]:
+        return [self.view(r) for r in self._records()]
+
+    # ---- prewarm -----------------------------------------------------------------
+    async def prewarm(self, image: str, opts: PrewarmOptions) -> Prewarm:
+        if not image:
+            raise InvalidArgument("image is required")
+        kind = (opts.kind or kind_of_image(image)).lower()
+        if kind == "container":
+            raise InvalidArgument("fuse hosts run VMs: a container prewarm has no host to run on (kind vm or microvm)")
+        if kind not in ("vm", "microvm"):
+            raise InvalidArgument(f"kind must be vm or microvm, not {opts.kind!r}")
+        shape = learned_shape(image, history_from_vms(self.ctl.vms.list()))
+        cpus = opts.cpus or (shape[0] if shape else 1)
+        mem = opts.memory_mb or (shape[1] if shape else 1024)
+        count = opts.count or 1
+        ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs
+        if ttl < 1:
+            raise InvalidArgument("ttl_secs must be at least 1")
+        on = opts.on or "auto"
+        placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
+        pw_id = "pw-" + secrets.token_hex(3)
+        rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
+               "ttl_secs": ttl, "expires_at": int(time.time() + ttl), "placements": placements,
+               "new_hosts": new_hosts, "next": 1}
+        with self.store.tx() as c:
+            c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
+            self.store.add_event("prewarm_added", {"id": pw_id, "image": image, "count": count,
+                                                   "placements": placements, "new_hosts": new_hosts}, conn=c)
+        asyncio.get_running_loop().create_task(self.fill())
+        return self.view(rec)
+
+    async def _place(self, on: str, image: str, kind: str, cpus: int, mem: int, count: int, ttl: int,
+                     opts: PrewarmOptions) -> tuple[dict[str, int], list[str]]:
+        """Where the standby VMs go (host -> count), and the hosts bought for them."""
+        if on.startswith("host:"):
+            host = on[5:]
+            snap = {h["name"]: h for h in self.ctl.pool_snapshot()}
+            if host not in snap:
+                raise NotFound(f"host {host} not found")
+            h = snap[host]
+            fits = min(h["free_mem_mib"] // mem, h["free_vm_slots"])
+            if h.get("state") == "unavailable" or fits < count:
+                raise FleetFull(f"host {host} has room for {max(fits, 0) if h.get('state') != 'unavailable' else 0} "
+                                f"of {count} VMs of {cpus} vCPUs and {mem} MiB")
+            return {host: count}, []
+        pool = self.ctl.pool
+        # with no cloud linked nothing can be bought: the operator's own hosts only
+        local = on == "local" or not pool._cloud_names()
+        req = ElasticPlanRequest(count=count, image=image, kind=kind, cpus=cpus, memory_mb=mem, duration_secs=ttl,
+                                 instance_type=opts.instance_type, region=opts.region,
+                                 devices_only=True if local else None,
+                                 provider=on if on not in ("auto", "local") else None)
+        if on not in ("auto", "local"):
+            pool.provider(on)  # a linked cloud, or 400
+        plan = await pool.plan(req)
+        if plan.unplaced:
+            why = "; ".join(f"{u.count} VMs: {u.reason}" for u in plan.unplaced)
+            # the budget's fault when the same solve without its caps places them all
+            free = await pool.plan(req, unbounded=True)
+            cls = BudgetExceeded if not free.unplaced else FleetFull
+            raise cls(f"prewarm refused, nothing bought: {why}")
+        added: list[str] = []
+        names: list[str] = []
+        for h in plan.new_hosts:
+            if h.one_space:
+                raise FleetFull("prewarm refused, nothing bought: the plan needs one-VM sandboxes, not hosts")
+            pool.provider(h.provider)  # every machine's cloud is linked before anything is bought
+        for h in plan.new_hosts:
+            got = await pool.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False, billed=h.billed_secs)
+            added += [g.name for g in got]
+            names.append(got[0].name)
+        placements: dict[str, int] = {}
+        for a in plan.assignments:
+            host = a.host or names[a.new_index]
+            placements[host] = placements.get(host, 0) + a.count
+        return placements, added
+
+    # ---- filling -------------------------------------------------------------------
+    async def fill(self) -> None:
+        """Create the standby VMs every live prewarm still lacks (one pass)."""
+        if self._fill_lock.locked():
+            return
+        async with self._fill_lock:
+            now = time.time()
+            warm = self.ctl.pool.budget().warm
+            for rec in self._records():
+                if now >= rec["expires_at"]:
+                    await self.remove(rec["id"], reason="its TTL ended")
+                    continue
+                have = self._standby(rec["id"])
+                initial = rec.get("next", 1) - 1 < rec["count"]  # never filled yet: warm or not
+                if not (warm or initial):
+                    continue
+                for host, want in list(rec["placements"].items()):
+                    short = want - sum(v["host"] == host for v in have)
+                    for _ in range(max(0, short)):
+                        if not await self._create_one(rec, host):
+                            break
+
+    async def _create_one(self, rec: dict, host: str) -> bool:
+        view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
+        if view is None or not view.connected:
+            return False  # a machine still joining: the next pass
+        n = rec.get("next", 1)
+        rec["next"] = n + 1
+        with self.store.tx() as c:
+            c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
+        body = {"name": f"{rec['id']}-{n}", "standby": True, "bundle": rec["image"],
+                "shape": {"vcpus": rec["cpus"], "mem_mib": rec["memory_mb"]}}
+        try:
+            await self.ctl.vms.create(body | {"host": host})
+            return True
+        except FuseError as exc:
+            if rec["on"] != "auto" or exc.code not in ("fleet_full", "host_full"):
+                log.warning("prewarm %s on %s: %s", rec["id"], host, exc.message)
+                return False
+        # a claim left its VM running where the standby one was: refill wherever
+        # best fit finds room (on auto), and the placement follows it
+        try:
+            vm = await self.ctl.vms.create(body)
+        except FuseError as exc:
+            log.warning("prewarm %s: %s", rec["id"], exc.message)
+            return False
+        moved = dict(rec["placements"])
+        moved[host] -= 1
+        moved[vm["host"]] = moved.get(vm["host"], 0) + 1
+        rec["placements"] = {h: c for h, c in moved.items() if c > 0}
+        with self.store.tx() as c:
+            c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
+        return True
+
+    # ---- claiming ------------------------------------------------------------------
+    def candidates(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None) -> list[dict]:
+        """Ready standby VMs of a live prewarm with this shape (controller store rows)."""
+        live = {r["id"] for r in self._records() if r["expires_at"] > time.time()}
+        out = []
+        for v in self.store.list_vms():
+            rec = v["record"] or {}
+            pw = v["name"].rsplit("-", 1)[0]
+            if (rec.get("standby") and v["state"] == "running" and pw in live and v["vcpus"] == vcpus
+                    and v["mem_mib"] == mem_mib and rec.get("bundle", "linux") == bundle
+                    and (among is None or v["host"] in among)):
+                out.append(v)
+        return out
+
+    # ---- ending --------------------------------------------------------------------
+    async def remove(self, pw_id: str, reason: str = "removed") -> bool:
+        """End prewarm ``pw_id``: its standby VMs go, and the machines bought for it
+        go too once nothing else runs there. False: no such prewarm."""
+        rec = self._get(pw_id)
+        if rec is None:
+            return False
+        with self.store.tx() as c:
+            c.execute(delete(prewarms_t).where(prewarms_t.c.id == pw_id))
+            self.store.add_event("prewarm_removed", {"id": pw_id, "reason": reason}, conn=c)
+        for v in self._standby(pw_id):
+            try:
+                await self.ctl.vms.delete(v["name"], v["host"])
+            except FuseError as exc:
+                log.warning("prewarm %s: removing %s: %s", pw_id, v["name"], exc.message)
+        for host in rec["new_hosts"]:
+            try:
+                await self.ctl.pool.remove(host, f"its prewarm {pw_id} ended")
+            except FuseError:
+                pass  # it runs other VMs now (or is gone): scale-in decides
+        return True
+
+    async def release_host(self, host: str) -> None:
+        """Before ``host`` goes: its standby VMs go (their prewarms refill elsewhere)."""
+        for v in self.store.vms_on(host):
+            if (v["record"] or {}).get("standby"):
+                try:
+                    await self.ctl.vms.delete(v["name"], host)
+                except FuseError:
+                    pass

@@ -1,0 +1,175 @@
+"""``fuse pool ...`` against a real controller: the hosts it buys in a linked
+cloud, the budget, scale-in and prewarm, as a table for people and ``--json``
+for programs; errors as ``error: <code>: <message>`` with exit 2, a partly-no
+answer (a host not removed, no such prewarm) with exit 1."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from fuse.cli.main import app
+from support import reap, start_controller, wait_until
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory):
+    """A controller with no clouds, hosts or prewarms; the tests using it change nothing."""
+    tmp = tmp_path_factory.mktemp("pool")
+    ctl = start_controller(tmp)
+    yield ctl
+    ctl.stop()
+    reap(tmp)
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    """A controller of the test's own (for tests that change the pool)."""
+    c = start_controller(tmp_path)
+    yield c
+    c.stop()
+    reap(tmp_path)  # the local cloud's agents run in sessions of their own, like real machines
+
+
+def fuse(ctl, *args: str, code: int = 0):
+    r = CliRunner().invoke(app, list(args), env={"FUSE_URL": ctl.url, "FUSE_TOKEN": ""})
+    assert r.exit_code == code, f"exit {r.exit_code}: {r.output}{r.exception!r}"
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception  # no traceback
+    return r
+
+
+def as_json(ctl, *args: str):
+    return json.loads(fuse(ctl, *args, "--json").stdout)
+
+
+def test_an_empty_pool_lists_nothing_in_tables_and_json(empty):
+    assert "no elastic hosts" in fuse(empty, "pool", "hosts").stdout
+    assert as_json(empty, "pool", "hosts") == [] and as_json(empty, "pool", "hosts", "--all") == []
+    assert "nothing to decide" in fuse(empty, "pool", "reconcile").stdout
+    assert as_json(empty, "pool", "reconcile") == []
+    assert "no prewarms" in fuse(empty, "pool", "prewarms").stdout
+    assert as_json(empty, "pool", "prewarms") == []
+    assert "no linked clouds" in fuse(empty, "pool", "cloud", "list").stdout
+    assert as_json(empty, "pool", "cloud", "list") == []
+
+
+def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_cap(ctl):
+    shown = as_json(ctl, "pool", "budget")
+    assert (shown["autoscale"], shown["max_usd_per_hour"], shown["hosts"]) == (False, 0.0, 0)
+    assert "no cap" in fuse(ctl, "pool", "budget").stdout
+    set_ = as_json(ctl, "pool", "budget", "--max-usd-per-hour", "2.5", "--max-new-hosts", "3", "--autoscale",
+                   "--no-warm")
+    assert (set_["max_usd_per_hour"], set_["max_new_hosts"], set_["autoscale"], set_["warm"]) == (2.5, 3, True, False)
+    again = as_json(ctl, "pool", "budget", "--monthly-usd", "100")  # the others stay as they were
+    assert (again["monthly_usd"], again["max_usd_per_hour"], again["autoscale"]) == (100.0, 2.5, True)
+    table = fuse(ctl, "pool", "budget").stdout
+    assert "$2.5000" in table and "on" in table
+
+    r = fuse(ctl, "pool", "budget", "--max-usd-per-hour", "-1", code=2)
+    assert "error: invalid_argument: max_usd_per_hour must not be negative" in r.stderr
+    assert as_json(ctl, "pool", "budget")["max_usd_per_hour"] == 2.5  # nothing changed
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["pool", "unprewarm", "pw-nope"], 1, "error: not_found: no prewarm pw-nope"),
+    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small"], 2,
+     "error: invalid_argument: no linked cloud 'aws'"),
+    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small", "--json"], 2,
+     "error: invalid_argument: no linked cloud 'aws'"),
+    (["pool", "cloud", "link", "gce", "--kind", "gcp"], 2, "error: invalid_argument: unknown cloud kind 'gcp'"),
+    (["pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend"], 2,
+     "error: invalid_argument: --option: 'backend' is not key=value"),
+    (["pool", "cloud", "link", "dev", "--kind", "local", "--options-json", "[1]"], 2,
+     "error: invalid_argument: --options-json: must be a JSON object"),
+    (["pool", "cloud", "unlink", "dev"], 2, "error: not_found: no linked cloud 'dev'"),
+    (["pool", "plan", "--count", "2", "--apply"], 2, "error: invalid_argument: apply buys machines in a linked cloud"),
+    (["pool", "prewarm", "linux", "--count", "0"], 2, "error: invalid_argument: --count:"),
+    (["pool", "prewarm", "linux", "--on", "nowhere"], 2, "error: invalid_argument: no linked cloud 'nowhere'"),
+    (["pool", "remove-host", "dev-9"], 1, "failed dev-9: not a host this pool added"),
+    (["controller", "vms", "create", "--entry", "x", "--on", "nowhere"], 1,
+     "error: invalid_argument: no linked cloud 'nowhere'"),
+], ids=["unprewarm of no such prewarm exits 1", "add-host with no cloud linked",
+        "add-host with no cloud linked, in --json mode too", "link with an unknown kind",
+        "link with an option that is not key=value", "link with options that are not an object",
+        "unlink of no such cloud", "plan --apply with no cloud linked", "prewarm of no VMs", "prewarm on no such cloud",
+        "remove-host of no such host exits 1 naming it", "vms create passes --on to the controller"])
+def test_refusals_print_the_code_and_message(empty, args, code, says):
+    r = fuse(empty, *args, code=code)
+    assert says in r.stderr, r.output
+    assert r.stdout == ""
+
+
+def test_plan_apply_needs_a_controller():
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--apply"], env={"FUSE_URL": ""})
+    assert r.exit_code == 2 and "error: invalid_argument: --apply buys machines" in r.stderr, r.output
+    assert "needs a controller" in r.stderr
+
+
+def test_plan_through_a_controller_buys_nothing_without_apply(empty):
+    plan = as_json(empty, "pool", "plan", "--count", "2", "--cpus", "2", "--memory-mb", "2048")
+    assert plan["new_hosts"] and plan["added"] == []
+    assert as_json(empty, "pool", "hosts") == []
+
+
+def joined(ctl, name: str) -> dict:
+    hosts = {h["name"]: h for h in as_json(ctl, "pool", "hosts")}
+    assert hosts[name]["state"] not in ("gone", "offline"), hosts[name]
+    return hosts[name] if hosts[name]["state"] == "joined" else None
+
+
+def test_a_local_cloud_host_is_bought_joins_takes_a_vm_and_is_removed(ctl):
+    pytest.importorskip("fuse.controller.pool.providers.local")
+    cloud = as_json(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake",
+                    "--option", "vm_count=4")
+    assert cloud == {"name": "dev", "kind": "local", "options": {"backend": "fake", "vm_count": 4},
+                     "types": ["local.medium", "local.small"]}
+    assert "local.small" in fuse(ctl, "pool", "cloud", "list").stdout
+
+    [added] = as_json(ctl, "pool", "add-host", "--provider", "dev", "--instance-type", "local.small",
+                      "--ttl-hours", "2")
+    assert (added["provider"], added["type_name"], added["pinned"]) == ("dev", "local.small", True)
+    assert added["expires"] - added["started"] == 2 * 3600
+    name = added["name"]
+    host = wait_until(lambda: joined(ctl, name), timeout=60, interval=0.5, what=f"{name} joined")
+    assert host["machine"] == name
+    assert name in fuse(ctl, "pool", "hosts").stdout
+    assert as_json(ctl, "pool", "budget")["hosts"] == 1
+    [keep] = as_json(ctl, "pool", "reconcile")
+    assert (keep["host"], keep["action"]) == (name, "keep")  # added by hand: it ends at its TTL
+
+    # --on picks the cloud's hosts, and local the operator's own (there are none)
+    vm = as_json(ctl, "controller", "vms", "create", "--entry", "x", "--name", "job1", "--on", "dev")
+    assert vm["host"] == name
+    r = fuse(ctl, "controller", "vms", "create", "--entry", "x", "--on", "local", code=1)
+    assert "fleet_full" in r.stderr
+
+    # A host with a VM is refused, and so is unlinking its cloud; nothing is lost.
+    r = fuse(ctl, "pool", "remove-host", name, code=1)
+    assert f"failed {name}: 1 VM on it (job1)" in r.stderr
+    r = fuse(ctl, "pool", "cloud", "unlink", "dev", code=2)
+    assert "error: conflict: cloud dev still has hosts" in r.stderr
+    fuse(ctl, "controller", "vms", "delete", "job1")
+
+    removed = as_json(ctl, "pool", "remove-host", name)
+    assert removed == {"removed": [name], "failed": []}
+    assert as_json(ctl, "pool", "hosts") == []
+    assert [h["state"] for h in as_json(ctl, "pool", "hosts", "--all")] == ["gone"]
+    assert "cloud dev unlinked" in fuse(ctl, "pool", "cloud", "unlink", "dev").stdout
+    assert as_json(ctl, "pool", "cloud", "list") == []
+
+
+def test_plan_apply_buys_the_machines_the_plan_adds(ctl):
+    pytest.importorskip("fuse.controller.pool.providers.local")
+    fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--options-json", '{"backend": "fake"}')
+    r = fuse(ctl, "pool", "plan", "--count", "1", "--cpus", "1", "--memory-mb", "512", "--provider", "dev",
+             "--apply")
+    assert "added" in r.stdout and "dev-1" in r.stdout and "applying" in r.stderr
+    [host] = as_json(ctl, "pool", "hosts")
+    assert (host["name"], host["pinned"]) == ("dev-1", False)  # a plan's machine: scale-in may remove it
+    wait_until(lambda: joined(ctl, "dev-1"), timeout=60, interval=0.5, what="dev-1 joined")
+    started = time.time()
+    assert as_json(ctl, "pool", "remove-host", "dev-1")["removed"] == ["dev-1"]
+    assert time.time() - started < 60

@@ -1,0 +1,130 @@
+"""The elastic pool end to end: a real controller process, a linked `local` cloud whose
+machines are real host agents on loopback (the fake VM backend: this file is about
+buying, joining, budgets and scale-in; test_prewarm_real.py boots real VMs), driven
+through the SDK."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import fuse
+from support import start_controller, wait_until
+
+TYPES = [{"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.36},
+         {"name": "local.big", "vcpus": 4, "mem_mib": 8192, "usd_per_hour": 1.44}]
+
+
+@pytest.fixture
+def pool(tmp_path):
+    ctl = start_controller(tmp_path)
+    client = fuse.Client(ctl.url)
+    client._send(fuse_call("PUT", "/v1/pool/clouds/dev", {"kind": "local", "options": {"backend": "fake",
+                                                                                       "types": TYPES}}))
+    yield client, ctl
+    for h in client.pool.cloud_hosts():  # nothing may outlive the test: no agent process, no machine
+        for vm in client._send(fuse_call("GET", f"/v1/vms?host={h.name}"))["vms"]:
+            client._send(fuse_call("DELETE", f"/v1/vms/{vm['name']}?host={h.name}"))
+    client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
+    client.close()
+    ctl.stop()
+
+
+def fuse_call(method, path, body=None):
+    from fuse.client._core import Call
+    return Call(method, path, body=body)
+
+
+def joined(client, name, timeout=60.0):
+    wait_until(lambda: any(h.name == name and h.state == "joined" for h in client.pool.cloud_hosts()),
+               timeout=timeout, what=f"{name} joined")
+    return next(h for h in client.pool.cloud_hosts() if h.name == name)
+
+
+def create_vm(client, **body):
+    return client._send(fuse_call("POST", "/v1/vms", {"shape": {"vcpus": 1, "mem_mib": 256}, "entry": "sleep 600",
+                                                      **body}))
+
+
+def test_a_host_added_by_hand_joins_as_a_probed_host_and_goes_when_removed(pool):
+    client, _ = pool
+    (h,) = client.pool.cloud_add_host("dev", "local.small", ttl_hours=2)
+    assert h.name == "dev-1" and h.provider == "dev" and h.type_name == "local.small" and h.pinned
+    assert h.state in ("creating", "booting") and h.usd_per_hour == 0.36
+    assert h.expires == pytest.approx(h.started + 7200, abs=2)
+    h = joined(client, "dev-1")
+    assert h.machine == "dev-1" and h.id
+    host = client.hosts.get("dev-1")
+    assert host.capacity.cpus == 1 and host.capacity.ram_mb == 1024  # the type's size, declared at join
+    assert client.pool.cloud_budget().running_usd_per_hour == pytest.approx(0.36)
+    removed = client.pool.cloud_remove_host(["dev-1", "nope"])
+    assert removed.removed == ["dev-1"] and removed.failed == ["nope: not a host this pool added"]
+    assert client.pool.cloud_hosts() == []
+    with pytest.raises(fuse.ApiError) as e:
+        client.hosts.get("dev-1")
+    assert e.value.status == 404
+    budget = client.pool.cloud_budget()
+    assert budget.hosts == 0 and budget.running_usd_per_hour == 0 and budget.month_usd > 0
+
+
+def test_the_budget_refuses_machines_past_its_caps_and_buys_none_of_them(pool):
+    client, _ = pool
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=1))
+    with pytest.raises(fuse.ApiError) as e:
+        client.pool.cloud_add_host("dev", "local.small", count=2)
+    assert e.value.status == 409 and e.value.code == "budget_exceeded" and "max_new_hosts" in e.value.message
+    assert client.pool.cloud_hosts() == []
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=0, max_usd_per_hour=1.0))
+    with pytest.raises(fuse.ApiError) as e:
+        client.pool.cloud_add_host("dev", "local.big")
+    assert e.value.code == "budget_exceeded" and "max_usd_per_hour" in e.value.message
+    with pytest.raises(fuse.ApiError) as e:
+        client.pool.cloud_add_host("dev", "no.such.type")
+    assert e.value.status == 400 and e.value.code == "invalid_argument"
+    assert client.pool.cloud_hosts() == []
+
+
+def test_a_vm_on_a_cloud_lands_on_its_host_and_blocks_removal_until_it_is_gone(pool):
+    client, _ = pool
+    client.pool.cloud_add_host("dev", "local.small")
+    joined(client, "dev-1")
+    vm = create_vm(client, name="job-1", on="dev")
+    assert vm["host"] == "dev-1"
+    with pytest.raises(fuse.ApiError) as e:  # no host of the operator's own: on local has nowhere to go
+        create_vm(client, name="job-2", on="local")
+    assert e.value.code == "fleet_full"
+    removed = client.pool.cloud_remove_host(["dev-1"])
+    assert removed.removed == [] and "1 VM on it (job-1)" in removed.failed[0]
+    client._send(fuse_call("DELETE", "/v1/vms/job-1"))
+    assert client.pool.cloud_remove_host(["dev-1"]).removed == ["dev-1"]
+
+
+def test_plan_apply_buys_the_cheapest_machines_and_reconcile_removes_them_when_idle(pool):
+    client, _ = pool
+    plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=3, cpus=1, memory_mb=1024, kind="microvm",
+                                                         duration_secs=60, apply=True))
+    assert plan.unplaced == [] and len(plan.added) == len(plan.new_hosts) >= 1
+    assert {a.type_name for a in plan.added} <= {"local.small", "local.big"}
+    assert all(not a.pinned and a.expires == 0 for a in plan.added)
+    for a in plan.added:
+        joined(client, a.name)
+    # per-second billing: an idle machine is always at the end of its paid time
+    decisions = client.pool.cloud_reconcile()
+    assert sorted(d.host for d in decisions if d.action == "remove") == sorted(a.name for a in plan.added)
+    assert all(d.saves_usd > 0 for d in decisions)
+    assert client.pool.cloud_hosts() == []
+
+
+def test_a_create_on_auto_with_autoscale_on_buys_a_machine_when_no_host_has_room(pool):
+    client, _ = pool
+    with pytest.raises(fuse.ApiError) as e:  # autoscale off: nothing is bought
+        create_vm(client, name="job-1")
+    assert e.value.code == "fleet_full" and client.pool.cloud_hosts() == []
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(autoscale=True))
+    started = time.monotonic()
+    vm = create_vm(client, name="job-1")
+    (h,) = client.pool.cloud_hosts()
+    assert vm["host"] == h.name and h.state == "joined" and not h.pinned
+    assert time.monotonic() - started < 60
+    client._send(fuse_call("DELETE", "/v1/vms/job-1"))

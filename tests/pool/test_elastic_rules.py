@@ -1,0 +1,117 @@
+"""The elastic pool's pure rules: the elastic host lifecycle table, billing, and scale-in decisions."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timezone
+
+import pytest
+
+from fuse.controller.pool.elastic import TRANSITIONS, billed_secs, month_usd, paid_until
+from fuse.controller.pool.reconcile import Load, decide
+
+NOW = datetime(2026, 12, 15, 12, 0, tzinfo=timezone.utc).timestamp()
+
+
+def row(name="aws-1", *, state="joined", started=NOW - 600, ended=None, step=3600, minimum=0, usd=1.0, pinned=False,
+        expires=0):
+    return {"name": name, "state": state, "started": started, "ended": ended, "billing_step_secs": step,
+            "billing_min_secs": minimum, "usd_per_hour": usd, "pinned": pinned, "expires": expires,
+            "provider": "aws", "type_name": "m7i.large", "region": "us-west-2"}
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------------------
+ALLOWED = {
+    ("creating", "booting"), ("creating", "gone"),
+    ("booting", "joined"), ("booting", "offline"), ("booting", "gone"),
+    ("joined", "cordoned"), ("joined", "offline"), ("joined", "gone"),
+    ("cordoned", "joined"), ("cordoned", "offline"), ("cordoned", "gone"),
+    ("offline", "joined"), ("offline", "gone"),
+}
+
+
+@pytest.mark.parametrize("frm,to", list(itertools.product(TRANSITIONS, TRANSITIONS)),
+                         ids=lambda v: v)
+def test_every_pair_of_states_is_allowed_exactly_when_the_table_says(frm, to):
+    assert (to in TRANSITIONS[frm]) == ((frm, to) in ALLOWED)
+
+
+def test_gone_is_terminal():
+    assert TRANSITIONS["gone"] == frozenset()
+
+
+# ---- billing -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("elapsed,step,minimum,billed", [
+    (0, 3600, 0, 3600),      # the first step is paid the moment it starts
+    (10, 1, 60, 60),         # per-second billing with a one-minute minimum
+    (61, 1, 60, 61),
+    (3601, 3600, 0, 7200),   # a second into the next hour buys the whole hour
+], ids=["a new machine has paid its first step", "the minimum applies", "then every second",
+        "hourly billing rounds up"])
+def test_billed_seconds_are_whole_steps_and_at_least_the_minimum(elapsed, step, minimum, billed):
+    r = row(started=NOW - elapsed, step=step, minimum=minimum)
+    assert billed_secs(r, NOW) == billed
+    assert paid_until(r, NOW) == NOW - elapsed + billed
+
+
+def test_a_gone_host_stops_being_billed_when_it_ended():
+    r = row(started=NOW - 10_000, ended=NOW - 9_000, step=1, usd=3.6)
+    assert billed_secs(r, NOW) == 1000
+    assert month_usd(r, NOW) == pytest.approx(1.0)
+
+
+def test_month_usd_counts_only_this_months_part():
+    month = datetime(2026, 12, 1, tzinfo=timezone.utc).timestamp()
+    r = row(started=month - 1800, step=1, usd=3.6)  # started half an hour before the month
+    assert month_usd(r, NOW) == pytest.approx((NOW - month) * 3.6 / 3600)
+
+
+# ---- scale-in ----------------------------------------------------------------------------------------------------
+def test_an_idle_host_near_the_end_of_its_paid_time_is_removed_and_says_what_it_saves():
+    r = row(started=NOW - 3550)  # 50 s of its hour left
+    (d,) = decide([r], {}, {}, NOW)
+    assert d.action == "remove" and d.saves_usd == pytest.approx(1.0) and "idle" in d.reason
+
+
+def test_an_idle_host_with_paid_time_left_is_kept_until_then():
+    r = row(started=NOW - 600)
+    (d,) = decide([r], {}, {}, NOW)
+    assert d.action == "keep" and d.until == int(NOW - 600 + 3600 - 120) and "idle" in d.reason
+
+
+def test_a_host_added_by_hand_is_never_removed_by_the_scaler_only_by_its_ttl():
+    kept, = decide([row(pinned=True, started=NOW - 3590, expires=int(NOW + 3600))], {}, {}, NOW)
+    assert kept.action == "keep" and "by hand" in kept.reason
+    ended, = decide([row(pinned=True, started=NOW - 3590, expires=int(NOW - 1))], {}, {}, NOW)
+    assert ended.action == "remove" and "TTL" in ended.reason
+
+
+def test_a_ttl_ending_under_vms_cordons_instead_of_losing_them():
+    r = row(pinned=True, expires=int(NOW - 1))
+    (d,) = decide([r], {"aws-1": Load(vms=(512,), mem_mib=4096)}, {}, NOW)
+    assert d.action == "cordon"
+
+
+def test_the_least_used_host_is_cordoned_when_the_others_have_room_for_its_vms():
+    a, b = row("aws-1"), row("aws-2")
+    loads = {"aws-1": Load(vms=(1024, 1024), mem_mib=8192), "aws-2": Load(vms=(512,), mem_mib=8192)}
+    room = {"aws-1": (6144, 10), "aws-2": (7680, 10)}
+    by = {d.host: d for d in decide([a, b], loads, room, NOW)}
+    assert by["aws-2"].action == "cordon" and "least used" in by["aws-2"].reason
+    assert by["aws-1"].action == "keep" and "2 VMs" in by["aws-1"].reason
+
+
+def test_no_host_is_cordoned_when_the_others_cannot_take_its_vms():
+    a, b = row("aws-1"), row("aws-2")
+    loads = {"aws-1": Load(vms=(4096,), mem_mib=8192), "aws-2": Load(vms=(2048,), mem_mib=8192)}
+    room = {"aws-1": (1024, 10), "aws-2": (6144, 10)}  # aws-1 has 1 GiB free: aws-2's 2 GiB VM does not fit
+    assert all(d.action == "keep" for d in decide([a, b], loads, room, NOW))
+
+
+def test_a_host_keeping_prewarmed_vms_is_kept():
+    (d,) = decide([row(started=NOW - 3590)], {"aws-1": Load(prewarmed=2, mem_mib=4096)}, {}, NOW)
+    assert d.action == "keep" and "prewarmed" in d.reason
+
+
+def test_gone_hosts_get_no_decision():
+    assert decide([row(state="gone")], {}, {}, NOW) == []
