@@ -128,3 +128,42 @@ def test_a_create_on_auto_with_autoscale_on_buys_a_machine_when_no_host_has_room
     assert vm["host"] == h.name and h.state == "joined" and not h.pinned
     assert time.monotonic() - started < 60
     client._send(fuse_call("DELETE", "/v1/vms/job-1"))
+
+
+def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path):
+    """The aws kind through the controller against a moto server on loopback: the machine is
+    bought (an instance of the type, tagged), waits to join (moto runs no agent), and removing it
+    terminates the instance. The secret never comes back."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from support import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    ctl = start_controller(tmp_path)
+    client = fuse.Client(ctl.url)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        ec2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=url, aws_access_key_id="k",
+                           aws_secret_access_key="s3cr3t-value")
+        ami = ec2.describe_images()["Images"][0]["ImageId"]
+        cloud = client.pool.link_cloud("aws", "aws", {"image_id": ami, "endpoint_url": url, "access_key_id": "k",
+                                                      "secret_access_key": "s3cr3t-value"})
+        assert "s3cr3t-value" not in str(cloud) and "m7i.large" in cloud["types"]
+        (h,) = client.pool.cloud_add_host("aws", "m7i.large", ttl_hours=1)
+        assert h.name == "aws-1" and h.state == "booting" and h.id.startswith("i-")
+        (inst,) = [i for r in ec2.describe_instances(InstanceIds=[h.id])["Reservations"] for i in r["Instances"]]
+        assert inst["InstanceType"] == "m7i.large"
+        assert {"Key": "Name", "Value": "aws-1"} in inst["Tags"]
+        plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, kind="container"))
+        assert all(n.provider == "aws" for n in plan.new_hosts)  # only the linked cloud's offers now
+        assert client.pool.cloud_remove_host(["aws-1"]).removed == ["aws-1"]
+        state = ec2.describe_instances(InstanceIds=[h.id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        assert state in ("shutting-down", "terminated")
+        assert [g.state for g in client.pool.cloud_hosts(include_gone=True)] == ["gone"]
+    finally:
+        client.close()
+        ctl.stop()
+        server.stop()
