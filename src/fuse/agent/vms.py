@@ -1,11 +1,13 @@
 """The VM manager: admission, lifecycle, sleep/wake and adoption on one host.
 
-Every VM is a record ``<state-dir>/vms/<name>/vm.json`` (the ``Vm`` wire
-record) next to its console log, pid file and state files. Each change of
-state goes through ``_transition``, which checks ``TRANSITIONS``, appends to
-the record's history, writes the record and emits a ``vm_state`` event — so
-a restarted agent finds exactly what the last one knew, and adopts the VMs
-still running (their QEMU processes are daemons, not our children).
+Every VM is a record ``<state-dir>/vms/<dir>/vm.json`` (the ``Vm`` wire
+record) next to its console log, pid file and state files; the dir is the
+VM's name, except for a VM created standby (``Vm.dir``, see ``claim``).
+Each change of state goes through ``_transition``, which checks
+``TRANSITIONS``, appends to the record's history, writes the record and
+emits a ``vm_state`` event — so a restarted agent finds exactly what the
+last one knew, and adopts the VMs still running (their QEMU processes are
+daemons, not our children).
 
 Admission is the host's final word: see ``admission_refusal``.
 """
@@ -24,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
-from ..models.vm import CreateVmRequest, StateFile, Vm
+from ..models.vm import ClaimRequest, CreateVmRequest, StateFile, Vm
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
-from .backends.base import MAX_ENTRY_BYTES, BackendError, BootSpec, get_backend, kill_and_wait
+from .backends.base import (MAX_ENTRY_BYTES, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
+                            kill_and_wait)
 from .events import EventLog
 from .incoming import IncomingMoves
 from .metering import Metering
@@ -90,6 +93,9 @@ class VmManager:
         self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Old names of VMs a claim is renaming right now: claiming one again
+        # is a conflict, not an unknown VM.
+        self._claiming: set[str] = set()
         # Held from the admission check to the reservation it makes, so two
         # concurrent asks can never both see the same free memory.
         self.admit_lock = asyncio.Lock()
@@ -98,7 +104,10 @@ class VmManager:
     # -- records ---------------------------------------------------------------
 
     def vm_dir(self, name: str) -> Path:
-        return self.root / name
+        """The directory of VM ``name``: ``vms/<name>``, or its record's
+        ``dir`` (a VM created standby keeps the dir it booted in)."""
+        vm = self.vms.get(name)
+        return self.root / (vm.dir if vm is not None and vm.dir else name)
 
     def lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -190,8 +199,9 @@ class VmManager:
         b = bundles.get_bundle(self.state_dir, req.bundle or "linux")
         if b is None:
             raise InvalidArgument(f"no bundle named {req.bundle} on this host (fuse bundle build)")
-        if len(req.entry.encode()) > MAX_ENTRY_BYTES:
-            raise InvalidArgument(f"entry is longer than {MAX_ENTRY_BYTES} bytes")
+        if req.standby and not self.backend.supports_standby:
+            raise InvalidArgument(f"standby vms need the qemu backend; this host runs {self.backend.name}")
+        _check_entry(req.entry or "")
         await self._settle_accel(b)
         async with self.admit_lock:
             name = req.name or f"vm-{secrets.token_hex(4)}"
@@ -199,11 +209,13 @@ class VmManager:
                 raise VmExists(f"a vm named {name} already exists on this host")
             if reason := self.admission(req.shape.mem_mib):
                 raise self.refuse(reason, name)
-            vm = Vm(name=name, state="creating", shape=req.shape, entry=req.entry, bundle=b.name,
-                    bundle_fingerprint=b.fingerprint, created_at=now(), platform=self.backend.platform(),
+            platform = self.backend.platform() | (STANDBY_PLATFORM if req.standby else {})
+            vm = Vm(name=name, state="creating", shape=req.shape, entry=req.entry or "", bundle=b.name,
+                    bundle_fingerprint=b.fingerprint, created_at=now(), platform=platform,
+                    standby=req.standby, dir=f"_sb-{secrets.token_hex(6)}" if req.standby else None,
                     history=[{"state": "creating", "time": now().isoformat()}])
-            shutil.rmtree(self.vm_dir(name), ignore_errors=True)  # leftovers of a crashed delete
             self.vms[name] = vm
+            shutil.rmtree(self.vm_dir(name), ignore_errors=True)  # leftovers of a crashed delete
             self.save(vm)
             self.events.emit("vm_state", vm=name, to="creating")
         async with self.lock(name):
@@ -231,6 +243,53 @@ class VmManager:
             self.transition(vm, "deleted")
         self._locks.pop(name, None)
 
+    async def claim(self, name: str, req: ClaimRequest) -> Vm:
+        """Give a running standby VM its entry, under ``req.name`` if given.
+
+        The VM is renamed before the entry goes in, so no create or other
+        claim can take the new name meanwhile; its directory stays (its
+        process's command line names it). Of concurrent claims one wins and
+        the others are 409. If the guest does not take the entry, the VM is
+        standby under its old name again."""
+        _check_entry(req.entry)
+        if name in self._claiming:
+            raise Conflict(f"vm {name} is being claimed")
+        vm = self.get(name)
+        new = req.name or name
+        async with self.lock(name):
+            if self.vms.get(name) is not vm:
+                raise Conflict(f"vm {name} was claimed or deleted meanwhile")
+            if not (vm.standby and vm.state == "running"):
+                raise Conflict(f"vm {name} is {vm.state}{'' if vm.standby else ', not standby'}; "
+                               "only a running standby vm can be claimed")
+            if new != name and new in self.vms:
+                raise VmExists(f"a vm named {new} already exists on this host")
+            self._rename(vm, new)
+            self._claiming.add(name)
+            try:
+                await self.backend.deliver_entry(_bare_spec(self, vm), req.entry)
+            except (BackendError, OSError) as exc:
+                self._rename(vm, name)
+                raise FuseError(f"vm {name} did not take its entry: {exc}", code="claim_failed") from exc
+            finally:
+                self._claiming.discard(name)
+            vm.standby, vm.ready, vm.entry = False, False, req.entry
+            vm.history.append({"state": "running", "time": now().isoformat(), "claimed_from": name})
+            self.save(vm)
+            # Its process, and so its metering segment, carries on under the new name.
+            if seg := self.metering._open_segment(name):
+                seg["vm"] = new
+                self.metering.save()
+            self.events.emit("vm_claimed", vm=new, previous_name=name)
+        return vm
+
+    def _rename(self, vm: Vm, to: str) -> None:
+        """Re-key ``vm`` and its lock under name ``to`` (``vm.dir`` keeps its files)."""
+        self.vms[to] = self.vms.pop(vm.name)
+        if (lock := self._locks.pop(vm.name, None)) is not None:
+            self._locks[to] = lock
+        vm.name = to
+
     async def sleep(self, name: str, move_id: str | None = None) -> Vm:
         """Write the VM's memory and device state to files and stop its
         process. sleeping -> sleeping is no transition, so sleeping a sleeping
@@ -252,6 +311,8 @@ class VmManager:
                 return vm
             if "sleeping" not in TRANSITIONS[vm.state]:
                 raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep")
+            if vm.standby:  # a move (it starts with a sleep) would land it as a vm with no entry
+                raise Conflict(f"vm {name} is standby (waiting for its entry); claim or delete it")
             spec = self.spec(vm)
             self.metering.sample(name)
             try:
@@ -384,6 +445,7 @@ class VmManager:
         record accounts for (e.g. a crash between killing a VM and writing
         its record): nothing may hold memory that admission cannot see."""
         marker = str(self.root) + "/"
+        by_dir = {v.dir or v.name: v for v in self.vms.values()}
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
@@ -393,11 +455,11 @@ class VmManager:
                 continue
             if marker not in cmd or not any(h in cmd for h in ("qemu-system", "firecracker")):
                 continue
-            name = cmd.split(marker, 1)[1].split("/", 1)[0]
-            vm = self.vms.get(name)
+            d = cmd.split(marker, 1)[1].split("/", 1)[0]
+            vm = by_dir.get(d)
             if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
-                await kill_and_wait(int(proc.name), marker + name + "/")
-                self.events.emit("orphan_killed", vm=name, pid=int(proc.name))
+                await kill_and_wait(int(proc.name), marker + d + "/")
+                self.events.emit("orphan_killed", vm=vm.name if vm else d, pid=int(proc.name))
 
     async def close(self) -> None:
         """Stop watching. VMs keep running; the next agent adopts them."""
@@ -427,10 +489,26 @@ class VmManager:
                     continue  # a sleep/delete in progress owns the process
                 if self.backend.pid(_bare_spec(self, vm)) is None:
                     self._ended(vm)
-                elif ticks % 20 == 0:
+                    continue
+                if vm.standby and not vm.ready:
+                    self._check_ready(vm)
+                if ticks % 20 == 0:
                     self.metering.sample(vm.name)
             if ticks % 100 == 0:
                 self.metering.save()
+
+    def _check_ready(self, vm: Vm) -> None:
+        """A standby VM is ready once its guest printed the standby mark (the
+        controller counts only those as a prewarm's ready VMs)."""
+        try:
+            with open(self.vm_dir(vm.name) / "console.log", "rb") as fh:
+                seen = STANDBY_MARK in fh.read(1 << 20)
+        except OSError:
+            return
+        if seen:
+            vm.ready = True
+            self.save(vm)
+            self.events.emit("vm_ready", vm=vm.name)
 
     def _ended(self, vm: Vm) -> None:
         """The VM's process is gone without us stopping it."""
@@ -448,6 +526,11 @@ class VmManager:
 
 def _holds_memory(vm: Vm) -> bool:
     return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and (vm.reserved or vm.return_room))
+
+
+def _check_entry(entry: str) -> None:
+    if len(entry.encode()) > MAX_ENTRY_BYTES:
+        raise InvalidArgument(f"entry is longer than {MAX_ENTRY_BYTES} bytes")
 
 
 def _check_mark(vm: Vm, move_id: str | None) -> None:

@@ -113,7 +113,9 @@ class Controller:
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
                         "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),
                         "arch": cap.get("arch", "amd64") or "amd64",
-                        "kvm": bool(view and view.summary.get("kvm")), "own": True,
+                        # a qemu host runs every kind without KVM too (TCG, slower); Firecracker needs it
+                        "kvm": bool(view and view.summary.get("kvm")) or row.get("backend") == "qemu",
+                        "own": True,
                         "region": row.get("region", "") or "", "type_name": "",
                         "state": row.get("state", "active") if fleet.usable[i] else "unavailable"} | cloud)
         return out

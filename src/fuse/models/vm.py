@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Record
 
@@ -24,12 +24,32 @@ class VmShape(Record):
 
 
 class CreateVmRequest(Record):
-    """``POST /v1/host/vms``. A missing name gets a generated one."""
+    """``POST /v1/host/vms``. A missing name gets a generated one. A
+    ``standby`` VM boots without its entry and waits for a claim to give it
+    one (``ClaimRequest``): prewarmed VMs."""
 
     name: Optional[str] = Field(default=None, pattern=NAME_PATTERN)
     shape: VmShape
-    entry: str = Field(min_length=1)
+    entry: Optional[str] = Field(default=None, min_length=1)
     bundle: Optional[str] = "linux"
+    standby: bool = False
+
+    @model_validator(mode="after")
+    def _entry_unless_standby(self) -> "CreateVmRequest":
+        if self.standby and self.entry is not None:
+            raise ValueError("a standby vm gets its entry when it is claimed, not at create")
+        if not self.standby and self.entry is None:
+            raise ValueError("entry is required (unless standby)")
+        return self
+
+
+class ClaimRequest(Record):
+    """``POST /v1/host/vms/{name}/claim``: give a standby VM its entry, and
+    its new name (default: it keeps its own). The host holds the entry to
+    the same ``MAX_ENTRY_BYTES`` as at create."""
+
+    name: Optional[str] = Field(default=None, pattern=NAME_PATTERN)
+    entry: str = Field(min_length=1)
 
 
 class StateFile(Record):
@@ -46,10 +66,16 @@ class Vm(Record):
     name: str
     state: VmState
     shape: VmShape
-    entry: str
+    entry: str  # "" while standby
     bundle: str
     bundle_fingerprint: str
     created_at: datetime
+    standby: bool = False  # booted, the guest waiting for a claim to give it its entry
+    ready: bool = False  # standby and its guest said it waits (FUSE-STANDBY): a claim starts it at once
+    # The directory under ``vms/`` when it is not the name: a VM created
+    # standby boots in ``_sb-<hex>`` (no name can take it), and its process's
+    # command line names that dir, so a claim renaming the VM never moves it.
+    dir: Optional[str] = None
     updated_at: Optional[datetime] = None
     exit_status: Optional[int] = None
     reason: Optional[str] = None  # why it failed, when it did

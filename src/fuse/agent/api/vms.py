@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 
 from ...errors import InvalidArgument
-from ...models.vm import CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
+from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..events import MAX_LIMIT
 from ..metering import window
 from ..vms import VmManager
@@ -57,6 +57,12 @@ async def get_console(request: Request, name: str, offset: int = 0) -> dict[str,
 async def delete_vm(request: Request, name: str, move_id: str | None = None) -> Response:
     await _vms(request).delete(name, move_id)
     return Response(status_code=204)
+
+
+@router.post("/v1/host/vms/{name}/claim",
+             summary="Give a running standby VM its entry (and a new name); it starts at once.")
+async def claim_vm(request: Request, name: str, body: ClaimRequest) -> dict[str, Any]:
+    return _dump(await _vms(request).claim(name, body))
 
 
 @router.post("/v1/host/vms/{name}/sleep", summary="Write the VM's state to files and stop its process.")

@@ -10,15 +10,18 @@ VMs it did not start in this process.
     stop(spec)                 kill; returns once no process is left
     sleep(spec)  -> files      write memory + device state, stop the process
     wake(spec)   -> pid        start from the state files, resume the guest
+    deliver_entry(spec, entry) a standby VM's guest takes its entry (qemu, fake)
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,14 @@ CONSOLE = "console.log"
 STATE_DIR = "state"
 # The entry travels base64-encoded on the kernel command line (x86
 # COMMAND_LINE_SIZE is 2048; base64 grows it by 4/3; fixed arguments ~150).
+# A standby VM's entry comes as one base64 line, well inside a tty's 4095.
 MAX_ENTRY_BYTES = 1300
+# The platform of a VM booted standby: its guest waits for the entry on a
+# serial line. It is part of the platform because a woken (or moved) VM
+# must get the command line it booted with, claimed or not.
+STANDBY_PLATFORM = {"entry_via": "serial"}
+STANDBY_MARK = b"FUSE-STANDBY"  # the guest waits for its entry
+ENTRY_START_MARK = b"FUSE-ENTRY-START"  # the guest runs it
 
 
 class BackendError(RuntimeError):
@@ -61,11 +71,18 @@ class BootSpec:
     def state_dir(self) -> Path:
         return self.vm_dir / STATE_DIR
 
+    @property
+    def standby(self) -> bool:
+        """Booted standby: the entry comes by ``deliver_entry``, not on the
+        kernel command line."""
+        return self.platform.get("entry_via") == STANDBY_PLATFORM["entry_via"]
+
 
 class Backend(ABC):
     """One hypervisor. Subclasses implement the lifecycle; see the module doc."""
 
     name: str = ""
+    supports_standby: bool = False
 
     @abstractmethod
     def platform(self) -> dict[str, Any]:
@@ -101,6 +118,11 @@ class Backend(ABC):
 
     @abstractmethod
     async def wake(self, spec: BootSpec) -> int: ...
+
+    async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
+        """Give a standby VM's guest its entry, waiting (up to ``timeout``)
+        for it to be ready; returns once the guest took it."""
+        raise BackendError(f"{self.name} vms cannot boot standby")
 
 
 # -- process helpers shared by backends --------------------------------------
@@ -165,6 +187,28 @@ async def wait_gone(pid: int | None, marker: str, timeout: float = 10.0) -> None
         if time.monotonic() > deadline:
             raise BackendError(f"process {pid} did not exit within {timeout}s")
         await asyncio.sleep(0.01)
+
+
+async def wait_console_line(spec: BootSpec, line: bytes, alive: Callable[[], bool], timeout: float,
+                            offset: int = 0) -> int:
+    """Wait until the console log shows ``line`` on a line of its own past
+    byte ``offset``; return the offset just after it. Gives up early when
+    ``alive()`` says the VM's process is gone."""
+    pattern = re.compile(rb"^" + re.escape(line) + rb"\r?$", re.M)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(spec.console, "rb") as f:
+                f.seek(offset)
+                if m := pattern.search(f.read()):
+                    return offset + m.end()
+        except FileNotFoundError:
+            pass
+        if not alive():
+            raise BackendError(f"vm {spec.name} ended before its console showed {line.decode()}")
+        if time.monotonic() > deadline:
+            raise BackendError(f"vm {spec.name} did not show {line.decode()} within {timeout:g} s")
+        await asyncio.sleep(0.005)
 
 
 def cpu_seconds(pid: int | None) -> float | None:

@@ -5,26 +5,35 @@ pid checks work as for QEMU) that writes a counter to its console. Sleep
 saves the counter to a state file and stops the process; wake starts a new
 one from that number — the same observable contract as QEMU's sleep/wake,
 at a fraction of the memory. It never runs the entry: the entry is only
-echoed. Select with `fuse host serve --backend fake`; real-VM tests use qemu.
+echoed. A standby one prints FUSE-STANDBY and waits for its entry to appear
+as a file. Select with `fuse host serve --backend fake`; real-VM tests use qemu.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from .base import Backend, BootSpec, kill_and_wait, process_alive, read_pidfile
+from .base import STANDBY_MARK, Backend, BootSpec, kill_and_wait, process_alive, read_pidfile, wait_console_line
 
 _PROGRAM = r"""
 import os, sys, time
-vm_dir, start = sys.argv[1], int(sys.argv[2])
+vm_dir, start, entry, standby = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 state = os.path.join(vm_dir, "fake-counter")
 with open(os.path.join(vm_dir, "console.log"), "a", buffering=1) as out:
+    if start == 0 and standby:
+        out.write("FUSE-STANDBY\n")
+        given = os.path.join(vm_dir, "fake-entry")
+        while not os.path.exists(given):
+            time.sleep(0.01)
+        with open(given) as f:
+            entry = f.read()
     if start == 0:
-        out.write("fake vm: entry %s\n" % sys.argv[3])
+        out.write("fake vm: entry %s\n" % entry[:200])
     i = start
     while True:
         out.write("%d\n" % i)
@@ -38,6 +47,7 @@ with open(os.path.join(vm_dir, "console.log"), "a", buffering=1) as out:
 
 class FakeBackend(Backend):
     name = "fake"
+    supports_standby = True
 
     def __init__(self, **_: Any):
         pass
@@ -50,7 +60,8 @@ class FakeBackend(Backend):
 
     def _spawn(self, spec: BootSpec, start: int) -> int:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
-        p = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(spec.vm_dir), str(start), spec.entry[:200]],
+        p = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(spec.vm_dir), str(start), spec.entry[:200],
+                              "1" if spec.standby else "0"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
         self._pidfile(spec).write_text(str(p.pid))
@@ -79,3 +90,9 @@ class FakeBackend(Backend):
         n = int((spec.state_dir / "counter").read_text() or 0)
         await asyncio.sleep(0)
         return self._spawn(spec, n + 1)
+
+    async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
+        await wait_console_line(spec, STANDBY_MARK, lambda: self.pid(spec) is not None, timeout)
+        tmp = spec.vm_dir / ".fake-entry"
+        tmp.write_text(entry)
+        os.replace(tmp, spec.vm_dir / "fake-entry")  # whole or not at all: the fake polls for it

@@ -12,6 +12,13 @@ Facts this relies on are measured in QEMU-NOTES.md:
 - Sleep is an ``exec:`` migration to a file (QEMU 7.2 has no ``file:``);
   wake is the identical command line plus ``-incoming`` from that file,
   then ``cont``.
+- A standby VM takes its entry on a second UART (COM2, the guest's ttyS1)
+  whose chardev is a unix socket. The console stays on COM1 and a file: a
+  socket chardev drops, and does not log, what the guest writes while no
+  client is connected, and it drops what it has not yet passed to the guest
+  when the client hangs up — so ``deliver_entry`` stays connected until the
+  guest says it started the entry (both seen on QEMU 7.2 when standby was
+  built).
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ from typing import Any
 from qemu.qmp import QMPClient
 
 from ..bundle import Bundle
-from .base import (Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile,
-                   wait_gone)
+from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait,
+                   process_alive, read_pidfile, wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
@@ -61,15 +68,25 @@ def qemu_version() -> str:
     return m.group(1) if m else "unknown"
 
 
-def qmp_path(vm_dir: Path) -> Path:
-    """The VM's QMP socket. Unix socket paths are limited to 108 bytes, so a
-    deep state dir gets a short, deterministic path under the temp dir (the
-    same on adoption)."""
-    path = vm_dir / "qmp.sock"
+def _vm_socket(vm_dir: Path, name: str) -> Path:
+    """``<vm_dir>/<name>.sock``. Unix socket paths are limited to 108 bytes,
+    so a deep state dir gets a short, deterministic path under the temp dir
+    (the same on adoption)."""
+    path = vm_dir / f"{name}.sock"
     if len(str(path)) < 100:
         return path
     digest = hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]
-    return Path(tempfile.gettempdir()) / f"fuse-qmp-{digest}.sock"
+    return Path(tempfile.gettempdir()) / f"fuse-{name}-{digest}.sock"
+
+
+def qmp_path(vm_dir: Path) -> Path:
+    """The VM's QMP socket."""
+    return _vm_socket(vm_dir, "qmp")
+
+
+def entry_path(vm_dir: Path) -> Path:
+    """A standby VM's entry socket (its COM2)."""
+    return _vm_socket(vm_dir, "entry")
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +126,7 @@ class QemuBackend(Backend):
     """Runs VMs as daemonized ``qemu-system-x86_64`` processes."""
 
     name = "qemu"
+    supports_standby = True
 
     def __init__(self, state_dir: Path | None = None, accel: str | None = None):
         self.state_dir = state_dir
@@ -185,8 +203,9 @@ class QemuBackend(Backend):
         append = _KERNEL_ARGS
         if accel == "tcg":
             append += f" tsc_early_khz={spec.platform.get('tsc_khz', self._tsc_khz)}"
-        append += f" fuse_entry={entry}"
-        argv = [QEMU, "-name", f"fuse-{spec.name}", "-M", "microvm", "-accel", accel]
+        append += " fuse_standby=1" if spec.standby else f" fuse_entry={entry}"
+        # Named by its dir, not the VM's name: a claim renames a standby VM.
+        argv = [QEMU, "-name", f"fuse-{spec.vm_dir.name}", "-M", "microvm", "-accel", accel]
         if accel == "kvm":
             argv += ["-cpu", "host"]
         argv += ["-m", str(spec.mem_mib), "-smp", str(spec.vcpus), "-nodefaults", "-no-user-config",
@@ -194,6 +213,9 @@ class QemuBackend(Backend):
                  # append=on: a woken VM's console continues the same log.
                  "-chardev", f"file,id=ser0,path={spec.console},append=on", "-serial", "chardev:ser0",
                  "-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", append]
+        if spec.standby:
+            argv += ["-chardev", f"socket,id=entry,path={entry_path(spec.vm_dir)},server=on,wait=off",
+                     "-device", "isa-serial,chardev=entry,index=1"]
         if daemon:
             argv += ["-qmp", f"unix:{qmp_path(spec.vm_dir)},server=on,wait=off",
                      "-pidfile", str(spec.vm_dir / "qemu.pid"), "-daemonize"]
@@ -228,6 +250,27 @@ class QemuBackend(Backend):
     async def stop(self, spec: BootSpec) -> None:
         await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
         qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        entry_path(spec.vm_dir).unlink(missing_ok=True)
+
+    async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
+        """Write the entry, one base64 line, to the guest's COM2 once it is
+        waiting, and hang up only after it started the entry (see the
+        module doc: QEMU drops unread input on hang-up)."""
+        def alive() -> bool:
+            return self.pid(spec) is not None
+        ready = await wait_console_line(spec, STANDBY_MARK, alive, timeout)
+        try:
+            _, writer = await asyncio.open_unix_connection(str(entry_path(spec.vm_dir)))
+        except OSError as exc:
+            raise BackendError(f"cannot reach the entry socket of vm {spec.name}: {exc}") from exc
+        try:
+            writer.write(base64.b64encode(entry.encode()) + b"\n")
+            await writer.drain()
+            await wait_console_line(spec, ENTRY_START_MARK, alive, 15.0, ready)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     async def adopt(self, spec: BootSpec) -> None:
         """Take over a VM a previous agent started. If that agent died in the

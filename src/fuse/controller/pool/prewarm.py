@@ -35,6 +35,11 @@ DEFAULT_TTL_SECS = 3600
 JOIN_WAIT_SECS = 600  # a machine bought for a prewarm may take this long to join
 
 
+def _ready(v: dict) -> bool:
+    """A standby VM whose guest waits for its entry now (the host saw its standby mark)."""
+    return v["state"] == "running" and bool((v["record"] or {}).get("ready"))
+
+
 class PrewarmService:
     def __init__(self, ctl):
         self.ctl = ctl
@@ -61,11 +66,20 @@ class PrewarmService:
         placements = []
         for host, want in rec["placements"].items():
             on = [v for v in vms if v["host"] == host]
-            placements.append(PrewarmPlacement(host=host, machine="local" if host not in rec["new_hosts"] else host,
-                                               count=want, ready=sum(v["state"] == "running" for v in on)))
+            placements.append(PrewarmPlacement(host=host, machine=self._machine(host), count=want,
+                                               ready=sum(_ready(v) for v in on)))
         return Prewarm(id=rec["id"], image=rec["image"], kind=rec["kind"], cpus=rec["cpus"],
                        memory_mb=rec["memory_mb"], count=rec["count"], ready=sum(p.ready for p in placements),
                        placements=placements, expires_at=rec["expires_at"], new_hosts=rec["new_hosts"])
+
+    def _machine(self, host: str) -> str:
+        """``local`` for a host on this machine's own socket, else the host's id."""
+        from ...transport import transport_kind
+        row = self.store.get_host(host)
+        try:
+            return "local" if row and transport_kind(row["url"]) == "local" else host
+        except ValueError:
+            return host
 
     def list(self) -> list[Prewarm]:
         return [self.view(r) for r in self._records()]
@@ -201,7 +215,7 @@ class PrewarmService:
 
     # ---- claiming ------------------------------------------------------------------
     def candidates(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None) -> list[dict]:
-        """Ready standby VMs of a live prewarm with this shape (controller store rows)."""
+        """Standby VMs of a live prewarm with this shape (controller store rows), ready ones first."""
         live = {r["id"] for r in self._records() if r["expires_at"] > time.time()}
         out = []
         for v in self.store.list_vms():
@@ -211,7 +225,7 @@ class PrewarmService:
                     and v["mem_mib"] == mem_mib and rec.get("bundle", "linux") == bundle
                     and (among is None or v["host"] in among)):
                 out.append(v)
-        return out
+        return sorted(out, key=lambda v: not _ready(v))  # a booting one makes its claim wait for the boot
 
     # ---- ending --------------------------------------------------------------------
     async def remove(self, pw_id: str, reason: str = "removed") -> bool:

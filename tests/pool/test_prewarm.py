@@ -1,0 +1,106 @@
+"""Prewarm end to end: VMs kept booted and waiting for their entry, claimed by the next
+creates of their shape and refilled. On a real QEMU host of the operator's own, and on a
+`local` cloud (fake VM backend) where the prewarm has to buy its machine."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import fuse
+from fuse.agent.backends.base import pids_mentioning
+from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
+
+
+@pytest.fixture
+def procs(tmp_path):
+    started = []
+    yield started
+    for p in reversed(started):
+        p.stop()
+    reap(tmp_path)
+
+
+def ready(client, pw_id: str, n: int, timeout: float = 120) -> fuse.Prewarm:
+    wait_until(lambda: next(p for p in client.pool.prewarms() if p.id == pw_id).ready == n,
+               timeout=timeout, interval=0.3, what=f"{n} ready VMs in {pw_id}")
+    return next(p for p in client.pool.prewarms() if p.id == pw_id)
+
+
+def events(client, type_: str) -> list[dict]:
+    return [e for e in client.events.list(0, limit=500)["events"] if e["type"] == type_]
+
+
+@pytest.mark.qemu
+@pytest.mark.timeout(420)
+def test_a_create_of_a_prewarmed_shape_claims_a_booted_vm_and_the_prewarm_refills(tmp_path, procs):
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed")
+    install_bundle(real_bundle_dir(), tmp_path / "real")
+    procs.append(agent := start_agent(tmp_path, backend="qemu", name="real"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        client.hosts.register(fuse.RegisterHostRequest(id="real", url=agent.url, token=agent.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
+        wait_until(lambda: client.hosts.get("real").connected, timeout=30, what="host connected")
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, on="local"))
+        assert pw.id.startswith("pw-") and pw.count == 1 and pw.placements[0].host == "real"
+        assert (pw.image, pw.kind, pw.cpus, pw.memory_mb) == ("linux", "microvm", 1, 256)
+        ready(client, pw.id, 1)
+
+        vm = client.vms.create(name="job", shape={"vcpus": 1, "mem_mib": 256}, entry="echo claimed-$((6*7))")
+        assert vm["host"] == "real" and vm["name"] == "job"
+        (placed,) = [e for e in events(client, "placed") if e.get("vm") == "job"]
+        assert placed["prewarmed"].startswith(pw.id + "-")  # claimed, not booted anew
+        wait_until(lambda: "claimed-42" in client.vms.console("job")["text"], timeout=60, interval=0.3,
+                   what="the claimed VM running its entry")
+        ready(client, pw.id, 1)  # refilled
+
+        # another shape is not prewarmed: it boots anew
+        other = client.vms.create(name="other", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
+        assert not [e for e in events(client, "placed") if e.get("vm") == "other" and e.get("prewarmed")]
+
+        assert client.pool.remove_prewarm(pw.id) is True
+        assert client.pool.remove_prewarm(pw.id) is False
+        assert client.pool.prewarms() == []
+        names = {v["name"] for v in client.vms.list()}
+        assert not any(n.startswith(pw.id) for n in names) and {"job", "other"} <= names
+        client.vms.delete("job")
+        client.vms.delete("other")
+        wait_until(lambda: not pids_mentioning(tmp_path, b"qemu-system"), timeout=30, what="no QEMU left")
+
+
+def test_a_prewarm_buys_its_machine_in_a_linked_cloud_and_gives_it_back_when_removed(tmp_path, procs):
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [
+            {"name": "local.small", "vcpus": 2, "mem_mib": 2048, "usd_per_hour": 0.36}]})
+        with pytest.raises(fuse.ApiError) as e:  # the budget cannot fit it: refused, nothing bought
+            client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_usd_per_hour=0.1))
+            client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=512))
+        assert e.value.status == 409 and e.value.code == "budget_exceeded"
+        assert client.pool.cloud_hosts() == [] and client.pool.prewarms() == []
+        with pytest.raises(fuse.ApiError) as e:  # only your own hosts, and there are none
+            client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, on="local"))
+        assert e.value.code == "fleet_full"
+        with pytest.raises(fuse.ApiError) as e:
+            client.pool.prewarm("alpine:3", fuse.PrewarmOptions(kind="container"))
+        assert e.value.status == 400
+
+        client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_usd_per_hour=0))
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=512, ttl_secs=600))
+        assert len(pw.new_hosts) == 1 and pw.placements[0].host == pw.new_hosts[0]
+        assert pw.expires_at > 0
+        pw = ready(client, pw.id, 2, timeout=60)
+        assert pw.placements[0].ready == 2
+        vm = client.vms.create(name="job", shape={"vcpus": 1, "mem_mib": 512}, entry="sleep 600")
+        assert vm["host"] == pw.new_hosts[0]
+        ready(client, pw.id, 2, timeout=60)  # refilled on the same machine
+
+        assert client.pool.remove_prewarm(pw.id)
+        # its machine still runs "job": it stays until that is gone
+        assert [h.name for h in client.pool.cloud_hosts()] == pw.new_hosts
+        client.vms.delete("job")
+        assert client.pool.cloud_remove_host(pw.new_hosts).removed == pw.new_hosts
+        assert client.pool.cloud_hosts() == []
