@@ -110,7 +110,7 @@ class VmService:
             # The pinned host is the chosen one: its name clash is the answer,
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
-        if req.host is None and not getattr(req, "standby", False):
+        if req.host is None and not req.standby:
             vm = await self._claim(req, name, among)
             if vm is not None:
                 return vm
@@ -183,7 +183,7 @@ class VmService:
     def _may_scale(self, req: ControllerCreateVm, on: str) -> bool:
         """Whether a create no host took may have the elastic pool buy a machine:
         not pinned, not local, a cloud linked and the budget's autoscale on."""
-        return (req.host is None and on != "local" and not getattr(req, "standby", False) and bool(self.ctl.pool._cloud_names())
+        return (req.host is None and on != "local" and not req.standby and bool(self.ctl.pool._cloud_names())
                 and self.ctl.pool.budget().autoscale)
 
     async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
