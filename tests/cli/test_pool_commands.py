@@ -69,7 +69,7 @@ def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_c
     assert "$2.5000" in table and "on" in table
 
     r = fuse(ctl, "pool", "budget", "--max-usd-per-hour", "-1", code=2)
-    assert "error: invalid_argument: max_usd_per_hour must not be negative" in r.stderr
+    assert "error: invalid_argument: --max-usd-per-hour: Input should be greater than or equal to 0" in r.stderr
     assert as_json(ctl, "pool", "budget")["max_usd_per_hour"] == 2.5  # nothing changed
 
 

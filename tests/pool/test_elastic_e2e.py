@@ -168,3 +168,24 @@ def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path
         client.close()
         ctl.stop()
         server.stop()
+
+
+def test_concurrent_creates_that_scale_out_share_the_machine_one_of_them_bought(pool):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, ctl = pool
+    # one machine type of 4 vCPUs (plans count vCPUs as a machine's size): room for all three
+    client.pool.link_cloud("dev", "local", {"backend": "fake", "types": TYPES[1:]})
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(autoscale=True))
+
+    def create(i):
+        with fuse.Client(ctl.url) as c:  # a client per thread: each its own connection
+            return create_vm(c, name=f"job-{i}", on="dev")
+
+    # two: a local machine's agent reports this 2-core box's CPUs as its free vCPUs
+    with ThreadPoolExecutor(2) as ex:
+        vms = list(ex.map(create, range(2)))
+    hosts = client.pool.cloud_hosts()
+    assert len(hosts) == 1 and {v["host"] for v in vms} == {hosts[0].name}
+    for i in range(2):
+        client._send(fuse_call("DELETE", f"/v1/vms/job-{i}"))

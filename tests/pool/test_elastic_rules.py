@@ -7,17 +7,18 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fuse.controller.pool.elastic import TRANSITIONS, billed_secs, month_usd, paid_until
+from fuse.controller.pool.elastic import TRANSITIONS, billed_secs, committed_usd, month_usd, paid_until
 from fuse.controller.pool.reconcile import Load, decide
 
 NOW = datetime(2026, 12, 15, 12, 0, tzinfo=timezone.utc).timestamp()
 
 
 def row(name="aws-1", *, state="joined", started=NOW - 600, ended=None, step=3600, minimum=0, usd=1.0, pinned=False,
-        expires=0):
+        expires=0, planned_until=0, cloud_id="i-1"):
     return {"name": name, "state": state, "started": started, "ended": ended, "billing_step_secs": step,
             "billing_min_secs": minimum, "usd_per_hour": usd, "pinned": pinned, "expires": expires,
-            "provider": "aws", "type_name": "m7i.large", "region": "us-west-2"}
+            "provider": "aws", "type_name": "m7i.large", "region": "us-west-2", "cloud_id": cloud_id,
+            "record": {"planned_until": planned_until}}
 
 
 # ---- lifecycle ---------------------------------------------------------------------------------------------------
@@ -66,6 +67,18 @@ def test_month_usd_counts_only_this_months_part():
     assert month_usd(r, NOW) == pytest.approx((NOW - month) * 3.6 / 3600)
 
 
+def test_a_machine_the_cloud_refused_costs_nothing():
+    assert month_usd(row(state="gone", cloud_id="", ended=NOW - 500), NOW) == 0
+
+
+def test_what_a_live_host_is_set_to_cost_counts_as_committed():
+    pinned = row(started=NOW - 600, step=1, usd=3.6, expires=int(NOW + 3000))  # an hour's TTL, 10 min gone
+    assert committed_usd(pinned, NOW) == pytest.approx(3.0)
+    planned = row(started=NOW - 600, step=1, usd=3.6, planned_until=NOW + 1000)
+    assert committed_usd(planned, NOW) == pytest.approx(1.0)
+    assert committed_usd(row(started=NOW - 600, step=1), NOW) == 0  # nothing planned beyond now
+
+
 # ---- scale-in ----------------------------------------------------------------------------------------------------
 def test_an_idle_host_near_the_end_of_its_paid_time_is_removed_and_says_what_it_saves():
     r = row(started=NOW - 3550)  # 50 s of its hour left
@@ -106,6 +119,13 @@ def test_no_host_is_cordoned_when_the_others_cannot_take_its_vms():
     loads = {"aws-1": Load(vms=(4096,), mem_mib=8192), "aws-2": Load(vms=(2048,), mem_mib=8192)}
     room = {"aws-1": (1024, 10), "aws-2": (6144, 10)}  # aws-1 has 1 GiB free: aws-2's 2 GiB VM does not fit
     assert all(d.action == "keep" for d in decide([a, b], loads, room, NOW))
+
+
+def test_an_idle_machine_a_plan_bought_is_kept_until_its_planned_work_ends():
+    (d,) = decide([row(started=NOW - 60, step=1, planned_until=NOW + 3600)], {}, {}, NOW)
+    assert d.action == "keep" and "planned" in d.reason and d.until == int(NOW + 3600 - 120)
+    (d,) = decide([row(started=NOW - 4000, step=1, planned_until=NOW - 10)], {}, {}, NOW)
+    assert d.action == "remove"
 
 
 def test_a_host_keeping_prewarmed_vms_is_kept():

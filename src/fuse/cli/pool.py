@@ -307,8 +307,11 @@ def budget_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the ElasticBudget as JSON."),
 ) -> None:
     """The budget and what the clouds cost now, after setting the caps and switches given (none: show it)."""
-    update = ElasticBudgetUpdate(max_usd_per_hour=max_usd_per_hour, monthly_usd=monthly_usd,
-                                 max_new_hosts=max_new_hosts, autoscale=autoscale, warm=warm, allow_metal=allow_metal)
+    try:
+        update = _valid(ElasticBudgetUpdate, max_usd_per_hour=max_usd_per_hour, monthly_usd=monthly_usd,
+                        max_new_hosts=max_new_hosts, autoscale=autoscale, warm=warm, allow_metal=allow_metal)
+    except FuseError as e:
+        _fail(e.code, e.message)
     with _controller(url, token) as c:
         b = c.pool.cloud_budget(update)
     emit_json(b) if as_json else table(["", "budget"], _budget_rows(b))

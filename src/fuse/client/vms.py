@@ -19,7 +19,8 @@ class VmsAPI:
     def create(self, body: dict | Record | None = None, **fields: Any) -> dict:
         """Place a VM by best fit: `create({"shape": {"vcpus": 2, "mem_mib": 1024}, "entry": "..."})` or
         `create(shape={...}, entry=..., name=..., host=...)`. 409 fleet_full/vm_exists."""
-        return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=300))
+        # up to 15 min: a create the elastic pool buys a machine for waits for it to join (at most 10)
+        return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=900))
 
     def list(self, host: str | None = None) -> list[dict]:
         return self._send(Call("GET", "/v1/vms", params=_q(host), parse=lambda r: r.json()["vms"]))

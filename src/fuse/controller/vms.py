@@ -133,13 +133,13 @@ class VmService:
                     break
                 scaled = True
                 try:  # the elastic pool buys a machine for it (outside the lock: it takes a while)
-                    new = await self.ctl.pool.host_for(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux",
-                                                       None if on == "auto" else on, timeout=JOIN_WAIT_SECS)
+                    await self.ctl.pool.host_for(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux",
+                                                 None if on == "auto" else on, timeout=JOIN_WAIT_SECS)
                 except FuseError as exc:
                     reasons["elastic pool"] = exc.message
                     break
-                if new is not None and among is not None:
-                    among.add(new)
+                if among is not None:  # the cloud's hosts now include the one bought (by this create or another)
+                    among = self._among(on)
                 continue
             tried.add(host)
             try:
@@ -213,6 +213,10 @@ class VmService:
             asyncio.get_running_loop().create_task(prewarm.fill())  # refill it in the background
             return vm | {"host": host}
         return None
+
+    def pending_on(self, host: str) -> int:
+        """VMs being placed on ``host`` right now (reserved, not yet answered)."""
+        return self._pending.get(host, Resources()).count
 
     def _release(self, host: str, ask: Resources) -> None:
         left = self._pending.get(host, Resources()) - ask

@@ -190,12 +190,15 @@ class ElasticBudget(_Record):
 
 
 class ElasticBudgetUpdate(_Record):
-    """The caps and switches to set (fields left None are unchanged)."""
+    """The caps and switches to set (fields left None are unchanged; a cap of 0 is no cap).
+    Unknown fields are refused (a misspelt cap would otherwise set nothing)."""
 
-    max_usd_per_hour: float | None = None
-    monthly_usd: float | None = None
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_usd_per_hour: float | None = Field(default=None, ge=0)
+    monthly_usd: float | None = Field(default=None, ge=0)
     autoscale: bool | None = None
-    max_new_hosts: int | None = None
+    max_new_hosts: int | None = Field(default=None, ge=0)
     warm: bool | None = None
     allow_metal: bool | None = None
 
@@ -242,7 +245,9 @@ class Prewarm(_Record):
 
 
 class PrewarmOptions(_Record):
-    """What to keep ready (prewarm)."""
+    """What to keep ready (prewarm). Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
     count: int | None = Field(default=None, ge=1, le=256)
     on: str | None = None

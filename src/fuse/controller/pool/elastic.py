@@ -99,15 +99,26 @@ def month_start(now: float) -> float:
 
 
 def month_usd(row: dict, now: float) -> float:
-    """USD of ``row``'s billed time inside this calendar month."""
+    """USD of ``row``'s billed time inside this calendar month (nothing for a
+    machine the cloud never accepted: it has no cloud id)."""
+    if not row["cloud_id"] and row["state"] == "gone":
+        return 0.0
     lo, hi = max(row["started"], month_start(now)), paid_until(row, now)
     return max(0.0, hi - lo) * row["usd_per_hour"] / 3600
+
+
+def committed_usd(row: dict, now: float) -> float:
+    """USD a live host is still set to cost beyond its billed time so far: a host
+    added by hand until its TTL, a plan's machine until its planned work ends
+    (``record.planned_until``). The monthly cap counts it as spent already."""
+    end = row["expires"] or (row["record"] or {}).get("planned_until", 0)
+    return max(0.0, end - paid_until(row, now)) * row["usd_per_hour"] / 3600
 
 
 def to_record(row: dict) -> ElasticHost:
     return ElasticHost(
         name=row["name"], provider=row["provider"], type_name=row["type_name"], region=row["region"],
-        id=row["cloud_id"], machine=row["name"] if row["state"] in ("joined", "cordoned", "offline") else "",
+        id=row["cloud_id"], machine=row["name"] if (row["record"] or {}).get("joined") and row["state"] != "gone" else "",
         state=row["state"], started=int(row["started"]), expires=int(row["expires"]),
         usd_per_hour=row["usd_per_hour"], billing_step_secs=row["billing_step_secs"],
         billing_min_secs=row["billing_min_secs"], pinned=bool(row["pinned"]))
@@ -122,6 +133,8 @@ class ElasticPool:
         self.interval = interval
         self._providers: dict[str, Any] = {}
         self._lock = asyncio.Lock()  # names and budget checks: one add at a time in this replica
+        self._buying = asyncio.Lock()  # a plan's machines are bought whole, one plan at a time
+        self._scaling = asyncio.Lock()  # creates that scale out: one machine bought at a time
         self._task: asyncio.Task | None = None
         self._last_reconcile = 0.0
         self.reconcile_every = RECONCILE_EVERY_SECS
@@ -142,6 +155,9 @@ class ElasticPool:
         from .providers import link
         if not CLOUD_NAME.match(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
+        live = [r["name"] for r in self._rows() if r["provider"] == name and r["state"] in LIVE]
+        if live:  # its hosts' ids mean something only to the cloud as it was linked
+            raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it")
         provider = link(kind, name, dict(options or {}), self._cloud_dir(name))
         with self.store.tx() as c:
             c.execute(delete(clouds_t).where(clouds_t.c.name == name))
@@ -209,10 +225,7 @@ class ElasticPool:
                              running_usd_per_hour=round(sum(r["usd_per_hour"] for r in live), 6), hosts=len(live))
 
     def update_budget(self, update_: ElasticBudgetUpdate) -> ElasticBudget:
-        given = update_.model_dump(exclude_none=True)
-        for k in ("max_usd_per_hour", "monthly_usd", "max_new_hosts"):
-            if k in given and given[k] < 0:
-                raise InvalidArgument(f"{k} must not be negative (0 means no cap)")
+        given = update_.model_dump(exclude_none=True)  # the record refuses negative, NaN and unknown caps
         if given:  # an empty update reads the budget: nothing is written
             self.store.put_setting(BUDGET_KEY, self._budget_settings() | given)
             self.store.add_event("budget_set", given)
@@ -224,26 +237,38 @@ class ElasticPool:
         return Constraints(
             max_usd_per_hour=max(0.0, b.max_usd_per_hour - b.running_usd_per_hour) if b.max_usd_per_hour else None,
             max_new_hosts=max(0, b.max_new_hosts - b.hosts) if b.max_new_hosts else None,
-            monthly_usd_left=max(0.0, b.monthly_usd - b.month_usd) if b.monthly_usd else None,
+            monthly_usd_left=max(0.0, b.monthly_usd - b.month_usd - self._committed()) if b.monthly_usd else None,
             allow_metal=b.allow_metal)
 
     def _check_budget(self, offer: Offer, count: int, usd_each: float) -> None:
         """BudgetExceeded unless ``count`` more machines of ``offer`` (each
         projected to cost ``usd_each``) stay within every cap."""
+        self._check_caps([(offer, usd_each)] * count)
+
+    def _check_caps(self, machines: list[tuple[Offer, float]]) -> None:
+        """BudgetExceeded unless all of ``machines`` (offer, projected USD) together
+        stay within every cap: a purchase is checked whole, before anything is bought."""
         b = self.budget()
-        if offer.metal and not b.allow_metal:
-            raise BudgetExceeded(f"{offer.type_name} is a metal type and the budget's allow_metal is off")
+        what = ", ".join(sorted({o.type_name for o, _ in machines}))
+        metal = sorted({o.type_name for o, _ in machines if o.metal})
+        if metal and not b.allow_metal:
+            raise BudgetExceeded(f"{', '.join(metal)} is a metal type and the budget's allow_metal is off")
+        count = len(machines)
         if b.max_new_hosts and b.hosts + count > b.max_new_hosts:
             raise BudgetExceeded(f"{count} more hosts would make {b.hosts + count}; the budget allows "
                                  f"{b.max_new_hosts} (max_new_hosts)")
-        add = offer.usd_per_hour * count
+        add = sum(o.usd_per_hour for o, _ in machines)
         if b.max_usd_per_hour and b.running_usd_per_hour + add > b.max_usd_per_hour + 1e-9:
-            raise BudgetExceeded(f"{count} × {offer.type_name} adds ${add:.4f}/h to ${b.running_usd_per_hour:.4f}/h "
+            raise BudgetExceeded(f"{count} × {what} adds ${add:.4f}/h to ${b.running_usd_per_hour:.4f}/h "
                                  f"running; the budget allows ${b.max_usd_per_hour:.4f}/h (max_usd_per_hour)")
-        if b.monthly_usd and b.month_usd + usd_each * count > b.monthly_usd + 1e-9:
-            raise BudgetExceeded(f"{count} × {offer.type_name} would cost ${usd_each * count:.2f} with "
-                                 f"${b.month_usd:.2f} spent this month; the budget allows ${b.monthly_usd:.2f} "
-                                 "(monthly_usd)")
+        spent, cost = b.month_usd + self._committed(), sum(u for _, u in machines)
+        if b.monthly_usd and spent + cost > b.monthly_usd + 1e-9:
+            raise BudgetExceeded(f"{count} × {what} would cost ${cost:.2f} with ${spent:.2f} spent or committed "
+                                 f"this month; the budget allows ${b.monthly_usd:.2f} (monthly_usd)")
+
+    def _committed(self) -> float:
+        now = time.time()
+        return sum(committed_usd(r, now) for r in self._rows() if r["state"] in LIVE)
 
     # ---- hosts ---------------------------------------------------------------
     def _rows(self) -> list[dict]:
@@ -270,7 +295,7 @@ class ElasticPool:
             row = dict(row)
             if to != row["state"] and to not in TRANSITIONS[row["state"]]:
                 raise IllegalTransition(f"elastic host {name}: {row['state']} -> {to} is not a transition")
-            rec = dict(row["record"] or {})
+            rec = dict(values.pop("record", None) or row["record"] or {})
             rec["history"] = [*rec.get("history", []), {"state": to, "time": time.time(), "reason": reason}]
             if reason:
                 rec["reason"] = reason
@@ -331,7 +356,8 @@ class ElasticPool:
                                 expires=int(now + ttl) if ttl else 0, usd_per_hour=offer.usd_per_hour,
                                 billing_step_secs=offer.billing_step_secs, billing_min_secs=offer.billing_min_secs,
                                 boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
-                                record={"history": [{"state": "creating", "time": now, "reason": ""}]},
+                                record={"history": [{"state": "creating", "time": now, "reason": ""}],
+                                        "planned_until": now + (billed or 0)},
                                 updated_at=now))
                             self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
                                                                   "type": offer.type_name}, host=name, conn=c)
@@ -347,6 +373,8 @@ class ElasticPool:
                 errors.append(f"{name}: {exc.message}")
         if errors and len(errors) == len(names):
             raise FuseError("; ".join(errors), code="cloud_error").with_status(502)
+        if errors:  # some were bought: they are answered, the others' reasons logged and in their records
+            log.warning("cloud_add_host: %s", "; ".join(errors))
         self.wake()
         return [to_record(self.row(n)) for n in names]
 
@@ -381,23 +409,38 @@ class ElasticPool:
             raise NotFound("not a host this pool added")
         if row["state"] == "gone":
             raise Conflict("already gone")
+        if row["state"] == "creating":
+            raise Conflict("the cloud is still creating it: remove it once it is booting")
+        registered = self.store.get_host(name)
+        was = (registered or {}).get("state")
+        if registered is not None and was == "active":
+            self.ctl.hosts.set_state(name, "cordoned")  # first: no placement lands while it is looked at
+        if busy := self._work_on(name):
+            if registered is not None and was == "active":
+                self.ctl.hosts.set_state(name, "active")
+            raise Conflict(busy)
         prewarm = getattr(self.ctl, "prewarm", None)
         if prewarm is not None:
             await prewarm.release_host(name)
-        from .reconcile import WORK_STATES
-        vms = [v["name"] for v in self.store.vms_on(name) if v["state"] in WORK_STATES]
-        if vms:
-            raise Conflict(f"{len(vms)} VM{'s' if len(vms) > 1 else ''} on it ({', '.join(vms[:5])}): "
-                           "drain it first (fuse controller hosts drain)")
         for v in self.store.vms_on(name):  # ended VMs end with their machine
             await self.ctl.vms.delete(v["name"], name)
-        if self.store.get_host(name) is not None:
-            self.ctl.hosts.set_state(name, "cordoned")  # no placement lands while it goes
         if row["cloud_id"]:
             await self.provider(row["provider"]).terminate(row["cloud_id"])
         if self.store.get_host(name) is not None:
             await self.ctl.deregister_host(name)
         self._transition(name, "gone", reason)
+
+    def _work_on(self, name: str) -> str | None:
+        """Why ``name`` may not go now (VMs with work on it, or being placed there), or None."""
+        from .reconcile import WORK_STATES
+        vms = [v["name"] for v in self.store.vms_on(name)
+               if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
+        if vms:
+            return (f"{len(vms)} VM{'s' if len(vms) > 1 else ''} on it ({', '.join(vms[:5])}): "
+                    "drain it first (fuse controller hosts drain)")
+        if self.ctl.vms.pending_on(name):
+            return "a VM is being placed on it"
+        return None
 
     async def cordon(self, name: str, reason: str) -> None:
         """No new VMs on ``name``; what runs there carries on (scale-in, TTL)."""
@@ -436,8 +479,12 @@ class ElasticPool:
     async def _follow(self, r: dict, m, provider, now: float) -> None:
         name, state = r["name"], r["state"]
         if m is None or m.state == "terminated":
-            if self.store.get_host(name) is not None:
+            if self.store.get_host(name) is not None and (self.store.get_host(name) or {}).get("state") == "active":
                 self.ctl.hosts.set_state(name, "cordoned")
+            try:  # whatever of it is left (a local machine's VMs outlive its agent)
+                await provider.terminate(r["cloud_id"])
+            except FuseError:
+                pass
             self._transition(name, "gone", "the cloud ended the machine")
             return
         view = self.ctl.fleet.views.get(name) if self.ctl.fleet else None
@@ -470,7 +517,8 @@ class ElasticPool:
             with self.store.tx() as c:
                 c.execute(update(hosts_t).where(hosts_t.c.name == r["name"]).values(record=rec))
             return
-        self._transition(r["name"], "joined", f"its agent answered at {address}")
+        rec = dict(self.row(r["name"])["record"] or {}) | {"joined": True}
+        self._transition(r["name"], "joined", f"its agent answered at {address}", record=rec)
 
     async def wait_joined(self, name: str, timeout: float) -> dict:
         """Until ``name`` joined (its row), or Conflict when it went another way or took too long."""
@@ -513,7 +561,7 @@ class ElasticPool:
             try:
                 await self.tick()
                 if time.monotonic() - self._last_reconcile >= self.reconcile_every:
-                    await self.reconcile(ttl_only=not self.budget().autoscale)
+                    await self.reconcile()
                 hook = getattr(self.ctl, "pool_tick", None)
                 if hook is not None:
                     await hook()
@@ -545,38 +593,56 @@ class ElasticPool:
                                    constraints=Constraints() if unbounded else self.constraints(), history=history)
         result = await run_in_threadpool(plan, model)
         if body.apply and result.new_hosts:
+            result.added = await self.buy(result.new_hosts)
+            result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
+        return result
+
+    async def buy(self, new_hosts: list) -> list[ElasticHost]:
+        """Buy a plan's machines (``ElasticNewHost``s): all of them or none. The
+        whole set is checked against the caps first; if the cloud fails one,
+        those already bought are removed again and the error is raised."""
+        machines = []
+        for h in new_hosts:  # every machine's cloud is linked before anything is bought
+            if h.one_space:
+                raise InvalidArgument(f"{h.provider} {h.type_name} is a one-VM sandbox, not a host: it cannot be added")
+            machines.append((self.find_offer(h.provider, h.type_name, h.region), h.usd_per_hour * h.billed_secs / 3600))
+        async with self._buying:
+            self._check_caps(machines)
             added: list[ElasticHost] = []
-            for h in result.new_hosts:  # every machine's cloud is linked before anything is bought
-                if h.one_space:
-                    raise InvalidArgument(f"{h.provider} {h.type_name} is a one-VM sandbox, not a host: "
-                                          "it cannot be added")
-                self.provider(h.provider)
             try:
-                for h in result.new_hosts:
+                for h in new_hosts:
                     added += await self.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False,
                                                   billed=h.billed_secs)
-            except FuseError as exc:  # say what was bought before it failed: cloud_hosts lists them
-                if added:
-                    exc.message += f" (added before this: {', '.join(a.name for a in added)})"
-                    exc.args = (exc.message,)
+                    if added[-1].state == "gone":
+                        raise FuseError(f"{h.provider} did not create {h.type_name}", code="cloud_error").with_status(502)
+            except FuseError:
+                for a in added:
+                    try:
+                        await self.remove(a.name, "the plan's other machines could not be bought")
+                    except FuseError:
+                        pass
                 raise
-            result.added = added
-            result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in added))
-        return result
+        return added
 
     async def host_for(self, vcpus: int, mem_mib: int, image: str, provider: str | None, timeout: float) -> str | None:
         """Scale out for one VM that no host took (a create on auto, or on a
         cloud): the pool's solve for it, under the budget; when it adds a
         machine, buy it and wait until it joined. Its name, or None when the
-        solve puts the VM on a host already there (room came free: place again)."""
+        solve puts the VM on a host already there (room came free: place again).
+        On a cloud, only that cloud's hosts count as already there."""
         from ...models.pool import ElasticPlanRequest
         req = ElasticPlanRequest(count=1, image=image, cpus=vcpus, memory_mb=mem_mib, provider=provider)
-        result = await self.plan(req)
-        if result.unplaced:
-            raise BudgetExceeded(f"the elastic pool cannot add a machine for it: {result.unplaced[0].reason}")
-        if not result.new_hosts:
-            return None
-        h = result.new_hosts[0]
-        added = await self.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False, billed=h.billed_secs)
-        await self.wait_joined(added[0].name, timeout)
-        return added[0].name
+        # One scale-out at a time, through the join: creates queued behind it plan
+        # again and find the machine it bought (one machine for many, not one each).
+        async with self._scaling:
+            snapshot = self.ctl.pool_snapshot()
+            if provider is not None:
+                snapshot = [h for h in snapshot if h.get("provider") == provider]
+            result = await self.plan(req, snapshot)
+            if result.unplaced:
+                raise BudgetExceeded(f"the elastic pool cannot add a machine for it: {result.unplaced[0].reason}")
+            if not result.new_hosts:
+                return None
+            added = await self.buy(result.new_hosts[:1])
+            await self.wait_joined(added[0].name, timeout)
+            return added[0].name

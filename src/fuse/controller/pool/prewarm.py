@@ -56,6 +56,9 @@ class PrewarmService:
             r = c.execute(select(prewarms_t.c.record).where(prewarms_t.c.id == pw_id)).first()
         return dict(r[0]) if r else None
 
+    def live_ids(self) -> set[str]:
+        return {r["id"] for r in self._records() if r["expires_at"] > time.time()}
+
     def _standby(self, pw_id: str) -> list[dict]:
         """The standby VMs of prewarm ``pw_id`` (controller store rows)."""
         return [v for v in self.store.list_vms()
@@ -136,23 +139,20 @@ class PrewarmService:
                                  provider=on if on not in ("auto", "local") else None)
         if on not in ("auto", "local"):
             pool.provider(on)  # a linked cloud, or 400
-        plan = await pool.plan(req)
+        snapshot = self.ctl.pool_snapshot()
+        if on not in ("auto", "local"):  # on a cloud: only its hosts count as already there
+            snapshot = [h for h in snapshot if h.get("provider") == on]
+        plan = await pool.plan(req, snapshot)
         if plan.unplaced:
             why = "; ".join(f"{u.count} VMs: {u.reason}" for u in plan.unplaced)
             # the budget's fault when the same solve without its caps places them all
-            free = await pool.plan(req, unbounded=True)
+            free = await pool.plan(req, snapshot, unbounded=True)
             cls = BudgetExceeded if not free.unplaced else FleetFull
             raise cls(f"prewarm refused, nothing bought: {why}")
-        added: list[str] = []
-        names: list[str] = []
-        for h in plan.new_hosts:
-            if h.one_space:
-                raise FleetFull("prewarm refused, nothing bought: the plan needs one-VM sandboxes, not hosts")
-            pool.provider(h.provider)  # every machine's cloud is linked before anything is bought
-        for h in plan.new_hosts:
-            got = await pool.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False, billed=h.billed_secs)
-            added += [g.name for g in got]
-            names.append(got[0].name)
+        if any(h.one_space for h in plan.new_hosts):
+            raise FleetFull("prewarm refused, nothing bought: the plan needs one-VM sandboxes, not hosts")
+        names = [a.name for a in await pool.buy(plan.new_hosts)] if plan.new_hosts else []
+        added = names
         placements: dict[str, int] = {}
         for a in plan.assignments:
             host = a.host or names[a.new_index]
@@ -193,7 +193,7 @@ class PrewarmService:
                 "shape": {"vcpus": rec["cpus"], "mem_mib": rec["memory_mb"]}}
         try:
             await self.ctl.vms.create(body | {"host": host})
-            return True
+            return not await self._unless_removed(rec["id"], body["name"], host)
         except FuseError as exc:
             if rec["on"] != "auto" or exc.code not in ("fleet_full", "host_full"):
                 log.warning("prewarm %s on %s: %s", rec["id"], host, exc.message)
@@ -205,12 +205,24 @@ class PrewarmService:
         except FuseError as exc:
             log.warning("prewarm %s: %s", rec["id"], exc.message)
             return False
+        if await self._unless_removed(rec["id"], body["name"], vm["host"]):
+            return False
         moved = dict(rec["placements"])
         moved[host] -= 1
         moved[vm["host"]] = moved.get(vm["host"], 0) + 1
         rec["placements"] = {h: c for h, c in moved.items() if c > 0}
         with self.store.tx() as c:
             c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
+        return True
+
+    async def _unless_removed(self, pw_id: str, name: str, host: str) -> bool:
+        """A standby VM whose prewarm ended while it booted goes at once (True)."""
+        if self._get(pw_id) is not None:
+            return False
+        try:
+            await self.ctl.vms.delete(name, host)
+        except FuseError as exc:
+            log.warning("prewarm %s ended: removing %s: %s", pw_id, name, exc.message)
         return True
 
     # ---- claiming ------------------------------------------------------------------

@@ -10,7 +10,9 @@
    is gone) goes at the end of its paid time: ``remove`` when that end is
    within ``horizon`` seconds (the next pass would be too late: another billing
    step would start), else ``keep`` until then. ``saves_usd`` is what keeping
-   it one more billing step would cost.
+   it one more billing step would cost. A machine a plan bought is kept until
+   the work it was bought for was planned to end (``record.planned_until``:
+   boot plus the plan's billed time), so "apply, then create on auto" finds it.
 3. Of the hosts with VMs, the least used (by memory) is cordoned when the
    other hosts (the operator's own included) have room for all its VMs:
    first fit of its VMs, largest first, into their free memory and VM slots.
@@ -77,6 +79,10 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         elif load.prewarmed and not used:
             out[name] = ElasticDecision(host=name, action="keep", until=int(now + horizon),
                                         reason=f"keeps {load.prewarmed} prewarmed VMs ready")
+        elif not used and (r["record"] or {}).get("planned_until", 0) > now + horizon:
+            until = (r["record"] or {})["planned_until"]
+            out[name] = ElasticDecision(host=name, action="keep", until=int(until - horizon),
+                                        reason=f"idle; bought for work planned until {_clock(until)}")
         elif not used:
             end = paid_until(r, now)
             step = max(int(r["billing_step_secs"]), 1)
@@ -110,13 +116,19 @@ WORK_STATES = frozenset({"creating", "running", "sleeping", "incoming"})  # VMs 
 
 
 def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
+    """What is on each host: its VMs with work (and those being placed there),
+    and the standby VMs of prewarms still live."""
+    live = pool.ctl.prewarm.live_ids()
     out = {}
     for r in rows:
         vms = pool.store.vms_on(r["name"])
         host = pool.store.get_host(r["name"]) or {}
+        pending = pool.ctl.vms._pending.get(r["name"])
+        work = [v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
         out[r["name"]] = Load(
-            vms=tuple(v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")),
-            prewarmed=sum(1 for v in vms if (v["record"] or {}).get("standby")),
+            vms=tuple(work + ([pending.mem_mib] if pending is not None and pending.count > 0 else [])),
+            prewarmed=sum(1 for v in vms if (v["record"] or {}).get("standby")
+                          and v["name"].rsplit("-", 1)[0] in live),
             mem_mib=int((host.get("capacity") or {}).get("ram_mb", 0)))
     return out
 
