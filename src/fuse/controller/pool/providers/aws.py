@@ -19,6 +19,7 @@ the cloud does not list it yet.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import shlex
 import threading
@@ -181,6 +182,9 @@ class AwsProvider(Provider):
             raise InvalidArgument("agent_token must be 1-512 characters of A-Z a-z 0-9 . _ ~ + / = -")
         kwargs: dict[str, Any] = {
             "ImageId": self.images[offer.arch], "InstanceType": offer.type_name, "MinCount": 1, "MaxCount": 1,
+            # botocore retries a timed-out call: the same token makes EC2 answer with the instance the
+            # first try started instead of starting another. Per machine (its agent token is its own).
+            "ClientToken": hashlib.sha256(f"{host_name}\0{agent_token}".encode()).hexdigest()[:64],
             "UserData": user_data(agent_port=self.agent_port, agent_token=agent_token, package=self.package),
             # The tags let an operator (or a later reconcile) find what the pool bought.
             "TagSpecifications": [{"ResourceType": "instance", "Tags": [
