@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from support import Postgres, start_agent, start_controller
+from support import Postgres, reap, start_agent, start_controller
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +31,14 @@ def client(controller):
     import fuse
     with fuse.Client(controller.url) as c:
         yield c
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Processes a test starts (append them): stopped last-first, then anything
+    left mentioning the test's dir (VMs outlive their agent by design) is killed."""
+    started = []
+    yield started
+    for p in reversed(started):
+        p.stop()
+    reap(tmp_path)

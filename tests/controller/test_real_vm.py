@@ -12,22 +12,13 @@ import pytest
 
 import fuse
 from fuse.agent.backends.base import pids_mentioning
-from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
+from support import install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
 
 
 
 def qemu_pids(marker: Path) -> list[int]:
     """QEMU processes whose command line mentions `marker` (this test's tmp dir)."""
     return pids_mentioning(marker, b"qemu-system")
-
-
-@pytest.fixture
-def procs(tmp_path):
-    started = []
-    yield started
-    for p in reversed(started):
-        p.stop()
-    reap(tmp_path)
 
 
 @pytest.mark.qemu

@@ -10,16 +10,7 @@ import pytest
 
 import fuse
 from fuse.agent.backends.base import pids_mentioning
-from support import install_bundle, real_bundle_dir, reap, start_agent, start_controller, wait_until
-
-
-@pytest.fixture
-def procs(tmp_path):
-    started = []
-    yield started
-    for p in reversed(started):
-        p.stop()
-    reap(tmp_path)
+from support import install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
 
 
 def ready(client, pw_id: str, n: int, timeout: float = 120) -> fuse.Prewarm:
@@ -58,7 +49,7 @@ def test_a_create_of_a_prewarmed_shape_claims_a_booted_vm_and_the_prewarm_refill
         ready(client, pw.id, 1)  # refilled
 
         # another shape is not prewarmed: it boots anew
-        other = client.vms.create(name="other", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
+        client.vms.create(name="other", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
         assert not [e for e in events(client, "placed") if e.get("vm") == "other" and e.get("prewarmed")]
 
         assert client.pool.remove_prewarm(pw.id) is True

@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -90,6 +90,16 @@ def _valid(cls: type[BaseModel], **fields: Any) -> Any:
         where = ".".join(str(p) for p in first["loc"])
         flag = "--" + where.replace("_", "-") if where else "request"
         raise InvalidArgument(f"{flag}: {first['msg']}") from None
+
+
+def _show(items: list, as_json: bool, render: Callable[[list], None], empty: str) -> None:
+    """A list for programs (``--json``), a table for people, or a line saying there is none."""
+    if as_json:
+        emit_json(items)
+    elif items:
+        render(items)
+    else:
+        typer.echo(empty)
 
 
 def _when(t: int | float) -> str:
@@ -230,13 +240,8 @@ def hosts_cmd(
 ) -> None:
     """The hosts the pool added in the linked clouds, with their state and cost."""
     with _controller(url, token) as c:
-        hosts = c.pool.cloud_hosts(include_gone=all_)
-    if as_json:
-        emit_json(hosts)
-    elif hosts:
-        _host_table(hosts)
-    else:
-        typer.echo("no elastic hosts (fuse pool add-host adds one; autoscale and plan --apply buy them too)")
+        _show(c.pool.cloud_hosts(include_gone=all_), as_json, _host_table,
+              "no elastic hosts (fuse pool add-host adds one; autoscale and plan --apply buy them too)")
 
 
 @app.command("add-host")
@@ -381,13 +386,7 @@ def prewarms_cmd(
 ) -> None:
     """The prewarms, with how many each keeps ready now."""
     with _controller(url, token) as c:
-        pws = c.pool.prewarms()
-    if as_json:
-        emit_json(pws)
-    elif pws:
-        _prewarm_table(pws)
-    else:
-        typer.echo("no prewarms")
+        _show(c.pool.prewarms(), as_json, _prewarm_table, "no prewarms")
 
 
 @app.command("unprewarm")
@@ -468,13 +467,7 @@ def cloud_list_cmd(
 ) -> None:
     """The linked clouds, their machine types and options (no secrets)."""
     with _controller(url, token) as c:
-        clouds = c.pool.clouds()
-    if as_json:
-        emit_json(clouds)
-    elif clouds:
-        _cloud_table(clouds)
-    else:
-        typer.echo("no linked clouds (fuse pool cloud link NAME --kind aws|local)")
+        _show(c.pool.clouds(), as_json, _cloud_table, "no linked clouds (fuse pool cloud link NAME --kind aws|local)")
 
 
 @cloud_app.command("unlink")
