@@ -27,7 +27,8 @@ REQUEST_TIMEOUT = 300.0  # POST /v1/vms waits for the VM to boot; long polls wai
 INSTRUCTIONS = """\
 fuse controls a fleet of microVM hosts. Use the fuse_controller tool to call
 the controller's REST API: register hosts, place VMs (best fit), sleep/wake
-and move them, read merged events and usage."""
+and move them, read merged events and usage, plan and buy cloud machines
+under a budget (the elastic pool), and keep VMs prewarmed."""
 
 DESCRIPTION = """\
 Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
