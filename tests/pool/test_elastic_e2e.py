@@ -189,3 +189,29 @@ def test_concurrent_creates_that_scale_out_share_the_machine_one_of_them_bought(
     assert len(hosts) == 1 and {v["host"] for v in vms} == {hosts[0].name}
     for i in range(2):
         client._send(fuse_call("DELETE", f"/v1/vms/job-{i}"))
+
+
+@pytest.mark.postgres
+def test_two_controllers_on_postgresql_share_the_clouds_hosts_and_budget(tmp_path, postgres):
+    url = postgres.create_db("fuse_pool_shared")
+    a = start_controller(tmp_path, db=url, name="ctl-a")
+    b = start_controller(tmp_path, db=url, name="ctl-b")
+    try:
+        with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
+            ca.pool.link_cloud("dev", "local", {"backend": "fake", "types": TYPES})
+            assert [c["name"] for c in cb.pool.clouds()] == ["dev"]
+            cb.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=2))
+            assert ca.pool.cloud_budget().max_new_hosts == 2
+            (h,) = cb.pool.cloud_add_host("dev", "local.small")
+            joined(ca, h.name)  # bought through one replica, followed by both
+            time.sleep(3)  # both replicas' loops look at it a few times: neither calls it gone
+            assert [x.state for x in ca.pool.cloud_hosts()] == ["joined"]
+            with pytest.raises(fuse.ApiError) as e:
+                ca.pool.cloud_add_host("dev", "local.small", count=2)
+            assert e.value.code == "budget_exceeded"
+            assert ca.pool.cloud_remove_host([h.name]).removed == [h.name]
+            assert cb.pool.cloud_hosts() == []
+    finally:
+        a.stop()
+        b.stop()
+        reap(tmp_path)

@@ -158,7 +158,10 @@ class ElasticPool:
         live = [r["name"] for r in self._rows() if r["provider"] == name and r["state"] in LIVE]
         if live:  # its hosts' ids mean something only to the cloud as it was linked
             raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it")
-        provider = link(kind, name, dict(options or {}), self._cloud_dir(name))
+        options = dict(options or {})
+        if kind == "local":  # its machines' dir, the same for every replica on this machine
+            options.setdefault("dir", str(self._cloud_dir(name).resolve()))
+        provider = link(kind, name, options, self._cloud_dir(name))
         with self.store.tx() as c:
             c.execute(delete(clouds_t).where(clouds_t.c.name == name))
             c.execute(insert(clouds_t).values(name=name, kind=kind, options=dict(options or {}),

@@ -96,7 +96,7 @@ class LocalProvider(Provider):
     """Host agents on loopback, one per machine, started as separate processes."""
 
     kind = "local"
-    OPTIONS = frozenset({"types", "region", "backend", "bundle_dir", "vm_count"})
+    OPTIONS = frozenset({"types", "region", "backend", "bundle_dir", "vm_count", "dir"})
 
     def __init__(self, name: str, options: dict[str, Any], state_dir: Path):
         r = OptionReader(self.kind, options, self.OPTIONS)
@@ -114,8 +114,9 @@ class LocalProvider(Provider):
                               mem_mib=t["mem_mib"], kvm=True, metal=False, usd_per_hour=t["usd_per_hour"],
                               billing_step_secs=t["billing_step_secs"], billing_min_secs=t["billing_min_secs"],
                               boot_secs=t["boot_secs"]) for t in _types(r)]
-        # Absolute, so the dir matches the command lines of the processes it starts.
-        self.state_dir = Path(state_dir).resolve()
+        # Absolute, so the dir matches the command lines of the processes it starts. ``dir``: where
+        # the machines live whichever controller replica looks (the pool fixes it when it links).
+        self.state_dir = Path(r.str("dir") if r.has("dir") else state_dir).resolve()
         self._children: dict[str, subprocess.Popen] = {}  # agents this process started (to reap them)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()  # the lock table, and port choice across concurrent creates
