@@ -121,11 +121,12 @@ def joined(ctl, name: str) -> dict:
 
 
 def test_a_local_cloud_host_is_bought_joins_takes_a_vm_and_is_removed(ctl):
-    pytest.importorskip("fuse.controller.pool.providers.local")
     cloud = as_json(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake",
                     "--option", "vm_count=4")
-    assert cloud == {"name": "dev", "kind": "local", "options": {"backend": "fake", "vm_count": 4},
-                     "types": ["local.medium", "local.small"]}
+    # the pool fixes where its machines live when it links it (every replica then finds them)
+    assert cloud == {"name": "dev", "kind": "local", "types": ["local.medium", "local.small"],
+                     "options": {"backend": "fake", "vm_count": 4,
+                                 "dir": str((ctl.state_dir / "clouds" / "dev").resolve())}}
     assert "local.small" in fuse(ctl, "pool", "cloud", "list").stdout
 
     [added] = as_json(ctl, "pool", "add-host", "--provider", "dev", "--instance-type", "local.small",
@@ -162,7 +163,6 @@ def test_a_local_cloud_host_is_bought_joins_takes_a_vm_and_is_removed(ctl):
 
 
 def test_plan_apply_buys_the_machines_the_plan_adds(ctl):
-    pytest.importorskip("fuse.controller.pool.providers.local")
     fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--options-json", '{"backend": "fake"}')
     r = fuse(ctl, "pool", "plan", "--count", "1", "--cpus", "1", "--memory-mb", "512", "--provider", "dev",
              "--apply")
