@@ -135,3 +135,25 @@ def test_a_host_keeping_prewarmed_vms_is_kept():
 
 def test_gone_hosts_get_no_decision():
     assert decide([row(state="gone")], {}, {}, NOW) == []
+
+
+async def test_a_machine_whose_create_never_answered_is_given_up_and_says_where_to_look(tmp_path):
+    import time as time_
+
+    from fuse.controller.service import Controller
+    from fuse.controller.store import elastic_hosts
+
+    ctl = Controller(tmp_path / "ctl")
+    try:
+        old = time_.time() - 3600
+        with ctl.store.tx() as c:
+            c.execute(elastic_hosts.insert().values(
+                name="aws-7", provider="aws", type_name="m7i.large", region="us-west-2", cloud_id="", state="creating",
+                started=old, ended=None, expires=0, usd_per_hour=0.1, billing_step_secs=1, billing_min_secs=60,
+                boot_secs=90, pinned=0, token="t", record={}, updated_at=old))
+        await ctl.pool.tick()
+        row = ctl.pool.row("aws-7")
+        assert row["state"] == "gone" and "Name=aws-7" in row["record"]["reason"]
+        assert ctl.pool.budget().month_usd == 0  # never accepted by the cloud: nothing billed
+    finally:
+        ctl.store.close()

@@ -65,6 +65,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "gone": frozenset(),  # terminal: the machine is terminated
 }
 LIVE = ("creating", "booting", "joined", "cordoned", "offline")
+CREATE_TIMEOUT_SECS = 600  # a create call unanswered this long: its controller stopped in it
 JOIN_GRACE_SECS = 300  # beyond the type's boot time before a silent machine is offline
 DEFAULT_TTL_HOURS = 24  # hosts added by hand end on their own after this
 RECONCILE_EVERY_SECS = 60  # scale-in passes of the loop (autoscale on; TTLs end either way)
@@ -465,6 +466,10 @@ class ElasticPool:
         for r in self._rows():
             if r["state"] in ("booting", "joined", "cordoned", "offline") and r["cloud_id"]:
                 by_cloud.setdefault(r["provider"], []).append(r)
+            elif r["state"] == "creating" and now - r["updated_at"] > CREATE_TIMEOUT_SECS:
+                # the create call never answered here (a controller stopped in it): nothing to follow
+                self._transition(r["name"], "gone", f"the cloud's answer never came; look for a machine tagged "
+                                                    f"Name={r['name']} in {r['provider']}")
         for cloud, rows in by_cloud.items():
             try:
                 provider = self.provider(cloud)
