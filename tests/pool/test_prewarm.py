@@ -95,3 +95,27 @@ def test_a_prewarm_buys_its_machine_in_a_linked_cloud_and_gives_it_back_when_rem
         client.vms.delete("job")
         assert client.pool.cloud_remove_host(pw.new_hosts).removed == pw.new_hosts
         assert client.pool.cloud_hosts() == []
+
+
+def test_a_prewarm_on_one_host_keeps_its_vms_there_and_names_a_missing_host(tmp_path, procs):
+    procs.append(agent := start_agent(tmp_path, backend="fake", name="edge"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        client.hosts.register(fuse.RegisterHostRequest(id="edge", url=agent.url, token=agent.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
+        wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="host connected")
+        with pytest.raises(fuse.ApiError) as e:
+            client.pool.prewarm("linux", fuse.PrewarmOptions(on="host:nope"))
+        assert e.value.status == 404
+        with pytest.raises(fuse.ApiError) as e:  # 5 × 512 MiB do not fit its 2 GiB
+            client.pool.prewarm("linux", fuse.PrewarmOptions(count=5, memory_mb=512, on="host:edge"))
+        assert e.value.code == "fleet_full" and client.pool.prewarms() == []
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, memory_mb=512, on="host:edge"))
+        assert [(p.host, p.count) for p in pw.placements] == [("edge", 2)] and pw.new_hosts == []
+        pw = ready(client, pw.id, 2, timeout=60)
+        assert pw.placements[0].machine == "edge"  # not this machine's local socket: named by its id
+        standby = [v for v in client.vms.list() if v["name"].startswith(pw.id)]
+        assert len(standby) == 2 and all(v["host"] == "edge" and v["standby"] for v in standby)
+        assert client.pool.remove_prewarm(pw.id)
+        wait_until(lambda: not [v for v in client.vms.list() if v["name"].startswith(pw.id)], timeout=30,
+                   what="its standby VMs gone")
