@@ -454,10 +454,10 @@ class ElasticPool:
         if row["state"] == "joined":
             self._transition(name, "cordoned", reason)
 
-    async def reconcile(self, *, ttl_only: bool = False) -> list:
+    async def reconcile(self) -> list:
         from .reconcile import reconcile
         self._last_reconcile = time.monotonic()
-        return await reconcile(self, ttl_only=ttl_only)
+        return await reconcile(self)
 
     # ---- joining: one pass over the machines not yet (or no longer) hosts ----
     async def tick(self) -> None:

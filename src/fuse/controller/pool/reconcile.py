@@ -133,9 +133,9 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
     return out
 
 
-async def reconcile(pool, *, ttl_only: bool = False, horizon: float = HORIZON_SECS) -> list[ElasticDecision]:
-    """Decide (``decide``) and carry it out. ``ttl_only``: only the TTL rule acts
-    (autoscale off: the scaler removes nothing, but TTLs still end)."""
+async def reconcile(pool, *, horizon: float = HORIZON_SECS) -> list[ElasticDecision]:
+    """Decide (``decide``) and carry it out; a decision that fails comes back as
+    ``keep`` saying why."""
     import time
 
     now = time.time()
@@ -145,9 +145,6 @@ async def reconcile(pool, *, ttl_only: bool = False, horizon: float = HORIZON_SE
     decisions = decide(rows, loads_of(pool, rows), room, now, horizon)
     out = []
     for d in decisions:
-        expired = d.reason.startswith("its TTL ended")
-        if ttl_only and not expired:
-            continue
         try:
             if d.action == "remove":
                 await pool.remove(d.host, f"reconcile: {d.reason}")
