@@ -13,6 +13,13 @@ from fuse.agent.backends.base import pids_mentioning
 from support import install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
 
 
+def register(client, host_id: str, agent) -> None:
+    """Register ``agent`` as an own host of 2 vCPUs and 2 GiB, and wait until the controller polls it."""
+    client.hosts.register(fuse.RegisterHostRequest(id=host_id, url=agent.url, token=agent.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
+    wait_until(lambda: client.hosts.get(host_id).connected, timeout=30, what="host connected")
+
+
 def ready(client, pw_id: str, n: int, timeout: float = 120) -> fuse.Prewarm:
     wait_until(lambda: next(p for p in client.pool.prewarms() if p.id == pw_id).ready == n,
                timeout=timeout, interval=0.3, what=f"{n} ready VMs in {pw_id}")
@@ -32,9 +39,7 @@ def test_a_create_of_a_prewarmed_shape_claims_a_booted_vm_and_the_prewarm_refill
     procs.append(agent := start_agent(tmp_path, backend="qemu", name="real"))
     procs.append(ctl := start_controller(tmp_path))
     with fuse.Client(ctl.url) as client:
-        client.hosts.register(fuse.RegisterHostRequest(id="real", url=agent.url, token=agent.token, backend="qemu",
-                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
-        wait_until(lambda: client.hosts.get("real").connected, timeout=30, what="host connected")
+        register(client, "real", agent)
         pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, on="local"))
         assert pw.id.startswith("pw-") and pw.count == 1 and pw.placements[0].host == "real"
         assert (pw.image, pw.kind, pw.cpus, pw.memory_mb) == ("linux", "microvm", 1, 256)
@@ -101,9 +106,7 @@ def test_a_prewarm_on_one_host_keeps_its_vms_there_and_names_a_missing_host(tmp_
     procs.append(agent := start_agent(tmp_path, backend="fake", name="edge"))
     procs.append(ctl := start_controller(tmp_path))
     with fuse.Client(ctl.url) as client:
-        client.hosts.register(fuse.RegisterHostRequest(id="edge", url=agent.url, token=agent.token, backend="qemu",
-                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
-        wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="host connected")
+        register(client, "edge", agent)
         with pytest.raises(fuse.ApiError) as e:
             client.pool.prewarm("linux", fuse.PrewarmOptions(on="host:nope"))
         assert e.value.status == 404

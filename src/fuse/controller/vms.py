@@ -174,7 +174,7 @@ class VmService:
         """The hosts ``on`` allows (None: any)."""
         if on == "auto":
             return None
-        elastic = {r["name"]: r for r in self.ctl.pool._rows()}
+        elastic = {r["name"]: r for r in self.ctl.pool.rows()}
         if on == "local":
             return {r["id"] for r in self.store.list_hosts() if r["id"] not in elastic}
         self.ctl.pool.provider(on)  # a linked cloud, or 400
@@ -183,7 +183,7 @@ class VmService:
     def _may_scale(self, req: ControllerCreateVm, on: str) -> bool:
         """Whether a create no host took may have the elastic pool buy a machine:
         not pinned, not local, a cloud linked and the budget's autoscale on."""
-        return (req.host is None and on != "local" and not req.standby and bool(self.ctl.pool._cloud_names())
+        return (req.host is None and on != "local" and not req.standby and bool(self.ctl.pool.cloud_names())
                 and self.ctl.pool.budget().autoscale)
 
     async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
@@ -214,9 +214,9 @@ class VmService:
             return vm | {"host": host}
         return None
 
-    def pending_on(self, host: str) -> int:
-        """VMs being placed on ``host`` right now (reserved, not yet answered)."""
-        return self._pending.get(host, Resources()).count
+    def pending_on(self, host: str) -> Resources:
+        """What is being placed on ``host`` right now (reserved, not yet answered)."""
+        return self._pending.get(host, Resources())
 
     def _release(self, host: str, ask: Resources) -> None:
         left = self._pending.get(host, Resources()) - ask

@@ -138,6 +138,7 @@ class ElasticPool:
         self._scaling = asyncio.Lock()  # creates that scale out: one machine bought at a time
         self._task: asyncio.Task | None = None
         self._last_reconcile = 0.0
+        self._wake = asyncio.Event()  # a purchase or a join wait asks for the next pass now
         self.reconcile_every = RECONCILE_EVERY_SECS
 
     # ---- clouds --------------------------------------------------------------
@@ -156,7 +157,7 @@ class ElasticPool:
         from .providers import link
         if not CLOUD_NAME.match(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
-        live = [r["name"] for r in self._rows() if r["provider"] == name and r["state"] in LIVE]
+        live = [r["name"] for r in self.rows() if r["provider"] == name and r["state"] in LIVE]
         if live:  # its hosts' ids mean something only to the cloud as it was linked
             raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it")
         options = dict(options or {})
@@ -177,7 +178,7 @@ class ElasticPool:
     async def unlink(self, name: str) -> None:
         if self._cloud_row(name) is None:
             raise NotFound(f"no linked cloud {name!r}")
-        live = [r["name"] for r in self._rows() if r["provider"] == name and r["state"] in LIVE]
+        live = [r["name"] for r in self.rows() if r["provider"] == name and r["state"] in LIVE]
         if live:
             raise Conflict(f"cloud {name} still has hosts ({', '.join(live)}): remove them first")
         with self.store.tx() as c:
@@ -200,19 +201,19 @@ class ElasticPool:
             row = self._cloud_row(name)
             if row is None:
                 raise InvalidArgument(f"no linked cloud {name!r}" + (
-                    f" (linked: {', '.join(self._cloud_names())})" if self._cloud_names() else
+                    f" (linked: {', '.join(self.cloud_names())})" if self.cloud_names() else
                     "; link one with PUT /v1/pool/clouds/{name} (fuse pool cloud link)"))
             p = self._providers[name] = link(row["kind"], name, row["options"], self._cloud_dir(name))
         return p
 
-    def _cloud_names(self) -> list[str]:
+    def cloud_names(self) -> list[str]:
         with self.store.read() as c:
             return [r[0] for r in c.execute(select(clouds_t.c.name).order_by(clouds_t.c.name))]
 
     def offers(self) -> list[Offer]:
         """What the linked clouds can add; with none linked, the shipped catalogue
         (plans then answer "what if", and nothing can be bought)."""
-        names = self._cloud_names()
+        names = self.cloud_names()
         if not names:
             return list(default_catalogue())
         return [o for n in names for o in self.provider(n).offers()]
@@ -223,7 +224,7 @@ class ElasticPool:
 
     def budget(self) -> ElasticBudget:
         now = time.time()
-        rows = self._rows()
+        rows = self.rows()
         live = [r for r in rows if r["state"] in LIVE]
         return ElasticBudget(**self._budget_settings(), month_usd=round(sum(month_usd(r, now) for r in rows), 6),
                              running_usd_per_hour=round(sum(r["usd_per_hour"] for r in live), 6), hosts=len(live))
@@ -272,10 +273,10 @@ class ElasticPool:
 
     def _committed(self) -> float:
         now = time.time()
-        return sum(committed_usd(r, now) for r in self._rows() if r["state"] in LIVE)
+        return sum(committed_usd(r, now) for r in self.rows() if r["state"] in LIVE)
 
     # ---- hosts ---------------------------------------------------------------
-    def _rows(self) -> list[dict]:
+    def rows(self) -> list[dict]:
         with self.store.read() as c:
             return [dict(r) for r in c.execute(select(hosts_t).order_by(hosts_t.c.started, hosts_t.c.name)).mappings()]
 
@@ -285,11 +286,11 @@ class ElasticPool:
         return dict(r) if r else None
 
     def hosts(self, include_gone: bool = False) -> list[ElasticHost]:
-        return [to_record(r) for r in self._rows() if include_gone or r["state"] != "gone"]
+        return [to_record(r) for r in self.rows() if include_gone or r["state"] != "gone"]
 
     def live_rows(self) -> dict[str, dict]:
         """Elastic hosts that are registered hosts (by name), for the pool snapshot."""
-        return {r["name"]: r for r in self._rows() if r["state"] in ("joined", "cordoned", "offline")}
+        return {r["name"]: r for r in self.rows() if r["state"] in ("joined", "cordoned", "offline")}
 
     def _transition(self, name: str, to: str, reason: str = "", **values: Any) -> dict:
         with self.store.tx() as c:
@@ -442,7 +443,7 @@ class ElasticPool:
         if vms:
             return (f"{len(vms)} VM{'s' if len(vms) > 1 else ''} on it ({', '.join(vms[:5])}): "
                     "drain it first (fuse controller hosts drain)")
-        if self.ctl.vms.pending_on(name):
+        if self.ctl.vms.pending_on(name).count:
             return "a VM is being placed on it"
         return None
 
@@ -463,7 +464,7 @@ class ElasticPool:
     async def tick(self) -> None:
         now = time.time()
         by_cloud: dict[str, list[dict]] = {}
-        for r in self._rows():
+        for r in self.rows():
             if r["state"] in ("booting", "joined", "cordoned", "offline") and r["cloud_id"]:
                 by_cloud.setdefault(r["provider"], []).append(r)
             elif r["state"] == "creating" and now - r["updated_at"] > CREATE_TIMEOUT_SECS:
@@ -545,10 +546,9 @@ class ElasticPool:
 
     # ---- the loop ---------------------------------------------------------------
     def wake(self) -> None:
-        self._wake.set() if hasattr(self, "_wake") else None
+        self._wake.set()
 
     async def start(self) -> None:
-        self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="fuse-elastic-pool")
 
     async def close(self) -> None:
@@ -592,7 +592,7 @@ class ElasticPool:
 
         from .planner import plan
         from .request import model_from_request
-        names = self._cloud_names()
+        names = self.cloud_names()
         if body.apply and not names:
             raise InvalidArgument("apply buys machines in a linked cloud and none is linked: "
                                   "link one with PUT /v1/pool/clouds/{name} (fuse pool cloud link)")

@@ -132,7 +132,7 @@ class PrewarmService:
             return {host: count}, []
         pool = self.ctl.pool
         # with no cloud linked nothing can be bought: the operator's own hosts only
-        local = on == "local" or not pool._cloud_names()
+        local = on == "local" or not pool.cloud_names()
         req = ElasticPlanRequest(count=count, image=image, kind=kind, cpus=cpus, memory_mb=mem, duration_secs=ttl,
                                  instance_type=opts.instance_type, region=opts.region,
                                  devices_only=True if local else None,

@@ -123,10 +123,10 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
     for r in rows:
         vms = pool.store.vms_on(r["name"])
         host = pool.store.get_host(r["name"]) or {}
-        pending = pool.ctl.vms._pending.get(r["name"])
+        pending = pool.ctl.vms.pending_on(r["name"])
         work = [v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
         out[r["name"]] = Load(
-            vms=tuple(work + ([pending.mem_mib] if pending is not None and pending.count > 0 else [])),
+            vms=tuple(work + ([pending.mem_mib] if pending.count > 0 else [])),
             prewarmed=sum(1 for v in vms if (v["record"] or {}).get("standby")
                           and v["name"].rsplit("-", 1)[0] in live),
             mem_mib=int((host.get("capacity") or {}).get("ram_mb", 0)))
@@ -139,7 +139,7 @@ async def reconcile(pool, *, horizon: float = HORIZON_SECS) -> list[ElasticDecis
     import time
 
     now = time.time()
-    rows = [r for r in pool._rows() if r["state"] != "gone"]
+    rows = [r for r in pool.rows() if r["state"] != "gone"]
     room = {h["name"]: (h["free_mem_mib"], h["free_vm_slots"]) for h in pool.ctl.pool_snapshot()
             if h.get("state") != "unavailable"}
     decisions = decide(rows, loads_of(pool, rows), room, now, horizon)
