@@ -99,6 +99,33 @@ def test_provision_is_idempotent_and_recreates_on_a_new_shape(fleet):
         assert placed(fleet.client) == [("bench", 1, 128), ("bench", 2, 256)]
 
 
+def test_provision_keeps_a_running_vms_entry_when_the_params_name_none(fleet):
+    # A VM created elsewhere (or with vmEntry before) runs its own job: a trial
+    # whose params leave vmEntry out must not replace it with the default.
+    fleet.client.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 1000"})
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "job", "vcpus": 1, "memMiB": 128}
+        assert svc.provision_host(p) == (Status.SUCCEEDED, {})
+        assert placed(fleet.client) == [("job", 1, 128)]  # not recreated
+        # Naming another entry does recreate it, with that entry.
+        assert provision(svc, {**p, "vmEntry": "sleep 2000"})[0] == Status.SUCCEEDED
+        assert fleet.client.vms.get("job")["entry"] == "sleep 2000"
+        assert placed(fleet.client) == [("job", 1, 128), ("job", 1, 128)]
+
+
+@pytest.mark.parametrize("params", [None, [], "vm"], ids=["None", "a list", "a string"])
+def test_params_that_are_not_a_dict_are_failed_not_raised(fleet, caplog, params):
+    svc = service(fleet)
+    with svc:
+        assert svc.provision_host(params) == (Status.FAILED, {})
+        assert svc.deprovision_host(params) == (Status.FAILED, {})
+        assert svc.deallocate_host(params) == (Status.FAILED, {})
+        for is_setup in (True, False):
+            assert svc.wait_host_deployment(params, is_setup=is_setup) == (Status.FAILED, {})
+    assert "params must be a dict" in caplog.text
+
+
 def test_deallocate_sleeps_the_vm_and_provision_wakes_it(fleet):
     svc = service(fleet)
     with svc:
@@ -117,11 +144,9 @@ def test_deprovision_deletes_and_tolerates_a_missing_vm(fleet):
     with svc:
         p = {"vmName": "gone", "vcpus": 1, "memMiB": 128}
         assert provision(svc, p)[0] == Status.SUCCEEDED
-        for _ in range(2):
-            status, handle = svc.deprovision_host(p)
-            assert status == Status.PENDING
-            assert svc.wait_host_deployment(handle, is_setup=False)[0] == Status.SUCCEEDED
-        assert vms(fleet.client) == []
+        for _ in range(2):  # seed 002: "The result is always {}"; done when it answers
+            assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
+            assert vms(fleet.client) == []
         # Without an operation handle, wait polls the VM itself.
         assert svc.wait_host_deployment(p, is_setup=False)[0] == Status.SUCCEEDED
         assert svc.deallocate_host(p)[0] == Status.FAILED  # nothing to sleep
@@ -148,9 +173,7 @@ def test_a_bad_url_is_failed_from_every_call_never_an_exception(caplog):
     p = {"vmName": "x", "vcpus": 1, "memMiB": 128}
     with svc:
         assert svc.provision_host(p) == (Status.FAILED, {})
-        status, handle = svc.deprovision_host(p)
-        assert status == Status.PENDING
-        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert svc.deprovision_host(p) == (Status.FAILED, {})
         assert svc.wait_host_deployment(p, is_setup=True) == (Status.FAILED, {})
         assert svc.wait_host_deployment(p, is_setup=False) == (Status.FAILED, {})
         assert svc.deallocate_host(p) == (Status.FAILED, {})
@@ -200,13 +223,13 @@ def test_wait_answers_with_the_operations_runtime_and_checks_its_kind(fleet, cap
             "operation": "provision", "vmName": "timed", "vmHost": "h1", "vmState": "running"}
         assert 0 <= info["elapsedSecs"] < 30 and OP_KEY not in info
 
-        status, handle = svc.deprovision_host(p)
-        assert handle[OP_KIND_KEY] == "deprovision"
+        assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
+        handle = {**p, OP_KIND_KEY: "deprovision"}  # (a handle it held no longer: it watches the VM)
         assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})
         status, info = svc.wait_host_deployment(handle, is_setup=False)
         assert status == Status.SUCCEEDED
-        assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
-            "operation": "deprovision", "vmName": "timed", "vmHost": "h1", "vmState": "deleted"}
+        assert {k: info[k] for k in ("operation", "vmName", "vmState")} == {
+            "operation": "deprovision", "vmName": "timed", "vmState": "deleted"}
 
 
 def test_a_handle_outlives_the_service_that_issued_it(fleet):
@@ -297,10 +320,11 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
         assert provision(svc, p)[0] == Status.SUCCEEDED
         arrived = gate.hold("DELETE", "/v1/vms/held")
         started = time.monotonic()
-        status, handle = svc.deprovision_host(p)
+        status, handle = svc.provision_host({**p, "memMiB": 256})  # a new shape: delete, then create
+        assert status == Status.PENDING
         assert arrived.wait(10)
         time.sleep(2.5)  # the caller comes back late: its wait still ends at the operation's deadline
-        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.TIMED_OUT, {})
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.TIMED_OUT, {})
         assert 3.0 <= time.monotonic() - started < 4.5  # not 2.5 + a whole pollTimeout
         assert handle[OP_KEY] not in svc._ops  # the pending table does not keep it
 
@@ -313,7 +337,24 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
         assert time.monotonic() - started < 4.5 and svc._ops == {}
         gate.release()
         wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
-        assert vms(fleet.client) == []  # the held delete landed; "later" was never created
+        assert vms(fleet.client) == []  # the held delete landed; no create after it, "later" never created
+
+
+def test_deprovision_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
+    svc = gated(gate)
+    p = {"vmName": "doomed", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        arrived = gate.hold("DELETE", "/v1/vms/doomed")
+        status, handle = svc.deprovision_host(p)
+        # The delete reached the controller and goes on there: PENDING (seed 002
+        # allows no TIMED_OUT for deprovision), with the handle to wait on.
+        assert arrived.is_set()
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "deprovision" and OP_KEY in handle
+        gate.release()
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("deprovision", "deleted")
+        assert vms(fleet.client) == []
 
 
 def test_deallocate_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
@@ -342,7 +383,7 @@ def test_deallocate_that_timed_out_before_asking_for_the_sleep_is_failed(fleet, 
         assert provision(svc, p)[0] == Status.SUCCEEDED
         gate.hold("GET", "/v1/vms/awake")  # its look-up before the sleep hangs
         assert svc.deallocate_host(p) == (Status.FAILED, {})
-        assert "timed out before asking the controller to sleep it" in caplog.text
+        assert "deallocate of vm awake failed: it timed out before asking the controller" in caplog.text
         gate.release()
         wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
         assert vms(fleet.client) == [("awake", "running", 1, 128)]  # abandoned: it never slept the VM
@@ -355,7 +396,7 @@ def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatc
     svc.__enter__()
     assert provision(svc, p)[0] == Status.SUCCEEDED
     arrived = gate.hold("DELETE", "/v1/vms/stuck")
-    assert svc.deprovision_host(p)[0] == Status.PENDING
+    assert svc.provision_host({**p, "memMiB": 256})[0] == Status.PENDING  # a new shape: delete, then create
     assert arrived.wait(10)
     assert svc.provision_host({"vmName": "queued", "vcpus": 1, "memMiB": 128})[0] == Status.PENDING
     started = time.monotonic()
@@ -364,7 +405,7 @@ def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatc
     gate.release()
     wait_until(lambda: not any(t.name == "fuse-mlos" and t.is_alive() for t in threading.enumerate()),
                what="the worker thread to end once its call returned")
-    assert vms(fleet.client) == []  # the call in flight landed; the queued one was cancelled
+    assert vms(fleet.client) == []  # the delete in flight landed, no create after it; the queued one was cancelled
 
 
 # ---- how url and token reach the service ------------------------------------

@@ -30,9 +30,11 @@ How the calls map onto the controller:
                       Else PENDING with an operation handle (the params plus
                       "fuseOperation" and "fuseOperationKind") that converges
                       in the background: create it, wake it if it sleeps, or
-                      delete and recreate it when its shape, entry or bundle
-                      differ from the trial's (mlos_bench calls provision on
-                      every trial with no deprovision between).
+                      delete and recreate it when its shape, or the entry or
+                      bundle the params ask for, differ from the trial's
+                      (mlos_bench calls provision on every trial with no
+                      deprovision between; a VM whose entry the params do not
+                      name keeps the one it runs).
     wait_host_deployment  waits for that operation: SUCCEEDED with info on its
                       runtime ({"operation", "vmName", "vmHost", "vmState",
                       "elapsedSecs"}), FAILED, or TIMED_OUT. is_setup must
@@ -41,12 +43,12 @@ How the calls map onto the controller:
                       logged. Without a handle, or one this service no longer
                       holds (timed out, or issued before a restart), it
                       watches the VM for up to pollTimeout instead.
-    deprovision_host  deletes the VM (PENDING + handle; already gone is fine).
+    deprovision_host  deletes the VM (already gone is fine).
     deallocate_host   sleeps the VM: its memory and vCPUs go back to the
                       fleet, its state stays on disk, provision wakes it.
-                      Blocks up to pollTimeout: (SUCCEEDED|FAILED, {}). Seed
+                      Both block up to pollTimeout: (SUCCEEDED|FAILED, {}). Seed
                       002 has no TIMED_OUT here, so a timeout is PENDING with
-                      the handle when the sleep was already sent (it goes on
+                      the handle when the call was already sent (it goes on
                       at the controller; wait with is_setup=False), FAILED
                       when it never was.
 
@@ -155,12 +157,13 @@ class VmSpec:
     name: str
     vcpus: int
     mem_mib: int
-    entry: str
+    entry: str | None = None  # None: not asked for (a VM created here runs DEFAULT_ENTRY)
     bundle: str | None = None
     host: str | None = None
 
     @classmethod
     def from_params(cls, params: dict, config: dict) -> "VmSpec":
+        _vm_name(params)  # a dict naming its VM
         missing = [k for k in ("vmName", "vcpus", "memMiB") if params.get(k) in (None, "")]
         if missing:
             raise ValueError(f"params lack {', '.join(missing)}")
@@ -170,12 +173,12 @@ class VmSpec:
             return str(value) if value not in (None, "") else None
 
         return cls(name=str(params["vmName"]), vcpus=_whole("vcpus", params["vcpus"]),
-                   mem_mib=_whole("memMiB", params["memMiB"]), entry=opt("vmEntry") or DEFAULT_ENTRY,
+                   mem_mib=_whole("memMiB", params["memMiB"]), entry=opt("vmEntry"),
                    bundle=opt("vmBundle"), host=opt("vmHost"))
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"name": self.name, "shape": {"vcpus": self.vcpus, "mem_mib": self.mem_mib},
-                                "entry": self.entry}
+                                "entry": self.entry or DEFAULT_ENTRY}
         if self.bundle:
             body["bundle"] = self.bundle
         if self.host:
@@ -188,7 +191,7 @@ class VmSpec:
         shape = vm.get("shape") or {}
         if (shape.get("vcpus"), shape.get("mem_mib")) != (self.vcpus, self.mem_mib):
             out.append(f"shape {shape.get('vcpus')}x{shape.get('mem_mib')} MiB -> {self.vcpus}x{self.mem_mib} MiB")
-        if vm.get("entry") != self.entry:
+        if self.entry is not None and vm.get("entry") != self.entry:  # asked for: a running job is kept
             out.append("entry")
         if self.bundle and vm.get("bundle") != self.bundle:
             out.append(f"bundle {vm.get('bundle')} -> {self.bundle}")
@@ -202,7 +205,14 @@ def _opt(params: dict, config: dict, key: str) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
+def _named(params: Any) -> Any:
+    """The vmName of `params` for a log line, whatever `params` is."""
+    return params.get("vmName") if isinstance(params, dict) else None
+
+
 def _vm_name(params: dict) -> str:
+    if not isinstance(params, dict):
+        raise ValueError(f"params must be a dict, not {type(params).__name__}")
     name = params.get("vmName")
     if name in (None, ""):
         raise ValueError("params lack vmName")
@@ -528,41 +538,44 @@ class FuseVMService(Service):
                     return Status.SUCCEEDED, {}  # seed 002: the result is always {}
             return self._submit("provision", spec.name, lambda op: self._converge(op, spec), params)
         except Exception as err:
-            return self._failed(f"provision of vm {params.get('vmName')}", err)
+            return self._failed(f"provision of vm {_named(params)}", err)
 
     def deprovision_host(self, params: dict) -> tuple[Status, dict]:
-        """Delete the VM (PENDING with an operation handle; a VM already gone
-        counts as deleted)."""
+        """Delete the VM (a VM already gone counts as deleted). Waits up to
+        pollTimeout: SUCCEEDED or FAILED with {} (seed 002: the result is
+        always {}), or PENDING with the operation handle when the delete it
+        asked the controller for has not finished by then."""
         try:
             name, host = _vm_name(params), _opt(params, self.config, "vmHost")
-            return self._submit("deprovision", name, lambda op: self._remove(op, name, host), params)
+            return self._blocking("deprovision", name, lambda op: self._remove(op, name, host), params)
         except Exception as err:
-            return self._failed(f"deprovision of vm {params.get('vmName')}", err)
+            return self._failed(f"deprovision of vm {_named(params)}", err)
 
     def deallocate_host(self, params: dict) -> tuple[Status, dict]:
         """Sleep the VM: free its compute, keep its state; the next provision
-        wakes it. Waits up to pollTimeout: SUCCEEDED or FAILED with {}, or
-        PENDING with the operation handle when the sleep it asked the
-        controller for has not finished by then."""
+        wakes it. Waits up to pollTimeout, as deprovision_host does."""
         try:
             name, host = _vm_name(params), _opt(params, self.config, "vmHost")
-            _, handle = self._submit("deallocate", name, lambda op: self._sleep(op, name, host), params)
-            with self._lock:
-                op = self._ops[handle[OP_KEY]]
-            status, _ = self._await(op)
-            if status != Status.TIMED_OUT:
-                return status, {}
-            # Seed 002 has no TIMED_OUT for deallocate. A sleep already sent goes
-            # on at the controller: PENDING, and waiting on the handle
-            # (is_setup=False) watches the VM until it sleeps. One never sent
-            # will not happen: FAILED.
-            if op.sent:
-                return Status.PENDING, handle
-            _LOG.error("fuse: deallocate of vm %s failed: it timed out before asking the controller to sleep it",
-                       name)
-            return Status.FAILED, {}
+            return self._blocking("deallocate", name, lambda op: self._sleep(op, name, host), params)
         except Exception as err:
-            return self._failed(f"deallocate of vm {params.get('vmName')}", err)
+            return self._failed(f"deallocate of vm {_named(params)}", err)
+
+    def _blocking(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict) -> tuple[Status, dict]:
+        """Run an operation to its end, up to pollTimeout: (SUCCEEDED|FAILED, {}).
+        Seed 002 has no TIMED_OUT for deprovision or deallocate: one whose
+        controller call was already sent goes on at the controller, so it is
+        PENDING with the handle (waiting on it with is_setup=False watches the
+        VM); one that never asked the controller will not happen: FAILED."""
+        _, handle = self._submit(kind, name, run, params)
+        with self._lock:
+            op = self._ops[handle[OP_KEY]]
+        status, _ = self._await(op)
+        if status != Status.TIMED_OUT:
+            return status, {}
+        if op.sent:
+            return Status.PENDING, handle
+        _LOG.error("fuse: %s of vm %s failed: it timed out before asking the controller", kind, name)
+        return Status.FAILED, {}
 
     def wait_host_deployment(self, params: dict, *, is_setup: bool) -> tuple[Status, dict]:
         """Wait for the operation whose handle is `params` (from provision,
@@ -572,6 +585,7 @@ class FuseVMService(Service):
         provision). Without a handle, or with one this service no longer
         holds, it watches the VM itself for up to pollTimeout."""
         try:
+            _vm_name(params)  # a dict naming its VM
             kind = params.get(OP_KIND_KEY) or ("provision" if is_setup else "deprovision")
             with self._lock:
                 op = self._ops.get(params.get(OP_KEY) or "")
@@ -588,7 +602,7 @@ class FuseVMService(Service):
                 return self._await(op)
             return self._watch_vm(params, kind)
         except Exception as err:
-            return self._failed(f"waiting for vm {params.get('vmName')}", err)
+            return self._failed(f"waiting for vm {_named(params)}", err)
 
     # ---- waiting ---------------------------------------------------------------
     def _drop(self, op: Operation) -> None:
