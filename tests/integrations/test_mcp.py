@@ -110,6 +110,14 @@ def test_register_a_host_create_a_vm_and_read_events_through_the_tool(fleet):
         # Only relative /v1/ paths: the controller's token never goes elsewhere.
         bad = await s.call_tool("fuse_controller", {"method": "GET", "path": "http://example.com/v1/vms"})
         assert bad.is_error and "/v1/" in bad.content[0].text
+        for path in ("//example.com/v1/vms", "/v1/../../etc/passwd", "/v2/vms"):
+            bad = await s.call_tool("fuse_controller", {"method": "GET", "path": path})
+            assert bad.is_error and "/v1/" in bad.content[0].text, path
+        # dot segments resolve to the route they name; the OpenAPI document is a call too
+        dotted = await call("GET", "/v1/hosts/../vms")
+        assert dotted["status"] == 200 and "vms" in dotted["body"]
+        spec = await call("GET", "/openapi.json")
+        assert spec["status"] == 200 and "/v1/moves" in spec["body"]["paths"]
 
     anyio.run(session_run, server_params(fleet.ctl.url), steps)
 

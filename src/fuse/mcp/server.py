@@ -14,6 +14,7 @@ bearer token; `$FUSE_URL` / `$FUSE_TOKEN` when not given.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from ..client import _core
 
 TOOL_NAME = "fuse_controller"
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+TOP_LEVEL = ("/openapi.json",)  # the controller's route outside /v1/
 REQUEST_TIMEOUT = 300.0  # POST /v1/vms waits for the VM to boot; long polls wait up to wait_s
 
 INSTRUCTIONS = """\
@@ -32,7 +34,7 @@ under a budget (the elastic pool), and keep VMs prewarmed."""
 
 DESCRIPTION = """\
 Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
-method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/, with any query string; body: JSON or omitted.
+method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/ (or /openapi.json), with any query string; body: JSON or omitted.
 Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code. A code's extras (hosts on
 fleet_full) are both beside code and under error.details.
 
@@ -98,10 +100,7 @@ class ControllerCaller:
         method = method.upper()
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-        # Relative paths only: an absolute URL would let a prompt point the
-        # controller's token at another server.
-        if not path.startswith("/v1/"):
-            raise ValueError(f"path must start with /v1/ (e.g. /v1/vms), not {path!r}")
+        path = controller_path(path)
         try:
             resp = await self._http.request(method, path, json=body)
         except httpx.TimeoutException:
@@ -117,6 +116,21 @@ class ControllerCaller:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def controller_path(path: str) -> str:
+    """``path`` as the controller route it names: relative (an absolute URL, or ``//host``,
+    would let a prompt point the controller's token at another server), with its dot
+    segments resolved (httpx would resolve ``/v1/../x`` itself), under ``/v1/`` or its
+    OpenAPI document. ValueError otherwise."""
+    route, sep, query = path.partition("?")
+    if not route.startswith("/") or route.startswith("//"):
+        raise ValueError(f"path must be relative, starting /v1/ (e.g. /v1/vms), not {path!r}")
+    route = posixpath.normpath(route)
+    if not (route.startswith("/v1/") or route in TOP_LEVEL):
+        raise ValueError(f"path must start with /v1/ (e.g. /v1/vms) or be {' or '.join(TOP_LEVEL)}, "
+                         f"not {path!r}")
+    return route + sep + query
 
 
 def build_server(url: str | None = None, token: str | None = None, *,
