@@ -198,7 +198,10 @@ class MoveService:
         name = body.get("vm") or body.get("flashvm")
         to, pin = body.get("to"), body.get("host")
         async with self._lock:
-            source = self.ctl.vms.locate(name, pin)
+            try:
+                source = self.ctl.vms.locate(name, pin)
+            except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
+                raise refuse("not_movable", exc.message) from None
             if self._active_for(name, source):
                 raise refuse("move_in_progress", f"vm {name} is already moving")
             await self.fleet.first_poll(source)
@@ -209,6 +212,10 @@ class MoveService:
                 vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
             except HostUnreachable as exc:
                 raise refuse("host_unreachable", f"source host {source} did not answer: {exc.message}") from None
+            except FuseError as exc:
+                if exc.code == "not_found":  # gone from its host since the last poll
+                    raise refuse("not_movable", f"vm {name} not found on host {source}") from None
+                raise
             if vm.get("move_id"):
                 raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
             if vm["state"] not in ("running", "sleeping"):

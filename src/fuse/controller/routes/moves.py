@@ -10,13 +10,13 @@ from ...models.moves import Move, MoveList, MoveRequest
 
 router = APIRouter(tags=["moves"])
 
-REFUSALS = ("not_movable, same_host, unknown_host, arch_mismatch (platform, bundle fingerprint or Firecracker "
+REFUSALS = ("not_movable (no such VM, or not running or sleeping), same_host, unknown_host, arch_mismatch (platform, bundle fingerprint or Firecracker "
             "release differ), no_target (none has room, or the named target is cordoned or draining), "
             "move_in_progress, host_unreachable (the source or the target does not answer)")
 
 
 @router.post("/v1/moves", status_code=202, response_model=Move,
-             responses=responses(s404="not_found: no such VM", s409=REFUSALS,
+             responses=responses(s409=REFUSALS,
                                  s400="invalid_argument: no vm named"),
              summary="createMove: move a running or sleeping VM (202), or 409 with why not.")
 async def create_move(request: Request, body: MoveRequest) -> JSONResponse:
