@@ -30,12 +30,17 @@ def add(env, name, *flags):
                           capture_output=True, text=True, timeout=120, env=env["env"])
 
 
-def test_backend_left_unset_is_the_controllers_default_firecracker(env):
+def test_backend_left_unset_is_the_one_the_agent_runs(env):
+    # seed 004's `hosts add --name --addr` has no backend: the agent's own (qemu here), no warning
     r = add(env, "unset", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["backend"] == "firecracker"
-    r = add(env, "set", "--backend", "qemu", "--json")
-    assert json.loads(r.stdout)["backend"] == "qemu"
+    assert (json.loads(r.stdout)["backend"], json.loads(r.stdout)["warnings"]) == ("qemu", [])
+    r = add(env, "set", "--backend", "firecracker")
+    assert r.returncode == 0 and "warning: backend: registered as firecracker but the host agent runs qemu" in r.stdout
+    # MIG profiles are for qemu hosts: the agent's backend admits them when none is named
+    r = add(env, "mig", "--mig-profiles", "1g.10gb=2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["capacity"]["mig_profiles"] == {"1g.10gb": 2}
 
 
 def test_mig_profiles_and_labels_reach_the_controller(env):
@@ -52,9 +57,9 @@ def test_mig_profiles_and_labels_reach_the_controller(env):
     (["--mig-profiles", "1g.10gb"], "invalid_argument", 2),
     (["--backend", "qemu", "--mig-profiles", "1g.10gb=four"], "invalid_argument", 2),
     (["--backend", "qemu", "--mig-profiles", "big=1"], "invalid_argument", 1),
-    (["--mig-profiles", "1g.10gb=1"], "invalid_argument", 1),
+    (["--backend", "firecracker", "--mig-profiles", "1g.10gb=1"], "invalid_argument", 1),
 ], ids=["a label without =", "a MIG profile without a count", "a MIG count that is not a number",
-        "a MIG name the controller refuses", "MIG profiles on the default firecracker backend"])
+        "a MIG name the controller refuses", "MIG profiles on a firecracker host"])
 def test_bad_flags_print_the_code_and_exit_non_zero(env, flags, code, exit_code):
     r = add(env, "bad", *flags)
     assert r.returncode == exit_code and f"error: {code}" in r.stderr and "Traceback" not in r.stderr, r.stderr

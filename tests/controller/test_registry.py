@@ -514,6 +514,12 @@ def test_seed_004_short_form_and_wire_envelope(client, agent):
     r = client._http.post("/v1/hosts", json={"name": "edge", "addr": str(agent.socket) and f"unix://{agent.socket}"})
     assert r.status_code == 201, r.text
     assert r.json()["capacity"]["vm_count"] == 16
+    # no backend field in seed 004: the agent's own, not seed 000's default (firecracker)
+    assert (r.json()["backend"], r.json()["warnings"]) == ("qemu", [])
+    assert client.hosts.add("edge2", f"unix://{agent.socket}").backend == "qemu"
+    r = client._http.post("/v1/hosts", json={"id": "long-form", "url": f"unix://{agent.socket}",
+                                             "capacity": {"vm_count": 2}})
+    assert r.json()["backend"] == "firecracker" and "the host agent runs qemu" in r.json()["warnings"][0]
     r = client._http.post("/v1/hosts/edge", params={"action": "explode"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
     r = client._http.post("/v1/hosts", json={"name": "x", "addr": "not an address"})

@@ -103,8 +103,7 @@ def hosts_add(
     agent_token: Optional[str] = typer.Option(None, "--agent-token", "--token", envvar="FUSE_HOST_TOKEN",
                                               help="The agent's bearer token."),
     region: Optional[str] = typer.Option(None),
-    backend: Optional[str] = typer.Option(None, help="qemu or firecracker (unset: the controller's default, "
-                                                     "firecracker)."),
+    backend: Optional[str] = typer.Option(None, help="qemu or firecracker (unset: the one the host agent runs)."),
     cpus: int = typer.Option(0, help="0: probe."), ram_mb: int = typer.Option(0, help="0: probe."),
     storage_gb: int = typer.Option(0, help="0: probe."),
     gpus: int = typer.Option(0, help="0: probe (qemu hosts only)."),
@@ -123,7 +122,11 @@ def hosts_add(
                                                     storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
                                                     mig_profiles=_mig_counts(mig_profiles)))
     with api_errors(), client() as c:
-        host = c.hosts.register(req)
+        if backend:
+            host = c.hosts.register(req)
+        else:  # seed 004's {name, addr} form: the backend is the one the agent runs
+            body = req.model_dump(mode="json", exclude_none=True, exclude={"id", "url", "backend"})
+            host = c.hosts.add(name, addr, **body)
     if json_:
         emit_json(host)
         return

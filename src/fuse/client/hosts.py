@@ -16,6 +16,13 @@ class HostsAPI:
         """Register (or re-register) a host; capacity fields left at 0 are probed."""
         return self._send(Call("POST", "/v1/hosts", body=request, parse=model(Host)))
 
+    def add(self, name: str, addr: str, **fields: Any) -> Host:
+        """Seed 004's short form, `POST /v1/hosts {name, addr}`: as `register`, but
+        the backend, when `fields` names none, is the one the host agent runs, and
+        capacity.vm_count defaults to 16. `fields`: token, region, backend,
+        capacity (a dict), labels."""
+        return self._send(Call("POST", "/v1/hosts", body={"name": name, "addr": addr, **fields}, parse=model(Host)))
+
     def list(self) -> list[Host]:
         """Every registered host, with declared capacity and live allocations."""
         return self._send(Call("GET", "/v1/hosts", parse=lambda r: HostPage.model_validate(r.json()).hosts))

@@ -197,8 +197,14 @@ class HostRegistry:
         self._tls = tls        # () -> TlsSettings | None, the controller's current identity
         self._live = live      # host id -> poller's live figures
 
-    async def register(self, req: RegisterHostRequest) -> tuple[Host, bool]:
-        backend = validate(req)
+    async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False) -> tuple[Host, bool]:
+        """``backend_from_probe``: a request that names no backend takes the one the agent
+        runs (seed 004's ``{name, addr}``, which has no backend field) instead of seed 000's
+        default, firecracker."""
+        # (the agent's own backend is known after the probe: check against qemu's rules first,
+        # the most permissive, then against the backend it runs)
+        from_probe = backend_from_probe and not req.backend
+        backend = validate(req.model_copy(update={"backend": "qemu"}) if from_probe else req)
         warnings: list[str] = []
         try:
             probed = await probe_host(req.url, req.token, self._tls())
@@ -214,6 +220,10 @@ class HostRegistry:
                 raise
             probed = None
             warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
+        if from_probe:
+            probed_backend = (probed or {}).get("backend")
+            backend = validate(req.model_copy(update={"backend": probed_backend if probed_backend in BACKENDS
+                                                      else "firecracker"}))
         cap = merge_capacity(req.capacity, backend, probed, warnings)
         now = time.time()
         with self.store.tx() as conn:

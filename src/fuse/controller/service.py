@@ -120,10 +120,10 @@ class Controller:
                         "state": row.get("state", "active") if fleet.usable[i] else "unavailable"} | cloud)
         return out
 
-    async def register_host(self, req):
+    async def register_host(self, req, backend_from_probe: bool = False):
         """Register, then poll the host at once so it is connected (and its
         VMs adopted) when the reply goes out."""
-        host, created = await self.hosts.register(req)
+        host, created = await self.hosts.register(req, backend_from_probe)
         if self.fleet is not None:
             try:
                 await self.fleet.refresh(req.id)

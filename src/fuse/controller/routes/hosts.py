@@ -21,14 +21,17 @@ def _ctl(request: Request):
     return request.app.state.ctl
 
 
-def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
-    """Accept seed 000's `{id, url, ...}` and seed 004's `{name, addr}`. The
-    short form is the operator's `hosts add`: a missing vm_count there takes
-    the CLI's documented default of 16 rather than failing."""
+def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
+    """Accept seed 000's `{id, url, ...}` and seed 004's `{name, addr}`, and say
+    which it was. The short form is the operator's `hosts add`: a missing
+    vm_count there takes the CLI's documented default of 16 rather than
+    failing, and a missing backend is the one the agent runs (seed 004 has no
+    backend field; seed 000's default, firecracker, is for its own form)."""
     if not isinstance(body, dict):
         raise InvalidArgument("body must be a JSON object")
     body = dict(body)
-    if "id" not in body and "name" in body:
+    short = "id" not in body and "name" in body
+    if short:
         body["id"] = body.pop("name")
         body.setdefault("capacity", {})
         if isinstance(body["capacity"], dict):
@@ -36,7 +39,7 @@ def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
     if "url" not in body and "addr" in body:
         body["url"] = body.pop("addr")
     try:
-        return RegisterHostRequest.model_validate(body)
+        return RegisterHostRequest.model_validate(body), short
     except Exception as exc:  # pydantic.ValidationError
         errs = getattr(exc, "errors", lambda: [])()
         first = errs[0] if errs else {}
@@ -54,7 +57,8 @@ def _register_body(body: dict[str, Any]) -> RegisterHostRequest:
                                          "unauthorized: the agent refused the token")},
              summary="registerHost: add a host, probing its hardware.")
 async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
-    host, created = await _ctl(request).register_host(_register_body(body))
+    req, short = _register_body(body)
+    host, created = await _ctl(request).register_host(req, backend_from_probe=short)
     return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
 
 
