@@ -163,8 +163,10 @@ class LocalProvider(Provider):
 
     def _alive(self, machine_id: str, pid: int | None) -> bool:
         child = self._children.get(machine_id)
-        if child is not None and child.poll() is not None:
-            return False  # exited (poll reaped it)
+        if child is not None:
+            # Our own child: alive until reaped (its pid cannot be recycled before), and its
+            # command line may still be this process's own for a moment after the fork.
+            return child.poll() is None
         # The command line check guards against a recycled pid after a restart.
         return bool(pid) and f"{self._dir(machine_id)}\0".encode() in _cmdline(pid)
 
