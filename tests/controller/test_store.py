@@ -69,6 +69,43 @@ def test_events_get_increasing_ids_on_both_engines(tmp_path, db_url):
         store.close()
 
 
+def test_a_reader_never_passes_an_event_id_a_slower_replica_commits_later(tmp_path, postgres):
+    # Two replicas on one PostgreSQL: A draws an event id and holds its transaction open;
+    # B's event must not become visible before A's, or a reader at B's id skips A's for good.
+    import threading
+
+    url = postgres.create_db("fuse_event_order")
+    a, b = Store(engine_url(url, tmp_path)), Store(engine_url(url, tmp_path))
+    try:
+        drawn, release, b_done = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_a():
+            with a.tx() as c:
+                a.add_event("placed", {"by": "a"}, conn=c)
+                drawn.set()
+                release.wait(10)
+
+        def quick_b():
+            b.add_event("placed", {"by": "b"})
+            b_done.set()
+
+        ta = threading.Thread(target=slow_a)
+        ta.start()
+        assert drawn.wait(10)
+        tb = threading.Thread(target=quick_b)
+        tb.start()
+        time.sleep(0.5)
+        # B waits for A's transaction (writes are serialised), so nothing is visible yet
+        assert not b_done.is_set() and b.events_after(0) == []
+        release.set()
+        ta.join(10)
+        tb.join(10)
+        assert [e["data"]["by"] for e in b.events_after(0)] == ["a", "b"]
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("state,record,holds", [
     ("creating", {}, True),
     ("running", {}, True),

@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint, and_, create_engine, delete, event, func, insert, or_, select, update)
+                        UniqueConstraint, and_, create_engine, delete, event, func, insert, or_, select, text,
+                        update)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from ...agent.admission import HOLDS_MEMORY
 
 metadata = MetaData()
+WRITE_LOCK_KEY = 0x66757365  # "fuse": the PostgreSQL advisory lock of write transactions
 
 hosts = Table(
     "hosts", metadata,
@@ -156,8 +158,14 @@ class Store:
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
+        """One write transaction. Writes are serialised, as SQLite does by itself: in
+        this process by a lock, across PostgreSQL replicas by a transaction-scoped
+        advisory lock taken first. So event ids commit in the order they are drawn, and
+        a reader following the merged stream by id (``events_after``) never passes an
+        id that a slower transaction commits later."""
         if self._write_lock is None:
             with self.engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY})
                 yield conn
             return
         with self._write_lock, self.engine.begin() as conn:
