@@ -258,6 +258,26 @@ def test_follow_iterator(fleet):
     assert len(got) == 2 and got[0]["id"] < got[1]["id"]
 
 
+def test_a_machine_under_two_names_lists_each_vm_once(fleet):
+    # seed 004 counts a host added under two names once: its VMs are listed once
+    # too, under the name they were created through, and each name can go
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.client.vms.create(shape(name="m0", host="h1"))
+    fleet.add("alias", a)  # its poller adopts the agent's VMs: m0 stays h1's
+    fleet.client.vms.create(shape(name="m1", host="h1"))
+    fleet.client.vms.create(shape(name="m2", host="alias"))
+    listed = lambda: sorted((v["name"], v["host"]) for v in fleet.client.vms.list())  # noqa: E731
+    assert listed() == [("m0", "h1"), ("m1", "h1"), ("m2", "alias")]
+    time.sleep(2.5)  # a few polls of both names, their events included
+    assert listed() == [("m0", "h1"), ("m1", "h1"), ("m2", "alias")]
+    assert (fleet.client.hosts.get("h1").allocated.vm_count, fleet.client.hosts.get("alias").allocated.vm_count) \
+        == (2, 1)
+    fleet.client.vms.delete("m2")
+    fleet.client.hosts.deregister("alias")  # nothing of its own left: it goes
+    assert listed() == [("m0", "h1"), ("m1", "h1")]
+
+
 def test_usage_counts_a_host_under_two_names_once_and_lists_unreachable(fleet):
     a = fleet.agent("a1")
     fleet.add("h1", a)

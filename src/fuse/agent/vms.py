@@ -190,6 +190,8 @@ class VmManager:
             "kvm": self.backend.kvm_usable(self.kvm_device),
             "kvm_device": self.kvm_device,
             "bundles": bundles.list_bundles(self.state_dir),
+            # the newest event's id: a poller reads /v1/host/events only when it moved
+            "last_event_id": self.events.last_id,
         }
 
     # -- lifecycle -------------------------------------------------------------

@@ -1,7 +1,11 @@
 """Host pollers: the controller's live view of every host.
 
 A poller per host reads `GET /v1/host` every second and its events with
-backoff (up to 500 a poll). Events are stored with the host's own event id
+backoff, one `GET /v1/host/events` of up to 500 a poll: at once when the
+summary's `last_event_id` is past the stored cursor (nothing is asked while
+it is not), else (an agent that does not report it) after 1 s, doubling to
+EVENT_BACKOFF_MAX while the answers are empty; a host that fails backs off
+from 1 s to 30 s. Events are stored with the host's own event id
 under a unique (host, host_event_id) key, in the same transaction that moves
 the host's cursor, so across reconnects and controller restarts no event is
 stored twice or skipped. A host that stops answering is marked disconnected
@@ -22,10 +26,11 @@ from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable
 from ..transport import HostConnection
-from .store import events as events_t, host_cursors, vms as vms_t
+from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.fleet")
-EVENT_BATCH = 500
+EVENT_BATCH = 500  # events per poll, at most
+EVENT_BACKOFF_MAX = 8.0  # seconds between event reads of an agent that reports no last_event_id, at most
 DISCONNECT_AFTER = 2  # failed polls in a row before a host counts as disconnected
 
 
@@ -38,6 +43,8 @@ class HostView:
     error: str = ""
     failures: int = 0  # polls failed in a row
     agent_id: str = ""  # the identity last recorded in the host's row
+    events_wait: float = 0.0  # seconds until the next event read, when the summary cannot tell
+    events_at: float = 0.0  # monotonic time of the next event read, then
 
 
 class Fleet:
@@ -166,7 +173,7 @@ class Fleet:
                 view.connected = True
                 self._controller_event("host_connected", host_id, {})
             if events:
-                await self._pull_events(host_id, conn, summary.get("agent_id", ""))
+                await self._pull_events(host_id, conn, summary.get("agent_id", ""), summary)
         except HostUnreachable as exc:
             view.failures += 1
             # One slow answer on a busy host is not a lost host: two in a row are.
@@ -190,14 +197,28 @@ class Fleet:
         self.upsert_vms(host_id, resp.json().get("vms", []), replace=True)
 
     def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False) -> None:
+        """Record what ``host_id``'s agent says of its VMs. ``replace``: the whole list (a
+        poller adopting), so rows it lacks go. A machine registered under several names
+        (seed 004 counts it once) lists each VM under one of them: a poller leaves a VM
+        another name of the same agent holds where it is; an action through this name
+        (a create, a wake, a move's arrival) takes it over."""
         # A copy a move is still bringing in is not the VM yet: the source's is.
         records = [r for r in records if r.get("state") != "incoming" and not (r.get("move_id") and r.get("reserved"))]
         keep = {r["name"] for r in records if r.get("state") != "deleted"}
         with self.store.tx() as c:
             known = {r["name"]: r for r in c.execute(select(vms_t).where(vms_t.c.host == host_id)).mappings()}
+            agent = c.execute(select(hosts_t.c.agent_id).where(hosts_t.c.id == host_id)).scalar_one_or_none()
+            aliases = [h for (h,) in c.execute(select(hosts_t.c.id).where(
+                hosts_t.c.agent_id == agent, hosts_t.c.id != host_id))] if agent else []
             for r in records:
                 if r.get("state") == "deleted":
                     continue
+                if aliases and r["name"] not in known:
+                    held = vms_t.c.name == r["name"], vms_t.c.host.in_(aliases)
+                    if c.execute(select(vms_t.c.host).where(*held)).first():
+                        if replace:
+                            continue  # listed under the machine's other name
+                        c.execute(vms_t.delete().where(*held))
                 if r.get("move_id") and r["name"] not in known and c.execute(select(vms_t.c.host).where(
                         vms_t.c.name == r["name"], vms_t.c.host != host_id)).first():
                     continue  # a moved VM's source copy, waiting to be removed: the VM lives elsewhere now
@@ -211,24 +232,31 @@ class Fleet:
                     if known[name]["state"] not in ("moving",):
                         c.execute(vms_t.delete().where(vms_t.c.host == host_id, vms_t.c.name == name))
 
-    async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str) -> None:
+    async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str, summary: dict) -> None:
+        """One read of up to EVENT_BATCH events, when there are new ones (module docstring)."""
         with self.store.read() as c:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
         cursor = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
-        for _ in range(20):  # bounded catch-up per poll
-            resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
-            if resp.status_code != 200:
-                return
-            batch = resp.json().get("events", [])
-            if not batch:
-                return
-            vm_changed = self._store_events(host_id, agent_id, cursor, batch)
-            cursor = batch[-1]["id"]
-            self.changed.set()
-            if vm_changed:
-                await self._adopt(host_id, conn)
-            if len(batch) < EVENT_BATCH:
-                return
+        view = self.views.setdefault(host_id, HostView())
+        last = summary.get("last_event_id")
+        if isinstance(last, int):
+            if last == cursor:
+                return  # nothing new (a lower id: the agent's log started over, read it)
+        elif time.monotonic() < view.events_at:
+            return
+        resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
+        if resp.status_code != 200:
+            return
+        batch = resp.json().get("events", [])
+        # (the backoff for an agent whose summary cannot say whether there is news)
+        view.events_wait = 0.0 if batch else min(max(2 * view.events_wait, self.ctl.poll_interval), EVENT_BACKOFF_MAX)
+        view.events_at = time.monotonic() + view.events_wait
+        if not batch:
+            return
+        vm_changed = self._store_events(host_id, agent_id, cursor, batch)
+        self.changed.set()
+        if vm_changed:
+            await self._adopt(host_id, conn)
 
     def _store_events(self, host_id: str, agent_id: str, cursor: int, batch: list[dict]) -> bool:
         vm_changed = False
