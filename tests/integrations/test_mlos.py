@@ -340,40 +340,28 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
         assert vms(fleet.client) == []  # the held delete landed; no create after it, "later" never created
 
 
-def test_deprovision_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
+@pytest.mark.parametrize("kind, held, after", [
+    ("deprovision", ("DELETE", "/v1/vms/slow"), []),
+    ("deallocate", ("POST", "/v1/vms/slow/sleep"), [("slow", "sleeping", 1, 128)]),
+])
+def test_a_teardown_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate, kind, held, after):
     svc = gated(gate)
-    p = {"vmName": "doomed", "vcpus": 1, "memMiB": 128}
+    p = {"vmName": "slow", "vcpus": 1, "memMiB": 128}
     with svc:
         assert provision(svc, p)[0] == Status.SUCCEEDED
-        arrived = gate.hold("DELETE", "/v1/vms/doomed")
-        status, handle = svc.deprovision_host(p)
-        # The delete reached the controller and goes on there: PENDING (seed 002
-        # allows no TIMED_OUT for deprovision), with the handle to wait on.
+        arrived = gate.hold(*held)
+        status, handle = getattr(svc, f"{kind}_host")(p)
+        # The call reached the controller and goes on there: PENDING (seed 002
+        # allows no TIMED_OUT for either), with the handle to wait on.
         assert arrived.is_set()
-        assert status == Status.PENDING and handle[OP_KIND_KEY] == "deprovision" and OP_KEY in handle
-        gate.release()
-        status, info = svc.wait_host_deployment(handle, is_setup=False)
-        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("deprovision", "deleted")
-        assert vms(fleet.client) == []
-
-
-def test_deallocate_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate):
-    svc = gated(gate)
-    p = {"vmName": "sleepy", "vcpus": 1, "memMiB": 128}
-    with svc:
-        assert provision(svc, p)[0] == Status.SUCCEEDED
-        arrived = gate.hold("POST", "/v1/vms/sleepy/sleep")
-        status, handle = svc.deallocate_host(p)
-        # The sleep reached the controller and goes on there: PENDING (seed 002
-        # allows no TIMED_OUT for deallocate), with the handle to wait on.
-        assert arrived.is_set()
-        assert status == Status.PENDING and handle[OP_KIND_KEY] == "deallocate" and OP_KEY in handle
-        assert vms(fleet.client) == [("sleepy", "running", 1, 128)]
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == kind and OP_KEY in handle
+        assert vms(fleet.client) == [("slow", "running", 1, 128)]
         assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})  # not a provision
         gate.release()
         status, info = svc.wait_host_deployment(handle, is_setup=False)
-        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("deallocate", "sleeping")
-        assert vms(fleet.client) == [("sleepy", "sleeping", 1, 128)]
+        assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == (kind, after[0][1] if after
+                                                                                        else "deleted")
+        assert vms(fleet.client) == after
 
 
 def test_deallocate_that_timed_out_before_asking_for_the_sleep_is_failed(fleet, gate, caplog):
