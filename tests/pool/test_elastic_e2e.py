@@ -69,6 +69,22 @@ def test_a_host_added_by_hand_joins_as_a_probed_host_and_goes_when_removed(pool)
     assert budget.hosts == 0 and budget.running_usd_per_hour == 0 and budget.month_usd > 0
 
 
+def test_a_hand_added_host_with_room_is_used_before_a_new_machine_is_bought(pool):
+    # seed 001's order: hosts with room before new cloud machines. A hand-added host
+    # is paid until its TTL whatever it runs, so work there adds nothing to the bill
+    # (a new local.small, half its price an hour, looked cheaper before).
+    client, _ = pool
+    client.pool.cloud_add_host("dev", "local.big", ttl_hours=1)
+    joined(client, "dev-1")
+    plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=2, cpus=1, memory_mb=256, duration_secs=600))
+    assert [(a.host, a.count) for a in plan.assignments] == [("dev-1", 2)] and plan.new_hosts == []
+    assert plan.projected_usd == 0 and plan.solver == "exact"
+    # the same solve places prewarms: nothing bought either
+    pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256))
+    assert pw.new_hosts == [] and [h.name for h in client.pool.cloud_hosts()] == ["dev-1"]
+    assert client.pool.remove_prewarm(pw.id)
+
+
 def test_the_budget_refuses_machines_past_its_caps_and_buys_none_of_them(pool):
     client, _ = pool
     client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=1))

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..transport import TlsSettings
 from .hosts import HostRegistry
-from .pool.elastic import paid_until
+from .pool.elastic import committed_until
 from .store import Store, engine_url
 
 
@@ -108,7 +108,10 @@ class Controller:
             cloud = {} if e is None else {
                 "own": False, "provider": e["provider"], "type_name": e["type_name"],
                 "usd_per_hour": e["usd_per_hour"], "billing_step_secs": e["billing_step_secs"],
-                "paid_secs_left": max(0, int(paid_until(e, now) - now))}
+                # work there costs nothing more until the host's committed end (a
+                # hand-added host runs to its TTL whatever it holds): then it is chosen
+                # before a new machine, as the seed's order says
+                "paid_secs_left": max(0, int(committed_until(e, now) - now))}
             out.append({"name": host_id, "cpus": int(fleet.cap_vcpus[i]), "mem_mib": int(fleet.cap_mem[i]),
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
                         "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),

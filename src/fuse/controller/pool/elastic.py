@@ -108,12 +108,18 @@ def month_usd(row: dict, now: float) -> float:
     return max(0.0, hi - lo) * row["usd_per_hour"] / 3600
 
 
-def committed_usd(row: dict, now: float) -> float:
-    """USD a live host is still set to cost beyond its billed time so far: a host
-    added by hand until its TTL, a plan's machine until its planned work ends
-    (``record.planned_until``). The monthly cap counts it as spent already."""
+def committed_until(row: dict, now: float) -> float:
+    """Until when a live host is paid for whatever runs on it: its billed time so far,
+    and beyond it, a host added by hand until its TTL (the scaler never removes it
+    earlier), a plan's machine until its planned work ends (``record.planned_until``)."""
     end = row["expires"] or (row["record"] or {}).get("planned_until", 0)
-    return max(0.0, end - paid_until(row, now)) * row["usd_per_hour"] / 3600
+    return max(paid_until(row, now), end)
+
+
+def committed_usd(row: dict, now: float) -> float:
+    """USD a live host is still set to cost beyond its billed time so far
+    (``committed_until``). The monthly cap counts it as spent already."""
+    return (committed_until(row, now) - paid_until(row, now)) * row["usd_per_hour"] / 3600
 
 
 def to_record(row: dict) -> ElasticHost:
