@@ -66,6 +66,9 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     app = FastAPI(title="fuse host agent", version="0.1.0", lifespan=lifespan,
                   openapi_url=None, docs_url=None, redoc_url=None,
                   dependencies=[Depends(bearer_checker(cfg.token))])
+    # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:
+    # 404, not a redirect to the collection that a client would take for success.
+    app.router.redirect_slashes = False
     http_errors.install(app)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)

@@ -100,7 +100,8 @@ def body_json(body: Any) -> Any:
 
 
 def check(resp: httpx.Response) -> None:
-    if resp.status_code < 400:
+    """Raise the ApiError of any answer but a 2xx (a 3xx too: the API never redirects)."""
+    if 200 <= resp.status_code < 300:
         return
     code, message, details = "", resp.reason_phrase, {}
     try:

@@ -40,13 +40,16 @@ class PoolAPI:
                                parse=model_list(ElasticHost, "hosts"), timeout=600))
 
     def cloud_remove_host(self, names: list[str]) -> ElasticRemoved:
-        """Remove hosts this pool added (a host with VMs is refused, in ``failed``)."""
-        return self._send(Call("POST", "/v1/pool/hosts/remove", body={"names": list(names)},
+        """Remove hosts this pool added (a host with VMs is refused, in ``failed``).
+        One name alone is taken as a list of one."""
+        names = [names] if isinstance(names, str) else list(names)
+        return self._send(Call("POST", "/v1/pool/hosts/remove", body={"names": names},
                                parse=model(ElasticRemoved), timeout=600))
 
-    def cloud_budget(self, update: Optional[ElasticBudgetUpdate] = None) -> ElasticBudget:
-        """The budget and autoscale switch, after setting the fields ``update`` gives."""
-        if update is None or not update.model_dump(exclude_none=True):
+    def cloud_budget(self, update: Optional[ElasticBudgetUpdate | dict] = None) -> ElasticBudget:
+        """The budget and autoscale switch, after setting the fields ``update`` gives
+        (a record, or a dict of its fields, which the controller checks)."""
+        if update is None or not (update if isinstance(update, dict) else update.model_dump(exclude_none=True)):
             return self._send(Call("GET", "/v1/pool/budget", parse=model(ElasticBudget)))
         return self._send(Call("PATCH", "/v1/pool/budget", body=update, parse=model(ElasticBudget)))
 
@@ -56,11 +59,15 @@ class PoolAPI:
         return self._send(Call("POST", "/v1/pool/reconcile", parse=model_list(ElasticDecision, "decisions"),
                                timeout=600))
 
-    def prewarm(self, image: str, options: Optional[PrewarmOptions] = None) -> Prewarm:
+    def prewarm(self, image: str, options: Optional[PrewarmOptions | dict] = None) -> Prewarm:
         """Keep VMs of ``image`` ready where the elastic pool puts them, so the next
         creates of that shape start in a fraction of a second. Refused (and
-        nothing bought) when the budget or pins cannot fit it."""
-        body = (options or PrewarmOptions()).model_dump(mode="json", exclude_none=True) | {"image": image}
+        nothing bought) when the budget or pins cannot fit it. ``options``: a
+        record, or a dict of its fields, which the controller checks."""
+        if isinstance(options, dict):
+            body = dict(options) | {"image": image}
+        else:
+            body = (options or PrewarmOptions()).model_dump(mode="json", exclude_none=True) | {"image": image}
         return self._send(Call("POST", "/v1/prewarms", body=body, parse=model(Prewarm), timeout=600))
 
     def prewarms(self) -> list[Prewarm]:

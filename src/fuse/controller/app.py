@@ -51,6 +51,9 @@ def create_app(ctl: Controller) -> FastAPI:
                   openapi_url=None, docs_url=None, redoc_url=None,
                   description="Places VMs across hosts by best fit, moves them, merges events and usage, "
                               "and runs the elastic pool.")
+    # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:
+    # 404, not a redirect to the collection that a client would take for success.
+    app.router.redirect_slashes = False
     http_errors.install(app)
     app.state.ctl = ctl
     app.state.pool_snapshot = ctl.pool_snapshot
