@@ -25,7 +25,10 @@ def pool(tmp_path):
     yield client, ctl
     for h in client.pool.cloud_hosts():  # nothing may outlive the test: no agent process, no machine
         for vm in client._send(fuse_call("GET", f"/v1/vms?host={h.name}"))["vms"]:
-            client._send(fuse_call("DELETE", f"/v1/vms/{vm['name']}?host={h.name}"))
+            try:
+                client._send(fuse_call("DELETE", f"/v1/vms/{vm['name']}?host={h.name}"))
+            except fuse.ApiError as e:  # gone meanwhile (a removed prewarm's VM)
+                assert e.status == 404, e
     client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
     client.close()
     ctl.stop()
@@ -83,6 +86,22 @@ def test_a_hand_added_host_with_room_is_used_before_a_new_machine_is_bought(pool
     pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256))
     assert pw.new_hosts == [] and [h.name for h in client.pool.cloud_hosts()] == ["dev-1"]
     assert client.pool.remove_prewarm(pw.id)
+
+
+def test_a_prewarm_of_an_image_no_host_or_cloud_has_is_refused_and_nothing_bought(pool):
+    client, _ = pool
+    with pytest.raises(fuse.ApiError) as e:
+        client.pool.prewarm("nosuchimage", {"count": 1})  # (options as a dict: the controller checks them)
+    assert (e.value.status, e.value.code) == (400, "invalid_argument") and "nosuchimage" in e.value.message
+    assert "linux" in e.value.message  # what there is: the fake machines' bundle
+    assert client.pool.cloud_hosts() == [] and client.pool.prewarms() == []
+    # an id of "" names no prewarm (it was a redirect to the list, read as success)
+    assert client.pool.remove_prewarm("") is False
+    with pytest.raises(fuse.ApiError) as e:
+        client.vms.get("")
+    assert e.value.status == 404
+    # one name alone is a list of one, not its letters
+    assert client.pool.cloud_remove_host("dev-9").failed == ["dev-9: not a host this pool added"]
 
 
 def test_the_budget_refuses_machines_past_its_caps_and_buys_none_of_them(pool):
@@ -144,6 +163,13 @@ def test_a_create_on_auto_with_autoscale_on_buys_a_machine_when_no_host_has_room
     (h,) = client.pool.cloud_hosts()
     assert vm["host"] == h.name and h.state == "joined" and not h.pinned
     assert time.monotonic() - started < 60
+    # a cap in the way: refused, saying which cap, and nothing more bought
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=1))
+    with pytest.raises(fuse.ApiError) as e:
+        create_vm(client, name="big", shape={"vcpus": 1, "mem_mib": 4096})
+    assert e.value.code == "fleet_full" and "max_new_hosts" in e.value.message, e.value.message
+    assert "max_new_hosts" in e.value.details["hosts"]["elastic pool"]
+    assert [x.name for x in client.pool.cloud_hosts()] == [h.name]
     client._send(fuse_call("DELETE", "/v1/vms/job-1"))
 
 

@@ -167,7 +167,8 @@ class VmService:
         for d in decisions:
             for h, why in d.reasons.items():
                 filtered.setdefault(h, why)
-        raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB)",
+        pool = f"; {reasons['elastic pool']}" if "elastic pool" in reasons else ""  # e.g. the budget's cap
+        raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB){pool}",
                         details={"hosts": dict(sorted((filtered | reasons).items()))})
 
     def _among(self, on: str) -> set[str] | None:

@@ -212,6 +212,10 @@ class ElasticPool:
             p = self._providers[name] = link(row["kind"], name, row["options"], self._cloud_dir(name))
         return p
 
+    def images(self) -> set[str]:
+        """The guest bundles a machine of some linked cloud would have."""
+        return set().union(*(self.provider(n).images() for n in self.cloud_names()))
+
     def cloud_names(self) -> list[str]:
         with self.store.read() as c:
             return [r[0] for r in c.execute(select(clouds_t.c.name).order_by(clouds_t.c.name))]

@@ -84,6 +84,13 @@ class PrewarmService:
         except ValueError:
             return host
 
+    def _images(self) -> set[str]:
+        """Guest bundles the registered hosts reported, and those a linked cloud's machines get."""
+        fleet = self.ctl.fleet
+        hosts = {b.get("name") for h in self.store.list_hosts()
+                 for b in (fleet.live(h["id"]).get("bundles") or []) if isinstance(b, dict)} if fleet else set()
+        return (hosts - {None}) | self.ctl.pool.images()
+
     def list(self) -> list[Prewarm]:
         return [self.view(r) for r in self._records()]
 
@@ -96,6 +103,10 @@ class PrewarmService:
             raise InvalidArgument("fuse hosts run VMs: a container prewarm has no host to run on (kind vm or microvm)")
         if kind not in ("vm", "microvm"):
             raise InvalidArgument(f"kind must be vm or microvm, not {opts.kind!r}")
+        images = self._images()
+        if image not in images:  # no VM of it could ever get ready: refused before anything is bought
+            raise InvalidArgument(f"no host or linked cloud has image {image!r} (a guest bundle; there are: "
+                                  f"{', '.join(sorted(images)) or 'none'})")
         shape = learned_shape(image, history_from_vms(self.ctl.vms.list()))
         cpus = opts.cpus or (shape[0] if shape else 1)
         mem = opts.memory_mb or (shape[1] if shape else 1024)

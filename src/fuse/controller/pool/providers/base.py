@@ -132,6 +132,11 @@ class Provider(ABC):
     def offers(self) -> list[Offer]:
         """Machine types it can add (``Offer.provider == self.name``)."""
 
+    def images(self) -> set[str]:
+        """The guest bundles its machines have once they join (``fuse bundle build``'s
+        default, ``linux``, unless a kind says otherwise)."""
+        return {"linux"}
+
     @abstractmethod
     def capacity(self, type_name: str) -> dict[str, int]:
         """What the controller declares when it registers a machine's agent:

@@ -218,6 +218,11 @@ class LocalProvider(Provider):
                 tmp.replace(d / "machine.json")
             return Machine(host_name, "pending")
 
+    def images(self) -> set[str]:
+        """What ``_install_bundle`` gives each machine."""
+        return ({"linux"} if self.backend == "fake" else set()) | (
+            {self.bundle_dir.name} if self.bundle_dir is not None else set())
+
     def _install_bundle(self, d: Path) -> None:
         # Before the agent starts: it lists its bundles at boot.
         if self.backend == "fake":
