@@ -87,6 +87,14 @@ def test_hosts_pin_spreads_over_exactly_that_many_machines():
     assert len(p.new_hosts) == 3 and sum(a.count for a in p.assignments) == 4
 
 
+def test_a_hosts_pin_no_plan_can_meet_is_proven_and_nothing_bought():
+    # three machines, each holding at least one VM, for two VMs: no plan at all
+    p = plan(PlanModel(groups=[group(2, 1, 1024)], offers=[BIG], constraints=Constraints(exact_new_hosts=3)))
+    assert p.solver == "exact" and p.new_hosts == [] and p.assignments == []
+    assert p.unplaced[0].count == 2 and "hosts=3" in p.unplaced[0].reason
+    assert any("no plan meets the pins" in line for line in p.explain)
+
+
 def test_quota_family_caps_vcpus():
     o = SMALL.model_copy(update={"quota_family": "std"})
     p = plan(PlanModel(groups=[group(4)], offers=[o], constraints=Constraints(quotas={"std": 4})))

@@ -135,6 +135,7 @@ AGGREGATE_MIN_SHARE = 0.25  # of the time limit: with less left, the aggregate m
 # kept of the time limit for finishing the answer: a share (at most TAIL_SECS) and, since
 # checking and explaining a plan grows with it, a little per VM (at most 30% in all)
 TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.1, 0.25, 1e-5
+NO_PLAN_MEETS_PINS = "no plan meets the pins and caps together (proven): nothing is placed or bought"
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")
 
@@ -158,6 +159,10 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
         f.m.maximize(sum(f.placed))
         f.hint(model, base)
         st, solver = F.run(f, model, 0.3 * (deadline - time.monotonic()))
+        if st == "infeasible" and base_placed == 0:
+            # the model (a relaxation of every plan) has no answer at all: the pins
+            # admit none (hosts=N with fewer than N VMs...), so nothing placed is exact
+            return base, "exact", 0.0, [NO_PLAN_MEETS_PINS]
         if st == "optimal":
             target = int(round(solver.objective_value))
         elif st == "feasible":
