@@ -82,9 +82,11 @@ def test_a_hand_added_host_with_room_is_used_before_a_new_machine_is_bought(pool
     plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=2, cpus=1, memory_mb=256, duration_secs=600))
     assert [(a.host, a.count) for a in plan.assignments] == [("dev-1", 2)] and plan.new_hosts == []
     assert plan.projected_usd == 0 and plan.solver == "exact"
-    # the same solve places prewarms: nothing bought either
-    pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256))
+    # the same solve places prewarms: nothing bought either (a container runs as a VM here:
+    # its kind says only where it may go)
+    pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, kind="container"))
     assert pw.new_hosts == [] and [h.name for h in client.pool.cloud_hosts()] == ["dev-1"]
+    assert (pw.kind, pw.placements[0].host) == ("container", "dev-1")
     assert client.pool.remove_prewarm(pw.id)
 
 

@@ -99,10 +99,10 @@ class PrewarmService:
         if not image:
             raise InvalidArgument("image is required")
         kind = (opts.kind or kind_of_image(image)).lower()
-        if kind == "container":
-            raise InvalidArgument("fuse hosts run VMs: a container prewarm has no host to run on (kind vm or microvm)")
-        if kind not in ("vm", "microvm"):
-            raise InvalidArgument(f"kind must be vm or microvm, not {opts.kind!r}")
+        # fuse hosts run every kind as a VM; the kind decides where it may go, as in a
+        # plan (a microvm needs KVM, a container or vm runs on any host)
+        if kind not in ("container", "vm", "microvm"):
+            raise InvalidArgument(f"kind must be container, vm or microvm, not {opts.kind!r}")
         images = self._images()
         if image not in images:  # no VM of it could ever get ready: refused before anything is bought
             raise InvalidArgument(f"no host or linked cloud has image {image!r} (a guest bundle; there are: "
