@@ -42,3 +42,13 @@ def test_with_the_token_the_api_description_is_served(agent):
 def test_over_the_owner_only_socket_no_token_is_needed(agent):
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.socket)), base_url="http://agent") as c:
         assert "/v1/host" in c.get("/openapi.json", timeout=10).json()["paths"]
+
+
+def test_without_the_token_a_malformed_body_is_401_not_400(agent):
+    # the token is checked before anything reads the request
+    r = httpx.post(agent.url + "/v1/host/vms", content=b"{bad", headers={"content-type": "application/json"},
+                   timeout=10)
+    assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized")
+    r = httpx.post(agent.url + "/v1/host/vms", content=b"{bad", timeout=10,
+                   headers={"content-type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument")  # with it: the body's fault

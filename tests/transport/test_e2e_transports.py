@@ -198,6 +198,9 @@ def test_the_controllers_tcp_listener_requires_its_token_on_every_route_but_heal
             r = c.request(method, path, json={})
             assert r.status_code == 401, (method, path, r.status_code)
             assert r.json()["error"]["code"] == "unauthorized", (method, path)
+            # a body that does not parse tells a caller without the token nothing either
+            r = c.request(method, path, content=b"{bad", headers={"content-type": "application/json"})
+            assert r.status_code == 401, (method, path, r.status_code)
 
 
 def test_the_controllers_api_description_needs_the_token_too(fleet):

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 
 from .. import http_errors
-from ..auth import bearer_checker
+from ..auth import BearerFirst, bearer_checker
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
 
@@ -70,6 +70,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False
     http_errors.install(app)
+    app.add_middleware(BearerFirst, token=cfg.token)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)
 

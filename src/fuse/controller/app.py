@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 
 from .. import http_errors
-from ..auth import bearer_checker
+from ..auth import BearerFirst, bearer_checker
 from ..models.errors import document_400_not_422
 from .routes import controller as controller_routes
 from .routes import events as event_routes
@@ -55,6 +55,7 @@ def create_app(ctl: Controller) -> FastAPI:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False
     http_errors.install(app)
+    app.add_middleware(BearerFirst, token=ctl.token, open=("/v1/healthz",))
     app.state.ctl = ctl
     app.state.pool_snapshot = ctl.pool_snapshot
     auth = [Depends(bearer_checker(ctl.token))]
