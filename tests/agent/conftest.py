@@ -57,6 +57,8 @@ async def make_host(tmp_path, bundle_dir):
             install_bundle(bundle_dir, state)
         kwargs.setdefault("ram_mb", 4096)
         kwargs.setdefault("cpus", 2)
+        if kwargs.pop("relative", False):  # the state dir as a path relative to the working dir
+            state = Path(os.path.relpath(state))
         vms = VmManager(state, backend, **kwargs)
         await vms.start()
         app = FastAPI()

@@ -70,6 +70,19 @@ async def test_a_sleeping_guest_wakes_where_it_stopped(make_host):
     assert usage["totals"]["state_bytes_written"] == files[0]["size"]
 
 
+async def test_a_state_dir_given_relative_still_sleeps_and_wakes(make_host, tmp_path, monkeypatch):
+    # QEMU runs daemonized, in /: the state files it saves and loads are named absolutely
+    monkeypatch.chdir(tmp_path)
+    host = await make_host("rel", relative=True)
+    assert host.vms.state_dir.is_absolute()
+    await _counting(host, upto=2)
+    r = await host.client.post("/v1/host/vms/counter/sleep")
+    assert r.status_code == 200 and r.json()["state"] == "sleeping", r.text
+    before = len(counted(await host.console("counter")))
+    assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
+    _continues(await host.wait_console("counter", lambda t: len(counted(t)) >= before + 3), before)
+
+
 async def test_a_marked_vm_wakes_only_for_its_move(make_host):
     host = await make_host()
     await _counting(host, upto=1)

@@ -123,3 +123,16 @@ async def test_the_kvm_probe_answer_is_shared_by_every_agent_on_the_machine(tmp_
     (tmp_path / "three").mkdir()
     await QemuBackend(tmp_path / "three").probe_accel(b, kvm_answers=True)
     assert len(probes) == 2  # no machine cache: the new state dir probes
+
+
+async def test_free_memory_is_what_admission_would_take_on_the_real_machine(make_host):
+    # a host whose books have more room than the machine has available reports the
+    # machine's figure (less the reserve), which is where admission draws the line
+    from fuse.agent.probe import mem_available_mb
+
+    host = await make_host(backend="fake", ram_mb=10**8)
+    free = host.vms.summary()["free_mem_mib"]
+    assert abs(free - (mem_available_mb() - 256)) < 512
+    r = await host.client.post("/v1/host/vms", json={"name": "over", "shape": {"vcpus": 1, "mem_mib": free + 1024},
+                                                     "entry": "true"})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "host_full")

@@ -25,6 +25,11 @@ class AgentConfig:
     reserve_mib: int = 256
     facts: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Absolute: QEMU runs daemonized (its working directory is /), and the paths
+        # the agent hands it (state files to save and load) must still name this dir.
+        self.state_dir = Path(self.state_dir).absolute()
+
 
 def agent_id(state_dir: Path) -> str:
     """A stable identity for this agent, so a controller that reaches one

@@ -78,7 +78,8 @@ class VmManager:
     def __init__(self, state_dir: Path, backend: str = "qemu", *, ram_mb: int, cpus: int,
                  max_vms: int | None = None, reserve_mib: int = 256,
                  pressure: Callable[[int], str | None] | None = None):
-        self.state_dir = Path(state_dir)
+        # absolute: QEMU runs daemonized (working dir /) and is handed paths under it
+        self.state_dir = Path(state_dir).absolute()
         self.root = self.state_dir / "vms"
         self.root.mkdir(parents=True, exist_ok=True)
         self.backend = get_backend(backend, state_dir=self.state_dir)
@@ -171,6 +172,13 @@ class VmManager:
                                  reserve_mib=self.reserve_mib, vm_count=active, max_vms=self.max_vms,
                                  pressure=self.pressure(mem_mib))
 
+    def _available_mib(self) -> int:
+        """The machine's MemAvailable, MiB (unbounded where it cannot be read)."""
+        try:
+            return probe_mod.mem_available_mb()
+        except (OSError, RuntimeError, ValueError):
+            return 2**62
+
     def refuse(self, reason: str, name: str | None) -> HostFull:
         self.events.emit("admission_refused", vm=name, reason=reason)
         return HostFull(reason)
@@ -181,7 +189,10 @@ class VmManager:
         return {
             # vCPUs are time-shared and may be oversubscribed; free never reads below 0.
             "free_vcpus": max(0, self.cpus - sum(v.shape.vcpus for v in running)),
-            "free_mem_mib": max(0, self.ram_mb - self.reserve_mib - self.held_mib()),
+            # what admission takes: its own books, and what the real machine has
+            # available beyond the reserve (other processes use memory too)
+            "free_mem_mib": max(0, min(self.ram_mb - self.reserve_mib - self.held_mib(),
+                                       self._available_mib() - self.reserve_mib)),
             "vm_count": sum(1 for v in self.vms.values() if _holds_memory(v)),
             "vms_total": len(self.vms),
             "memory_pressure": self.pressure(0) is not None,

@@ -39,7 +39,7 @@ def serve(
 
     if backend not in ("qemu", "firecracker", "fake"):
         raise typer.BadParameter("backend must be qemu or firecracker")
-    state_dir = state_dir or default_state_dir()
+    state_dir = (state_dir or default_state_dir()).absolute()  # (QEMU runs with / as its working dir)
     if listen is None and socket is None:
         socket = default_agent_socket()
     ssl_opts = None
@@ -64,7 +64,7 @@ def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its 
 
     if backend not in ("qemu", "firecracker", "fake"):
         raise typer.BadParameter("backend must be qemu or firecracker")
-    state_dir = state_dir or default_state_dir()
+    state_dir = (state_dir or default_state_dir()).absolute()
     state_dir.mkdir(parents=True, exist_ok=True)
     facts = host_facts(state_dir, backend)
     if json_:
