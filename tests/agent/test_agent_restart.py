@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 
 import httpx
 import pytest
@@ -109,3 +110,50 @@ async def test_a_hypervisor_process_no_record_accounts_for_is_killed_on_start(tm
         assert [(e["type"], e["vm"], e["pid"]) for e in mgr.events.list()] == [("orphan_killed", "ghost", pid)]
     finally:
         await mgr.close()
+
+
+async def test_a_vm_that_ends_while_the_agent_is_down_is_metered_to_its_end(tmp_path, bundle_dir):
+    # its guest reported its exit: it ran until then, not until the agent came back
+    state = tmp_path / "host"
+    install_bundle(bundle_dir, state)
+    first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await first.start()
+    await first.create(CreateVmRequest.model_validate(
+        {"name": "short", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "echo hi; sleep 1; exit 3"}))
+    await first.close()  # the agent is down while the guest ends
+    while qemu_pids(str(state / "vms" / "short")):
+        await asyncio.sleep(0.1)
+    ended = time.time()
+    await asyncio.sleep(3)
+    second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await second.start()
+    try:
+        vm = second.get("short")
+        assert (vm.state, vm.exit_status) == ("exited", 3)
+        (row,) = second.metering.usage()["vms"]
+        seg = second.metering.segments[0]
+        assert seg["end"] <= ended + 0.5, (seg, ended)  # not the restart's time, 3 s later
+        assert row["wall_seconds"] >= 1
+    finally:
+        await second.delete("short")
+        await second.close()
+
+
+async def test_an_orphan_killed_on_start_is_metered_no_longer(tmp_path, bundle_dir):
+    state = tmp_path / "host"
+    install_bundle(bundle_dir, state)
+    first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await first.start()
+    await first.create(CreateVmRequest.model_validate(
+        {"name": "lost", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600"}))
+    await first.close()
+    (state / "vms" / "lost" / "vm.json").unlink()  # its record gone: the process is an orphan now
+    second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await second.start()
+    try:
+        assert not qemu_pids(str(state / "vms" / "lost"))
+        before = second.metering.usage()["totals"]["wall_seconds"]
+        await asyncio.sleep(1.5)
+        assert second.metering.usage()["totals"]["wall_seconds"] == before
+    finally:
+        await second.close()

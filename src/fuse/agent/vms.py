@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -472,6 +473,8 @@ class VmManager:
             vm = by_dir.get(d)
             if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
                 await kill_and_wait(int(proc.name), marker + d + "/")
+                if vm is None:
+                    self.metering.stop(d)  # its segment, if it had one, ends with it
                 self.events.emit("orphan_killed", vm=vm.name if vm else d, pid=int(proc.name))
 
     async def close(self) -> None:
@@ -505,7 +508,7 @@ class VmManager:
                     continue
                 if vm.standby and not vm.ready:
                     self._check_ready(vm)
-                if ticks % 20 == 0:
+                if ticks % 5 == 0:  # (twice a second: a short-lived VM's CPU is read too)
                     self.metering.sample(vm.name)
             if ticks % 100 == 0:
                 self.metering.save()
@@ -524,10 +527,16 @@ class VmManager:
             self.events.emit("vm_ready", vm=vm.name)
 
     def _ended(self, vm: Vm) -> None:
-        """The VM's process is gone without us stopping it."""
-        self.metering.stop(vm.name)
+        """The VM's process is gone without us stopping it (maybe while the agent was
+        down: a guest that reported its exit ended when its console was last written)."""
+        console = self.vm_dir(vm.name) / "console.log"
+        status = _exit_status(console)
+        end = None
+        if status is not None:
+            with contextlib.suppress(OSError):
+                end = min(console.stat().st_mtime, time.time())
+        self.metering.stop(vm.name, now=end)
         vm.pid = None
-        status = _exit_status(self.vm_dir(vm.name) / "console.log")
         if status is None:
             why = "agent restarted during boot" if vm.state == "creating" else \
                 "the hypervisor process ended without the guest reporting an exit status"
