@@ -92,6 +92,12 @@ class NotAnAgent(HostUnreachable):
     wrong address, not an outage, so registration never goes ahead on it."""
 
 
+class NotTrusted(HostUnreachable):
+    """The host was reached, but trust failed: its SSH host key or TLS certificate is
+    not one the controller trusts, or it refused the controller's key or certificate.
+    A mistake to fix, not an outage, so registration never goes ahead on it."""
+
+
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     err: dict[str, Any] = {"code": code, "message": message, **details}
     if details:

@@ -87,3 +87,8 @@ def test_an_agent_that_does_not_report_its_last_event_is_read_with_backoff(fleet
     reads = len(agent.reads)
     poll_for(1)
     assert len(agent.reads) == reads + 1
+
+
+def test_the_poller_of_a_host_that_is_gone_ends_by_itself(fleet):
+    # deregistered while its cancel was lost: it must not poll (and log) a missing host forever
+    asyncio.run(asyncio.wait_for(fleet._poll("ghost"), timeout=5))

@@ -53,6 +53,12 @@ def register_error(ctl, host_id, addr) -> fuse.ApiError:
     with pytest.raises(fuse.ApiError) as info:
         ctl.client().hosts.register(fuse.RegisterHostRequest(id=host_id, url=addr,
                                                              capacity=fuse.HostCapacity(vm_count=4)))
+    # declared capacity registers around an outage, never around failed trust: the same 502
+    full = fuse.HostCapacity(vm_count=4, cpus=2, ram_mb=1024, storage_gb=5)
+    with pytest.raises(fuse.ApiError) as declared:
+        ctl.client().hosts.register(fuse.RegisterHostRequest(id=host_id, url=addr, capacity=full))
+    if "certificate" in info.value.message:
+        assert declared.value.status == 502 and "declare capacity" not in declared.value.message
     return info.value
 
 

@@ -52,6 +52,8 @@ def serve(
 
     if listen and not token:
         raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
+    if no_socket and not listen:
+        raise typer.BadParameter("--no-socket needs --listen: there would be nothing to serve on")
     ctl = Controller(state_dir or default_state_dir(), db=db, token=token)
     sock = None if no_socket else (socket or default_controller_socket())
     typer.echo(f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}".strip())

@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ..errors import HostUnreachable
+from ..errors import HostUnreachable, NotFound
 from ..transport import HostConnection
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
@@ -148,6 +148,8 @@ class Fleet:
                 next_events = time.monotonic() + backoff
             except asyncio.CancelledError:
                 raise
+            except NotFound:
+                return  # deregistered (its cancel may have been lost in a wait_for race): the poller ends
             except Exception:  # a bug must not kill the poller
                 log.exception("poller for %s", host_id)
             await asyncio.sleep(self.ctl.poll_interval)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field, StrictInt, StrictStr, ValidationError
 
-from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, NotFound
+from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, NotFound, NotTrusted
 from ..models.base import Record
 from ..models.hosts import BACKENDS, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
@@ -210,9 +210,10 @@ class HostRegistry:
             probed = await probe_host(req.url, req.token, self._tls())
         except HostUnreachable as exc:
             missing = [f for f in PROBED_FIELDS if getattr(req.capacity, f) == 0]
-            # A refused token or a url that is not an agent is a mistake, not an
-            # outage: declared capacity does not register around it.
-            mistake = exc.code == "unauthorized" or isinstance(exc, NotAnAgent)
+            # A refused token, a url that is not an agent, or trust that failed (an
+            # SSH host key or key, a TLS certificate) is a mistake, not an outage:
+            # declared capacity does not register around it.
+            mistake = exc.code == "unauthorized" or isinstance(exc, (NotAnAgent, NotTrusted))
             if mistake or missing:
                 if not mistake:
                     exc.message += f"; declare capacity {', '.join(missing)} explicitly to register without a probe"

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import HostUnreachable
+from ..errors import HostUnreachable, NotTrusted
 from ..paths import default_agent_socket  # noqa: F401  (re-exported)
 
 
@@ -67,9 +67,10 @@ _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpect
             "peer closed connection")
 
 
-def _describe(exc: Exception, addr: str, handshake: bool = False) -> str:
-    """One sentence saying why a host could not be reached. `handshake`: this
-    request made a TLS handshake and got no answer after it."""
+def _describe(exc: Exception, addr: str, handshake: bool = False) -> tuple[str, bool]:
+    """One sentence saying why a host could not be reached, and whether it was a
+    matter of trust (a certificate either side refused: a mistake, not an outage).
+    `handshake`: this request made a TLS handshake and got no answer after it."""
     text = str(exc) or exc.__class__.__name__
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain, cur = [], exc
@@ -82,43 +83,43 @@ def _describe(exc: Exception, addr: str, handshake: bool = False) -> str:
     if any(isinstance(c, FileNotFoundError) for c in chain):
         low += " no such file"
     if _HOSTPORT.match(addr):
-        tls = _describe_tls(chain, low, addr, handshake)
+        tls, untrusted = _describe_tls(chain, low, addr, handshake)
         if tls:
-            return tls
+            return tls, untrusted
     if isinstance(exc, ssl.SSLError) or "certificate" in low or "ssl" in low or "tls" in low:
-        return f"TLS with {addr} failed: {text}"
+        return f"TLS with {addr} failed: {text}", False
     if "name or service not known" in low or "nodename nor servname" in low or "temporary failure in name" in low:
-        return f"cannot resolve the host name in {addr}: {text}"
+        return f"cannot resolve the host name in {addr}: {text}", False
     if "connection refused" in low or "errno 111" in low:
-        return f"connection to {addr} was refused: is the host agent running?"
+        return f"connection to {addr} was refused: is the host agent running?", False
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
-        return f"no host agent socket at {addr}: is the host agent running?"
+        return f"no host agent socket at {addr}: is the host agent running?", False
     if isinstance(exc, httpx.TimeoutException):
-        return f"{addr} did not answer in time"
+        return f"{addr} did not answer in time", False
     if any(s in low for s in _HUNG_UP):
-        return _dropped(addr, chain)
-    return f"cannot reach {addr}: {text}"
+        return _dropped(addr, chain), False
+    return f"cannot reach {addr}: {text}", False
 
 
-def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> str | None:
-    """Say which side of a mutual-TLS handshake said no. Only the handshake
-    can refuse the controller's certificate: a connection that answered
-    before and hangs up now was dropped, and says so."""
+def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> tuple[str | None, bool]:
+    """Say which side of a mutual-TLS handshake said no (and that it is a matter of
+    trust). Only the handshake can refuse the controller's certificate: a connection
+    that answered before and hangs up now was dropped, and says so."""
     verify = next((c for c in chain if isinstance(c, ssl.SSLCertVerificationError)), None)
     if verify is not None or "certificate verify failed" in low:
         why = getattr(verify, "verify_message", "") or "certificate verify failed"
         return (f"TLS with {addr} failed: the host's certificate is not signed by the controller's CA "
-                f"or is not valid ({why})")
+                f"or is not valid ({why})"), True
     # The host says no with an alert (bad certificate, unknown ca, certificate
     # required) or, with TLS 1.3, where it checks our certificate after the
     # handshake, by hanging up before it answers the request that shook hands.
     hung_up = any(s in low for s in _HUNG_UP)
     if ("alert" in low and "close notify" not in low) or (handshake and hung_up):
         return (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
-                "by the host's CA, unexpired, and issued with --client)")
+                "by the host's CA, unexpired, and issued with --client)"), True
     if hung_up:
-        return _dropped(addr, chain)
-    return None
+        return _dropped(addr, chain), False
+    return None, False
 
 
 def _dropped(addr: str, chain: list[BaseException]) -> str:
@@ -144,7 +145,7 @@ class HostConnection:
             self._client = httpx.AsyncClient(base_url=addr, headers=headers, timeout=timeout)
         elif self.kind == "tls":
             if tls is None:
-                raise HostUnreachable(f"{addr} is a mutual-TLS address but the controller has no "
+                raise NotTrusted(f"{addr} is a mutual-TLS address but the controller has no "
                                       "certificate: PUT /v1/controller with cert, key and ca first")
             self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=tls.context(),
                                              headers=headers, timeout=timeout)
@@ -185,8 +186,8 @@ class HostConnection:
                 raise
             except (httpx.TransportError, OSError, ssl.SSLError) as exc:
                 if attempt == retries or isinstance(exc, httpx.TimeoutException):
-                    why = _describe(exc, self.addr, handshake=shook == ["connection.start_tls.started"])
-                    raise HostUnreachable(why) from exc
+                    why, untrusted = _describe(exc, self.addr, handshake=shook == ["connection.start_tls.started"])
+                    raise (NotTrusted if untrusted else HostUnreachable)(why) from exc
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             attempt += 1
 

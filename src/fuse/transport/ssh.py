@@ -51,7 +51,7 @@ import asyncssh
 import h11
 import httpx
 
-from ..errors import HostUnreachable
+from ..errors import HostUnreachable, NotTrusted
 
 DEFAULT_RELAY = "fuse host relay"
 IDLE_CHANNEL_S = 2.0
@@ -103,33 +103,42 @@ class SshOptions:
 
 # ---------------------------------------------------------------- connecting
 
+def _by_name(path: str):
+    """known_hosts matched by the host as the address names it, as OpenSSH does
+    (asyncssh on its own also takes a key filed under the peer's IP address, so a
+    key trusted for 127.0.0.1 would pass for localhost)."""
+    def match(host: str, addr: str, port: int | None):
+        return asyncssh.read_known_hosts(path).match(host, "", port)
+    return match
+
+
 async def _connect(t: SshTarget, o: SshOptions, timeout: float) -> asyncssh.SSHClientConnection:
     """Log in, batch mode; every failure is one sentence."""
     if not Path(o.known_hosts).is_file():
-        raise HostUnreachable(f"no known_hosts file at {o.known_hosts}, so the SSH host key of {t.hostport} "
+        raise NotTrusted(f"no known_hosts file at {o.known_hosts}, so the SSH host key of {t.hostport} "
                               f"cannot be checked: add it (ssh-keyscan -p {t.port} {t.host} >> {o.known_hosts})")
     keys: dict = {}
     if o.key:
         if not Path(o.key).is_file():
-            raise HostUnreachable(f"no SSH key at {o.key} (FUSE_SSH_KEY)")
+            raise NotTrusted(f"no SSH key at {o.key} (FUSE_SSH_KEY)")
         keys = {"client_keys": [o.key], "agent_path": None}
-    which_key = f"the key {o.key}" if o.key else "none of the default keys (~/.ssh/id_*, the SSH agent)"
+    which_key = f"the key {o.key} is not" if o.key else "none of the default keys (~/.ssh/id_*, the SSH agent) is"
     try:
         return await asyncio.wait_for(asyncssh.connect(
-            t.host, t.port, username=t.user, known_hosts=o.known_hosts,
+            t.host, t.port, username=t.user, known_hosts=_by_name(o.known_hosts),
             # Keys only: nothing may ever prompt (batch mode).
             preferred_auth="publickey", password=None, password_auth=False, kbdint_auth=False,
             host_based_auth=False, gss_auth=False,
             connect_timeout=timeout, login_timeout=timeout,
             keepalive_interval=15, keepalive_count_max=3, **keys), timeout + 1)
     except asyncssh.HostKeyNotVerifiable:
-        raise HostUnreachable(f"the SSH host key of {t.hostport} is not trusted: it is missing from or does not "
+        raise NotTrusted(f"the SSH host key of {t.hostport} is not trusted: it is missing from or does not "
                               f"match {o.known_hosts}") from None
     except asyncssh.PermissionDenied:
-        raise HostUnreachable(f"SSH login as {t.user} on {t.hostport} was refused: {which_key} is not "
-                              "authorised there (batch mode: no password is ever asked)") from None
+        raise NotTrusted(f"SSH login as {t.user} on {t.hostport} was refused: {which_key} "
+                         "authorised there (batch mode: no password is ever asked)") from None
     except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
-        raise HostUnreachable(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
+        raise NotTrusted(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
     except (asyncio.TimeoutError, TimeoutError):
         raise HostUnreachable(f"SSH to {t.hostport} did not connect, shake hands and log in within "
                               f"{timeout:g} s") from None
