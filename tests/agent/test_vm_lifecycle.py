@@ -136,3 +136,14 @@ async def test_free_memory_is_what_admission_would_take_on_the_real_machine(make
     r = await host.client.post("/v1/host/vms", json={"name": "over", "shape": {"vcpus": 1, "mem_mib": free + 1024},
                                                      "entry": "true"})
     assert (r.status_code, r.json()["error"]["code"]) == (409, "host_full")
+
+
+async def test_a_console_offset_past_the_end_continues_from_the_end(make_host):
+    host = await make_host(backend="fake")
+    r = await host.client.post("/v1/host/vms", json={"name": "c", "shape": {"vcpus": 1, "mem_mib": 64},
+                                                     "entry": "echo hi"})
+    assert r.status_code == 201, r.text
+    size = (host.vms.vm_dir("c") / "console.log").stat().st_size if (host.vms.vm_dir("c") / "console.log").exists() \
+        else 0
+    page = (await host.client.get("/v1/host/vms/c/console", params={"offset": 10**9})).json()
+    assert page["text"] == "" and size <= page["next_offset"] < 10**9

@@ -393,9 +393,14 @@ class VmManager:
             raise InvalidArgument("offset must be >= 0")
         path = self.vm_dir(vm.name) / "console.log"
         data = b""
+        size = 0
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
             f.seek(offset)
             data = f.read(limit)
+        # an offset past the end (a stale one) continues from the end, not beyond it,
+        # so the output still to come is not skipped
+        offset = min(offset, size)
         # Never split a UTF-8 character across two reads.
         cut = len(data)
         while cut > 0 and cut > len(data) - 4:
