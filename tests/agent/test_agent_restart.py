@@ -112,15 +112,21 @@ async def test_a_hypervisor_process_no_record_accounts_for_is_killed_on_start(tm
         await mgr.close()
 
 
-async def test_a_vm_that_ends_while_the_agent_is_down_is_metered_to_its_end(tmp_path, bundle_dir):
-    # its guest reported its exit: it ran until then, not until the agent came back
+async def _run_and_stop(tmp_path, bundle_dir, name: str, entry: str):
+    """A host's state dir with VM ``name`` running ``entry``, its agent stopped."""
     state = tmp_path / "host"
     install_bundle(bundle_dir, state)
     first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
     await first.start()
     await first.create(CreateVmRequest.model_validate(
-        {"name": "short", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "echo hi; sleep 1; exit 3"}))
-    await first.close()  # the agent is down while the guest ends
+        {"name": name, "shape": {"vcpus": 1, "mem_mib": 128}, "entry": entry}))
+    await first.close()
+    return state
+
+
+async def test_a_vm_that_ends_while_the_agent_is_down_is_metered_to_its_end(tmp_path, bundle_dir):
+    # its guest reported its exit: it ran until then, not until the agent came back
+    state = await _run_and_stop(tmp_path, bundle_dir, "short", "echo hi; sleep 1; exit 3")  # down while it ends
     while qemu_pids(str(state / "vms" / "short")):
         await asyncio.sleep(0.1)
     ended = time.time()
@@ -140,13 +146,7 @@ async def test_a_vm_that_ends_while_the_agent_is_down_is_metered_to_its_end(tmp_
 
 
 async def test_an_orphan_killed_on_start_is_metered_no_longer(tmp_path, bundle_dir):
-    state = tmp_path / "host"
-    install_bundle(bundle_dir, state)
-    first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
-    await first.start()
-    await first.create(CreateVmRequest.model_validate(
-        {"name": "lost", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600"}))
-    await first.close()
+    state = await _run_and_stop(tmp_path, bundle_dir, "lost", "sleep 600")
     (state / "vms" / "lost" / "vm.json").unlink()  # its record gone: the process is an orphan now
     second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
     await second.start()
