@@ -157,3 +157,28 @@ async def test_an_orphan_killed_on_start_is_metered_no_longer(tmp_path, bundle_d
         assert second.metering.usage()["totals"]["wall_seconds"] == before
     finally:
         await second.close()
+
+
+def test_the_agent_reaps_its_vms_qemu_at_once(tmp_path, bundle_dir):
+    # QEMU daemonizes; `fuse host serve` is its subreaper, so a deleted or finished
+    # VM leaves no zombie for init to collect (ps would still list it a while)
+    from pathlib import Path
+
+    install_bundle(bundle_dir, tmp_path / "agent")
+    agent = start_agent(tmp_path)
+    try:
+        with httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {agent.token}"}, timeout=60) as c:
+            pids = {}
+            for name, entry in (("kept", "sleep 600"), ("done", "echo bye")):
+                r = c.post("/v1/host/vms", json={"name": name, "shape": {"vcpus": 1, "mem_mib": 128}, "entry": entry})
+                assert r.status_code == 201, r.text
+                pids[name] = r.json()["pid"]
+                assert Path(f"/proc/{pids[name]}/status").read_text().split("PPid:")[1].split()[0] == str(
+                    agent.popen.pid)  # the agent's child, not init's
+            assert c.delete("/v1/host/vms/kept").status_code == 204
+            assert not Path(f"/proc/{pids['kept']}").exists()  # gone, not a zombie
+            wait_until(lambda: c.get("/v1/host/vms/done").json()["state"] == "exited", timeout=60, what="exit")
+            wait_until(lambda: not Path(f"/proc/{pids['done']}").exists(), timeout=2, what="reaped")
+            c.delete("/v1/host/vms/done")
+    finally:
+        agent.stop()

@@ -32,7 +32,7 @@ from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
 from .backends.base import (MAX_ENTRY_BYTES, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
-                            kill_and_wait)
+                            kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves
 from .metering import Metering
@@ -94,6 +94,7 @@ class VmManager:
         # backend's to settle (``_settle_accel``), and ``kvm`` reports that.
         self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
+        self._unreaped: set[int] = set()  # ended VM processes of ours not collectable yet
         self._locks: dict[str, asyncio.Lock] = {}
         # Old names of VMs a claim is renaming right now: claiming one again
         # is a conflict, not an unknown VM.
@@ -505,6 +506,7 @@ class VmManager:
         while True:
             await asyncio.sleep(MONITOR_INTERVAL)
             ticks += 1
+            self._unreaped = {pid for pid in self._unreaped if not reap(pid)}
             for vm in list(self.vms.values()):
                 if vm.state != "running" or self.lock(vm.name).locked():
                     continue  # a sleep/delete in progress owns the process
@@ -541,6 +543,8 @@ class VmManager:
             with contextlib.suppress(OSError):
                 end = min(console.stat().st_mtime, time.time())
         self.metering.stop(vm.name, now=end)
+        if not reap(vm.pid):  # (its last threads still ending: collected on a later tick)
+            self._unreaped.add(vm.pid)
         vm.pid = None
         if status is None:
             why = "agent restarted during boot" if vm.state == "creating" else \

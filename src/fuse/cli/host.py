@@ -49,6 +49,8 @@ def serve(
         ssl_opts = tls_server_options(str(tls_cert), str(tls_key), str(tls_ca))
     elif listen and not token:
         typer.echo("warning: serving TCP without --token: anyone who reaches it can use it", err=True)
+    from ..agent.backends.base import become_subreaper
+    become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
                                   reserve_mib=reserve_mib))
     typer.echo(f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}".strip())

@@ -187,6 +187,33 @@ async def wait_gone(pid: int | None, marker: str, timeout: float = 10.0) -> None
         if time.monotonic() > deadline:
             raise BackendError(f"process {pid} did not exit within {timeout}s")
         await asyncio.sleep(0.01)
+    # a killed multi-threaded process is reapable once its last thread is gone: moments later
+    while not reap(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def reap(pid: int | None) -> bool:
+    """Collect an exited process's status when it is this process's child, so no
+    zombie is left for init to collect (a daemonized QEMU is the agent's child once
+    ``fuse host serve`` made itself the child subreaper). Never blocks; False only
+    while ``pid`` is our child and not collectable yet."""
+    if not pid:
+        return True
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except (ChildProcessError, OSError):
+        return True  # not ours (init has it), or gone already
+
+
+def become_subreaper() -> bool:
+    """Linux: orphaned descendants (QEMU daemonizes) are re-parented to this process
+    instead of init, so ``reap`` can collect them the moment they end."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
 
 
 async def wait_console_line(spec: BootSpec, line: bytes, alive: Callable[[], bool], timeout: float,
