@@ -103,6 +103,13 @@ class PrewarmService:
         # plan (a microvm needs KVM, a container or vm runs on any host)
         if kind not in ("container", "vm", "microvm"):
             raise InvalidArgument(f"kind must be container, vm or microvm, not {opts.kind!r}")
+        on = opts.on or "auto"
+        # what `on` names must exist before the image is looked for there
+        if on.startswith("host:"):
+            if self.store.get_host(on[len("host:"):]) is None:
+                raise NotFound(f"host {on[len('host:'):]} not found")
+        elif on not in ("auto", "local"):
+            self.ctl.pool.provider(on)  # a linked cloud, or 400 saying so
         images = self._images()
         if image not in images:  # no VM of it could ever get ready: refused before anything is bought
             raise InvalidArgument(f"no host or linked cloud has image {image!r} (a guest bundle; there are: "
@@ -114,7 +121,6 @@ class PrewarmService:
         ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs
         if ttl < 1:
             raise InvalidArgument("ttl_secs must be at least 1")
-        on = opts.on or "auto"
         placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
         pw_id = "pw-" + secrets.token_hex(3)
         rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
