@@ -52,3 +52,16 @@ def test_without_the_token_a_malformed_body_is_401_not_400(agent):
     r = httpx.post(agent.url + "/v1/host/vms", content=b"{bad", timeout=10,
                    headers={"content-type": "application/json", "Authorization": f"Bearer {TOKEN}"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument")  # with it: the body's fault
+
+
+@pytest.mark.parametrize("given", ["no token", "a wrong token"])
+def test_every_route_of_the_agent_needs_the_token_on_tcp(agent, given):
+    import re
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = httpx.get(agent.url + "/openapi.json", headers=auth, timeout=10).json()
+    routes = [(m.upper(), re.sub(r"\{[^}]+\}", "x", p)) for p, ops in doc["paths"].items() for m in ops]
+    assert ("POST", "/v1/host/vms") in routes and ("GET", "/v1/host") in routes
+    headers = {} if given == "no token" else {"Authorization": "Bearer nope"}
+    for method, path in routes:
+        r = httpx.request(method, agent.url + path, headers=headers, json={}, timeout=10)
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized"), (method, path)
