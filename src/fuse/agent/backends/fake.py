@@ -15,10 +15,11 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from .base import STANDBY_MARK, Backend, BootSpec, kill_and_wait, process_alive, read_pidfile, wait_console_line
+from .base import STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile, wait_console_line
 
 _PROGRAM = r"""
 import os, sys, time
@@ -58,17 +59,25 @@ class FakeBackend(Backend):
     def _pidfile(self, spec: BootSpec) -> Path:
         return spec.vm_dir / "fake.pid"
 
-    def _spawn(self, spec: BootSpec, start: int) -> int:
+    async def _spawn(self, spec: BootSpec, start: int) -> int:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         p = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(spec.vm_dir), str(start), spec.entry[:200],
                               "1" if spec.standby else "0"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
         self._pidfile(spec).write_text(str(p.pid))
+        # Popen returns once exec began, but /proc/PID/cmdline is empty until the kernel
+        # has laid out the new program's arguments: a monitor reading it in that window
+        # (a loaded machine stretches it) took the VM for dead. Started means seen.
+        deadline = time.monotonic() + 10
+        while not process_alive(p.pid, str(spec.vm_dir)):
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise BackendError(f"fake vm {spec.name} did not start (exit {p.poll()})")
+            await asyncio.sleep(0.005)
         return p.pid
 
     async def start(self, spec: BootSpec) -> int:
-        return self._spawn(spec, 0)
+        return await self._spawn(spec, 0)
 
     def pid(self, spec: BootSpec) -> int | None:
         pid = read_pidfile(self._pidfile(spec))
@@ -88,8 +97,7 @@ class FakeBackend(Backend):
 
     async def wake(self, spec: BootSpec) -> int:
         n = int((spec.state_dir / "counter").read_text() or 0)
-        await asyncio.sleep(0)
-        return self._spawn(spec, n + 1)
+        return await self._spawn(spec, n + 1)
 
     async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
         await wait_console_line(spec, STANDBY_MARK, lambda: self.pid(spec) is not None, timeout)
