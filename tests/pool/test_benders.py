@@ -4,19 +4,21 @@ optimum — on many small generated models and on the benchmark's 1,000-VM model
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pool_builders import brute_force, small_models
+from pool_builders import brute_force, offer, small_models
 
 from fuse.controller.pool import benders, patterns, search
 from fuse.controller.pool import formulation as F
 from fuse.controller.pool.greedy import greedy
-from fuse.controller.pool.model import PlanModel
+from fuse.controller.pool.model import DemandGroup, PlanModel
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.solution import Solution, cost_usd, violations
 
@@ -87,6 +89,7 @@ def test_every_cut_holds_for_every_plan(model, seed):
     at = {(ty.key, k): i for i, (ty, k) in enumerate((ty, k) for ty in types for k in range(len(ty.deltas)))}
     rng = np.random.default_rng(seed)
     prices = [rng.random(len(m.groups)) for _ in range(3)] + list(np.eye(len(m.groups)))
+    prices += benders.capacity_prices(m)  # (the capacity cuts' sets, by the DP)
     rows = benders.capacity_cuts(m, types, at) + [benders.value_cut(m, types, at, pi) for pi in prices]
     plans = [greedy(m)]
     base, now = plans[0], time.monotonic()
@@ -128,6 +131,38 @@ def test_proofs_on_machine_counts_agree_with_brute_force(model):
     assert lb <= best_cost + 1e-6
     if proven:
         assert abs(cost - best_cost) <= 1e-6
+
+
+def test_capacity_cuts_by_the_dp_count_whole_vms_not_raw_capacity():
+    # 16 GiB less 1 GiB holds three 4 GiB VMs, not 3.75: ten need four machines. The raw
+    # capacity cut allows three (15 GiB each for 40 GiB); the same set priced by memory,
+    # its V from the DP, does not
+    m = PlanModel(groups=[DemandGroup(name="g", count=10, cpus=1, mem_mib=4096, kind="container")],
+                  offers=[offer("t.4x4", 4, 15360, 0.2)]).sorted()
+    types = patterns.machine_types(m, [0])
+    at = {(ty.key, k): i for i, (ty, k) in enumerate((ty, k) for ty in types for k in range(len(ty.deltas)))}
+    u = np.array([10.0])  # the ten VMs placed
+    raw = [row for row in benders.capacity_cuts(m, types, at) if row[0] == 15360]
+    dp = [benders.value_cut(m, types, at, pi) for pi in benders.capacity_prices(m)]
+    least = lambda rows: max(-(row[1:] @ u) / row[0] for row in rows)  # N ≥ this, from the rows
+    assert math.ceil(least(raw) - 1e-6) == 3
+    assert math.ceil(least(dp) - 1e-6) == 4
+    assert len(plan(m.model_copy(update={"time_limit_secs": 5.0})).new_hosts) == 4
+
+
+def test_the_lean_master_saves_the_points_it_passed_and_finds_the_same_optimum():
+    rng = np.random.default_rng(7)
+    n, rows = 12, 6
+    cost, a = rng.uniform(1, 2, n), rng.uniform(0, 3, (rows, n))
+    args = (cost, np.ones(n), np.zeros(n), np.full(n, 10.0), a, np.full(rows, 20.0), np.full(rows, np.inf))
+    full = patterns.highs_mip(*args, gap=0.0, time_limit=10)
+    lean = patterns.highs_mip(*args, gap=0.0, time_limit=10, lean=True, save=True)
+    assert full.status == lean.status == 0
+    assert abs(cost @ full.x - cost @ lean.x) < 1e-6
+    assert lean.saved and min(obj for obj, _ in lean.saved) == pytest.approx(cost @ lean.x)
+    for obj, x in lean.saved:  # each a feasible integer point of that cost, none better than the optimum
+        assert np.all(a @ x >= 20 - 1e-6) and np.allclose(x, np.round(x)) and obj == pytest.approx(cost @ x)
+        assert obj >= cost @ lean.x - 1e-6
 
 
 def test_a_1000_vm_plan_on_40_types_is_proven_optimal():

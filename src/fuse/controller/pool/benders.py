@@ -39,6 +39,16 @@ its bound is that close to the plan; one solve may take half the time left, so a
 master grown hard proposes what it found and hands the rest of the time to
 branch-and-price.
 
+Each master is HiGHS without its sub-MIP heuristics (the cutoff prunes; they took most of
+its time), and saves the points it passed on the way to N*: the cheapest ``EXTRA_POINTS``
+of them are checked like N* at once (the next masters would propose them). From the third
+round the capacity cuts' sets join again as value cuts, their V by the DP (whole VMs: a
+machine of 15 GiB holds 12 GiB of 4 GiB VMs, not 15). Counts that hold the work but do not
+pack are filled again with more time and more of the work free (``LOOSEN``); when they
+still do not, a rough master's counts give way to the exact master's (its least counts
+need not be those), and the exact master's end the proof unproven. After ``FAR_ROUNDS``
+with the plan in hand far from the bound, ``better_plan`` (the counts MIP) is asked once.
+
 Every cut is valid for every plan, whatever N* it was found at, so the master's
 optimum (HiGHS's dual bound on it) is a lower bound at every iteration. V_tk is
 exact (one dynamic programme per set of allowed groups, ``class_values``), and
@@ -75,11 +85,15 @@ EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's ex
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
-FILL_RETRY = 0.25  # of the time left, for packing a proposal's machines once more
+LOOSEN = (0, 1)  # retries of a fill that did not pack: machines per pattern freed for CP-SAT
+FILL_RETRY = 0.1  # of the time left, for packing a proposal's machines once more
 # after this many integer masters with the plan in hand still this far (relative) above their
 # bound, the proof hands the time to branch-and-price (a 1,000-VM model's masters crept
 # 0.1 % a round up a 3 % gap for 10 s while the dives would have found a better plan)
 FAR_ROUNDS, FAR_GAP = 3, 0.01
+DP_CAPS_ROUND = 3  # the master round from which the capacity cuts join with their V from the DP
+LEAN = True  # the master without its costliest heuristics (``patterns.highs_mip``)
+EXTRA_POINTS = 2  # of the points a master passed on the way to its answer, checked beside it
 KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 
 
@@ -134,7 +148,8 @@ def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> 
 
 
 def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, root: Master, y: np.ndarray,
-          best: Solution, best_cost: float, deadline: float) -> tuple[Solution, float, float, bool]:
+          best: Solution, best_cost: float, deadline: float,
+          better_plan=None) -> tuple[Solution, float, float, bool]:
     """(plan, its cost, a valid lower bound, proven optimal) by Benders cuts on machine
     counts (module docstring), starting from ``root``'s rows (the caps) and one cut at
     the root LP's row prices ``y``; ``pool`` holds every pattern priced so far (new ones
@@ -208,16 +223,27 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 break  # the LP's counts hold the work: its cuts are all in
             cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
         timed_out = False  # a master out of its share of the time: its counts are the last proposal
+        exact_next, unpacked = False, set()  # (counts that held the work but did not pack)
         rounds = 0
         while time.monotonic() < deadline and not timed_out:
             rounds += 1
             if rounds > FAR_ROUNDS and best_cost - lb > FAR_GAP * best_cost:
-                break  # the plan in hand is far from the bound: the search's dives find better plans
+                # the plan in hand is far from the bound: once, ask ``better_plan`` (the counts
+                # MIP) for one; after that the search's dives find better plans
+                sol = better_plan(best_cost) if better_plan is not None else None
+                better_plan = None
+                if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
+                    break
+                best, best_cost, rounds = sol, cost_usd(model, sol), 0
+                continue
             if lb >= best_cost - EPS_USD:  # a master's bound already meets the plan a proposal gave
                 return best, best_cost, best_cost - PROVEN_GAP, True
+            if rounds == DP_CAPS_ROUND:
+                for pi in capacity_prices(model):
+                    cut(pi)
             fix()
             # near the plan in hand a rough answer would only return it: solve to 0 at once
-            gap = 0.0 if lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
+            gap = 0.0 if exact_next or lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
             res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline)
             if res is None:
                 break
@@ -225,6 +251,8 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             if res.status == 2:  # no counts cheaper than the plan in hand: it is optimal
                 return best, best_cost, best_cost - PROVEN_GAP, True
             x = np.round(res.x)
+            if x.tobytes() in unpacked:
+                break  # the master's least counts again, and they did not pack
             if float(cost @ x) >= best_cost - EPS_USD:  # only the plan in hand, within HiGHS's tolerance
                 if gap:  # prove it
                     res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, 0.0, deadline)
@@ -239,6 +267,25 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                         return best, best_cost, best_cost - PROVEN_GAP, True
                     return best, best_cost, max(lb, bound), False
             lb = max(lb, min(getattr(res, "mip_dual_bound", -math.inf), best_cost - EPS_USD))
+            # the points HiGHS passed on the way to x cost little more: the masters to come
+            # would propose them next, so each is checked now (a feasibility LP, ~10 ms,
+            # against ~0.3 s a master) and cut off, or, when it holds the work, filled
+            for obj, other in sorted(getattr(res, "saved", []), key=lambda s: s[0])[:int(EXTRA_POINTS)]:
+                other = np.round(other)
+                if obj >= best_cost - EPS_USD or np.array_equal(other, x) or time.monotonic() >= deadline:
+                    continue
+                on, ou = other[:nk].astype(int), other[nk:].astype(int)
+                got = _feasible(model, types, pool, {key: int(on[i]) for i, key in enumerate(keys) if on[i] > 0},
+                                ou * unit, deadline)
+                if got is None:
+                    break
+                if got[0] is not None:
+                    cut(got[0])
+                    continue
+                sol = _fill(model, types, [("p", g) for g in range(G)] + got[1],
+                            np.concatenate([ou.astype(float), got[2]]), target, deadline)
+                if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                    best, best_cost = sol, cost_usd(model, sol)
             n, u = x[:nk].astype(int), x[nk:].astype(int)
             found = _feasible(model, types, pool, {key: int(n[i]) for i, key in enumerate(keys) if n[i] > 0},
                               u * unit, deadline)
@@ -253,12 +300,22 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 continue
             kinds, x = [("p", g) for g in range(G)] + kinds, np.concatenate([u.astype(float), lam])
             sol = _fill(model, types, kinds, x, target, deadline)
+            for loosen in LOOSEN:
+                if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                    break
+                # CP-SAT's short share may not have packed them (a loaded machine), or the
+                # whole patterns left a rest that does not fit: again with more time and more
+                # of the work free (the master would propose N* again)
+                sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
+                            secs=FILL_RETRY * (deadline - time.monotonic()))
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
-                # CP-SAT's short share may not have packed them (a loaded machine): once
-                # more with a quarter of the time left, since the master proposes N* again
-                sol = _fill(model, types, kinds, x, target, deadline, secs=FILL_RETRY * (deadline - time.monotonic()))
-            if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
-                break  # the counts hold the work fractionally, but it did not pack on them
+                # the counts hold the work fractionally, but it did not pack on them: counts
+                # a rough master proposed need not be its least, so the exact master goes on
+                if gap == 0.0:
+                    break
+                unpacked.add(np.concatenate([n, u]).astype(float).tobytes())
+                exact_next = True
+                continue
             best, best_cost = sol, cost_usd(model, sol)
     except TooBig:
         pass
@@ -316,6 +373,25 @@ def capacity_cuts(model: PlanModel, types: list[MachineType], at: dict[tuple, in
     return out
 
 
+def capacity_prices(model: PlanModel) -> list[np.ndarray]:
+    """The capacity cuts' sets of groups priced by their vCPUs and by their memory: as value
+    cuts (exact V by the DP) they say what whole VMs of the set a machine holds, not its raw
+    capacity (a machine of 15 GiB holds 12 GiB of 4 GiB VMs): the cuts the feasibility LP
+    would otherwise return one master at a time."""
+    groups = model.groups
+    out = []
+    for d in sorted({g.duration_secs for g in groups}):
+        for kvm in (False, True):
+            S = [g for g, grp in enumerate(groups) if grp.duration_secs >= d and (grp.needs_kvm or not kvm)]
+            if not S or (kvm and len(S) == sum(1 for g in groups if g.duration_secs >= d)):
+                continue
+            for res in ("cpus", "mem_mib"):
+                pi = np.zeros(len(groups))
+                pi[S] = [float(getattr(groups[g], res)) for g in S]
+                out.append(pi / pi.max())
+    return out
+
+
 def _round(model: PlanModel, kinds: list[tuple], lam: np.ndarray, p: np.ndarray, target: int) -> Solution | None:
     """A plan from counts that do not hold the work: the feasibility LP's whole machines
     (⌊λ_j⌋ of each pattern, existing hosts first), the rest by first fit. Cheap (no
@@ -348,7 +424,8 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
     left = max(min(left, 0.05), MASTER_SHARE * left)  # a master that grows hard hands the time back
     # (measured: the small master solves 20-40 % faster without presolve)
     res = highs_mip(cost, np.ones(len(cost)), lo, hi, np.array(rows), rlo, rhi, gap=gap, time_limit=left,
-                    cutoff=best_cost - EPS_USD / 2, presolve=False)
+                    cutoff=best_cost - EPS_USD / 2, presolve=False, save=EXTRA_POINTS > 0,
+                    lean=LEAN)
     return None if res.status == 3 else res
 
 

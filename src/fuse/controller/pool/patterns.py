@@ -120,12 +120,17 @@ def _new_highs():
 
 
 def highs_mip(cost, integrality, lo, hi, a, rlo, rhi, *, gap: float, time_limit: float,
-              cutoff: float | None = None, presolve: bool = True) -> SimpleNamespace:
+              cutoff: float | None = None, presolve: bool = True, save: bool = False,
+              lean: bool = False) -> SimpleNamespace:
     """HiGHS on min cost·x, rlo ≤ a·x ≤ rhi (``a`` dense or sparse), lo ≤ x ≤ hi, x_j integer
     where ``integrality[j]``; ``cutoff``: HiGHS's objective bound (no node whose bound
     reaches it is explored). The answer: ``status`` 0 (optimal), 1 (out of time with a
     point), 2 (no point below the cutoff, or infeasible), 3 (no answer); ``x`` (or None)
-    and ``mip_dual_bound``."""
+    and ``mip_dual_bound``; with ``save``, ``saved``: the points HiGHS improved on the way,
+    as (objective, x). ``lean``: without the sub-MIP and jump heuristics (RINS, RENS, the
+    root reduced-cost one, feasibility jump), which took most of a small master's time
+    with the cutoff already pruning (on 18 masters saved from two 1,000-VM models: 3.4 s
+    of solves with them, 2.3 s without)."""
     from scipy.sparse import csr_matrix
 
     n = len(cost)
@@ -135,6 +140,11 @@ def highs_mip(cost, integrality, lo, hi, a, rlo, rhi, *, gap: float, time_limit:
     h.setOptionValue("random_seed", 0)
     if not presolve:
         h.setOptionValue("presolve", "off")
+    if save:
+        h.setOptionValue("mip_improving_solution_save", True)
+    if lean:
+        for heuristic in ("rins", "rens", "root_reduced_cost", "feasibility_jump"):
+            h.setOptionValue(f"mip_heuristic_run_{heuristic}", False)
     if cutoff is not None and cutoff < math.inf:
         h.setOptionValue("objective_bound", cutoff)
     inf = highspy.kHighsInf
@@ -155,8 +165,9 @@ def highs_mip(cost, integrality, lo, hi, a, rlo, rhi, *, gap: float, time_limit:
         return SimpleNamespace(status=2, x=None, mip_dual_bound=math.inf)
     if info.primal_solution_status != 2:  # no feasible point
         return SimpleNamespace(status=3, x=None, mip_dual_bound=info.mip_dual_bound)
+    saved = [(s.objective, np.array(s.col_value)) for s in h.getSavedMipSolutions()] if save else []
     return SimpleNamespace(status=0 if status == S.kOptimal else 1, x=np.array(h.getSolution().col_value),
-                           mip_dual_bound=info.mip_dual_bound)
+                           mip_dual_bound=info.mip_dual_bound, saved=saved)
 
 
 def milp(*args, **kwargs):

@@ -1,12 +1,16 @@
 """Plans and proofs on the whole-machine pattern model (``patterns``).
 
     root LP (column generation) ──► plans: residual rounding, the fill of the
-                                    LP's machines rounded up, the fill of the
-                                    counts MIP's machines (whole counts,
-                                    fractional patterns)
+                                    LP's machines rounded up
                                 ──► Benders cuts on the machine counts from
                                     the best plan so far (``benders``): most
-                                    proofs at 1,000 VMs end here
+                                    proofs at 1,000 VMs end here; when its
+                                    rounds find that plan far from their bound,
+                                    the fill of the counts MIP's machines (whole
+                                    counts, fractional patterns) gives a better
+                                    one (run first only when no plan places the
+                                    target: it takes 0.2–1 s at 1,000 VMs, which
+                                    most proofs do not need)
                                 ──► fix-and-solve, the integer master, the
                                     FFD plan
                                 ──► branch-and-price on machine counts
@@ -109,18 +113,30 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     if converged and not met:
         so_far = min([cost_usd(model, sol) for sol in cands]
                      + [cost_usd(model, start) if sum(start.placed(len(groups))) >= target else math.inf])
-        x = root.counts_mip(min(COUNTS_SHARE * (end - time.monotonic()), COUNTS_SECS), class_limits(root, so_far + 1e-6),
-                            cutoff=so_far - 1e-6)  # only counts cheaper than the plans in hand
-        if x is not None:
-            cands.append(_fill(model, types, root.kind, x, target, end))
+
+        def counts_plan(so_far: float) -> Solution | None:
+            x = root.counts_mip(min(COUNTS_SHARE * (end - time.monotonic()), COUNTS_SECS),
+                                class_limits(root, so_far + 1e-6),
+                                cutoff=so_far - 1e-6)  # only counts cheaper than the plans in hand
+            return None if x is None else _fill(model, types, root.kind, x, target, end)
+
+        def in_hand() -> Solution | None:
+            return min([sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
+                       + ([start] if sum(start.placed(len(groups))) >= target else []),
+                       key=lambda sol: cost_usd(model, sol), default=None)
+
+        # the counts MIP now when no plan places the target yet (the Benders rounds need one),
+        # else only when those rounds find the plan in hand far from their bound
+        counts_now = not COUNTS_LATE or in_hand() is None
+        if counts_now:
+            cands.append(counts_plan(so_far))
         # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
-        held = min([sol for sol in cands if sol is not None and sum(sol.placed(len(groups))) >= target]
-                   + ([start] if sum(start.placed(len(groups))) >= target else []),
-                   key=lambda sol: cost_usd(model, sol), default=None)
+        held = in_hand()
         if held is not None and end - time.monotonic() > MIN_STEP_SECS:
             y = np.minimum(res.ineqlin.marginals, 0.0)
             sol, cost, cuts_lb, proven = prove(model, types, target, pool, root, y, held, cost_usd(model, held),
-                                               time.monotonic() + BENDERS_SHARE * (end - time.monotonic()))
+                                               time.monotonic() + BENDERS_SHARE * (end - time.monotonic()),
+                                               better_plan=None if counts_now else counts_plan)
             if proven:
                 return sol, cost, True, True  # proven: no plan is cheaper by more than 10⁻⁶ USD
             cands.append(sol)
@@ -318,6 +334,7 @@ def _score(costs: dict, what: tuple, f: float) -> float:
 
 FILL_MIN_SECS = 0.05  # CP-SAT's least time for placing the rest in a fill
 MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
+COUNTS_LATE = True  # the counts MIP only when the Benders rounds find the plan in hand far from their bound
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
 DIVE_EVERY = 40  # best-first nodes between dives
@@ -374,7 +391,7 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
 
 
 def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.ndarray, target: int,
-          deadline: float, secs: float | None = None) -> Solution | None:
+          deadline: float, secs: float | None = None, loosen: int = 0) -> Solution | None:
     """A plan on the machines of an LP answer ``x`` over columns ``kinds`` (a master's
     ``kind``: placed counts ("p", g) and patterns): the whole machines ⌊λ_j⌋ of each
     pattern as they are, then the work the fractional patterns share placed on the
@@ -382,7 +399,9 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
     the counts N are integral (a branch-and-price node's) and everything fits, the
     cost is at most Σ κ N (a machine is billed no longer than its class). What does
     not fit is completed by first fit. A feasible plan placing ``target`` VMs, or None.
-    ``secs``: CP-SAT's time for the rest, instead of its share of what is left."""
+    ``secs``: CP-SAT's time for the rest, instead of its share of what is left. ``loosen``:
+    that many machines fewer of each pattern are taken whole (their work joins the rest,
+    their machines the bins), for counts whose whole patterns leave a rest that does not fit."""
     from fuse.controller.pool.greedy import greedy
     from fuse.controller.pool.solution import Machine
 
@@ -402,7 +421,7 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
     # existing hosts first, as ``extract``: a surplus (cover rows are ≥) lands on new machines
     for j in sorted(range(len(kinds)), key=lambda j: kinds[j][0] != "host"):
         kind = kinds[j]
-        whole = int(math.floor(x[j] + 1e-6))
+        whole = int(math.floor(x[j] + 1e-6)) - loosen
         if kind[0] not in ("pat", "host") or whole <= 0:
             continue
         room[("h" if kind[0] == "host" else "t", kind[1]), kind[2]] -= whole
