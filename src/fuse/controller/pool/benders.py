@@ -87,6 +87,7 @@ MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step 
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
 LOOSEN = (0, 1)  # retries of a fill that did not pack: machines per pattern freed for CP-SAT
 FILL_RETRY = 0.1  # of the time left, for packing a proposal's machines once more
+FILL_LAST = 0.5  # of the time left, for packing the exact master's counts, which no cut removes
 # after this many integer masters with the plan in hand still this far (relative) above their
 # bound, the proof hands the time to branch-and-price (a 1,000-VM model's masters crept
 # 0.1 % a round up a 3 % gap for 10 s while the dives would have found a better plan)
@@ -312,7 +313,14 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 # the counts hold the work fractionally, but it did not pack on them: counts
                 # a rough master proposed need not be its least, so the exact master goes on
                 if gap == 0.0:
-                    break
+                    # the exact master's least counts: no cut removes them, so the proof ends
+                    # here unless they pack; a last try with half the time left
+                    sol = _fill(model, types, kinds, x, target, deadline,
+                                secs=FILL_LAST * (deadline - time.monotonic()))
+                    if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
+                        break
+                    best, best_cost = sol, cost_usd(model, sol)
+                    continue
                 unpacked.add(np.concatenate([n, u]).astype(float).tobytes())
                 exact_next = True
                 continue
