@@ -225,6 +225,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
         timed_out = False  # a master out of its share of the time: its counts are the last proposal
         exact_next, unpacked = False, set()  # (counts that held the work but did not pack)
+        dp_caps = False
         rounds = 0
         while time.monotonic() < deadline and not timed_out:
             rounds += 1
@@ -239,7 +240,8 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 continue
             if lb >= best_cost - EPS_USD:  # a master's bound already meets the plan a proposal gave
                 return best, best_cost, best_cost - PROVEN_GAP, True
-            if rounds == DP_CAPS_ROUND:
+            if rounds >= DP_CAPS_ROUND and not dp_caps:
+                dp_caps = True
                 for pi in capacity_prices(model):
                     cut(pi)
             fix()
@@ -252,8 +254,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             if res.status == 2:  # no counts cheaper than the plan in hand: it is optimal
                 return best, best_cost, best_cost - PROVEN_GAP, True
             x = np.round(res.x)
-            if x.tobytes() in unpacked:
-                break  # the master's least counts again, and they did not pack
+            again = tuple(int(v) for v in x) in unpacked  # (the exact master's least counts: these)
             if float(cost @ x) >= best_cost - EPS_USD:  # only the plan in hand, within HiGHS's tolerance
                 if gap:  # prove it
                     res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, 0.0, deadline)
@@ -300,8 +301,8 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                     best, best_cost = sol, cost_usd(model, sol)
                 continue
             kinds, x = [("p", g) for g in range(G)] + kinds, np.concatenate([u.astype(float), lam])
-            sol = _fill(model, types, kinds, x, target, deadline)
-            for loosen in LOOSEN:
+            sol = None if again else _fill(model, types, kinds, x, target, deadline)
+            for loosen in () if again else LOOSEN:
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                     break
                 # CP-SAT's short share may not have packed them (a loaded machine), or the
@@ -321,7 +322,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                         break
                     best, best_cost = sol, cost_usd(model, sol)
                     continue
-                unpacked.add(np.concatenate([n, u]).astype(float).tobytes())
+                unpacked.add(tuple(int(v) for v in np.concatenate([n, u])))
                 exact_next = True
                 continue
             best, best_cost = sol, cost_usd(model, sol)
