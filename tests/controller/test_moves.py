@@ -197,6 +197,41 @@ def test_a_named_target_without_room_is_refused_409_no_target(fleet, case):
     assert fleet.running_copies("job1") == ["src"]
 
 
+def test_a_target_with_a_vm_of_that_name_is_refused_and_best_fit_passes_it_by(fleet):
+    """The target's own admission would refuse the name after the VM was put to
+    sleep and copied: the call says no at once, and best fit takes another host."""
+    for h in ("src", "dup", "free"):
+        fleet.add(h)
+    fleet.client.vms.create(vm_body("job1", host="src", mem=256))
+    fleet.client.vms.create(vm_body("job1", host="dup", mem=256))
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="dup", host="src")
+    assert (info.value.status, info.value.code) == (409, "no_target")
+    assert "dup already has a vm named job1" in info.value.message
+    assert fleet.client.moves.list() == [] and fleet.host_vms("src")["job1"]["state"] == "running"
+    # dup has the most free room (its VM is the smallest load there is): best fit would pick it first
+    fleet.client.vms.create(vm_body("ballast", host="free", mem=2048))
+    m = fleet.wait_move(fleet.client.moves.create("job1", host="src")["id"])
+    assert m["state"] == "done" and m["to"] == "free", m
+
+
+def test_a_second_drain_of_a_host_joins_the_first_and_reports_the_same(fleet):
+    fleet.add("old")
+    fleet.add("new")
+    for n in ("a", "b"):
+        fleet.client.vms.create(vm_body(n, host="old", mem=256))
+    fleet.client.hosts.cordon("old")
+
+    async def both():
+        async with fuse.AsyncClient(fleet.ctl.url) as c:
+            return await asyncio.gather(c.hosts.drain("old"), c.hosts.drain("old"))
+
+    first, second = asyncio.run(both())
+    assert first == second, (first, second)  # (side by side, each reported the other's VMs stuck)
+    assert sorted(m["vm"] for m in first["moved"]) == ["a", "b"] and first["stuck"] == []
+    assert fleet.host_vms("old") == {} and sorted(fleet.host_vms("new")) == ["a", "b"]
+
+
 def test_the_source_keeps_a_running_vms_room_while_it_moves(fleet):
     """A sleeping VM gives its room back, but not the source copy of a
     running VM's move: a failed move must be able to wake it back home."""

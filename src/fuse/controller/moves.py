@@ -122,6 +122,7 @@ class MoveService:
         self.ctl = ctl
         self.store = ctl.store
         self._tasks: dict[str, asyncio.Task] = {}
+        self._drains: dict[str, asyncio.Task] = {}  # per host: the drain in progress, which a second call joins
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
 
@@ -264,6 +265,11 @@ class MoveService:
         from .placement import rank
         from .resources import Resources
         ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
+        named = {r["host"] for r in self.store.vms_named(name) if r["host"] != source}
+
+        def name_taken(h: str) -> bool:  # (a host's own VMs, or the same machine's under another id)
+            return any(t == h or self._same_machine(t, h) for t in named)
+
         if to is not None:
             host = self.store.get_host(to)
             if host is None:
@@ -275,6 +281,8 @@ class MoveService:
                                           f"registered under another id): vm {name} is already there")
             if host["state"] != "active":
                 raise refuse("no_target", f"host {to} is {host['state']}: it takes no new VMs")
+            if name_taken(to):
+                raise refuse("no_target", f"host {to} already has a vm named {name}")
             view = self.fleet.views.get(to)
             if view is None or not view.connected:
                 raise refuse("host_unreachable", f"target host {to} is not connected")
@@ -292,7 +300,7 @@ class MoveService:
         fleet, reasons = self.ctl.vms.arrays()
         for h in rank(fleet, ask, reasons).order:
             if (h != source and self.fleet.views.get(h) and not self._same_machine(source, h)
-                    and not self.compatible(vm, source, h)):
+                    and not name_taken(h) and not self.compatible(vm, source, h)):
                 return h
         raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}")
 
@@ -687,7 +695,16 @@ class MoveService:
     # ---- drain ---------------------------------------------------------------
     async def drain(self, host_id: str) -> dict[str, Any]:
         """Move every VM off a draining host, one after another, by best fit.
-        VMs that cannot move are reported, never killed."""
+        VMs that cannot move are reported, never killed. A drain of a host whose
+        drain is in progress joins it and answers its report (run side by side, each
+        refused the other's VMs as move_in_progress and reported them stuck)."""
+        task = self._drains.get(host_id)
+        if task is None or task.done():
+            task = self._drains[host_id] = asyncio.create_task(self._drain(host_id))
+            task.add_done_callback(lambda t: self._drains.pop(host_id, None) if self._drains.get(host_id) is t else None)
+        return await asyncio.shield(task)
+
+    async def _drain(self, host_id: str) -> dict[str, Any]:
         moved, stuck = [], []
         for vm in self.ctl.vms.list(host_id):
             host = self.store.get_host(host_id)
