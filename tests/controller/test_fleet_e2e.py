@@ -271,6 +271,11 @@ def test_a_machine_under_two_names_lists_each_vm_once(fleet):
     assert listed() == [("m0", "h1"), ("m1", "h1"), ("m2", "alias")]
     time.sleep(2.5)  # a few polls of both names, their events included
     assert listed() == [("m0", "h1"), ("m1", "h1"), ("m2", "alias")]
+    # and the machine's events are merged once (each was stored under both names)
+    agent_events = [e for e in fleet.client.events.list(0, limit=500)["events"] if e.get("host_event_id")]
+    seen = [e["host_event_id"] for e in agent_events]
+    assert {"m0", "m1", "m2"} <= {e.get("vm") for e in agent_events}
+    assert len(seen) == len(set(seen)), sorted(seen)
     assert (fleet.client.hosts.get("h1").allocated.vm_count, fleet.client.hosts.get("alias").allocated.vm_count) \
         == (2, 1)
     fleet.client.vms.delete("m2")

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound
@@ -238,7 +238,16 @@ class Fleet:
         """One read of up to EVENT_BATCH events, when there are new ones (module docstring)."""
         with self.store.read() as c:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
+            # one machine under two names: its events are read once, under the first name that
+            # is connected (usage counts it under its first name too), from where any name got to
+            alias = [h for (h,) in c.execute(select(hosts_t.c.id).where(
+                hosts_t.c.agent_id == agent_id, hosts_t.c.id != host_id))] if agent_id else []
+            shared = c.execute(select(func.max(host_cursors.c.cursor)).where(
+                host_cursors.c.agent_id == agent_id)).scalar() if alias else None
+        if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
+            return
         cursor = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
+        cursor = max(cursor, shared or 0)
         view = self.views.setdefault(host_id, HostView())
         last = summary.get("last_event_id")
         if isinstance(last, int):
