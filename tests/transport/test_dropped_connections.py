@@ -152,3 +152,16 @@ async def test_a_host_refusing_the_certificate_at_the_handshake_is_still_said_so
     finally:
         await conn.close()
         server.close()
+
+
+async def test_local_with_no_agent_names_the_socket_it_looked_for(tmp_path, monkeypatch):
+    # "local" means the default socket: the one-sentence reason names that path, not the word
+    import fuse.transport as transport
+    monkeypatch.setattr(transport, "default_agent_socket", lambda: tmp_path / "fuse-host.sock")
+    conn = HostConnection("local")
+    try:
+        with pytest.raises(HostUnreachable) as info:
+            await conn.request("GET", "/v1/host")
+    finally:
+        await conn.close()
+    assert f"no host agent socket at {tmp_path / 'fuse-host.sock'}: is the host agent running?" in info.value.message

@@ -93,7 +93,8 @@ def _describe(exc: Exception, addr: str, handshake: bool = False) -> tuple[str, 
     if "connection refused" in low or "errno 111" in low:
         return f"connection to {addr} was refused: is the host agent running?", False
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
-        return f"no host agent socket at {addr}: is the host agent running?", False
+        where = default_agent_socket() if addr == "local" else addr.removeprefix("unix://")
+        return f"no host agent socket at {where}: is the host agent running?", False
     if isinstance(exc, httpx.TimeoutException):
         return f"{addr} did not answer in time", False
     if any(s in low for s in _HUNG_UP):
