@@ -121,6 +121,16 @@ def test_no_host_is_cordoned_when_the_others_cannot_take_its_vms():
     assert all(d.action == "keep" for d in decide([a, b], loads, room, NOW))
 
 
+def test_no_host_is_cordoned_for_room_on_a_host_the_same_pass_removes():
+    # idle "aws-2" goes now (its paid time ends): its room is no place for busy "aws-1"'s VM
+    busy, idle = row("aws-1"), row("aws-2", started=NOW - 3550)
+    loads = {"aws-1": Load(vms=(1024,), mem_mib=2048), "aws-2": Load(mem_mib=2048)}
+    room = {"aws-1": (1024, 3), "aws-2": (2048, 4)}
+    by = {d.host: d for d in decide([busy, idle], loads, room, NOW)}
+    assert by["aws-2"].action == "remove"
+    assert by["aws-1"].action == "keep", by["aws-1"]
+
+
 def test_an_idle_machine_a_plan_bought_is_kept_until_its_planned_work_ends():
     (d,) = decide([row(started=NOW - 60, step=1, planned_until=NOW + 3600)], {}, {}, NOW)
     assert d.action == "keep" and "planned" in d.reason and d.until == int(NOW + 3600 - 120)

@@ -109,10 +109,28 @@ def test_unknown_fields_are_refused_with_a_clear_message(ctl, body, says):
     ({"count": -1}, "count"),
     ({"memory_mb": 0}, "memory_mb"),
     ({"apply": True}, "none is linked"),
+    ({"count": 2**32}, "count"),
+    ({"count": 100_001}, "count"),
+    ({"hosts": 10**12}, "hosts"),
+    ({"duration_secs": 2**40}, "duration_secs"),
 ], ids=["a bad caller", "an unknown provider", "an unknown region", "an unknown instance_type",
-        "a negative count", "no memory", "apply"])
+        "a negative count", "no memory", "apply", "a count past u32 (it ran the controller out of memory)",
+        "more VMs than one plan takes", "a hosts pin past the plan's bound", "a duration past u32"])
 def test_bad_requests_are_400_invalid_argument(ctl, body, says):
     r = post(client(ctl), body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_argument" and says in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, method, body, says", [
+    ("/v1/pool/plan", "POST", '{"count": 1, "max_usd_per_hour": 1e400}', "max_usd_per_hour"),
+    ("/v1/pool/plan", "POST", '{"count": 1, "max_usd_per_hour": NaN}', "max_usd_per_hour"),
+    ("/v1/pool/hosts", "POST", '{"provider": "dev", "instance_type": "local.small", "ttl_hours": 4611686018427387904}',
+     "ttl_hours"),
+    ("/v1/pool/budget", "PATCH", '{"max_new_hosts": 99999999999999999999}', "max_new_hosts"),
+], ids=["an infinite cap (a 500 before)", "a NaN cap", "a ttl past u32 (a 500 before)", "a host cap past u32"])
+def test_numbers_past_their_range_are_400_before_anything_is_done(ctl, path, method, body, says):
+    r = client(ctl).request(method, path, content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "invalid_argument" and says in r.json()["error"]["message"]
 

@@ -41,27 +41,32 @@ class _Record(BaseModel):
     model_config = ConfigDict(populate_by_name=True, alias_generator=AliasGenerator(validation_alias=_either))
 
 
+U32 = 2**32 - 1  # the seed types counts, hours and shapes as u32
+MAX_PLAN_VMS = 100_000  # VMs in one plan: a plan's answer lists every machine, so it is bounded
+
+
 class ElasticPlanRequest(_Record):
     """What to plan for. Pins are constraints of the same solve; unset lets the pool decide.
 
     Unknown fields are refused (a misspelt ``memory`` would otherwise plan with
     the default shape): a 400 ``invalid_argument`` naming the field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    count: int | None = Field(default=None, ge=0, description="How many VMs (default 1).")
+    count: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS,
+                              description="How many VMs (default 1; at most 100,000 in one plan).")
     image: str | None = Field(default=None, description="Image (default linux).")
     kind: str | None = Field(default=None, description=(
         "`container`, `vm` or `microvm` (default: from the image: windows*/macos* are vm, an OCI reference "
         "or container* is container, anything else microvm)."))
-    cpus: int | None = Field(default=None, ge=1, description=(
+    cpus: int | None = Field(default=None, ge=1, le=U32, description=(
         "vCPUs each (default: learned from earlier VMs of the image, their most common shape; else 1)."))
-    memory_mb: int | None = Field(default=None, ge=1, description=(
+    memory_mb: int | None = Field(default=None, ge=1, le=U32, description=(
         "MiB each (default: learned with cpus from earlier VMs of the image; else 1024)."))
     together: bool | None = Field(default=None, description="Keep them on one machine (forks of one checkpoint).")
     caller: str | None = Field(default=None, description=(
         "`interactive`, `batch`, `compat` or `persistent_agent`: sets the default duration_secs."))
-    duration_secs: int | None = Field(default=None, ge=0, description=(
+    duration_secs: int | None = Field(default=None, ge=0, le=U32, description=(
         "Expected lifetime, seconds (default by caller: interactive 3600, batch 14400, compat 3600, "
         "persistent_agent 86400; no caller 3600)."))
     provider: str | None = Field(default=None, description="Only this cloud (your own devices stay allowed).")
@@ -69,7 +74,7 @@ class ElasticPlanRequest(_Record):
         "Only this region (new machines and running cloud hosts; your own devices stay allowed)."))
     instance_type: str | None = Field(default=None, description=(
         "Only this machine type (new machines and running cloud hosts; your own devices stay allowed)."))
-    hosts: int | None = Field(default=None, ge=0, description="Exactly this many new machines.")
+    hosts: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS, description="Exactly this many new machines.")
     no_scale: bool | None = Field(default=None, description="Add no machines.")
     devices_only: bool | None = Field(default=None, description="Only your own devices.")
     max_usd_per_hour: float | None = Field(default=None, ge=0, description=(
@@ -198,7 +203,7 @@ class ElasticBudgetUpdate(_Record):
     max_usd_per_hour: float | None = Field(default=None, ge=0)
     monthly_usd: float | None = Field(default=None, ge=0)
     autoscale: bool | None = None
-    max_new_hosts: int | None = Field(default=None, ge=0)
+    max_new_hosts: int | None = Field(default=None, ge=0, le=U32)
     warm: bool | None = None
     allow_metal: bool | None = None
 
@@ -252,8 +257,8 @@ class PrewarmOptions(_Record):
     count: int | None = Field(default=None, ge=1, le=256)
     on: str | None = None
     kind: str | None = None
-    cpus: int | None = Field(default=None, ge=1)
-    memory_mb: int | None = Field(default=None, ge=1)
-    ttl_secs: int | None = Field(default=None, ge=0)
+    cpus: int | None = Field(default=None, ge=1, le=U32)
+    memory_mb: int | None = Field(default=None, ge=1, le=U32)
+    ttl_secs: int | None = Field(default=None, ge=0, le=U32)
     instance_type: str | None = None
     region: str | None = None

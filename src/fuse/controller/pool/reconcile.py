@@ -97,7 +97,9 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
     if len(busy) > 0:
         r = busy[0]
         load = loads[r["name"]]
-        others = [v for h, v in room.items() if h != r["name"]]
+        # (not the hosts this pass removes or cordons: they take nothing)
+        leaving = {h for h, d in out.items() if d.action in ("remove", "cordon")}
+        others = [v for h, v in room.items() if h != r["name"] and h not in leaving]
         if _fits(load.vms, others):
             share = sum(load.vms) / max(load.mem_mib, 1)
             out[r["name"]] = ElasticDecision(

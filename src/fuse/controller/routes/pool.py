@@ -18,7 +18,7 @@ from fuse.controller.pool.request import history_from_vms
 from fuse.models.base import Record
 from fuse.models.errors import responses
 from fuse.errors import NotFound
-from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
+from fuse.models.pool import (U32, ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
                               ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
 
 router = APIRouter(tags=["pool"])
@@ -38,7 +38,8 @@ class AddHostsRequest(Record):
     instance_type: str
     region: Optional[str] = None
     count: Optional[int] = Field(default=None, description="1 to 20 (default 1).")
-    ttl_hours: Optional[int] = Field(default=None, description="Hours until it ends on its own (default 24).")
+    ttl_hours: Optional[int] = Field(default=None, le=U32,
+                                     description="Hours until it ends on its own (default 24).")
 
 
 class RemoveHostsRequest(Record):
