@@ -122,3 +122,30 @@ def test_a_prewarm_on_one_host_keeps_its_vms_there_and_names_a_missing_host(tmp_
         assert client.pool.remove_prewarm(pw.id)
         wait_until(lambda: not [v for v in client.vms.list() if v["name"].startswith(pw.id)], timeout=30,
                    what="its standby VMs gone")
+
+
+def test_plans_and_prewarms_go_only_to_hosts_that_have_the_image(tmp_path, procs):
+    # a host whose agent lists its bundles runs only those: a VM of another image is refused
+    # there ("host has no bundle"), so a plan puts none there and a prewarm pinned there is 400
+    from support import fake_bundle
+    procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
+    procs.append(other := start_agent(tmp_path, backend="fake", name="other"))
+    shutil.rmtree(other.state_dir / "bundles" / "linux")
+    fake_bundle(other.state_dir, name="alpine")
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        register(client, "edge", edge)
+        register(client, "other", other)
+        wait_until(lambda: "alpine" in str(client.hosts.get("other")), timeout=10, what="other's bundles seen")
+
+        def on(image: str) -> dict[str, int]:
+            p = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=2, image=image, kind="container", cpus=1,
+                                                               memory_mb=512, devices_only=True))
+            return {a.host: a.count for a in p.assignments}
+
+        assert on("linux") == {"edge": 2}
+        assert on("alpine") == {"other": 2}
+        with pytest.raises(fuse.ApiError) as e:
+            client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, memory_mb=512, on="host:other"))
+        assert (e.value.status, e.value.code) == (400, "invalid_argument") and "other has no image" in e.value.message
+        assert client.pool.prewarms() == []

@@ -119,6 +119,9 @@ class Controller:
                         # a qemu host runs every kind without KVM too (TCG, slower); Firecracker needs it
                         "kvm": bool(view and view.summary.get("kvm")) or row.get("backend") == "qemu",
                         "own": True,
+                        # the guest bundles (images) it has, when its agent said: only those run there
+                        "bundles": ([b.get("name") for b in view.summary.get("bundles") or [] if isinstance(b, dict)]
+                                    if view is not None and "bundles" in view.summary else None),
                         "region": row.get("region", "") or "", "type_name": "",
                         "state": row.get("state", "active") if fleet.usable[i] else "unavailable"} | cloud)
         return out

@@ -142,6 +142,9 @@ class PrewarmService:
             if host not in snap:
                 raise NotFound(f"host {host} not found")
             h = snap[host]
+            if h.get("bundles") is not None and image not in h["bundles"]:
+                raise InvalidArgument(f"host {host} has no image {image!r} (its guest bundles: "
+                                      f"{', '.join(sorted(h['bundles'])) or 'none'}): its VMs would never get ready")
             fits = min(h["free_mem_mib"] // mem, h["free_vm_slots"])
             if h.get("state") == "unavailable" or fits < count:
                 raise FleetFull(f"host {host} has room for {max(fits, 0) if h.get('state') != 'unavailable' else 0} "

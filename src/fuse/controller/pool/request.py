@@ -121,7 +121,9 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
         region=req.region, instance_type=req.instance_type, devices_only=bool(req.devices_only),
         no_scale=bool(req.no_scale))
     offer_list = list(default_catalogue() if offers is None else offers)
-    hosts = hosts_from_snapshot(snapshot)
+    # a host whose agent lists its guest bundles runs only those images (a VM of another
+    # image is refused there: "host has no bundle"); one that does not say is not ruled out
+    hosts = hosts_from_snapshot(d for d in snapshot if d.get("bundles") is None or image in d["bundles"])
     # a pin must name something the pool knows: an offer or a running cloud host
     clouds = [(o.provider, o.region, o.type_name) for o in offer_list]
     clouds += [(h.provider, h.region, h.type_name) for h in hosts if not h.own]
