@@ -63,7 +63,7 @@ def _app(snapshot=None) -> TestClient:
 def test_route_plans_against_the_snapshot_and_accepts_camel_case():
     snap = [{"name": "dev", "cpus": 8, "mem_mib": 16384, "free_vcpus": 8, "free_mem_mib": 16384,
              "arch": "arm64", "kvm": True, "own": True, "state": "online"}]
-    r = _app(snap).post("/v1/pool/plan", json={"count": 12, "cpus": 2, "memoryMb": 2048})
+    r = _app(snap).post("/v1/pool/plan", json={"count": 12, "cpus": 2, "memoryMb": 4096})
     assert r.status_code == 200
     p = ElasticPlan.model_validate(r.json())
     assert p.assignments[0].host == "dev" and p.assignments[0].count == 4

@@ -228,7 +228,7 @@ def _where(r) -> dict[str, int]:
         "region of the running host: it stays", "another region: not the running host",
         "the running host's type: it stays", "another type: not the running host"])
 def test_pins_apply_to_running_cloud_hosts(ctl, pins, want):
-    body = {"count": 8, "cpus": 2, "memory_mb": 2048, "kind": "container", "no_scale": True} | pins
+    body = {"count": 8, "cpus": 2, "memory_mb": 4096, "kind": "container", "no_scale": True} | pins
     if pins.get("devices_only"):
         del body["no_scale"]
     assert _where(post(client(ctl, [OWN, CLOUD]), body)) == want
@@ -243,3 +243,14 @@ def test_pins_apply_to_running_cloud_hosts(ctl, pins, want):
 def test_pins_choose_the_new_machines(ctl, pins, want):
     got = _where(post(client(ctl), {"count": 4, "cpus": 2, "memory_mb": 2048, "kind": "container"} | pins))
     assert got == want
+
+
+def test_on_a_host_in_the_pool_memory_and_slots_bound_the_plan_not_its_vcpus(ctl):
+    # placement takes memory as the hard limit and ranks by CPU (time-shared): a plan that
+    # held a 2-vCPU host with 23 GiB free to 2 one-vCPU VMs bought machines for the rest
+    small = OWN | {"name": "own", "cpus": 2, "free_vcpus": 2, "mem_mib": 23552, "free_mem_mib": 23552,
+                   "free_vm_slots": 4}
+    body = {"count": 6, "cpus": 1, "memory_mb": 1024, "kind": "container"}
+    got = _where(post(client(ctl, [small]), body))
+    assert got.pop("own") == 4 and sum(got.values()) == 2, got  # its vm_count policy admits 4
+    assert _where(post(client(ctl, [small | {"free_vm_slots": 10}]), body)) == {"own": 6}
