@@ -202,3 +202,12 @@ def test_a_host_placement_undone_by_the_monthly_budget_leaves_nothing_behind():
     assert greedy(m).on_hosts == {}
     p = plan(m)
     assert p.assignments == [] and [u.count for u in p.unplaced] == [1]
+
+
+def test_an_unplaced_reason_says_the_caps_as_an_operator_set_them():
+    # a cap left after what runs is subtracted (0.03 − 0.01) read 0.019999999999999997
+    m = PlanModel(groups=[DemandGroup(name="g", count=1, cpus=1, mem_mib=1024, kind="container")],
+                  offers=[offer("t.small", 2, 4096, 0.05)],
+                  constraints=Constraints(max_usd_per_hour=0.03 - 0.010000000000000002))
+    (u,) = plan(m).unplaced
+    assert u.reason == "no room within the caps: max_usd_per_hour=0.02"

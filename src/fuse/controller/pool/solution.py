@@ -173,7 +173,7 @@ def unplaced_reason(model: PlanModel, g: int) -> str:
             return "no hosts in the pool and no offers"
         parts = [f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4)]
         return "no machine can hold it: " + "; ".join(parts)
-    caps = [f"{k}={v}" for k, v in (
+    caps = [f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in (
         ("max_new_hosts", c.max_new_hosts), ("hosts", c.exact_new_hosts),
         ("max_usd_per_hour", c.max_usd_per_hour), ("monthly_usd_left", c.monthly_usd_left),
     ) if v is not None]
