@@ -149,3 +149,23 @@ def test_plans_and_prewarms_go_only_to_hosts_that_have_the_image(tmp_path, procs
             client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, memory_mb=512, on="host:other"))
         assert (e.value.status, e.value.code) == (400, "invalid_argument") and "other has no image" in e.value.message
         assert client.pool.prewarms() == []
+
+
+def test_a_refill_with_no_room_left_buys_under_the_budget_as_the_prewarm_did(tmp_path, procs):
+    # claims leave their VMs running where the standby ones were: when no machine has room
+    # the refill goes through the same solve as the prewarm (it bought nothing and stayed
+    # short, retrying best fit every pass)
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [
+            {"name": "local.small", "vcpus": 2, "mem_mib": 2048, "usd_per_hour": 0.36}]})
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=2048, ttl_secs=600))
+        assert len(pw.new_hosts) == 1
+        ready(client, pw.id, 1, timeout=60)
+        vm = client.vms.create(name="job", shape={"vcpus": 1, "mem_mib": 2048}, entry="sleep 600")
+        assert vm["host"] == pw.new_hosts[0]  # claimed: that machine is full now
+        pw = ready(client, pw.id, 1, timeout=90)
+        assert len(pw.new_hosts) == 2 and pw.placements[0].host == pw.new_hosts[1], pw
+        assert sorted(h.name for h in client.pool.cloud_hosts()) == sorted(pw.new_hosts)
+        assert client.pool.remove_prewarm(pw.id)
+        client.vms.delete("job")

@@ -17,6 +17,7 @@ a prewarm ends at its TTL or when removed, and its standby VMs go with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -125,7 +126,7 @@ class PrewarmService:
         pw_id = "pw-" + secrets.token_hex(3)
         rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
                "ttl_secs": ttl, "expires_at": int(time.time() + ttl), "placements": placements,
-               "new_hosts": new_hosts, "next": 1}
+               "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type, "region": opts.region}
         with self.store.tx() as c:
             c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
             self.store.add_event("prewarm_added", {"id": pw_id, "image": image, "count": count,
@@ -159,7 +160,7 @@ class PrewarmService:
                                  provider=on if on not in ("auto", "local") else None)
         if on not in ("auto", "local"):
             pool.provider(on)  # a linked cloud, or 400
-        snapshot = self.ctl.pool_snapshot()
+        snapshot = self._unreserved(self.ctl.pool_snapshot(), mem)
         if on not in ("auto", "local"):  # on a cloud: only its hosts count as already there
             snapshot = [h for h in snapshot if h.get("provider") == on]
         plan = await pool.plan(req, snapshot)
@@ -178,6 +179,25 @@ class PrewarmService:
             host = a.host or names[a.new_index]
             placements[host] = placements.get(host, 0) + a.count
         return placements, added
+
+    def _unreserved(self, snapshot: list[dict], mem: int) -> list[dict]:
+        """The pool snapshot less the room the live prewarms' standby VMs still to be
+        created will take (a machine bought for one prewarm is not another's room)."""
+        pending: dict[str, list[int]] = {}
+        for rec in self._records():
+            have = self._standby(rec["id"])
+            for host, want in rec["placements"].items():
+                short = want - sum(v["host"] == host for v in have)
+                if short > 0:
+                    pending.setdefault(host, []).extend([rec["memory_mb"]] * short)
+        out = []
+        for h in snapshot:
+            if h["name"] in pending:
+                taken = pending[h["name"]]
+                h = h | {"free_mem_mib": max(0, h["free_mem_mib"] - sum(taken)),
+                         "free_vm_slots": max(0, h["free_vm_slots"] - len(taken))}
+            out.append(h)
+        return out
 
     # ---- filling -------------------------------------------------------------------
     async def fill(self) -> None:
@@ -218,22 +238,39 @@ class PrewarmService:
             if rec["on"] != "auto" or exc.code not in ("fleet_full", "host_full"):
                 log.warning("prewarm %s on %s: %s", rec["id"], host, exc.message)
                 return False
-        # a claim left its VM running where the standby one was: refill wherever
-        # best fit finds room (on auto), and the placement follows it
+        # a claim left its VM running where the standby one was: the refill goes where
+        # the same solve as the prewarm's puts it (buying under the budget and pins when
+        # no host has room), and the placement follows it
+        opts = PrewarmOptions(on=rec["on"], instance_type=rec.get("instance_type"), region=rec.get("region"))
         try:
-            vm = await self.ctl.vms.create(body)
+            where, bought = await self._place(rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"],
+                                              1, max(1, int(rec["expires_at"] - time.time())), opts)
         except FuseError as exc:
-            log.warning("prewarm %s: %s", rec["id"], exc.message)
+            log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
             return False
-        if await self._unless_removed(rec["id"], body["name"], vm["host"]):
+        (to,) = where
+        pw_id = rec["id"]
+        rec = self._get(pw_id)
+        if rec is None:  # ended meanwhile: what was bought for it goes as it would have
+            for name in bought:
+                with contextlib.suppress(FuseError):
+                    await self.ctl.pool.remove(name, f"its prewarm {pw_id} ended")
             return False
         moved = dict(rec["placements"])
-        moved[host] -= 1
-        moved[vm["host"]] = moved.get(vm["host"], 0) + 1
+        moved[host] = moved.get(host, 0) - 1
+        moved[to] = moved.get(to, 0) + 1
         rec["placements"] = {h: c for h, c in moved.items() if c > 0}
+        rec["new_hosts"] = list(rec["new_hosts"]) + list(bought)
         with self.store.tx() as c:
             c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
-        return True
+        if bought:
+            return False  # a machine joining: the next pass creates the VM there
+        try:
+            await self.ctl.vms.create(body | {"host": to})
+        except FuseError as exc:
+            log.warning("prewarm %s on %s: %s", rec["id"], to, exc.message)
+            return False
+        return not await self._unless_removed(rec["id"], body["name"], to)
 
     async def _unless_removed(self, pw_id: str, name: str, host: str) -> bool:
         """A standby VM whose prewarm ended while it booted goes at once (True)."""
