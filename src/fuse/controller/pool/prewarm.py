@@ -46,6 +46,7 @@ class PrewarmService:
         self.ctl = ctl
         self.store = ctl.store
         self._fill_lock = asyncio.Lock()
+        self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
 
     # ---- records ---------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
@@ -246,8 +247,11 @@ class PrewarmService:
             where, bought = await self._place(rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"],
                                               1, max(1, int(rec["expires_at"] - time.time())), opts)
         except FuseError as exc:
-            log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
+            if self._no_room.get(rec["id"]) != exc.message:  # (every pass retries: said once)
+                log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
+            self._no_room[rec["id"]] = exc.message
             return False
+        self._no_room.pop(rec["id"], None)
         (to,) = where
         pw_id = rec["id"]
         rec = self._get(pw_id)
