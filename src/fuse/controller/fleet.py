@@ -240,8 +240,7 @@ class Fleet:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
             # one machine under two names: its events are read once, under the first name that
             # is connected (usage counts it under its first name too), from where any name got to
-            alias = [h for (h,) in c.execute(select(hosts_t.c.id).where(
-                hosts_t.c.agent_id == agent_id, hosts_t.c.id != host_id))] if agent_id else []
+            alias = [h for h, v in self.views.items() if agent_id and h != host_id and v.agent_id == agent_id]
             shared = c.execute(select(func.max(host_cursors.c.cursor)).where(
                 host_cursors.c.agent_id == agent_id)).scalar() if alias else None
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):

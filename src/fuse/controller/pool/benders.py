@@ -93,7 +93,6 @@ FILL_LAST = 0.5  # of the time left, for packing the exact master's counts, whic
 # 0.1 % a round up a 3 % gap for 10 s while the dives would have found a better plan)
 FAR_ROUNDS, FAR_GAP = 3, 0.01
 DP_CAPS_ROUND = 3  # the master round from which the capacity cuts join with their V from the DP
-LEAN = True  # the master without its costliest heuristics (``patterns.highs_mip``)
 EXTRA_POINTS = 2  # of the points a master passed on the way to its answer, checked beside it
 KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 
@@ -185,6 +184,9 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
     rlo.append(float(target))
     rhi.append(np.inf)
 
+    def machines(n: np.ndarray) -> dict[tuple, int]:  # the master's counts N_tk, as _feasible takes them
+        return {key: int(n[i]) for i, key in enumerate(keys) if n[i] > 0}
+
     def fix() -> None:
         """Reduced-cost fixing: counts no plan cheaper than the one in hand exceeds."""
         for key, most in class_limits(root, best_cost + EPS_USD).items():
@@ -272,13 +274,12 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             # the points HiGHS passed on the way to x cost little more: the masters to come
             # would propose them next, so each is checked now (a feasibility LP, ~10 ms,
             # against ~0.3 s a master) and cut off, or, when it holds the work, filled
-            for obj, other in sorted(getattr(res, "saved", []), key=lambda s: s[0])[:int(EXTRA_POINTS)]:
+            for obj, other in sorted(getattr(res, "saved", []), key=lambda s: s[0])[:EXTRA_POINTS]:
                 other = np.round(other)
                 if obj >= best_cost - EPS_USD or np.array_equal(other, x) or time.monotonic() >= deadline:
                     continue
                 on, ou = other[:nk].astype(int), other[nk:].astype(int)
-                got = _feasible(model, types, pool, {key: int(on[i]) for i, key in enumerate(keys) if on[i] > 0},
-                                ou * unit, deadline)
+                got = _feasible(model, types, pool, machines(on), ou * unit, deadline)
                 if got is None:
                     break
                 if got[0] is not None:
@@ -289,8 +290,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                     best, best_cost = sol, cost_usd(model, sol)
             n, u = x[:nk].astype(int), x[nk:].astype(int)
-            found = _feasible(model, types, pool, {key: int(n[i]) for i, key in enumerate(keys) if n[i] > 0},
-                              u * unit, deadline)
+            found = _feasible(model, types, pool, machines(n), u * unit, deadline)
             if found is None:
                 break
             pi, kinds, lam = found
@@ -301,15 +301,17 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                     best, best_cost = sol, cost_usd(model, sol)
                 continue
             kinds, x = [("p", g) for g in range(G)] + kinds, np.concatenate([u.astype(float), lam])
-            sol = None if again else _fill(model, types, kinds, x, target, deadline)
-            for loosen in () if again else LOOSEN:
-                if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
-                    break
-                # CP-SAT's short share may not have packed them (a loaded machine), or the
-                # whole patterns left a rest that does not fit: again with more time and more
-                # of the work free (the master would propose N* again)
-                sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
-                            secs=FILL_RETRY * (deadline - time.monotonic()))
+            sol = None
+            if not again:
+                sol = _fill(model, types, kinds, x, target, deadline)
+                for loosen in LOOSEN:
+                    if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                        break
+                    # CP-SAT's short share may not have packed them (a loaded machine), or the
+                    # whole patterns left a rest that does not fit: again with more time and more
+                    # of the work free (the master would propose N* again)
+                    sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
+                                secs=FILL_RETRY * (deadline - time.monotonic()))
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
                 # the counts hold the work fractionally, but it did not pack on them: counts
                 # a rough master proposed need not be its least, so the exact master goes on
@@ -434,7 +436,7 @@ def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline
     # (measured: the small master solves 20-40 % faster without presolve)
     res = highs_mip(cost, np.ones(len(cost)), lo, hi, np.array(rows), rlo, rhi, gap=gap, time_limit=left,
                     cutoff=best_cost - EPS_USD / 2, presolve=False, save=EXTRA_POINTS > 0,
-                    lean=LEAN)
+                    lean=True)
     return None if res.status == 3 else res
 
 

@@ -161,7 +161,7 @@ class PrewarmService:
                                  provider=on if on not in ("auto", "local") else None)
         if on not in ("auto", "local"):
             pool.provider(on)  # a linked cloud, or 400
-        snapshot = self._unreserved(self.ctl.pool_snapshot(), mem)
+        snapshot = self._unreserved(self.ctl.pool_snapshot())
         if on not in ("auto", "local"):  # on a cloud: only its hosts count as already there
             snapshot = [h for h in snapshot if h.get("provider") == on]
         plan = await pool.plan(req, snapshot)
@@ -181,7 +181,7 @@ class PrewarmService:
             placements[host] = placements.get(host, 0) + a.count
         return placements, added
 
-    def _unreserved(self, snapshot: list[dict], mem: int) -> list[dict]:
+    def _unreserved(self, snapshot: list[dict]) -> list[dict]:
         """The pool snapshot less the room the live prewarms' standby VMs still to be
         created will take (a machine bought for one prewarm is not another's room)."""
         pending: dict[str, list[int]] = {}

@@ -127,9 +127,8 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
     # on a host already in the pool memory is the hard limit and CPU only ranks (time-shared),
     # as placement does: its vCPUs are made as many as the VMs its memory and slots admit use,
     # so a plan never buys a machine for work a host with room would have taken
-    hosts = [h.model_copy(update={"vcpus": max(h.vcpus, cpus * min(h.mem_mib // mem, h.max_vms if h.max_vms
-                                                                    is not None else h.mem_mib // mem))})
-             for h in hosts]
+    most = {h.name: min(h.mem_mib // mem, h.max_vms if h.max_vms is not None else h.mem_mib // mem) for h in hosts}
+    hosts = [h.model_copy(update={"vcpus": max(h.vcpus, cpus * most[h.name])}) for h in hosts]
     # a pin must name something the pool knows: an offer or a running cloud host
     clouds = [(o.provider, o.region, o.type_name) for o in offer_list]
     clouds += [(h.provider, h.region, h.type_name) for h in hosts if not h.own]

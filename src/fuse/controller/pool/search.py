@@ -127,7 +127,7 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
 
         # the counts MIP now when no plan places the target yet (the Benders rounds need one),
         # else only when those rounds find the plan in hand far from their bound
-        counts_now = not COUNTS_LATE or in_hand() is None
+        counts_now = in_hand() is None
         if counts_now:
             cands.append(counts_plan(so_far))
         # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
@@ -334,7 +334,6 @@ def _score(costs: dict, what: tuple, f: float) -> float:
 
 FILL_MIN_SECS = 0.05  # CP-SAT's least time for placing the rest in a fill
 MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
-COUNTS_LATE = True  # the counts MIP only when the Benders rounds find the plan in hand far from their bound
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
 DIVE_EVERY = 40  # best-first nodes between dives
