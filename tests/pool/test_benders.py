@@ -165,6 +165,29 @@ def test_the_lean_master_saves_the_points_it_passed_and_finds_the_same_optimum()
         assert obj >= cost @ lean.x - 1e-6
 
 
+def test_a_master_starts_from_the_cheapest_earlier_point_no_cut_removes(monkeypatch):
+    cost = np.array([1.0, 2.0, 3.0])
+    lo, hi = np.zeros(3), np.full(3, 5.0)
+    rows, rlo, rhi = [np.array([1.0, 1.0, 1.0])], [2.0], [np.inf]  # at least two machines
+    points = [np.array([1.0, 0.0, 0.0]),  # cut off (one machine)
+              np.array([0.0, 0.0, 5.0]),  # costs more than the plan in hand
+              np.array([0.0, 1.0, 1.0]),  # 5 USD
+              np.array([1.0, 1.0, 0.0])]  # 3 USD: the start
+    seen = {}
+    real = patterns.highs_mip
+
+    def spy(*args, **kwargs):
+        seen["start"] = kwargs.get("start")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(benders, "highs_mip", spy)
+    res = benders._master(cost, lo, hi, rows, rlo, rhi, 10.0, 0.0, time.monotonic() + 10, points)
+    assert list(seen["start"]) == [1.0, 1.0, 0.0]
+    assert res.status == 0 and cost @ res.x == pytest.approx(2.0)  # the optimum, not the start
+    benders._master(cost, lo, hi, rows, rlo, rhi, 2.5, 0.0, time.monotonic() + 10, points)
+    assert seen["start"] is None  # every point costs at least the plan in hand
+
+
 def test_a_1000_vm_plan_on_40_types_is_proven_optimal():
     # the benchmark's 1,000 VMs / 20 groups / 40 types model, seed 0: its LP bound is
     # 0.09 % under the optimum, which branch-and-price did not close in 30 s; the cuts do
