@@ -108,6 +108,26 @@ def test_plan_apply_needs_a_controller():
     assert "needs a controller" in r.stderr
 
 
+def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, capfd):
+    import importlib
+    import os
+
+    cli_pool = importlib.import_module("fuse.cli.pool")
+
+    real = cli_pool._plan
+
+    def chatty(model):  # as HiGHS's C++ does now and then: a debug line straight on fd 1
+        os.write(1, b"HighsMipSolverData::debug line\n")
+        return real(model)
+
+    monkeypatch.setattr(cli_pool, "_plan", chatty)
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--json"], env={"FUSE_URL": ""})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["solver"] == "exact"
+    out, err = capfd.readouterr()
+    assert "debug line" not in out and "debug line" in err
+
+
 def test_plan_through_a_controller_buys_nothing_without_apply(empty):
     plan = as_json(empty, "pool", "plan", "--count", "2", "--cpus", "2", "--memory-mb", "2048")
     assert plan["new_hosts"] and plan["added"] == []

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.planner import plan as solve_plan
+from fuse.controller.pool.planner import plan as _plan
 from fuse.controller.pool.request import model_from_request
 from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticHost, ElasticPlan, ElasticPlanRequest,
@@ -219,6 +219,22 @@ def plan_cmd(
     render(result, Console())
     if result.added:
         _host_table(result.added, title="added")
+
+
+def solve_plan(model: PlanModel) -> ElasticPlan:
+    """The planner, offline, with file descriptor 1 on stderr while it runs: the solvers'
+    C++ code may print a debug line on stdout, where ``--json`` writes the answer."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return _plan(model)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 # ---- elastic hosts --------------------------------------------------------------
