@@ -4,13 +4,10 @@
                                     LP's machines rounded up
                                 ──► Benders cuts on the machine counts from
                                     the best plan so far (``benders``): most
-                                    proofs at 1,000 VMs end here; when its
-                                    rounds find that plan far from their bound,
-                                    the fill of the counts MIP's machines (whole
-                                    counts, fractional patterns) gives a better
-                                    one (run first only when no plan places the
-                                    target: it takes 0.2–1 s at 1,000 VMs, which
-                                    most proofs do not need)
+                                    proofs at 1,000 VMs end here; when no plan
+                                    places the target yet, the fill of the
+                                    counts MIP's machines (whole counts,
+                                    fractional patterns) gives them one first
                                 ──► fix-and-solve, the integer master, the
                                     FFD plan
                                 ──► branch-and-price on machine counts
@@ -125,18 +122,16 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
                        + ([start] if sum(start.placed(len(groups))) >= target else []),
                        key=lambda sol: cost_usd(model, sol), default=None)
 
-        # the counts MIP now when no plan places the target yet (the Benders rounds need one),
-        # else only when those rounds find the plan in hand far from their bound
-        counts_now = in_hand() is None
-        if counts_now:
+        # the counts MIP only when no plan places the target yet (the Benders rounds need one;
+        # it takes 0.2–1 s at 1,000 VMs, and the rounds' own repairs find plans as good)
+        if in_hand() is None:
             cands.append(counts_plan(so_far))
         # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
         held = in_hand()
         if held is not None and end - time.monotonic() > MIN_STEP_SECS:
             y = np.minimum(res.ineqlin.marginals, 0.0)
             sol, cost, cuts_lb, proven = prove(model, types, target, pool, root, y, held, cost_usd(model, held),
-                                               time.monotonic() + BENDERS_SHARE * (end - time.monotonic()),
-                                               better_plan=None if counts_now else counts_plan)
+                                               time.monotonic() + BENDERS_SHARE * (end - time.monotonic()))
             if proven:
                 return sol, cost, True, True  # proven: no plan is cheaper by more than 10⁻⁶ USD
             cands.append(sol)
