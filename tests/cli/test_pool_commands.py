@@ -6,6 +6,7 @@ answer (a host not removed, no such prewarm) with exit 1."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -110,7 +111,6 @@ def test_plan_apply_needs_a_controller():
 
 def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, capfd):
     import importlib
-    import os
 
     cli_pool = importlib.import_module("fuse.cli.pool")
 
@@ -126,6 +126,19 @@ def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, 
     assert json.loads(r.stdout)["solver"] == "exact"
     out, err = capfd.readouterr()
     assert "debug line" not in out and "debug line" in err
+
+
+def test_an_offline_plan_prints_no_solver_banner():
+    # HiGHS prints a banner once per process, with no final newline: on stderr the CLI's
+    # next line (an error, say) ran on after it
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "fuse.cli", "pool", "plan", "--count", "3", "--json"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "FUSE_URL": ""})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["solver"] == "exact"
+    assert "HiGHS" not in r.stderr and "HiGHS" not in r.stdout
 
 
 def test_plan_through_a_controller_buys_nothing_without_apply(empty):

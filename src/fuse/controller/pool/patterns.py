@@ -92,10 +92,12 @@ _STDOUT = threading.Lock()
 
 
 @contextmanager
-def _stdout_to_stderr():
+def _stdout_to_stderr(discard: bool = False):
     """HiGHS's MIP solver can print a debug line on the process's stdout from C++,
     past scipy's ``disp=False``; ``fuse pool plan --json`` writes its answer there.
-    For the solve, file descriptor 1 points at stderr (one solve at a time)."""
+    For the solve, file descriptor 1 points at stderr (one solve at a time); with
+    ``discard``, at /dev/null (HiGHS's banner: noise to an operator, and it has no
+    final newline, so the CLI's next line of stderr ran on after it)."""
     with _STDOUT:
         try:
             sys.stdout.flush()
@@ -103,17 +105,20 @@ def _stdout_to_stderr():
         except (OSError, ValueError):  # no stdout to protect
             yield
             return
+        sink = os.open(os.devnull, os.O_WRONLY) if discard else 2
         try:
-            os.dup2(2, 1)
+            os.dup2(sink, 1)
             yield
         finally:
             os.dup2(saved, 1)
             os.close(saved)
+            if discard:
+                os.close(sink)
 
 
 def _new_highs():
     """A silent HiGHS instance (the first one in a process prints a banner on stdout)."""
-    with _stdout_to_stderr():
+    with _stdout_to_stderr(discard=True):
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
