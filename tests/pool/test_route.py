@@ -217,21 +217,25 @@ def _where(r) -> dict[str, int]:
 @pytest.mark.parametrize("pins, want", [
     ({}, {"own": 4, "cloud-1": 4}),
     ({"devices_only": True}, {"own": 4}),
-    ({"provider": "aws"}, {"own": 4, "cloud-1": 4}),
-    ({"provider": "modal"}, {"own": 4}),
-    ({"region": "us-east-1"}, {"own": 4, "cloud-1": 4}),
-    ({"region": "us-west-2"}, {"own": 4}),
-    ({"instance_type": "m7i.2xlarge"}, {"own": 4, "cloud-1": 4}),
-    ({"instance_type": "c7i.2xlarge"}, {"own": 4}),
+    ({"provider": "aws"}, {"cloud-1": 4}),
+    ({"provider": "modal"}, {}),
+    ({"region": "us-east-1"}, {"cloud-1": 4}),
+    ({"region": "us-west-2"}, {}),
+    ({"region": "home"}, {"own-eu": 4}),
+    ({"instance_type": "m7i.2xlarge"}, {"cloud-1": 4}),
+    ({"instance_type": "c7i.2xlarge"}, {}),
 ], ids=["no pins: own device, then the running cloud host", "devices_only: the own device only",
-        "provider aws: the aws host stays", "provider modal: not the aws host",
-        "region of the running host: it stays", "another region: not the running host",
-        "the running host's type: it stays", "another type: not the running host"])
-def test_pins_apply_to_running_cloud_hosts(ctl, pins, want):
+        "provider aws: only the aws host", "provider modal: neither host",
+        "region of the running host: only it", "another region: neither host",
+        "an own device's region: only that device", "the running host's type: only it", "another type: neither"])
+def test_pins_hold_for_every_host(ctl, pins, want):
+    # "Only this cloud / region / machine type": an own device is in no cloud and of no type,
+    # and in the region it was registered with (OWN has none: in no pinned region)
     body = {"count": 8, "cpus": 2, "memory_mb": 4096, "kind": "container", "no_scale": True} | pins
     if pins.get("devices_only"):
         del body["no_scale"]
-    assert _where(post(client(ctl, [OWN, CLOUD]), body)) == want
+    own_eu = OWN | {"name": "own-eu", "region": "home"}
+    assert _where(post(client(ctl, [OWN, CLOUD, own_eu] if "region" in pins else [OWN, CLOUD]), body)) == want
 
 
 @pytest.mark.parametrize("pins, want", [

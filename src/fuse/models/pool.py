@@ -69,12 +69,13 @@ class ElasticPlanRequest(_Record):
     duration_secs: int | None = Field(default=None, ge=0, le=U32, description=(
         "Expected lifetime, seconds (default by caller: interactive 3600, batch 14400, compat 3600, "
         "persistent_agent 86400; no caller 3600)."))
-    provider: str | None = Field(default=None, description="Only this cloud (your own devices stay allowed).")
+    provider: str | None = Field(default=None, description="Only this cloud (your own devices are in none).")
     region: str | None = Field(default=None, description=(
-        "Only this region (new machines and running cloud hosts; your own devices stay allowed)."))
+        "Only this region (new machines, running cloud hosts, and your own devices registered in it)."))
     instance_type: str | None = Field(default=None, description=(
-        "Only this machine type (new machines and running cloud hosts; your own devices stay allowed)."))
-    hosts: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS, description="Exactly this many new machines.")
+        "Only this machine type (new machines and running cloud hosts of it; your own devices are of none)."))
+    hosts: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS, description=(
+        "Exactly this many new machines (hosts; a Modal sandbox holds one VM and is not a host: not counted)."))
     no_scale: bool | None = Field(default=None, description="Add no machines.")
     devices_only: bool | None = Field(default=None, description="Only your own devices.")
     max_usd_per_hour: float | None = Field(default=None, ge=0, description=(

@@ -220,13 +220,16 @@ class ElasticPool:
         with self.store.read() as c:
             return [r[0] for r in c.execute(select(clouds_t.c.name).order_by(clouds_t.c.name))]
 
-    def offers(self) -> list[Offer]:
+    def offers(self, image: str | None = None) -> list[Offer]:
         """What the linked clouds can add; with none linked, the shipped catalogue
-        (plans then answer "what if", and nothing can be bought)."""
+        (plans then answer "what if", and nothing can be bought). With ``image``, only
+        the offers of clouds whose machines get that guest bundle (a machine bought for
+        an image it does not have refuses the VMs: "host has no bundle")."""
         names = self.cloud_names()
         if not names:
             return list(default_catalogue())
-        return [o for n in names for o in self.provider(n).offers()]
+        return [o for n in names if image is None or image in self.provider(n).images()
+                for o in self.provider(n).offers()]
 
     # ---- budget --------------------------------------------------------------
     def _budget_settings(self) -> dict[str, Any]:
@@ -601,15 +604,22 @@ class ElasticPool:
         from starlette.concurrency import run_in_threadpool
 
         from .planner import plan
-        from .request import model_from_request
+        from .request import DEFAULT_IMAGE, model_from_request
         names = self.cloud_names()
         if body.apply and not names:
             raise InvalidArgument("apply buys machines in a linked cloud and none is linked: "
                                   "link one with PUT /v1/pool/clouds/{name} (fuse pool cloud link)")
         snapshot = self.ctl.pool_snapshot() if snapshot is None else snapshot
-        model = model_from_request(body, snapshot, offers=self.offers(),
+        image = body.image or DEFAULT_IMAGE
+        offers = self.offers(image)
+        model = model_from_request(body, snapshot, offers=offers,
                                    constraints=Constraints() if unbounded else self.constraints(), history=history)
         result = await run_in_threadpool(plan, model)
+        if names and not offers:  # what the clouds could add was ruled out before the solve: say why
+            why = f"no linked cloud's machines get image {image!r} (a guest bundle)"
+            for u in result.unplaced:
+                u.reason = f"{u.reason}; {why}"
+            result.explain.append(why)
         if body.apply and result.new_hosts:
             result.added = await self.buy(result.new_hosts)
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))

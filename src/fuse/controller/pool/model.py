@@ -162,13 +162,14 @@ def host_reject(group: DemandGroup, host: PoolHost, c: Constraints, size: bool =
         return f"arch {host.arch} is not {group.arch}"
     if group.devices_only and not host.own:
         return "devices_only"
-    # pins choose among clouds: the operator's own devices are in none, so they stay allowed
-    if group.provider and not host.own and host.provider != group.provider:
-        return f"provider is not {group.provider}"
-    if group.region and not host.own and host.region != group.region:
-        return f"region is not {group.region}"
-    if group.instance_type and not host.own and host.type_name != group.instance_type:
-        return f"type is not {group.instance_type}"
+    # pins hold for every host: an own device is in no cloud and of no machine type, and
+    # its region is the one it was registered with (none: not in the pinned one)
+    if group.provider and host.provider != group.provider:
+        return f"provider is not {group.provider}" if host.provider else f"not in cloud {group.provider}"
+    if group.region and host.region != group.region:
+        return f"region is not {group.region}" if host.region else f"no region (pinned to {group.region})"
+    if group.instance_type and host.type_name != group.instance_type:
+        return f"type is not {group.instance_type}" if host.type_name else f"not a {group.instance_type} machine"
     if not size:
         return None
     need = max(group.count if group.together else 1, 1)

@@ -12,7 +12,8 @@
    step would start), else ``keep`` until then. ``saves_usd`` is what keeping
    it one more billing step would cost. A machine a plan bought is kept until
    the work it was bought for was planned to end (``record.planned_until``:
-   boot plus the plan's billed time), so "apply, then create on auto" finds it.
+   boot plus the plan's billed time), so "apply, then create on auto" finds it
+   (also when that end is within the horizon: its VMs may not exist yet).
 3. Of the hosts with VMs, the least used (by memory) is cordoned when the
    other hosts (the operator's own included) have room for all its VMs:
    first fit of its VMs, largest first, into their free memory and VM slots.
@@ -79,9 +80,10 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         elif load.prewarmed and not used:
             out[name] = ElasticDecision(host=name, action="keep", until=int(now + horizon),
                                         reason=f"keeps {load.prewarmed} prewarmed VMs ready")
-        elif not used and (r["record"] or {}).get("planned_until", 0) > now + horizon:
+        elif not used and (r["record"] or {}).get("planned_until", 0) > now:
+            # (however near its end: the VMs it was bought for may not be created yet)
             until = (r["record"] or {})["planned_until"]
-            out[name] = ElasticDecision(host=name, action="keep", until=int(until - horizon),
+            out[name] = ElasticDecision(host=name, action="keep", until=int(until),
                                         reason=f"idle; bought for work planned until {_clock(until)}")
         elif not used:
             end = paid_until(r, now)

@@ -129,9 +129,9 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
     # so a plan never buys a machine for work a host with room would have taken
     most = {h.name: min(h.mem_mib // mem, h.max_vms if h.max_vms is not None else h.mem_mib // mem) for h in hosts}
     hosts = [h.model_copy(update={"vcpus": max(h.vcpus, cpus * most[h.name])}) for h in hosts]
-    # a pin must name something the pool knows: an offer or a running cloud host
+    # a pin must name something the pool knows: an offer or a host (an own device's region)
     clouds = [(o.provider, o.region, o.type_name) for o in offer_list]
-    clouds += [(h.provider, h.region, h.type_name) for h in hosts if not h.own]
+    clouds += [(h.provider, h.region, h.type_name) for h in hosts]
     if req.instance_type and not any(t == req.instance_type for _, _, t in clouds):
         raise InvalidArgument(f"unknown instance_type {req.instance_type!r}")
     if req.region and not any(r == req.region for _, r, _ in clouds):

@@ -122,7 +122,7 @@ class AwsProvider(Provider):
         if self.region not in _priced_regions():
             raise r.bad("region", f"names {self.region!r}, which the shipped catalogue has no prices for "
                                   f"(priced: {', '.join(_priced_regions())})")
-        self.images = self._images(r)
+        self.amis = self._amis(r)  # arch -> AMI (``images()`` is the guest bundles its machines get)
         self.endpoint_url = r.str("endpoint_url")
         if self.endpoint_url and not self.endpoint_url.startswith(("http://", "https://")):
             raise r.bad("endpoint_url", "must be an http:// or https:// URL")
@@ -147,7 +147,7 @@ class AwsProvider(Provider):
             if unknown := [t for t in types if t not in known]:
                 raise r.bad("types", f"names {', '.join(unknown)}, not in the catalogue for {self.region}")
             here = [o for o in here if o.type_name in set(types)]
-        self._offers = [o for o in here if o.arch in self.images]
+        self._offers = [o for o in here if o.arch in self.amis]
         if not self._offers:
             raise r.bad("image_id", f"has no AMI for the architecture of any type offered "
                                     f"({', '.join(sorted({o.arch for o in here}))})")
@@ -156,7 +156,7 @@ class AwsProvider(Provider):
         self._fresh: dict[str, float] = {}  # instance id -> when this provider created it
 
     @staticmethod
-    def _images(r: OptionReader) -> dict[str, str]:
+    def _amis(r: OptionReader) -> dict[str, str]:
         """arch -> AMI. One AMI serves every type; a mapping ({"amd64": ...,
         "arm64": ...}) limits the offers to the architectures it names, so
         the planner never picks a type the AMI cannot boot."""
@@ -181,7 +181,7 @@ class AwsProvider(Provider):
         if not isinstance(agent_token, str) or not TOKEN_RE.match(agent_token):
             raise InvalidArgument("agent_token must be 1-512 characters of A-Z a-z 0-9 . _ ~ + / = -")
         kwargs: dict[str, Any] = {
-            "ImageId": self.images[offer.arch], "InstanceType": offer.type_name, "MinCount": 1, "MaxCount": 1,
+            "ImageId": self.amis[offer.arch], "InstanceType": offer.type_name, "MinCount": 1, "MaxCount": 1,
             # botocore retries a timed-out call: the same token makes EC2 answer with the instance the
             # first try started instead of starting another. Per machine (its agent token is its own).
             "ClientToken": hashlib.sha256(f"{host_name}\0{agent_token}".encode()).hexdigest()[:64],
