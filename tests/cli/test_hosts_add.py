@@ -82,8 +82,11 @@ def test_the_agent_token_after_hosts_add_and_the_controller_token_before_it(env,
     r = add_over_tcp(f"tcp{flag}", "controller-token", a.token)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["id"] == f"tcp{flag}" and "token" not in json.loads(r.stdout)
-    # Each token goes where its place says: a wrong one is refused by its own side.
+    # Each token goes where its place says: a wrong one is refused by its own side
+    # (under --json the error is the API's error body on stderr).
     r = add_over_tcp("wrong-agent", "controller-token", "not-the-agent-token")
-    assert r.returncode == 1 and "error: unauthorized" in r.stderr, r.stderr
+    assert r.returncode == 1 and json.loads(r.stderr)["error"]["code"] == "unauthorized", r.stderr
+    assert "agent" in json.loads(r.stderr)["error"]["message"]
     r = add_over_tcp("wrong-controller", a.token, a.token)
-    assert r.returncode == 1 and "error: unauthorized" in r.stderr and "agent" not in r.stderr, r.stderr
+    assert r.returncode == 1 and json.loads(r.stderr)["error"]["code"] == "unauthorized", r.stderr
+    assert "agent" not in r.stderr

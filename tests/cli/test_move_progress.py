@@ -1,6 +1,7 @@
 """`fuse controller move` over a stand-in client (no controller): on a pipe
 it prints one plain line per change of the move's progress, and under
---json those lines go to stderr so stdout stays one JSON document."""
+--json those lines go to stderr so stdout stays one JSON document (an error
+then is the API's error body, the last line of stderr)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import pytest
 
 from fuse.cli import controller, moves
+from fuse.client import ApiError
 
 MB4, TOTAL = 4 * 1024 * 1024, 10_000_000
 
@@ -68,3 +70,25 @@ def test_a_failed_move_prints_its_reason_and_exits_1(stand_in, capsys):
     with pytest.raises(moves.typer.Exit) as exit_:
         moves.move("job1", to="rack2", host=None, wait=True, json_=False)
     assert exit_.value.exit_code == 1 and "failed: target gone" in capsys.readouterr().out.splitlines()
+
+
+class LostStandIn(StandIn):
+    """As StandIn, then the controller stops answering (the SDK's "unreachable")."""
+
+    def get(self, move_id):
+        if not self.answers:
+            raise ApiError(0, "unreachable", "cannot reach the controller at unix:///gone.sock")
+        return super().get(move_id)
+
+
+def test_under_json_an_error_while_waiting_is_the_api_error_body_after_the_progress(monkeypatch, capsys):
+    lost = LostStandIn([answer("starting"), answer("sleeping")])
+    monkeypatch.setattr(controller, "client", lambda: contextlib.nullcontext(lost))
+    monkeypatch.setattr(moves.time, "sleep", lambda s: None)
+    with pytest.raises(moves.typer.Exit) as exit_:
+        moves.move("job1", to="rack2", host=None, wait=True, json_=True)
+    got = capsys.readouterr()
+    *progress, last = got.err.splitlines()
+    assert exit_.value.exit_code == 1 and got.out == "" and progress == LINES[:3]
+    assert json.loads(last) == {"error": {"code": "unreachable",
+                                          "message": "cannot reach the controller at unix:///gone.sock"}}

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .output import api_errors, emit_json, table
+from .output import api_errors, emit_json, fail, table
 
 app = typer.Typer(help="Run the fleet controller and drive it.", no_args_is_help=True)
 hosts_app = typer.Typer(help="Register and manage hosts.", no_args_is_help=True)
@@ -71,27 +71,25 @@ def _host_rows(hosts):
 HOST_COLUMNS = ["id", "url", "state", "backend", "connected", "arch", "cpus", "ram MB", "disk GB", "vms", "gpus"]
 
 
-def _pairs(flag: str, items: list[str]) -> dict[str, str]:
+def _pairs(flag: str, items: list[str], json_: bool = False) -> dict[str, str]:
     """Repeated KEY=VALUE flags as a dict, or exit 2 naming the bad one."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            typer.echo(f"error: invalid_argument: {flag}: {item!r} is not KEY=VALUE", err=True)
-            raise typer.Exit(2)
+            fail("invalid_argument", f"{flag}: {item!r} is not KEY=VALUE", json_=json_, exit_code=2)
         out[key] = value
     return out
 
 
-def _mig_counts(items: list[str]) -> dict[str, int] | None:
+def _mig_counts(items: list[str], json_: bool = False) -> dict[str, int] | None:
     counts: dict[str, int] = {}
-    for name, value in _pairs("--mig-profiles", items).items():
+    for name, value in _pairs("--mig-profiles", items, json_).items():
         try:
             counts[name] = int(value)
         except ValueError:
-            typer.echo(f"error: invalid_argument: --mig-profiles: {name}={value!r}: the count is not an integer",
-                       err=True)
-            raise typer.Exit(2) from None
+            fail("invalid_argument", f"--mig-profiles: {name}={value!r}: the count is not an integer",
+                 json_=json_, exit_code=2)
     # The controller judges names and counts (400 invalid_argument), one rule in one place.
     return counts or None
 
@@ -119,11 +117,11 @@ def hosts_add(
     """Register a host, probing what is left at 0."""
     from ..models.hosts import HostCapacity, RegisterHostRequest
     req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
-                              labels=_pairs("--labels", labels) or None,
+                              labels=_pairs("--labels", labels, json_) or None,
                               capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
                                                     storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
-                                                    mig_profiles=_mig_counts(mig_profiles)))
-    with api_errors(), client() as c:
+                                                    mig_profiles=_mig_counts(mig_profiles, json_)))
+    with api_errors(json_), client() as c:
         if backend:
             host = c.hosts.register(req)
         else:  # seed 004's {name, addr} form: the backend is the one the agent runs
@@ -140,14 +138,15 @@ def hosts_add(
 @hosts_app.command("list")
 def hosts_list(json_: bool = typer.Option(False, "--json")) -> None:
     """Every host with capacity and allocations."""
-    with api_errors(), client() as c:
+    with api_errors(json_), client() as c:
         hosts = c.hosts.list()
     emit_json(hosts) if json_ else table(HOST_COLUMNS, _host_rows(hosts))
 
 
 @hosts_app.command("get")
 def hosts_get(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
-    with api_errors(), client() as c:
+    """One host with capacity and allocations."""
+    with api_errors(json_), client() as c:
         host = c.hosts.get(host_id)
     emit_json(host) if json_ else table(HOST_COLUMNS, _host_rows([host]))
 
@@ -157,7 +156,7 @@ def _action(verb: str, name: str):
     the API's answer (drain's report), or `{"id", "action", "ok": true}` for the
     calls that answer nothing (204)."""
     def run(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
-        with api_errors(), client() as c:
+        with api_errors(json_), client() as c:
             report = getattr(c.hosts, verb)(host_id)
         if json_:
             emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})

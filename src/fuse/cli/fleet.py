@@ -31,7 +31,7 @@ def _vm_rows(vms):
 @vms_app.callback(invoke_without_command=True)
 def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json")) -> None:
     if ctx.invoked_subcommand is None:
-        with api_errors(), _client() as c:
+        with api_errors(json_), _client() as c:
             vms = c.vms.list()
         emit_json(vms) if json_ else table(VM_COLUMNS, _vm_rows(vms))
 
@@ -53,32 +53,48 @@ def vms_create(
         body["host"] = host
     if on:
         body["on"] = on
-    with api_errors(), _client() as c:
+    with api_errors(json_), _client() as c:
         vm = c.vms.create(body)
     emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
 
 
 @vms_app.command("get")
 def vms_get(name: str, host: Optional[str] = None, json_: bool = typer.Option(False, "--json")) -> None:
-    with api_errors(), _client() as c:
+    """One VM: where it runs, its state and shape."""
+    with api_errors(json_), _client() as c:
         vm = c.vms.get(name, host)
     emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
 
 
 @vms_app.command("delete")
-def vms_delete(name: str, host: Optional[str] = None) -> None:
-    with api_errors(), _client() as c:
+def vms_delete(name: str, host: Optional[str] = None, json_: bool = typer.Option(False, "--json", help=(
+        'Print {"name", "action": "delete", "ok": true}: the API answers 204, no body '
+        '(as `hosts remove --json` prints {"id", "action", "ok"}).'))) -> None:
+    """Stop and remove a VM."""
+    with api_errors(json_), _client() as c:
         c.vms.delete(name, host)
-    typer.echo(f"vm {name} deleted")
+    if json_:
+        emit_json({"name": name, "action": "delete", "ok": True})
+    else:
+        typer.echo(f"vm {name} deleted")
 
 
 @vms_app.command("console")
-def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    offset = 0
-    with api_errors(), _client() as c:
+def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f"),
+                offset: int = typer.Option(0, help="Start at this byte of the serial log (a `next_offset`)."),
+                json_: bool = typer.Option(False, "--json", help=(
+                    'Print the API\'s answer {"text", "offset", "next_offset"}; with --follow, one such '
+                    'object per line for each new piece of text.'))) -> None:
+    """The VM's serial console. Pass an answer's next_offset as --offset to read on from there."""
+    with api_errors(json_), _client() as c:
         while True:
             out = c.vms.console(name, offset, host)
-            typer.echo(out.get("text", ""), nl=False)
+            if not json_:
+                typer.echo(out.get("text", ""), nl=False)
+            elif not follow:
+                emit_json(out)
+            elif out.get("text"):  # JSON Lines, as `events --json` prints: nothing for a quiet poll
+                typer.echo(json.dumps(out, sort_keys=True))
             offset = out.get("next_offset", offset)
             if not follow:
                 return
@@ -87,10 +103,14 @@ def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Opti
 
 for _act in ("sleep", "wake"):
     def _make(act: str):
-        def run(name: str, host: Optional[str] = None) -> None:
-            with api_errors(), _client() as c:
+        def run(name: str, host: Optional[str] = None, json_: bool = typer.Option(
+                False, "--json", help="Print the VM record the API answers.")) -> None:
+            with api_errors(json_), _client() as c:
                 vm = getattr(c.vms, act)(name, host)
-            typer.echo(f"vm {name} on {vm.get('host')}: {vm.get('state')}")
+            if json_:
+                emit_json(vm)
+            else:
+                typer.echo(f"vm {name} on {vm.get('host')}: {vm.get('state')}")
         run.__doc__ = {"sleep": "Write the VM's state to files and free its memory.",
                        "wake": "Carry on from where the VM slept."}[act]
         return run
@@ -100,7 +120,7 @@ for _act in ("sleep", "wake"):
 def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help="Keep following the stream."),
            json_: bool = typer.Option(False, "--json"), wait_s: float = typer.Option(30)) -> None:
     """The merged event stream (follows by default; Ctrl-C stops)."""
-    with api_errors(), _client() as c:
+    with api_errors(json_), _client() as c:
         while True:
             page = c.events.list(since, wait_s if follow else 0, 500)
             for e in page["events"]:
@@ -118,7 +138,7 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
 def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds or ISO time."),
           to: Optional[str] = typer.Option(None), json_: bool = typer.Option(False, "--json")) -> None:
     """Metering summed across the fleet."""
-    with api_errors(), _client() as c:
+    with api_errors(json_), _client() as c:
         u = c.usage(from_, to)
     if json_:
         emit_json(u)

@@ -64,7 +64,7 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
          json_: bool = typer.Option(False, "--json")) -> None:
     """Move a running VM to another host (sleep, copy in 4 MiB chunks, wake)."""
     from .controller import client
-    with api_errors(), client() as c:
+    with api_errors(json_), client() as c:
         m = c.moves.create(vm, to, host)
         if wait:
             m = _wait(c, m, vm, json_)
@@ -82,7 +82,7 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
 def moves(json_: bool = typer.Option(False, "--json")) -> None:
     """Every move, oldest first."""
     from .controller import client
-    with api_errors(), client() as c:
+    with api_errors(json_), client() as c:
         ms = c.moves.list()
     emit_json(ms) if json_ else table(MOVE_COLUMNS, _rows(ms))
 

@@ -1,19 +1,28 @@
 """CLI output: a table for people, JSON for programs, errors as code and
-message with a non-zero exit."""
+message with a non-zero exit.
+
+Errors go to stderr either way, so stdout only ever holds an answer and the
+exit code says whether it is one. For people an error is ``error: CODE:
+MESSAGE`` plus a line per detail; under ``--json`` it is the REST API's own
+error body on one line, ``{"error": {"code", "message", ...details}}``
+(``fuse.errors.error_body``), which a program parses as it would the API's.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NoReturn
 
+import httpx
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from ..client import ApiError
+from ..errors import error_body
 
 # Wide enough for the host table when piped (rich assumes 80 columns then).
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -42,22 +51,30 @@ def table(columns: list[str], rows: Iterable[Iterable[Any]], title: str | None =
     console.print(t)
 
 
+def fail(code: str, message: str, details: dict[str, Any] | None = None, *, json_: bool = False,
+         exit_code: int = 1) -> NoReturn:
+    """End the command with an error on stderr: a line for people, or under
+    ``--json`` the API's error body (one line, after any progress lines)."""
+    if json_:
+        typer.echo(json.dumps(error_body(code, message, **(details or {})), sort_keys=True), err=True)
+    else:
+        typer.echo(f"error: {code}: {message}", err=True)
+        for k, v in (details or {}).items():  # fleet_full's hosts and the like
+            typer.echo(f"  {k}: {json.dumps(v)}", err=True)
+    raise typer.Exit(exit_code)
+
+
 @contextlib.contextmanager
-def api_errors() -> Iterator[None]:
+def api_errors(json_: bool = False) -> Iterator[None]:
+    """Turn what talking to the controller may raise into `fail` (exit 1);
+    pass the command's ``--json`` so a program gets its error as JSON."""
     try:
         yield
-    except ApiError as err:
-        typer.echo(f"error: {err.code or err.status}: {err.message}", err=True)
-        for k, v in err.details.items():
-            typer.echo(f"  {k}: {json.dumps(v)}", err=True)
-        raise typer.Exit(1)
-    except (OSError, ValueError) as err:
-        import httpx
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1)
-    except Exception as err:
-        import httpx
-        if isinstance(err, httpx.TransportError):
-            typer.echo(f"error: cannot reach the controller: {err}", err=True)
-            raise typer.Exit(1)
-        raise
+    except ApiError as err:  # "unreachable" (status 0) when no controller answered
+        fail(err.code or str(err.status), err.message, err.details, json_=json_)
+    except httpx.TransportError as err:  # (the SDK turns these into ApiError; kept for safety)
+        fail("unreachable", f"cannot reach the controller: {err}", json_=json_)
+    except ValueError as err:  # a malformed --url / $FUSE_URL
+        fail("invalid_argument", str(err), json_=json_)
+    except OSError as err:
+        fail("io_error", str(err), json_=json_)
