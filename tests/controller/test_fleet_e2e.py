@@ -164,6 +164,15 @@ def test_a_sleeping_vm_gives_its_room_back_to_placement(fleet):
     assert (a.ram_mb, a.cpus, a.vm_count) == (768, 1, 1)
     assert sorted((v["name"], v["state"]) for v in fleet.client.vms.list()) == [("second", "running"),
                                                                               ("sleeper", "sleeping")]
+    # the room it gave back is taken: waking it would run the host past its declared 1024 MiB
+    # (its agent admits by its own hardware; the wake went through and the host held 1536 MiB)
+    e = err(fleet.client.vms.wake, "sleeper")
+    assert (e.status, e.code) == (409, "host_full") and "768 MiB" in e.message and "256 MiB free" in e.message
+    assert fleet.client.vms.get("sleeper")["state"] == "sleeping"
+    assert fleet.client.hosts.get("h1").allocated.ram_mb == 768
+    fleet.client.vms.delete("second")
+    assert fleet.client.vms.wake("sleeper")["state"] == "running"  # room again: it wakes
+    assert fleet.client.hosts.get("h1").allocated.ram_mb == 768
 
 
 def test_disconnect_and_reconnect(fleet):

@@ -10,7 +10,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import ValidationError
 
-from ..errors import AmbiguousVm, FleetFull, FuseError, HostUnreachable, InvalidArgument, NotFound, VmExists
+from ..errors import (AmbiguousVm, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument, NotFound,
+                      VmExists)
 from ..models.vm import CreateVmRequest
 from .placement import FleetArrays, rank
 from .resources import Resources
@@ -279,9 +280,33 @@ class VmService:
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
-        vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
+        ask = self._wake_room(name, host) if action == "wake" else Resources()
+        try:
+            vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
+        finally:
+            if ask.count:
+                self._release(host, ask)
         self.fleet.upsert_vms(host, [vm])
         return vm | {"host": host}
+
+    def _wake_room(self, name: str, host: str) -> Resources:
+        """Reserve on ``host`` the memory a sleeping VM takes back when it wakes, or
+        refuse (409 host_full): the host's agent admits by its own hardware, and the
+        controller believes a host only within its declared capacity, which creates
+        made since the VM slept may have filled (a wake then ran the host past it).
+        A VM whose room stayed reserved while it slept (a move's copies) needs none."""
+        row = next((r for r in self.store.vms_named(name) if r["host"] == host), None)
+        rec = (row or {}).get("record") or {}
+        if row is None or row["state"] != "sleeping" or rec.get("return_room") or rec.get("reserved"):
+            return Resources()  # (not sleeping: the host answers why it cannot wake)
+        ask = Resources.vm(int(row["vcpus"] or 0), int(row["mem_mib"] or 0))
+        fleet, _ = self.arrays(only=host)
+        free = int(fleet.free_mem[0]) if len(fleet.ids) else 0
+        if free < ask.mem_mib:
+            raise HostFull(f"host {host} has no room to wake vm {name}: it needs {ask.mem_mib} MiB of memory, "
+                           f"{max(free, 0)} MiB free within the host's capacity")
+        self._pending[host] = self._pending.get(host, Resources()) + ask
+        return ask
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
         host = self.locate(name, host)
