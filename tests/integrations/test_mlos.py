@@ -160,11 +160,6 @@ def test_expected_failures_are_statuses_not_exceptions(fleet, tmp_path):
         assert provision(svc, {"vmName": "pinned", "vcpus": 1, "memMiB": 128, "vmHost": "nope"})[0] == Status.FAILED
     nowhere = FuseVMService({"url": f"unix://{tmp_path}/none.sock", "pollInterval": 0.05})
     assert nowhere.provision_host({"vmName": "x", "vcpus": 1, "memMiB": 128}) == (Status.FAILED, {})
-    # A VM that never comes up: TIMED_OUT once pollTimeout has passed.
-    slow = service(fleet, pollTimeout=0.3)
-    with slow:
-        assert slow.wait_host_deployment({"vmName": "never", "vcpus": 1, "memMiB": 128},
-                                         is_setup=True) == (Status.TIMED_OUT, {})
 
 
 def test_a_bad_url_is_failed_from_every_call_never_an_exception(caplog):
@@ -180,14 +175,27 @@ def test_a_bad_url_is_failed_from_every_call_never_an_exception(caplog):
     assert "must be unix:///path or http(s)://host:port" in caplog.text
 
 
-@pytest.mark.parametrize("vcpus, mem", [(1.5, 128), (1, "128.5"), ("two", 128), (0, 128)],
-                         ids=["a fractional vCPU count", "a fractional memory size", "a word", "zero vCPUs"])
+@pytest.mark.parametrize("vcpus, mem", [(1.5, 128), (1, "128.5"), ("two", 128), (0, 128), (True, 128), (1, True)],
+                         ids=["a fractional vCPU count", "a fractional memory size", "a word", "zero vCPUs",
+                              "a boolean vCPU count", "a boolean memory size"])
 def test_a_shape_that_is_not_a_whole_number_is_failed_with_the_reason(fleet, caplog, vcpus, mem):
     svc = service(fleet)
     with svc:
         assert svc.provision_host({"vmName": "frac", "vcpus": vcpus, "memMiB": mem}) == (Status.FAILED, {})
     assert "must be a whole number" in caplog.text
     assert vms(fleet.client) == []  # not truncated and created
+
+
+@pytest.mark.parametrize("key", ["pollInterval", "pollTimeout", "requestTimeout"])
+def test_a_boolean_time_in_the_config_is_refused_even_where_the_schema_is_not_checked(key):
+    class Unchecked(FuseVMService):  # a subclass: FuseVMService's own schema is not checked
+        pass
+
+    with pytest.raises(ValueError, match=f"{key} must be a number of seconds, not True"):
+        Unchecked({"url": "unix:///nonexistent.sock", key: True})
+    with pytest.raises(Exception, match="True is not of type"):
+        FuseVMService({"url": "unix:///nonexistent.sock", key: True})
+    assert Unchecked({"url": "unix:///nonexistent.sock", key: "2.5"}) is not None  # a numeric string is fine
 
 
 def test_whole_numbers_given_as_floats_or_strings_are_accepted(fleet):
@@ -394,6 +402,89 @@ def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatc
     wait_until(lambda: not any(t.name == "fuse-mlos" and t.is_alive() for t in threading.enumerate()),
                what="the worker thread to end once its call returned")
     assert vms(fleet.client) == []  # the delete in flight landed, no create after it; the queued one was cancelled
+
+
+# ---- waiting without a handle -------------------------------------------------
+
+def _sleeping(svc, p):
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
+    return p, True
+
+
+def _never_created(svc, p):
+    return {"vmName": "zz", OP_KEY: "abc", OP_KIND_KEY: "provision"}, True
+
+
+def _other_shape(svc, p):
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    return {**p, "memMiB": 256}, True
+
+
+def _not_deleted(svc, p):
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    return p, False
+
+
+def _not_asleep(svc, p):
+    assert provision(svc, p)[0] == Status.SUCCEEDED
+    return {**p, OP_KIND_KEY: "deallocate"}, False
+
+
+@pytest.mark.parametrize("arrange, why", [
+    (_sleeping, "the vm is sleeping on h1"),
+    (_never_created, "the vm is gone"),
+    (_other_shape, "the vm is running on h1 but not as asked (shape 1x128 MiB -> 1x256 MiB)"),
+    (_not_deleted, "the vm is running on h1"),
+    (_not_asleep, "the vm is running on h1"),
+], ids=["a setup wait on a vm deallocate put to sleep is failed at once",
+        "a setup wait on a vm that does not exist, with a handle this service never issued, is failed at once",
+        "a setup wait on a vm running with another shape is failed at once",
+        "a teardown wait on a vm nothing deletes is failed at once",
+        "a deallocate's wait on a vm nothing sleeps is failed at once"])
+def test_a_wait_with_nothing_under_way_answers_at_once(fleet, caplog, arrange, why):
+    # Nothing of this service's is queued or running and no move is under
+    # way: the VM will stay as it is, so waiting out pollTimeout could only
+    # end in TIMED_OUT.
+    svc = service(fleet, pollTimeout=10)
+    with svc:
+        params, is_setup = arrange(svc, {"vmName": "still", "vcpus": 1, "memMiB": 128})
+        started = time.monotonic()
+        assert svc.wait_host_deployment(params, is_setup=is_setup) == (Status.FAILED, {})
+        assert time.monotonic() - started < 3  # not pollTimeout
+    assert f"{why}, and nothing is under way to change that" in caplog.text
+
+
+def test_a_wait_without_a_handle_watches_while_an_operation_is_under_way(fleet, gate):
+    svc = gated(gate, pollTimeout=10)
+    p = {"vmName": "coming", "vcpus": 1, "memMiB": 128}
+    with svc:
+        arrived = gate.hold("POST", "/v1/vms")
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and arrived.wait(10)
+        # The vm does not exist yet, but the create is under way: the wait
+        # watches it rather than answer FAILED.
+        threading.Timer(0.5, gate.release).start()
+        started = time.monotonic()
+        status, info = svc.wait_host_deployment({k: v for k, v in handle.items() if k != OP_KEY}, is_setup=True)
+        assert status == Status.SUCCEEDED and info["vmState"] == "running"
+        assert 0.4 <= time.monotonic() - started < 8
+        assert svc.wait_host_deployment(handle, is_setup=True)[0] == Status.SUCCEEDED
+
+
+def test_a_wait_without_a_handle_times_out_when_what_is_under_way_outlasts_poll_timeout(fleet, gate, caplog):
+    svc = gated(gate, pollTimeout=1.0)
+    p = {"vmName": "never", "vcpus": 1, "memMiB": 128}
+    with svc:
+        arrived = gate.hold("POST", "/v1/vms")
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and arrived.wait(10)
+        started = time.monotonic()
+        assert svc.wait_host_deployment(p, is_setup=True) == (Status.TIMED_OUT, {})
+        assert 0.9 <= time.monotonic() - started < 5
+        assert "provision of vm never timed out after pollTimeout (1 s); the vm is gone" in caplog.text
+        gate.release()
+        wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
 
 
 # ---- how url and token reach the service ------------------------------------

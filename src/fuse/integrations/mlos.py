@@ -9,7 +9,7 @@ Parameters read from `params` (the environment's const_args, required_args
 and tunables; see docs/integrations.md):
 
     vmName   the VM's name (required)
-    vcpus    vCPUs (required, a whole number: 2, 2.0 or "2"; 1.5 is FAILED)
+    vcpus    vCPUs (required, a whole number: 2, 2.0 or "2"; 1.5 or true is FAILED)
     memMiB   memory in MiB (required, a whole number)
     vmEntry  the command the VM runs (default: keep running)
     vmBundle the guest bundle (default: the controller's default, "linux")
@@ -42,7 +42,11 @@ How the calls map onto the controller:
                       deprovision or deallocate), else FAILED with the reason
                       logged. Without a handle, or one this service no longer
                       holds (timed out, or issued before a restart), it
-                      watches the VM for up to pollTimeout instead.
+                      watches the VM for up to pollTimeout instead; but
+                      when nothing is under way that could change the VM (no
+                      operation of this service, no move of it), a VM that
+                      is not what the wait leads to (gone or asleep for a
+                      setup wait, say) is FAILED at once.
     deprovision_host  deletes the VM (already gone is fine).
     deallocate_host   sleeps the VM: its memory and vCPUs go back to the
                       fleet, its state stays on disk, provision wakes it.
@@ -66,6 +70,7 @@ exception into mlos_bench.
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import queue
 import re
@@ -101,6 +106,7 @@ _UNEXPANDED = re.compile(r"\$\{?\w+\}?")
 EXIT_JOIN_S = 5.0
 DEFAULT_ENTRY = "while true; do sleep 3600; done"
 _GONE_STATES = ("exited", "failed", "deleted")
+_PASSING_STATES = ("creating", "incoming")  # a VM leaves these by itself
 # Failures with a reason to log in one line: the controller's "no", no
 # answer, a bad url or bad params. Anything else is logged with its traceback;
 # both come back as FAILED, never as an exception into mlos_bench.
@@ -130,14 +136,23 @@ CONFIG_SCHEMA: dict[str, Any] = {
 }
 
 
+def _number(key: str, value: Any, what: str) -> float:
+    """A number from params or config, which may arrive as a string ("2").
+    A boolean is refused although float(True) is 1.0: `"vcpus": true` is a
+    mistake, not a request for one vCPU (numpy's bool_ is no numbers.Real)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        raise ValueError(f"{key} must be {what}, not {value!r}")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{key} must be {what}, not {value!r}") from None
+
+
 def _whole(key: str, value: Any) -> int:
     """A count from params. Tunables and command-line overrides may arrive as
     strings or floats ("2", 2.0); a fraction is refused, not truncated: a
     trial asking for 1.5 vCPUs must not silently run on 1."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a whole number, not {value!r}") from None
+    number = _number(key, value, "a whole number")
     if not number.is_integer() or number < 1:
         raise ValueError(f"{key} must be a whole number of at least 1, not {value!r}")
     return int(number)
@@ -329,10 +344,12 @@ class FuseVMService(Service):
                     f"config {key} is {value!r}, but mlos_bench expands no $names in a service config: write "
                     f'"{key}": "" here and give "{key}" in a globals file or as --{key} (mlos_bench fills a '
                     f"service config key from the global of the same name), or set $FUSE_{key.upper()}")
-        # Values may come from the command line as strings.
-        self._poll_interval = float(self.config.get("pollInterval", 1.0))
-        self._poll_timeout = float(self.config.get("pollTimeout", 300.0))
-        self._request_timeout = float(self.config.get("requestTimeout", 300.0))
+        # Values may come from the command line as strings. The schema refuses
+        # a boolean, but a subclass skips the schema: refused here too.
+        self._poll_interval = _number("pollInterval", self.config.get("pollInterval", 1.0), "a number of seconds")
+        self._poll_timeout = _number("pollTimeout", self.config.get("pollTimeout", 300.0), "a number of seconds")
+        self._request_timeout = _number("requestTimeout", self.config.get("requestTimeout", 300.0),
+                                        "a number of seconds")
         self._lock = threading.Lock()
         self._client: fuse.Client | None = None
         self._worker: _Worker | None = None
@@ -403,7 +420,7 @@ class FuseVMService(Service):
         """The VM once it is out of a passing state (creating, incoming)."""
         op.check(f"looking up vm {name}")
         vm = self._find(name, host)
-        while vm is not None and vm["state"] in ("creating", "incoming"):
+        while vm is not None and vm["state"] in _PASSING_STATES:
             op.pause(self._poll_interval)
             op.check(f"waiting for vm {name} to leave {vm['state']}")
             vm = self._find(name, host)
@@ -583,7 +600,8 @@ class FuseVMService(Service):
         runtime, FAILED, or TIMED_OUT once pollTimeout has passed since the
         call that started it. `is_setup` must match the operation (True for
         provision). Without a handle, or with one this service no longer
-        holds, it watches the VM itself for up to pollTimeout."""
+        holds, it watches the VM itself for up to pollTimeout, and answers
+        FAILED at once when nothing under way could bring the VM there."""
         try:
             _vm_name(params)  # a dict naming its VM
             kind = params.get(OP_KIND_KEY) or ("provision" if is_setup else "deprovision")
@@ -630,7 +648,14 @@ class FuseVMService(Service):
 
     def _watch_vm(self, params: dict, kind: str) -> tuple[Status, dict]:
         """No operation of ours: watch the VM until it is what `kind` leads to
-        (running with its shape, gone, sleeping), for up to pollTimeout."""
+        (running with its shape, gone, sleeping), for up to pollTimeout.
+
+        While nothing is under way that could change the VM (no operation of
+        this service queued or running, no move of it at the controller), a
+        VM that is not what `kind` leads to and not passing through creating
+        or incoming stays as it is: FAILED at once rather than TIMED_OUT after
+        pollTimeout, as mlos_bench would read it (a setup wait on a VM that
+        is gone or asleep has failed)."""
         name, host = _vm_name(params), _opt(params, self.config, "vmHost")
         spec = None
         if kind == "provision" and all(params.get(k) not in (None, "") for k in ("vcpus", "memMiB")):
@@ -638,20 +663,34 @@ class FuseVMService(Service):
         started = time.monotonic()
         deadline = started + self._poll_timeout
         while True:
+            # Looked at before the VM: whatever ends after this look has
+            # already shown in the VM we then find.
+            under_way = self._busy() or self._moving(name)
             vm = self._find(name, host)
             if kind == "provision" and vm is not None and vm["state"] == "running" and not (spec and spec.differs(vm)):
                 return Status.SUCCEEDED, self._info(kind, name, vm, started)
-            if kind == "deprovision" and vm is None:
+            if kind == "deprovision" and (vm is None or vm["state"] == "deleted"):
                 return Status.SUCCEEDED, self._info(kind, name, None, started)
             if kind == "deallocate" and vm is not None and vm["state"] == "sleeping":
                 return Status.SUCCEEDED, self._info(kind, name, vm, started)
-            # A provision may not have created it yet; a sleep needs it there.
-            if (vm is not None and vm["state"] in _GONE_STATES and kind != "deprovision") or \
-                    (vm is None and kind == "deallocate"):
-                _LOG.error("fuse: %s of vm %s failed: the vm is %s", kind, name, vm["state"] if vm else "gone")
+            if not under_way and (vm is None or vm["state"] not in _PASSING_STATES):
+                _LOG.error("fuse: %s of vm %s failed: the vm is %s, and nothing is under way to change that", kind,
+                           name, self._described(vm, spec))
                 return Status.FAILED, {}
             if time.monotonic() >= deadline:
                 _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); the vm is %s", kind, name,
-                             self._poll_timeout, vm["state"] if vm else "gone")
+                             self._poll_timeout, self._described(vm, spec))
                 return Status.TIMED_OUT, {}
             time.sleep(min(self._poll_interval, max(0.0, deadline - time.monotonic())))
+
+    def _moving(self, name: str) -> bool:
+        """A move of the VM is under way at the controller (it sleeps the VM
+        on its way to another host, then wakes it there)."""
+        return any(m.get("vm") == name and m.get("state") not in ("done", "failed") for m in self.client.moves.list())
+
+    @staticmethod
+    def _described(vm: dict | None, spec: VmSpec | None) -> str:
+        if vm is None:
+            return "gone"
+        changes = spec.differs(vm) if spec and vm["state"] == "running" else []
+        return f"{vm['state']} on {vm['host']}" + (f" but not as asked ({'; '.join(changes)})" if changes else "")
