@@ -4,6 +4,7 @@ incoming side of the host API, 4 MiB at a time."""
 from __future__ import annotations
 
 import asyncio
+import os
 import hashlib
 
 import pytest
@@ -181,3 +182,40 @@ async def test_incoming_checks_hashes_and_abort_frees_everything(make_host):
     assert dst.vms.vms == {} and dst.vms.summary()["free_mem_mib"] == 1024 - 256
     assert (await dst.client.get("/v1/host/incoming")).json()["incoming"] == []
     assert not dst.vms.vm_dir("v").exists()
+
+
+def _qemu_zombies() -> list[int]:
+    """This process's children that ended and were never collected, QEMU's among them."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        close = stat.rfind(b")")
+        rest = stat[close + 2:].split()
+        if rest[0] == b"Z" and int(rest[1]) == os.getpid() and stat[stat.find(b"(") + 1:close].startswith(b"qemu"):
+            out.append(int(d))
+    return out
+
+
+async def test_no_launch_leaves_a_zombie_under_an_agent_that_reaps_its_orphans(make_host):
+    # `fuse host serve` is the child subreaper (a VM's QEMU is collected when it ends, not
+    # left to init); QEMU's -daemonize forks twice, and its middle process, re-parented to the
+    # agent, stayed a zombie: one per create and per wake
+    import ctypes
+
+    from fuse.agent.backends.base import become_subreaper
+
+    assert become_subreaper()
+    try:
+        host = await make_host()
+        await _counting(host)
+        assert (await host.client.post("/v1/host/vms/counter/sleep")).json()["state"] == "sleeping"
+        assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
+        assert _qemu_zombies() == []
+        assert (await host.client.delete("/v1/host/vms/counter")).status_code == 204
+        assert _qemu_zombies() == []
+    finally:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off again

@@ -205,6 +205,31 @@ def reap(pid: int | None) -> bool:
         return True  # not ours (init has it), or gone already
 
 
+def reap_exited_children(prefix: bytes) -> int:
+    """Collect this process's exited children whose name starts with ``prefix``; how
+    many. QEMU's ``-daemonize`` forks twice: the middle process ends at once, and once
+    the launcher is gone it is re-parented to the subreaper (the agent), where it stayed
+    a zombie, one per launch, since nothing waits for it. Only such children are
+    collected: a blanket ``waitpid(-1)`` would take exits asyncio's child watcher awaits."""
+    me, n = os.getpid(), 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        close = stat.rfind(b")")  # the name is in parentheses and may hold anything
+        name, rest = stat[stat.find(b"(") + 1:close], stat[close + 2:].split()
+        if len(rest) > 1 and rest[0] == b"Z" and rest[1] == str(me).encode() and name.startswith(prefix):
+            try:
+                n += os.waitpid(int(d), os.WNOHANG)[0] != 0
+            except (ChildProcessError, OSError):
+                pass
+    return n
+
+
 def become_subreaper() -> bool:
     """Linux: orphaned descendants (QEMU daemonizes) are re-parented to this process
     instead of init, so ``reap`` can collect them the moment they end."""

@@ -41,7 +41,7 @@ from qemu.qmp import QMPClient
 
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait,
-                   process_alive, read_pidfile, wait_console_line, wait_gone)
+                   process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
@@ -234,6 +234,7 @@ class QemuBackend(Backend):
             # With -daemonize this returns once QEMU is set up (QMP listening).
             proc = await asyncio.to_thread(subprocess.run, self.argv(spec, incoming=incoming),
                                            stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+        reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
         pid = read_pidfile(spec.vm_dir / "qemu.pid")
         if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
             detail = err_path.read_text(errors="replace").strip()[-500:]
