@@ -33,16 +33,21 @@ class MIGInstance(Record):
     parent_gpu_uuid: str = ""
 
 
+MAX_AMOUNT = 2**53  # the largest capacity figure a host may declare
+
+
 class HostCapacity(Record):
     """A host's resource envelope. On `capacity`, cpus/ram_mb/storage_gb left
     at 0 are probed; vm_count is policy and always declared."""
 
-    cpus: int = 0
-    ram_mb: int = 0
-    storage_gb: int = 0
-    vm_count: int = 0
+    # (at most 2^53: a JSON number any client reads exactly; a 20-digit ram_mb was stored
+    # and then overflowed placement's 64-bit arrays, a 500 on every create in the fleet)
+    cpus: int = Field(default=0, le=MAX_AMOUNT)
+    ram_mb: int = Field(default=0, le=MAX_AMOUNT)
+    storage_gb: int = Field(default=0, le=MAX_AMOUNT)
+    vm_count: int = Field(default=0, le=MAX_AMOUNT)
     arch: str = ""
-    gpus: int = 0
+    gpus: int = Field(default=0, le=MAX_AMOUNT)
     gpu_kind: str = ""
     mig_profiles: Optional[dict[str, int]] = None
     mig_instances: list[MIGInstance] = Field(default_factory=list)
