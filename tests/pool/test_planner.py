@@ -211,3 +211,20 @@ def test_an_unplaced_reason_says_the_caps_as_an_operator_set_them():
                   constraints=Constraints(max_usd_per_hour=0.03 - 0.010000000000000002))
     (u,) = plan(m).unplaced
     assert u.reason == "no room within the caps: max_usd_per_hour=0.02"
+
+
+@pytest.mark.parametrize("group, constraints, says, not_says", [
+    (dict(no_scale=True), {}, "no new machine may: no_scale ×2", "max_new_hosts"),
+    (dict(devices_only=True), {}, "no new machine may: devices_only ×2", "max_new_hosts"),
+    (dict(kind="microvm"), dict(allow_metal=False), "allow_metal is off", "caps"),
+], ids=["no_scale", "devices_only", "allow_metal off"])
+def test_an_unplaced_reason_names_what_ruled_the_machines_out(group, constraints, says, not_says):
+    # the host is full; no new machine may be added, and the reason says why, not a cap the
+    # request's no_scale set on its way (it read "no room within the caps: max_new_hosts=0")
+    m = PlanModel(groups=[DemandGroup(name="g", count=3, cpus=1, mem_mib=1024, **({"kind": "container"} | group))],
+                  hosts=[PoolHost(name="own", vcpus=1, mem_mib=1024)],
+                  offers=[offer("t.small", 2, 4096, 0.05), offer("m.metal", 8, 16384, 1.0, kvm=True, metal=True)],
+                  constraints=Constraints(**constraints) if not group.get("no_scale") and not group.get("devices_only")
+                  else Constraints(max_new_hosts=0, **constraints), time_limit_secs=2.0)
+    (u,) = plan(m).unplaced
+    assert u.count == 2 and says in u.reason and not_says not in u.reason, u.reason

@@ -258,3 +258,14 @@ def test_on_a_host_in_the_pool_memory_and_slots_bound_the_plan_not_its_vcpus(ctl
     got = _where(post(client(ctl, [small]), body))
     assert got.pop("own") == 4 and sum(got.values()) == 2, got  # its vm_count policy admits 4
     assert _where(post(client(ctl, [small | {"free_vm_slots": 10}]), body)) == {"own": 6}
+
+
+def test_an_unplaced_reason_names_the_hosts_without_the_image(ctl):
+    own = OWN | {"bundles": ["linux"]}
+    r = post(client(ctl, [own]), {"count": 2, "image": "other", "kind": "container", "no_scale": True})
+    p = ElasticPlan.model_validate(r.json())
+    assert p.assignments == [] and p.unplaced[0].count == 2
+    assert "own has no image 'other'" in p.unplaced[0].reason, p.unplaced[0].reason
+    assert any("no image 'other'" in line for line in p.explain)
+    r = post(client(ctl, [own]), {"count": 2, "image": "linux", "kind": "container", "no_scale": True})
+    assert "no image" not in r.text  # (placed: nothing to say)

@@ -615,8 +615,11 @@ class ElasticPool:
         model = model_from_request(body, snapshot, offers=offers,
                                    constraints=Constraints() if unbounded else self.constraints(), history=history)
         result = await run_in_threadpool(plan, model)
-        if names and not offers:  # what the clouds could add was ruled out before the solve: say why
-            why = f"no linked cloud's machines get image {image!r} (a guest bundle)"
+        # what was ruled out before the solve, for want of the image: say so
+        lacking = sorted(h["name"] for h in snapshot if h.get("bundles") is not None and image not in h["bundles"])
+        whys = ([f"no linked cloud's machines get image {image!r} (a guest bundle)"] if names and not offers else [])
+        whys += [f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no image {image!r}"] if lacking else []
+        for why in whys if result.unplaced else []:
             for u in result.unplaced:
                 u.reason = f"{u.reason}; {why}"
             result.explain.append(why)

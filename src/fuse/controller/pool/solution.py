@@ -166,13 +166,19 @@ def better(model: PlanModel, a: Solution, b: Solution) -> bool:
 def unplaced_reason(model: PlanModel, g: int) -> str:
     """Why group g (partly) has no place: no machine can hold it at all, or the caps."""
     grp, c = model.groups[g], model.constraints
-    why = Counter(host_reject(grp, h, c) for h in model.hosts)
-    why.update(offer_reject(grp, o, c) for o in model.offers)
-    if why[None] == 0:
-        if not why:
+    on_hosts = Counter(host_reject(grp, h, c) for h in model.hosts)
+    on_offers = Counter(offer_reject(grp, o, c) for o in model.offers)
+
+    def said(why: Counter) -> str:
+        return "; ".join(f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4))
+
+    if on_hosts[None] == 0 and on_offers[None] == 0:
+        if not on_hosts and not on_offers:
             return "no hosts in the pool and no offers"
-        parts = [f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4)]
-        return "no machine can hold it: " + "; ".join(parts)
+        return "no machine can hold it: " + said(on_hosts + on_offers)
+    if on_offers[None] == 0:  # (a request's no_scale or devices_only, allow_metal, pins: not the caps)
+        return ("no room left on the hosts that can hold it, and no new machine may: " + said(on_offers)
+                if on_offers else "no room left on the hosts that can hold it, and no offers")
     caps = [f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in (
         ("max_new_hosts", c.max_new_hosts), ("hosts", c.exact_new_hosts),
         ("max_usd_per_hour", c.max_usd_per_hour), ("monthly_usd_left", c.monthly_usd_left),
