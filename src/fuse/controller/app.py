@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 
 from .. import http_errors
@@ -22,6 +23,13 @@ from .routes import usage as usage_routes
 from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
+from .validation import install as install_validation
+from .validation import reject_unknown_fields
+
+# Paths served without the token on the TCP listener; the middleware and the
+# OpenAPI document both read this, so what is documented is what is enforced.
+OPEN_PATHS = ("/v1/healthz",)
+BEARER = "bearerAuth"
 
 
 def operation_id(route: APIRoute) -> str:
@@ -31,6 +39,28 @@ def operation_id(route: APIRoute) -> str:
         return m.group(1)
     head, *rest = route.name.split("_")
     return head + "".join(w.capitalize() for w in rest)
+
+
+def document_bearer(doc: dict[str, Any]) -> dict[str, Any]:
+    """Declare the controller's token as an HTTP bearer scheme, required (with
+    its 401) by every operation but the open ones. The owner-only unix socket
+    needs no token, which OpenAPI cannot say per transport: the scheme's
+    description does."""
+    components = doc.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[BEARER] = {
+        "type": "http", "scheme": "bearer",
+        "description": "The controller's token (`fuse controller serve --listen HOST:PORT --token TOKEN`): required on "
+                       "its TCP listener by every route but the health check; requests over its owner-only unix "
+                       "socket need none."}
+    unauthorized = {"description": "unauthorized: over TCP, no `Authorization: Bearer <token>` or another token",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for path, ops in doc.get("paths", {}).items():
+        if path in OPEN_PATHS:
+            continue
+        for op in ops.values():
+            op["security"] = [{BEARER: []}]
+            op.setdefault("responses", {})["401"] = dict(unauthorized)
+    return doc
 
 
 def create_app(ctl: Controller) -> FastAPI:
@@ -49,13 +79,15 @@ def create_app(ctl: Controller) -> FastAPI:
     app = FastAPI(title="fuse controller", version="0.1.0", lifespan=lifespan,
                   generate_unique_id_function=operation_id,
                   openapi_url=None, docs_url=None, redoc_url=None,
+                  dependencies=[Depends(reject_unknown_fields)],  # request bodies: known fields only
                   description="Places VMs across hosts by best fit, moves them, merges events and usage, "
                               "and runs the elastic pool.")
     # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False
     http_errors.install(app)
-    app.add_middleware(BearerFirst, token=ctl.token, open=("/v1/healthz",))  # every other route needs it
+    install_validation(app)  # after http_errors: its message for a bad request replaces the shared one
+    app.add_middleware(BearerFirst, token=ctl.token, open=OPEN_PATHS)  # every other route needs it
     app.state.ctl = ctl
     app.state.pool_snapshot = ctl.pool_snapshot
 
@@ -69,7 +101,7 @@ def create_app(ctl: Controller) -> FastAPI:
 
     def documented() -> dict:
         if app.openapi_schema is None:
-            app.openapi_schema = document_400_not_422(plain_openapi())
+            app.openapi_schema = document_bearer(document_400_not_422(plain_openapi()))
         return app.openapi_schema
 
     app.openapi = documented  # type: ignore[method-assign]

@@ -7,12 +7,15 @@ import base64
 from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from ...errors import InvalidArgument
 from ...models.errors import responses
 from ...models.hosts import Host, HostPage, RegisterHostRequest
 from ...models.moves import DrainReport
+from ..validation import unknown_fields
 
 router = APIRouter(tags=["hosts"])
 
@@ -26,30 +29,40 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
     which it was. The short form is the operator's `hosts add`: a missing
     vm_count there takes the CLI's documented default of 16 rather than
     failing, and a missing backend is the one the agent runs (seed 004 has no
-    backend field; seed 000's default, firecracker, is for its own form)."""
-    if not isinstance(body, dict):
-        raise InvalidArgument("body must be a JSON object")
+    backend field; seed 000's default, firecracker, is for its own form).
+    A bad field is named as the caller spelt it (`name`, not `id`)."""
+    given = body
     body = dict(body)
+    spelt: dict[str, str] = {}  # the model's name -> the caller's
     short = "id" not in body and "name" in body
     if short:
         body["id"] = body.pop("name")
-        body.setdefault("capacity", {})
-        if isinstance(body["capacity"], dict):
-            body["capacity"].setdefault("vm_count", 16)
+        spelt["id"] = "name"
+        capacity = body.setdefault("capacity", {})
+        if isinstance(capacity, dict):
+            body["capacity"] = {"vm_count": 16} | capacity
     if "url" not in body and "addr" in body:
         body["url"] = body.pop("addr")
+        spelt["url"] = "addr"
+    elif "url" not in body and "id" not in given:  # missing: named in the form the caller used, or both
+        spelt["url"] = "addr" if short else "url (or addr)"
+    if "id" not in body:
+        spelt["id"] = "id (or name)"
+    errors = unknown_fields(RegisterHostRequest, body)
     try:
-        return RegisterHostRequest.model_validate(body), short
-    except Exception as exc:  # pydantic.ValidationError
-        errs = getattr(exc, "errors", lambda: [])()
-        first = errs[0] if errs else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise InvalidArgument(f"{where}: {first.get('msg', exc)}" if where else str(exc)) from None
+        req = RegisterHostRequest.model_validate(body)
+    except ValidationError as exc:
+        errors += exc.errors()
+    if errors:
+        def as_spelt(loc: tuple) -> tuple:
+            return ("body", spelt.get(loc[0], loc[0]), *loc[1:]) if loc else ("body",)
+        raise RequestValidationError([e | {"loc": as_spelt(tuple(e["loc"]))} for e in errors], body=given)
+    return req, short
 
 
 @router.post("/v1/hosts", status_code=201, response_model=Host,
              responses={200: {"model": Host, "description": "re-registered: an update, state and VMs kept"},
-                        **responses(s400="invalid_argument: a field is missing or out of range (vm_count, id, "
+                        **responses(s400="invalid_argument: a field is missing, unknown or out of range (vm_count, id, "
                                          "backend, gpus or mig_profiles on a firecracker host, a MIG profile name)",
                                     s409="conflict: the id moves to another url while VMs are assigned to it",
                                     s502="host_unreachable: the agent cannot be reached while a capacity field is "

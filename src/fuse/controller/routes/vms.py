@@ -10,6 +10,7 @@ from typing import Optional
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from ...errors import NotFound
 from ...models.errors import responses
 from ...models.vm import PlacedVm, PlacedVmList
 from ..vms import ControllerCreateVm
@@ -26,8 +27,8 @@ def _vms(request: Request):
 
 
 @router.post("/v1/vms", status_code=201, response_model=PlacedVm,
-             responses=responses(s400="invalid_argument: a field is missing or out of range, or the host refused "
-                                      "the body (no such bundle, entry too long)",
+             responses=responses(s400="invalid_argument: a field is missing, unknown or out of range, the body is "
+                                      "not JSON, or the host refused the body (no such bundle, entry too long)",
                                  s404="not_found: the host given to pin the VM is not registered",
                                  s409="fleet_full: no host took the VM (error.hosts maps every host to its "
                                       "reason); vm_exists: the name is already used on the chosen host"),
@@ -38,9 +39,26 @@ async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
 
 
 @router.get("/v1/vms", response_model=PlacedVmList,
-            summary="listVms: every VM on every host, tagged with its host.")
+            responses=responses(s404="not_found: the controller knows no host of that name (none registered, "
+                                     "bought by the elastic pool, or holding a VM)"),
+            summary="listVms: every VM on every host, tagged with its host (or on the host given).")
 async def list_vms(request: Request, host: Optional[str] = None) -> JSONResponse:
-    return JSONResponse({"vms": _vms(request).list(host)})
+    vms = _vms(request).list(host)
+    if host is not None and not vms and not _known_host(request, host):
+        # As when a create pins it: a misspelt name must not read as "no VMs there".
+        raise NotFound(f"host {host} not found")
+    return JSONResponse({"vms": vms})
+
+
+def _known_host(request: Request, host: str) -> bool:
+    """A registered host, or a machine the elastic pool bought (booting, not
+    registered yet, or gone): listing its VMs is an answer, even if empty."""
+    ctl = request.app.state.ctl
+    try:
+        ctl.hosts.get(host)
+        return True
+    except NotFound:
+        return any(h.name == host for h in ctl.pool.hosts(include_gone=True))
 
 
 @router.get("/v1/vms/{name}", response_model=PlacedVm,

@@ -1,0 +1,208 @@
+"""How the controller's API reads a request body, and words what is wrong with one.
+
+A body is a JSON object sent with ``Content-Type: application/json``. Any
+other content type is refused (400 ``invalid_argument``, saying so), as
+Docker's API does: guessing JSON out of a form post or ``text/plain`` would
+also let a web page's cross-site form reach a token-less loopback listener.
+
+A body may name only fields the API knows, at any depth: a misspelt optional
+field (``hosts`` for ``host``) is a 400 naming it, never a default quietly
+taken in its place. Firecracker's API is as strict. The wire records stay
+lenient themselves (``Record``: the SDK must read answers from newer
+servers); the check is the server's, on the way in.
+
+Every validation failure is one 400 ``invalid_argument`` whose message names
+fields the way the caller spelt them: ``missing fields shape, entry``,
+``unknown field hosts (did you mean host?)``, ``shape.vcpus: Input should be
+greater than or equal to 1``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import email.message
+import types
+from typing import Annotated, Any, Iterable, Optional, Union, get_args, get_origin
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import AliasChoices, AliasPath, BaseModel, TypeAdapter, ValidationError
+
+from ..errors import error_body
+
+JSON_HINT = "send the body as JSON with Content-Type: application/json"
+MAX_PROBLEMS = 5  # named in one message; the rest are counted
+
+
+# ---- unknown fields ------------------------------------------------------------
+
+def _keys(model: type[BaseModel], name: str, field) -> list[str]:
+    """The keys a caller may spell `field` with: its aliases, and its own name
+    where the model populates by name (or has no alias)."""
+    keys: list[str] = []
+    for alias in (field.alias, field.validation_alias):
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        for c in choices:
+            if isinstance(c, str):
+                keys.append(c)
+            elif isinstance(c, AliasPath) and c.path and isinstance(c.path[0], str):
+                keys.append(c.path[0])
+    cfg = model.model_config
+    if not keys or cfg.get("populate_by_name") or cfg.get("validate_by_name"):
+        keys.append(name)
+    return keys
+
+
+def unknown_fields(annotation: Any, value: Any, loc: tuple = ()) -> list[dict[str, Any]]:
+    """Errors in pydantic's shape (type ``extra_forbidden``) for every key of
+    `value` that `annotation` has no field for, at any depth. A model that sets
+    ``extra`` itself is left to it at its own level (``forbid``: pydantic
+    reports; ``allow``: extras wanted) and only looked into."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return unknown_fields(get_args(annotation)[0], value, loc)
+    if origin in (Union, types.UnionType):
+        # Optional[Model] is the common case; with several models pydantic
+        # picks one by the data, and which one is not ours to guess.
+        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return unknown_fields(models[0], value, loc) if len(models) == 1 else []
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not isinstance(value, dict):
+            return []
+        known: dict[str, Any] = {}
+        for name, field in annotation.model_fields.items():
+            known |= dict.fromkeys(_keys(annotation, name, field), field.annotation)
+        out = []
+        if annotation.model_config.get("extra") in (None, "ignore"):
+            for key, v in value.items():
+                if key not in known:
+                    near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+                    out.append({"type": "extra_forbidden", "loc": loc + (key,), "msg": "Extra inputs are not "
+                                "permitted", "input": v, "ctx": {"did_you_mean": near[0]} if near else {}})
+        for key, v in value.items():
+            if key in known:
+                out += unknown_fields(known[key], v, loc + (key,))
+        return out
+    args = get_args(annotation)
+    if origin in (list, set, frozenset, tuple) and isinstance(value, list) and args:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return []  # a fixed tuple of several types: none here
+        return [e for i, v in enumerate(value) for e in unknown_fields(args[0], v, loc + (i,))]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return [e for k, v in value.items() for e in unknown_fields(args[1], v, loc + (k,))]
+    return []
+
+
+def _is_json(content_type: Optional[str]) -> bool:
+    """What FastAPI parses as JSON: application/json or application/*+json."""
+    if not content_type:
+        return False
+    m = email.message.Message()
+    m["content-type"] = content_type
+    sub = m.get_content_subtype()
+    return m.get_content_maintype() == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+async def reject_unknown_fields(request: Request) -> None:
+    """App-wide dependency: a JSON body naming a field its route's model lacks
+    is refused, with every other problem of the body in the same answer.
+    (FastAPI has parsed the body by now; it answers bad JSON itself.)"""
+    field = getattr(request.scope.get("route"), "body_field", None)
+    if field is None or not _is_json(request.headers.get("content-type")) or not await request.body():
+        return
+    try:
+        value = await request.json()
+    except ValueError:
+        return
+    annotation = field.field_info.annotation
+    extras = unknown_fields(annotation, value, ("body",))
+    if not extras:
+        return
+    try:
+        TypeAdapter(annotation).validate_python(value)
+        others: list[dict[str, Any]] = []
+    except ValidationError as exc:
+        others = [e | {"loc": ("body", *e["loc"])} for e in exc.errors()]
+    raise RequestValidationError(extras + others, body=value)
+
+
+# ---- messages ------------------------------------------------------------------
+
+def _where(loc: Iterable[Any]) -> tuple[str, str]:
+    """(``body``/``query``/``path``/``header``/``cookie``, the name as the caller
+    spelt it): ``("body", "files", 0, "name")`` → ``("body", "files[0].name")``."""
+    kind, *rest = list(loc) or ["body"]
+    name = ""
+    for part in rest:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return str(kind), name
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _whole_body(error: dict[str, Any], body: Any, content_type: Optional[str]) -> str:
+    """The message for a body that failed as a whole (not one of its fields)."""
+    if isinstance(body, (bytes, bytearray)):  # FastAPI left it unparsed: it was not sent as JSON
+        got = f"it came as {content_type}" if content_type else "it came with no Content-Type"
+        return f"the body is not JSON ({got}): {JSON_HINT}"
+    if error["type"] == "missing":
+        return "the body is empty: send a JSON object with Content-Type: application/json"
+    if error["type"] in ("model_attributes_type", "model_type", "dict_type"):
+        return f"the body must be a JSON object, not {_json_type(body)}"
+    return _plain(error["msg"])
+
+
+def _plain(msg: str) -> str:
+    return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def describe(errors: list[dict[str, Any]], body: Any = None, content_type: Optional[str] = None) -> str:
+    """One message for a request's validation errors: unknown fields first
+    (they often explain the missing ones), then missing fields, then the rest."""
+    for e in errors:
+        if e["type"] == "json_invalid":  # loc ("body", offset); the body is the text
+            text, at = body if isinstance(body, str) else "", e["loc"][-1]
+            if isinstance(at, int) and text:
+                line = text.count("\n", 0, at) + 1
+                col = at - (text.rfind("\n", 0, at) + 1) + 1
+                return f"the body is not valid JSON: {e.get('ctx', {}).get('error', 'decode error')} " \
+                       f"at line {line} column {col}"
+            return "the body is not valid JSON"
+    whole = [e for e in errors if tuple(e["loc"]) == ("body",) and e["type"] != "value_error"]
+    if whole:
+        return _whole_body(whole[0], body, content_type)
+    first, missing, rest = [], [], []  # first: the unknown fields, then (below) the missing ones
+    for e in errors:
+        kind, name = _where(e["loc"])
+        msg = _plain(e["msg"])
+        if e["type"] == "extra_forbidden":
+            near = (e.get("ctx") or {}).get("did_you_mean")
+            first.append(f"unknown field {name}" + (f" (did you mean {near}?)" if near else ""))
+        elif kind == "body":
+            if e["type"] == "missing":
+                missing.append(name)
+            else:
+                rest.append(f"{name}: {msg}" if name else msg)
+        else:
+            what = f"header {name}" if kind == "header" else f"{kind} parameter {name}"
+            rest.append(f"missing {what}" if e["type"] == "missing" else f"{what}: {msg}")
+    if missing:
+        first.append(("missing field " if len(missing) == 1 else "missing fields ") + ", ".join(missing))
+    problems = first + rest or ["invalid request"]
+    more = len(problems) - MAX_PROBLEMS
+    return "; ".join(problems[:MAX_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
+
+
+def install(app: FastAPI) -> None:
+    """Answer request-validation errors with `describe`'s message. Registered
+    after ``fuse.http_errors.install``, it replaces that one's terser
+    handler for this app (FastAPI keeps one handler per exception class)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        msg = describe(list(exc.errors()), exc.body, request.headers.get("content-type"))
+        return JSONResponse(error_body("invalid_argument", msg), status_code=400)
