@@ -213,6 +213,11 @@ def test_a_target_with_a_vm_of_that_name_is_refused_and_best_fit_passes_it_by(fl
     fleet.client.vms.create(vm_body("ballast", host="free", mem=2048))
     m = fleet.wait_move(fleet.client.moves.create("job1", host="src")["id"])
     assert m["state"] == "done" and m["to"] == "free", m
+    # back on free, dup the only other host with room: the refusal names the clash, not room
+    fleet.client.hosts.cordon("src")
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", host="free")
+    assert info.value.code == "no_target" and "a vm named job1 already there: dup" in info.value.message
 
 
 def test_a_second_drain_of_a_host_joins_the_first_and_reports_the_same(fleet):

@@ -298,11 +298,16 @@ class MoveService:
                                           f"{decision.reasons.get(to, 'not accepting placements')}")
             return to
         fleet, reasons = self.ctl.vms.arrays()
+        clash = []  # hosts with room passed by for a VM of that name already there
         for h in rank(fleet, ask, reasons).order:
-            if (h != source and self.fleet.views.get(h) and not self._same_machine(source, h)
-                    and not name_taken(h) and not self.compatible(vm, source, h)):
-                return h
-        raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}")
+            if h != source and self.fleet.views.get(h) and not self._same_machine(source, h) \
+                    and not self.compatible(vm, source, h):
+                if not name_taken(h):
+                    return h
+                clash.append(h)
+        raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}"
+                     + (f" (with room, but a vm named {name} already there: {', '.join(sorted(clash))})"
+                        if clash else ""))
 
     def _same_machine(self, a: str, b: str) -> bool:
         """Whether two host ids reach one agent (its identity, as usage counts
