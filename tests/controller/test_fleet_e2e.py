@@ -120,7 +120,8 @@ def test_a_name_taken_on_the_pinned_host_is_vm_exists_even_when_that_host_is_ful
 def test_bad_shape_is_invalid_argument(fleet):
     fleet.add("h1", fleet.agent("a1"))
     for body in ({"shape": {"vcpus": 0, "mem_mib": 256}, "entry": "x"}, {"entry": "x"},
-                 {"shape": {"vcpus": 1, "mem_mib": 256}, "entry": ""}):
+                 {"shape": {"vcpus": 1, "mem_mib": 256}, "entry": ""},
+                 {"shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x", "host": ""}):  # (was 404 "host  not found")
         e = err(fleet.client.vms.create, body)
         assert (e.status, e.code) == (400, "invalid_argument")
     assert fleet.client.vms.list() == []

@@ -104,6 +104,8 @@ class VmService:
             req.host = on[5:]
             on = "auto"
         among = self._among(on)
+        if req.host == "":
+            raise InvalidArgument("host must name a host (leave it out and placement chooses)")
         if req.host is not None and self.store.get_host(req.host) is None:
             raise NotFound(f"host {req.host} not found")
         name = req.name or f"vm-{secrets.token_hex(4)}"
@@ -146,8 +148,16 @@ class VmService:
             try:
                 resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
             except HostUnreachable as exc:
-                reasons[host] = exc.message
                 self._release(host, ask)
+                if getattr(exc, "maybe_sent", True):
+                    # the request may have reached the host, which may still carry it out: a try on
+                    # another host could leave the VM in two places (a host that got it late
+                    # created it after a fleet_full reply). The VM list shows it if it lands.
+                    raise HostUnreachable(
+                        f"host {host} did not answer the create of vm {name} ({exc.message}); it may still "
+                        "create it (the VM list shows it once the host answers), so no other host was tried",
+                        details={"host": host, "vm": name}) from None
+                reasons[host] = exc.message  # (never sent: the connection failed)
                 continue
             if resp.status_code == 201:
                 vm = resp.json()
