@@ -79,7 +79,7 @@ def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_c
     (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small"], 2,
      "error: invalid_argument: no linked cloud 'aws'"),
     (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small", "--json"], 2,
-     "error: invalid_argument: no linked cloud 'aws'"),
+     '{"error": {"code": "invalid_argument", "message": "no linked cloud \'aws\''),
     (["pool", "cloud", "link", "gce", "--kind", "gcp"], 2, "error: invalid_argument: unknown cloud kind 'gcp'"),
     (["pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend"], 2,
      "error: invalid_argument: --option: 'backend' is not key=value"),
@@ -101,6 +101,28 @@ def test_refusals_print_the_code_and_message(empty, args, code, says):
     r = fuse(empty, *args, code=code)
     assert says in r.stderr, r.output
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("args, code, want", [
+    (["pool", "unprewarm", "pw-nope"], 1, "not_found"),
+    (["pool", "cloud", "unlink", "dev"], 2, "not_found"),
+    (["pool", "budget", "--max-usd-per-hour", "-1"], 2, "invalid_argument"),
+    (["pool", "prewarm", "linux", "--on", "nowhere"], 2, "invalid_argument"),
+    (["pool", "plan", "--count", "2", "--apply"], 2, "invalid_argument"),
+], ids=["unprewarm", "cloud unlink", "budget", "prewarm", "plan"])
+def test_under_json_a_refusal_is_the_apis_error_body(empty, args, code, want):
+    # as every `fuse controller` command: a program reading --json parses its error too
+    r = fuse(empty, *args, "--json", code=code)
+    err = json.loads(r.stderr.strip().splitlines()[-1])["error"]
+    assert err["code"] == want and err["message"] and r.stdout == ""
+
+
+def test_unprewarm_and_unlink_answer_json(ctl):
+    fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake")
+    assert as_json(ctl, "pool", "cloud", "unlink", "dev") == {"name": "dev", "unlinked": True}
+    fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake")
+    pw = as_json(ctl, "pool", "prewarm", "linux", "--count", "1", "--memory-mb", "256")
+    assert as_json(ctl, "pool", "unprewarm", pw["id"]) == {"id": pw["id"], "ended": True}
 
 
 def test_plan_apply_needs_a_controller():

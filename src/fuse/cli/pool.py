@@ -35,7 +35,7 @@ from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticHost, ElasticPlan, ElasticPlanRequest,
                               Prewarm, PrewarmOptions)
 
-from .output import emit_json, table
+from .output import emit_json, fail, table
 
 app = typer.Typer(help="The elastic pool: plans, linked clouds, cloud hosts, budget, scale-in and prewarm.",
                   no_args_is_help=True)
@@ -59,26 +59,25 @@ def _token_option() -> Any:
     return typer.Option(None, "--token", envvar="FUSE_TOKEN", help="Controller token (TCP).")
 
 
-def _fail(code: str, message: str, details: dict | None = None) -> None:
-    typer.echo(f"error: {code}: {message}", err=True)
-    for k, v in (details or {}).items():  # fleet_full's hosts and the like
-        typer.echo(f"  {k}: {json.dumps(v)}", err=True)
-    raise typer.Exit(2)
+def _fail(code: str, message: str, details: dict | None = None, json_: bool = False) -> None:
+    """End with exit 2: ``error: CODE: MESSAGE`` on stderr, or under ``--json`` the API's
+    error body on one line (``output.fail``)."""
+    fail(code, message, details, json_=json_, exit_code=2)
 
 
 @contextlib.contextmanager
-def _controller(url: str | None, token: str | None) -> Iterator[Any]:
+def _controller(url: str | None, token: str | None, json_: bool = False) -> Iterator[Any]:
     """A ``fuse.Client``; an API error (or no controller) ends the command with exit 2."""
     from fuse.client import ApiError, Client
     try:
         client = Client(url or None, token)
     except ValueError as e:  # a malformed --url
-        _fail("invalid_argument", f"--url: {e}")
+        _fail("invalid_argument", f"--url: {e}", json_=json_)
     try:
         with client:
             yield client
     except ApiError as e:  # "unreachable" (status 0) when no controller answered
-        _fail(e.code or str(e.status), e.message, e.details)
+        _fail(e.code or str(e.status), e.message, e.details, json_=json_)
 
 
 def _valid(cls: type[BaseModel], **fields: Any) -> Any:
@@ -202,17 +201,18 @@ def plan_cmd(
             req = _request(**given, apply=apply or None)
             if apply and not as_json:
                 typer.echo("applying: the controller buys the machines the plan adds...", err=True)
-            with _controller(url, token) as c:
+            with _controller(url, token, as_json) as c:
                 result = c.pool.cloud_plan(req)
         else:
             kw = {} if time_limit is None else {"time_limit_secs": time_limit}
             result = solve_plan(model_from_request(_request(**given), [], **kw))
     except FuseError as e:
-        _fail(e.code, e.message)
+        _fail(e.code, e.message, json_=as_json)
     except ValidationError as e:  # a --model file that is not a model
-        _fail("invalid_argument", f"{model}: not a plan model: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}")
+        _fail("invalid_argument", f"{model}: not a plan model: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}",
+              json_=as_json)
     except (ValueError, OSError) as e:  # the --model file: not JSON, or unreadable
-        _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}")
+        _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}", json_=as_json)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
@@ -255,7 +255,7 @@ def hosts_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the ElasticHost records as JSON."),
 ) -> None:
     """The hosts the pool added in the linked clouds, with their state and cost."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         _show(c.pool.cloud_hosts(include_gone=all_), as_json, _host_table,
               "no elastic hosts (fuse pool add-host adds one; autoscale and plan --apply buy them too)")
 
@@ -273,7 +273,7 @@ def add_host_cmd(
     """Buy hosts by hand: the scaler never removes them; each ends at its TTL.
 
     They join the fleet as they boot: watch fuse pool hosts."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         hosts = c.pool.cloud_add_host(provider, instance_type, region, count, ttl_hours)
     emit_json(hosts) if as_json else _host_table(hosts, title="added")
 
@@ -287,7 +287,7 @@ def remove_host_cmd(
     """Terminate hosts the pool added; exit 1 if any was refused.
 
     A host with VMs is refused: drain it first (fuse controller hosts drain)."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         out = c.pool.cloud_remove_host(names)
     if as_json:
         emit_json(out)
@@ -332,8 +332,8 @@ def budget_cmd(
         update = _valid(ElasticBudgetUpdate, max_usd_per_hour=max_usd_per_hour, monthly_usd=monthly_usd,
                         max_new_hosts=max_new_hosts, autoscale=autoscale, warm=warm, allow_metal=allow_metal)
     except FuseError as e:
-        _fail(e.code, e.message)
-    with _controller(url, token) as c:
+        _fail(e.code, e.message, json_=as_json)
+    with _controller(url, token, as_json) as c:
         b = c.pool.cloud_budget(update)
     emit_json(b) if as_json else table(["", "budget"], _budget_rows(b))
 
@@ -346,7 +346,7 @@ def reconcile_cmd(
     """One scale-in pass now: idle hosts go at the end of their paid time.
 
     The least used host is cordoned when the others have room for its VMs."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         decisions = c.pool.cloud_reconcile()
     if as_json:
         emit_json(decisions)
@@ -389,8 +389,8 @@ def prewarm_cmd(
         options = _valid(PrewarmOptions, count=count, on=on, kind=kind, cpus=cpus, memory_mb=memory_mb,
                          ttl_secs=ttl_secs, instance_type=instance_type, region=region)
     except FuseError as e:
-        _fail(e.code, e.message)
-    with _controller(url, token) as c:
+        _fail(e.code, e.message, json_=as_json)
+    with _controller(url, token, as_json) as c:
         pw = c.pool.prewarm(image, options)
     emit_json(pw) if as_json else _prewarm_table([pw])
 
@@ -401,7 +401,7 @@ def prewarms_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the Prewarm records as JSON."),
 ) -> None:
     """The prewarms, with how many each keeps ready now."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         _show(c.pool.prewarms(), as_json, _prewarm_table, "no prewarms")
 
 
@@ -409,13 +409,16 @@ def prewarms_cmd(
 def unprewarm_cmd(
     pw_id: str = typer.Argument(..., metavar="ID", help="The prewarm's id (fuse pool prewarms)."),
     url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help='Print {"id", "ended": true} as JSON.'),
 ) -> None:
     """End a prewarm: its ready VMs go. Exit 1 when there is no such prewarm."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         ended = c.pool.remove_prewarm(pw_id)
     if not ended:
-        typer.echo(f"error: not_found: no prewarm {pw_id}", err=True)
-        raise typer.Exit(1)
+        fail("not_found", f"no prewarm {pw_id}", json_=as_json, exit_code=1)
+    if as_json:
+        emit_json({"id": pw_id, "ended": True})
+        return
     typer.echo(f"prewarm {pw_id} ended")
 
 
@@ -470,8 +473,8 @@ def cloud_link_cmd(
     try:
         options = _options(option, options_json)
     except FuseError as e:
-        _fail(e.code, e.message)
-    with _controller(url, token) as c:
+        _fail(e.code, e.message, json_=as_json)
+    with _controller(url, token, as_json) as c:
         cloud = c.pool.link_cloud(name, kind, options)
     emit_json(cloud) if as_json else _cloud_table([cloud])
 
@@ -482,7 +485,7 @@ def cloud_list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the linked clouds as JSON."),
 ) -> None:
     """The linked clouds, their machine types and options (no secrets)."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         _show(c.pool.clouds(), as_json, _cloud_table, "no linked clouds (fuse pool cloud link NAME --kind aws|local)")
 
 
@@ -490,8 +493,12 @@ def cloud_list_cmd(
 def cloud_unlink_cmd(
     name: str = typer.Argument(..., help="The linked cloud."),
     url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),
+    as_json: bool = typer.Option(False, "--json", help='Print {"name", "unlinked": true} as JSON.'),
 ) -> None:
     """Forget a cloud; refused (conflict) while it has hosts: remove them first."""
-    with _controller(url, token) as c:
+    with _controller(url, token, as_json) as c:
         c.pool.unlink_cloud(name)
+    if as_json:
+        emit_json({"name": name, "unlinked": True})
+        return
     typer.echo(f"cloud {name} unlinked")
