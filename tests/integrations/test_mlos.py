@@ -656,3 +656,27 @@ def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet):
             assert [m["state"] for m in fleet.client.moves.list()] == ["done"]
     finally:
         small.stop()
+
+
+def test_a_deallocated_vm_wakes_elsewhere_when_its_hosts_declared_room_is_taken(fleet):
+    # h3's agent would admit it (its hardware has room), but h3 was registered with 256 MiB:
+    # the controller refuses the wake (host_full), so the service moves it, as above
+    other = start_agent(fleet.tmp, backend="fake", name="a3")
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(
+            id="h3", url=other.url, token=other.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=8, ram_mb=256, cpus=4)))
+        svc = service(fleet)
+        with svc:
+            p = {"vmName": "roamer", "vcpus": 1, "memMiB": 128, "vmHost": "h3"}
+            assert provision(svc, p)[0] == Status.SUCCEEDED
+            assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
+            fleet.client.vms.create({"name": "filler", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x",
+                                     "host": "h3"})
+            status, out = provision(svc, {k: v for k, v in p.items() if k != "vmHost"})
+            assert status == Status.SUCCEEDED, out
+            vm = fleet.client.vms.get("roamer")
+            assert (vm["host"], vm["state"]) == ("h1", "running")
+            assert fleet.client.hosts.get("h3").allocated.ram_mb == 256  # never past its 256 MiB
+    finally:
+        other.stop()
