@@ -10,6 +10,14 @@ under a unique (host, host_event_id) key, in the same transaction that moves
 the host's cursor, so across reconnects and controller restarts no event is
 stored twice or skipped. A host that stops answering is marked disconnected
 (no placements) and comes back by itself.
+
+One machine may be registered under several names (hosts sharing an agent
+identity). Its log is read once, by the first of its names that is connected,
+and every read moves the cursor of all its names together: when a name is
+deregistered (its cursor row goes with it), or the controller restarts, the
+names left carry on from the furthest any of them had read. An event of a VM
+is tagged with the name the store records the VM under (the one it was created
+or moved through), any other with the name that read it.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound
@@ -229,6 +239,8 @@ class Fleet:
                     c.execute(update(vms_t).where(vms_t.c.host == host_id, vms_t.c.name == r["name"]).values(**row))
                 else:
                     c.execute(insert(vms_t).values(name=r["name"], host=host_id, created_at=time.time(), **row))
+                    if aliases and not replace:
+                        _retag(c, r, host_id, aliases, agent)
             if replace:
                 for name in known.keys() - keep:
                     if known[name]["state"] not in ("moving",):
@@ -236,17 +248,21 @@ class Fleet:
 
     async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str, summary: dict) -> None:
         """One read of up to EVENT_BATCH events, when there are new ones (module docstring)."""
+        # one machine under two names: its events are read once, by the first name that is
+        # connected, from where any name got to (module docstring)
+        alias = [h for h, v in self.views.items() if agent_id and h != host_id and v.agent_id == agent_id]
         with self.store.read() as c:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
-            # one machine under two names: its events are read once, under the first name that
-            # is connected (usage counts it under its first name too), from where any name got to
-            alias = [h for h, v in self.views.items() if agent_id and h != host_id and v.agent_id == agent_id]
             shared = c.execute(select(func.max(host_cursors.c.cursor)).where(
-                host_cursors.c.agent_id == agent_id)).scalar() if alias else None
+                host_cursors.c.agent_id == agent_id, host_cursors.c.host.in_(alias))).scalar() if alias else None
+        own = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
+        cursor = max(own, shared or 0)
+        if cursor > own:
+            # A name that joined after the others had read: it starts where they got to, kept
+            # in the store, so that it neither replays the log when they go nor after a restart.
+            self._advance(host_id, agent_id, cursor)
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
             return
-        cursor = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
-        cursor = max(cursor, shared or 0)
         view = self.views.setdefault(host_id, HostView())
         last = summary.get("last_event_id")
         if isinstance(last, int):
@@ -268,21 +284,83 @@ class Fleet:
         if vm_changed:
             await self._adopt(host_id, conn)
 
+    def _advance(self, host_id: str, agent_id: str, cursor: int) -> None:
+        """Raise ``host_id``'s stored cursor to ``cursor`` (never lower it: a read may have
+        moved it on meanwhile)."""
+        with self.store.tx() as c:
+            cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
+            if cur is None:
+                c.execute(insert(host_cursors).values(host=host_id, cursor=cursor, agent_id=agent_id))
+            elif cur["agent_id"] != agent_id or cur["cursor"] < cursor:
+                c.execute(update(host_cursors).where(host_cursors.c.host == host_id)
+                          .values(cursor=cursor, agent_id=agent_id))
+
     def _store_events(self, host_id: str, agent_id: str, cursor: int, batch: list[dict]) -> bool:
         vm_changed = False
         with self.store.tx() as c:
+            names = _names(c, host_id, agent_id)
+            # Stored already under another name of the machine (a read by another replica that
+            # saw another name connected): the unique key is per name, so look.
+            stored = set(c.execute(select(events_t.c.host_event_id).where(
+                events_t.c.host.in_(names), events_t.c.agent_id == agent_id,
+                events_t.c.host_event_id.in_([e["id"] for e in batch]))).scalars()) if len(names) > 1 else set()
+            owner = _owners(c, {e["vm"] for e in batch if isinstance(e.get("vm"), str)}, names)
             for e in batch:
+                if e["id"] in stored:
+                    continue
                 data = {k: v for k, v in e.items() if k not in ("id", "time", "type")}
                 try:
                     with c.begin_nested():
-                        c.execute(insert(events_t).values(ts=e.get("time", time.time()), type=e["type"], host=host_id,
-                                                          agent_id=agent_id, host_event_id=e["id"], data=data))
+                        c.execute(insert(events_t).values(ts=e.get("time", time.time()), type=e["type"],
+                                                          host=owner.get(e.get("vm"), host_id), agent_id=agent_id,
+                                                          host_event_id=e["id"], data=data))
                 except IntegrityError:
                     continue  # stored already (another replica, or a retry)
                 vm_changed = vm_changed or "vm" in e
             last = batch[-1]["id"]
-            if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == host_id)).first():
-                c.execute(update(host_cursors).where(host_cursors.c.host == host_id).values(cursor=last, agent_id=agent_id))
-            else:
-                c.execute(insert(host_cursors).values(host=host_id, cursor=last, agent_id=agent_id))
+            # every name of the machine has now read this far (module docstring)
+            for h in names:
+                if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
+                    c.execute(update(host_cursors).where(host_cursors.c.host == h)
+                              .values(cursor=last, agent_id=agent_id))
+                else:
+                    c.execute(insert(host_cursors).values(host=h, cursor=last, agent_id=agent_id))
         return vm_changed
+
+
+def _names(c: Connection, host_id: str, agent_id: str) -> list[str]:
+    """Every name the machine that reads as ``host_id`` is registered under, ``host_id`` first."""
+    if not agent_id:
+        return [host_id]
+    return [host_id, *sorted(h for (h,) in c.execute(select(hosts_t.c.id).where(
+        hosts_t.c.agent_id == agent_id, hosts_t.c.id != host_id)))]
+
+
+def _owners(c: Connection, vms: set[str], names: list[str]) -> dict[str, str]:
+    """VM name -> the machine's name the store records it under (the first, should
+    there be several), for those of ``vms`` it records under one of ``names``."""
+    if not vms:
+        return {}
+    out: dict[str, str] = {}
+    for name, host in sorted(c.execute(select(vms_t.c.name, vms_t.c.host).where(
+            vms_t.c.name.in_(sorted(vms)), vms_t.c.host.in_(names)))):
+        out.setdefault(name, host)
+    return out
+
+
+def _retag(c: Connection, record: dict, host_id: str, aliases: list[str], agent_id: str) -> None:
+    """A VM recorded under ``host_id`` by an action through it (a create, a move's arrival)
+    takes its events along: those the machine's log gave before the store knew the VM
+    (read in the moment between the agent's first event and the action's reply) were
+    tagged with the name that read them."""
+    try:
+        since = datetime.fromisoformat(str(record.get("created_at"))).timestamp() - 0.001
+    except ValueError:
+        return
+    try:
+        with c.begin_nested():
+            c.execute(update(events_t).where(
+                events_t.c.host.in_(aliases), events_t.c.agent_id == agent_id, events_t.c.host_event_id.is_not(None),
+                events_t.c.ts >= since, events_t.c.data["vm"].as_string() == record["name"]).values(host=host_id))
+    except IntegrityError:
+        pass  # stored under both names already (a store from before names shared one cursor): leave it

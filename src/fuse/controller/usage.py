@@ -3,6 +3,12 @@ host, totals summed exactly (decimal, bytes as integers), a host registered
 under two names counted once (same agent identity), and the hosts that did
 not answer listed by name in `unreachable` (why, in `unreachable_reasons`).
 
+A machine under several names is asked once, through the first of them that is
+connected (the first at all when none is), and each of its VMs is reported
+under the name the store records it under — the one it was created or moved
+through, as `GET /v1/vms` lists it — or, for a VM the store does not know (one
+deleted since, say), under the name asked.
+
 The window is fixed here, once, and every host is asked for that same
 [from, to): the report echoes it as unix seconds, as a host does."""
 
@@ -12,8 +18,11 @@ import asyncio
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import select
+
 from ..agent.metering import window
 from ..errors import FuseError, HostUnreachable
+from .store import vms as vms_t
 
 # What a host's metering totals (fuse.agent.metering): seconds are exact
 # decimals, bytes are integers. Every report carries all four, zeros included.
@@ -23,8 +32,6 @@ INTEGER_TOTALS = ("state_bytes_written",)
 
 def _dec(v: Any) -> Decimal:
     return Decimal(str(v))
-
-
 
 
 class UsageService:
@@ -39,6 +46,7 @@ class UsageService:
         for r in rows:
             by_agent.setdefault(r["agent_id"] or f"host:{r['id']}", []).append(r["id"])
         groups = [sorted(ids) for ids in by_agent.values()]
+        asked = {g[0]: self._ask(g) for g in groups}
         params = {"from": repr(t0), "to": repr(t1)}
 
         async def one(host: str):
@@ -52,7 +60,9 @@ class UsageService:
                 return host, None, f"host answered {resp.status_code}"
             return host, resp.json(), ""
 
-        results = await asyncio.gather(*(one(g[0]) for g in groups))
+        results = await asyncio.gather(*(one(asked[g[0]]) for g in groups))
+        names = {h: g for g in groups for h in g}
+        recorded = self._recorded(groups)
         vms: list[dict[str, Any]] = []
         reasons: dict[str, str] = {}
         totals: dict[str, Decimal | int] = {k: Decimal(0) for k in DECIMAL_TOTALS} | {k: 0 for k in INTEGER_TOTALS}
@@ -61,8 +71,9 @@ class UsageService:
             if data is None:
                 reasons[host] = err
                 continue
+            group = names[host]
             for row in data.get("vms", []):
-                vms.append({"host": host, **row})
+                vms.append({"host": recorded.get((group[0], row.get("vm")), host), **row})
             for k, v in (data.get("totals") or {}).items():
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
@@ -74,3 +85,21 @@ class UsageService:
                 "totals": {k: (float(v) if isinstance(v, Decimal) else v) for k, v in sorted(totals.items())},
                 "hosts": sorted(h for g in groups for h in g[:1]), "aliases": aliases,
                 "unreachable": sorted(reasons), "unreachable_reasons": reasons}
+
+    def _ask(self, names: list[str]) -> str:
+        """The name to ask a machine under ``names`` (sorted) through: the first connected."""
+        views = getattr(self.ctl.fleet, "views", {})
+        return next((h for h in names if (v := views.get(h)) is not None and v.connected), names[0])
+
+    def _recorded(self, groups: list[list[str]]) -> dict[tuple[str, str], str]:
+        """(the machine's first name, VM) -> the machine's name the store records the VM under,
+        for machines under several names (one name: that name is the only answer)."""
+        first = {h: g[0] for g in groups if len(g) > 1 for h in g}
+        if not first:
+            return {}
+        out: dict[tuple[str, str], str] = {}
+        with self.ctl.store.read() as c:
+            q = select(vms_t.c.name, vms_t.c.host).where(vms_t.c.host.in_(sorted(first)))
+            for name, host in sorted(c.execute(q)):
+                out.setdefault((first[host], name), host)
+        return out
