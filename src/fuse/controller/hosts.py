@@ -21,7 +21,7 @@ from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, Not
 from ..models.base import Record
 from ..models.hosts import BACKENDS, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
-from ..transport import HostConnection, TlsSettings, transport_kind
+from ..transport import HostConnection, TlsSettings, parse_address
 from .store import Store
 
 PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
@@ -40,10 +40,7 @@ def validate(req: RegisterHostRequest) -> str:
         raise InvalidArgument(f"id {req.id!r} cannot be a URL path segment; choose another id")
     if not req.url:
         raise InvalidArgument("url is required")
-    try:
-        transport_kind(req.url)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
+    parse_address(req.url)  # BadAddress (400) saying what is wrong, before the probe dials it
     backend = req.backend or "firecracker"
     if backend not in BACKENDS:
         raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")

@@ -8,6 +8,10 @@ An address names its transport:
     ssh://user@host[:port] SSH with keys; `fuse host relay` on the far side
     host:port              the agent's mutual-TLS listener
 
+An address is parsed once, by `address.parse_address`, before anything is
+stored or dialled: one that cannot be an address (a port out of range, an IP
+literal that is not one, no host) is `BadAddress`, 400 `invalid_argument`.
+
 Whatever the transport, callers get a `HostConnection` whose `request` speaks
 the same host API and turns every way of not getting there into
 `HostUnreachable` with a one-sentence reason. An idempotent read may ask for
@@ -18,7 +22,6 @@ request that meets one as it closes is sent again on a new one.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +29,11 @@ from typing import Any
 import httpx
 
 from ..errors import HostUnreachable, NotTrusted
-from ..paths import default_agent_socket  # noqa: F401  (re-exported)
+from ..paths import default_agent_socket
+from .address import Address, BadAddress, parse_address, transport_kind
+
+__all__ = ["Address", "BadAddress", "HostConnection", "TlsSettings", "default_agent_socket", "parse_address",
+           "transport_kind"]
 
 
 @dataclass(frozen=True)
@@ -46,31 +53,16 @@ class TlsSettings:
 RETRY_BACKOFF_S = 0.2  # the first pause before a retry; each next one doubles
 IDEMPOTENT = ("GET", "HEAD")
 
-_HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
-
-
-def transport_kind(addr: str) -> str:
-    if addr == "local" or addr.startswith("unix://"):
-        return "local"
-    if addr.startswith(("http://", "https://")):
-        return "http"
-    if addr.startswith("ssh://"):
-        return "ssh"
-    if _HOSTPORT.match(addr):
-        return "tls"
-    raise ValueError(f"address {addr!r} is not local, unix://PATH, http(s)://HOST:PORT, "
-                     "ssh://USER@HOST[:PORT] or HOST:PORT")
-
-
 # How a peer hanging up reads, in httpx's words and OpenSSL's.
 _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpected eof", "eof occurred",
             "peer closed connection")
 
 
-def _describe(exc: Exception, addr: str, handshake: bool = False) -> tuple[str, bool]:
+def _describe(exc: Exception, address: Address, handshake: bool = False) -> tuple[str, bool]:
     """One sentence saying why a host could not be reached, and whether it was a
     matter of trust (a certificate either side refused: a mistake, not an outage).
     `handshake`: this request made a TLS handshake and got no answer after it."""
+    addr = address.text
     text = str(exc) or exc.__class__.__name__
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain, cur = [], exc
@@ -82,7 +74,7 @@ def _describe(exc: Exception, addr: str, handshake: bool = False) -> tuple[str, 
         low += " connection refused"
     if any(isinstance(c, FileNotFoundError) for c in chain):
         low += " no such file"
-    if _HOSTPORT.match(addr):
+    if address.kind == "tls":
         tls, untrusted = _describe_tls(chain, low, addr, handshake)
         if tls:
             return tls, untrusted
@@ -93,7 +85,7 @@ def _describe(exc: Exception, addr: str, handshake: bool = False) -> tuple[str, 
     if "connection refused" in low or "errno 111" in low:
         return f"connection to {addr} was refused: is the host agent running?", False
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
-        where = default_agent_socket() if addr == "local" else addr.removeprefix("unix://")
+        where = address.path or default_agent_socket()
         return f"no host agent socket at {where}: is the host agent running?", False
     if isinstance(exc, httpx.TimeoutException):
         return f"{addr} did not answer in time", False
@@ -134,12 +126,13 @@ class HostConnection:
     def __init__(self, addr: str, token: str | None = None, tls: TlsSettings | None = None,
                  timeout: float = 10.0):
         self.addr = addr
-        self.kind = transport_kind(addr)
+        self.address = parse_address(addr)  # BadAddress (400) before anything is dialled
+        self.kind = self.address.kind
         self.token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssh = None
         if self.kind == "local":
-            path = str(default_agent_socket()) if addr == "local" else addr[len("unix://"):]
+            path = self.address.path or str(default_agent_socket())
             self._client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path),
                                              base_url="http://agent", headers=headers, timeout=timeout)
         elif self.kind == "http":
@@ -187,7 +180,7 @@ class HostConnection:
                 raise
             except (httpx.TransportError, OSError, ssl.SSLError) as exc:
                 if attempt == retries or isinstance(exc, httpx.TimeoutException):
-                    why, untrusted = _describe(exc, self.addr, handshake=shook == ["connection.start_tls.started"])
+                    why, untrusted = _describe(exc, self.address, handshake=shook == ["connection.start_tls.started"])
                     raise (NotTrusted if untrusted else HostUnreachable)(why) from exc
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             attempt += 1

@@ -45,13 +45,13 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
-from urllib.parse import urlsplit
 
 import asyncssh
 import h11
 import httpx
 
 from ..errors import HostUnreachable, NotTrusted
+from .address import BadAddress, parse_address
 
 DEFAULT_RELAY = "fuse host relay"
 IDLE_CHANNEL_S = 2.0
@@ -69,14 +69,11 @@ class SshTarget:
 
     @classmethod
     def parse(cls, addr: str) -> "SshTarget":
-        parts = urlsplit(addr)
-        if parts.scheme != "ssh" or not parts.hostname:
-            raise ValueError(f"{addr!r} is not ssh://USER@HOST[:PORT]")
-        if parts.password is not None:
-            raise ValueError("ssh:// addresses take no password: fuse logs in with keys only")
-        if parts.path not in ("", "/"):
-            raise ValueError(f"{addr!r}: an ssh:// address has no path")
-        return cls(user=parts.username or getpass.getuser(), host=parts.hostname, port=parts.port or 22)
+        """`BadAddress` (a ValueError, 400) for anything that is not ssh://[USER@]HOST[:PORT]."""
+        a = parse_address(addr)
+        if a.kind != "ssh":
+            raise BadAddress(f"address {addr!r} is not ssh://USER@HOST[:PORT]")
+        return cls(user=a.user or getpass.getuser(), host=a.host, port=a.port or 22)
 
     @property
     def hostport(self) -> str:

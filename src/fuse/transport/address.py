@@ -1,0 +1,167 @@
+"""What a host address is: the one place an address is parsed.
+
+    local                  this machine's agent socket
+    unix://PATH            an agent socket at a given path
+    http(s)://HOST[:PORT]  TCP with the agent's bearer token (a path is a prefix)
+    ssh://[USER@]HOST[:PORT]
+    HOST:PORT              the agent's mutual-TLS listener
+
+`parse_address` either returns an `Address` or raises `BadAddress` (400
+`invalid_argument`) naming the address and what is wrong with it: a port
+outside 1-65535 or not a number, an IP literal that is not one (999.1.1.1,
+an unclosed `[::1`), no host, no socket path. It is called before anything
+is stored or dialled, so a typo never reaches a socket library, whose
+complaints (OverflowError, httpx's InvalidURL) would otherwise surface as
+500s. An address that parses but cannot be reached is not decided here: that
+is `HostUnreachable` (502) from the transport, as is a host name that does
+not resolve.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from ..errors import InvalidArgument
+
+FORMS = "local, unix://PATH, http(s)://HOST:PORT, ssh://USER@HOST[:PORT] or HOST:PORT"
+KINDS = {"unix": "local", "http": "http", "https": "http", "ssh": "ssh"}  # scheme -> transport
+
+_DOTTED = re.compile(r"[0-9.]+")          # looks like an IPv4 literal, so it must be one
+_TLS_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+class BadAddress(InvalidArgument, ValueError):
+    """An address that cannot be an address. A ValueError as well, for the
+    callers that parse outside a request (and did before this class)."""
+
+
+@dataclass(frozen=True)
+class Address:
+    text: str               # as given: what is stored and shown
+    kind: str               # local | http | ssh | tls
+    host: str = ""          # lower case; an IPv6 literal without its brackets
+    port: int | None = None  # None: the scheme's default
+    user: str = ""          # ssh only; "" for the caller's default
+    path: str = ""          # unix:// only; "" for `local` (the default socket)
+
+
+def parse_address(addr: str) -> Address:
+    """`addr` as an `Address`, or `BadAddress` saying why it cannot be one."""
+    if addr == "local":
+        return Address(addr, "local")
+    scheme, sep, rest = addr.partition("://")
+    if not sep:
+        return _tls(addr)
+    kind = KINDS.get(scheme)
+    if kind is None:
+        raise BadAddress(_not_a_form(addr))
+    if kind == "local":
+        if not rest:
+            raise _bad(addr, "it names no socket path (unix:///path/to/agent.sock)")
+        if "\x00" in rest:
+            raise _bad(addr, "the socket path contains a NUL character")
+        return Address(addr, "local", path=rest)
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    user, password, host, port = _authority(addr, authority)
+    if kind == "ssh":
+        if password is not None:
+            raise _bad(addr, "ssh:// addresses take no password: fuse logs in with keys only")
+        if tail not in ("", "/"):
+            raise _bad(addr, "an ssh:// address has no path, query or fragment")
+    else:
+        # httpx is what dials it: whatever else it cannot take is said here, not at the first request.
+        try:
+            httpx.URL(addr)
+        except httpx.InvalidURL as exc:
+            raise _bad(addr, _lower_first(str(exc))) from None
+    return Address(addr, kind, host=host, port=port, user=user)
+
+
+def transport_kind(addr: str) -> str:
+    """local, http, ssh or tls; `BadAddress` for anything that is not an address."""
+    return parse_address(addr).kind
+
+
+def _tls(addr: str) -> Address:
+    """HOST:PORT, the mutual-TLS form: a port is required, and a host is a
+    name or an IP literal (no user, no path)."""
+    if ":" not in addr or "/" in addr:
+        raise BadAddress(_not_a_form(addr))
+    _, _, host, port = _authority(addr, addr, userinfo=False)
+    if port is None:
+        raise _bad(addr, "a mutual-TLS address needs a port (HOST:PORT)")
+    if ":" not in host and not _TLS_HOST.fullmatch(host):
+        raise _bad(addr, f"{host!r} is not a host name or an IP address")
+    return Address(addr, "tls", host=host, port=port)
+
+
+def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, str | None, str, int | None]:
+    """[USER[:PASSWORD]@]HOST[:PORT] -> (user, password or None, host, port or None)."""
+    user, password = "", None
+    if userinfo and "@" in authority:
+        info, _, authority = authority.rpartition("@")
+        user, colon, pw = info.partition(":")
+        password = pw if colon else None
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise _bad(addr, "the IPv6 address after '[' has no closing ']'")
+        host, after = authority[1:end], authority[end + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError as exc:
+            raise _bad(addr, f"[{host}] is not an IPv6 address ({_lower_first(str(exc))})") from None
+        if after and not after.startswith(":"):
+            raise _bad(addr, f"{after!r} follows the IPv6 address; only :PORT may")
+        port_text = after[1:] if after else None
+    else:
+        if authority.count(":") > 1:
+            raise _bad(addr, "an IPv6 address must be in brackets, as [::1]:PORT")
+        host, colon, port_text = authority.partition(":")
+        if not colon:
+            port_text = None
+        if host and _DOTTED.fullmatch(host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError as exc:
+                raise _bad(addr, f"{host} is not an IPv4 address ({_lower_first(str(exc))})") from None
+    if not host:
+        raise _bad(addr, "it names no host")
+    return user, password, host.lower(), _port(addr, port_text)
+
+
+def _port(addr: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text:
+        raise _bad(addr, "the port after ':' is empty")
+    if not _DIGITS.fullmatch(text):
+        raise _bad(addr, f"port {_shown(text)} is not a number from 1 to 65535")
+    port = int(text) if len(text) <= 5 else 65536  # int() of thousands of digits is itself an error
+    if not 1 <= port <= 65535:
+        raise _bad(addr, f"port {text if len(text) <= 10 else text[:10] + '...'} is out of range "
+                         "(a port is 1 to 65535)")
+    return port
+
+
+def _bad(addr: str, problem: str) -> BadAddress:
+    return BadAddress(f"address {_shown(addr)} is not valid: {problem}")
+
+
+def _not_a_form(addr: str) -> str:
+    return f"address {_shown(addr)} is not {FORMS}"
+
+
+def _shown(text: str, limit: int = 100) -> str:
+    """Quoted, and cut short: an error message never echoes a whole body."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]

@@ -1,0 +1,123 @@
+"""An address that cannot be an address (a port out of range or not a number,
+an IP literal that is not one, no host) is 400 `invalid_argument` naming the
+address and what is wrong with it, decided where addresses are parsed and
+before anything is stored or dialled; one that parses but cannot be reached
+stays 502 `host_unreachable`. Against a real controller on loopback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import httpx
+import pytest
+
+import fuse
+from fuse.transport import HostConnection
+from fuse.transport.address import BadAddress
+from fuse.transport.ssh import SshTarget
+
+from .conftest import FUSE, free_port, start_controller
+
+TOKEN = "controller-secret-5e6f7a8b"
+
+# what is wrong with it -> (address, the words the message must use)
+BAD = {
+    "a port above 65535": ("http://127.0.0.1:99999", "port 99999 is out of range"),
+    "the first port above 65535": ("http://127.0.0.1:65536", "port 65536 is out of range"),
+    "a negative port": ("http://127.0.0.1:-1", "port '-1' is not a number"),
+    "an IPv6 literal with no closing bracket": ("http://[::1", "no closing ']'"),
+    "an IPv4 literal with an octet above 255": ("http://999.1.1.1:80", "999.1.1.1 is not an IPv4 address"),
+    "a port that is not a number": ("http://127.0.0.1:abc", "port 'abc' is not a number"),
+    "an ssh port above 65535": ("ssh://u@127.0.0.1:99999", "port 99999 is out of range"),
+    "an ssh port that is not a number": ("ssh://u@127.0.0.1:abc", "port 'abc' is not a number"),
+    "an ssh address with no host": ("ssh://u@", "names no host"),
+}
+FORMS = {
+    "seed 000's form": lambda host_id, addr: {"id": host_id, "url": addr, "token": "t", "backend": "qemu",
+                                              "capacity": {"vm_count": 1}},
+    "seed 004's name and addr": lambda host_id, addr: {"name": host_id, "addr": addr},
+}
+
+
+@pytest.fixture(scope="module")
+def controller(processes, tmp_path_factory):
+    ctl = start_controller(processes, tmp_path_factory.mktemp("ctl-bad-addr"), port=free_port(), token=TOKEN)
+    yield ctl
+    ctl.close()
+
+
+@pytest.fixture
+def api(controller):
+    with httpx.Client(base_url=f"http://127.0.0.1:{controller.port}", timeout=60,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c
+
+
+def host_ids(api) -> list[str]:
+    r = api.get("/v1/hosts")
+    assert r.status_code == 200, r.text
+    return [h["id"] for h in r.json()["hosts"]]
+
+
+def assert_refused(r: httpx.Response, addr: str, problem: str) -> None:
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_argument", error
+    assert f"address {addr!r} is not valid" in error["message"] and problem in error["message"], error
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("what", BAD)
+def test_registering_an_address_with_is_refused_as_a_client_error_and_stores_nothing(api, what, form):
+    addr, problem = BAD[what]
+    host_id = f"bad-{list(BAD).index(what)}-{list(FORMS).index(form)}"
+    assert_refused(api.post("/v1/hosts", json=FORMS[form](host_id, addr)), addr, problem)
+    assert host_id not in host_ids(api)
+
+
+@pytest.mark.parametrize("what", BAD)
+def test_re_registering_a_host_at_an_address_with_is_refused_and_keeps_the_host_as_it_was(api, what):
+    """A host whose capacity is all declared registers around an unreachable
+    agent (with a warning); moving it to a bad address must change nothing."""
+    addr, problem = BAD[what]
+    good = f"http://127.0.0.1:{free_port()}"  # nothing listens: a valid address, unreachable
+    body = {"id": "kept", "url": good, "token": "t", "backend": "qemu",
+            "capacity": {"vm_count": 1, "cpus": 2, "ram_mb": 1024, "storage_gb": 5}}
+    r = api.post("/v1/hosts", json=body)
+    assert r.status_code in (200, 201) and r.json()["warnings"], r.text
+    assert_refused(api.post("/v1/hosts", json=body | {"url": addr}), addr, problem)
+    assert api.get("/v1/hosts/kept").json()["url"] == good
+
+
+def test_the_sdk_and_the_cli_say_what_is_wrong_instead_of_internal(controller, api):
+    addr, problem = BAD["a port above 65535"]
+    with pytest.raises(fuse.ApiError) as info:
+        controller.client().hosts.add("sdk", addr)
+    assert info.value.status == 400 and info.value.code == "invalid_argument" and problem in info.value.message
+    cli = subprocess.run([FUSE, "controller", "--url", f"unix://{controller.socket}", "hosts", "add",
+                          "--name", "cli", "--addr", addr], capture_output=True, text=True, timeout=120)
+    assert cli.returncode != 0
+    assert "invalid_argument" in cli.stderr + cli.stdout and problem in cli.stderr + cli.stdout, cli
+    assert "internal" not in cli.stderr + cli.stdout
+    assert not {"sdk", "cli"} & set(host_ids(api))
+
+
+@pytest.mark.parametrize("what", ["a host name that does not resolve", "a port nothing listens on"])
+def test_an_address_that_parses_but_cannot_be_reached_stays_502(api, what):
+    addr = {"a host name that does not resolve": "http://bad host:80",
+            "a port nothing listens on": f"http://127.0.0.1:{free_port()}"}[what]
+    r = api.post("/v1/hosts", json={"name": "unreachable", "addr": addr})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "host_unreachable", r.text
+    assert "unreachable" not in host_ids(api)
+
+
+@pytest.mark.parametrize("what", BAD)
+def test_every_transport_refuses_an_address_with_before_dialling(what):
+    """The controller's connections and the SSH relay parse the same way."""
+    addr, problem = BAD[what]
+    with pytest.raises(BadAddress, match=re.escape(problem)):
+        HostConnection(addr)
+    if addr.startswith("ssh://"):
+        with pytest.raises(BadAddress, match=re.escape(problem)):
+            SshTarget.parse(addr)
