@@ -120,6 +120,19 @@ def _dropped(addr: str, chain: list[BaseException]) -> str:
     return f"the connection to {addr} was dropped before the host answered ({said})"
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """The connection failed before a byte of the request went: not opened (refused, no
+    socket, no route, a failed handshake) or no connection free in the pool."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return True
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, (ConnectionRefusedError, FileNotFoundError)):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 class HostConnection:
     """A connection to one host's API over the transport its address names."""
 
@@ -181,7 +194,10 @@ class HostConnection:
             except (httpx.TransportError, OSError, ssl.SSLError) as exc:
                 if attempt == retries or isinstance(exc, httpx.TimeoutException):
                     why, untrusted = _describe(exc, self.address, handshake=shook == ["connection.start_tls.started"])
-                    raise (NotTrusted if untrusted else HostUnreachable)(why) from exc
+                    err = (NotTrusted if untrusted else HostUnreachable)(why)
+                    # whether the host may have got the request: a create it got may still land
+                    err.maybe_sent = not _never_sent(exc)
+                    raise err from exc
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             attempt += 1
 

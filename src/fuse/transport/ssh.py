@@ -394,7 +394,11 @@ class SshTransport(httpx.AsyncBaseTransport):
         shared = self._shared()
         replayable = isinstance(request.stream, httpx.ByteStream)
         for attempt in (0, 1):
-            ch = await shared.channel(opts, connect_t)
+            try:
+                ch = await shared.channel(opts, connect_t)
+            except HostUnreachable as exc:
+                exc.maybe_sent = False  # (no channel: the request never left)
+                raise
             try:
                 head = await self._exchange(ch, request, read_t, write_t)
             except _NoAnswer:
