@@ -72,3 +72,21 @@ def test_a_create_that_never_reached_its_host_goes_to_the_next(ctl):
     got, calls = run(c, views, {"a": False, "b": None})
     assert calls == ["a", "b"] and got["host"] == "b"
     assert c.vms.pending_on("a").count == 0 and c.vms.pending_on("b").count == 0
+
+
+def test_a_stored_address_that_is_not_one_makes_its_host_unreachable_not_a_crash(tmp_path):
+    # (a host stored before addresses were checked: its poller and its calls say why)
+    from fuse.controller.fleet import Fleet
+
+    c = Controller(tmp_path / "ctl")
+    now = time.time()
+    with c.store.tx() as conn:
+        c.store.put_host(conn, dict(id="old", url="http://127.0.0.1:99999", token="", region="", backend="fake",
+                                    labels={}, capacity={"cpus": 1, "ram_mb": 1024, "vm_count": 1}, state="active",
+                                    agent_id="", last_seen=now, created_at=now, updated_at=now))
+    try:
+        with pytest.raises(HostUnreachable) as info:
+            Fleet(c).conn("old")
+        assert "address is not valid" in info.value.message and info.value.maybe_sent is False
+    finally:
+        c.store.close()

@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound
-from ..transport import HostConnection
+from ..transport import BadAddress, HostConnection
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.fleet")
@@ -78,7 +78,12 @@ class Fleet:
         key = (row["url"], row["token"] + repr(tls))
         if cached and cached[:2] == key:
             return cached[2]
-        conn = HostConnection(row["url"], row["token"] or None, tls)
+        try:
+            conn = HostConnection(row["url"], row["token"] or None, tls)
+        except BadAddress as exc:  # (stored before addresses were checked: unreachable, with why)
+            err = HostUnreachable(f"host {host_id}'s address is not valid: {exc.message}")
+            err.maybe_sent = False
+            raise err from None
         if cached:
             asyncio.ensure_future(cached[2].close())
         self._conns[host_id] = (*key, conn)
