@@ -13,43 +13,7 @@ import pytest
 import fuse
 from fuse.controller.fleet import Fleet
 from fuse.controller.service import Controller
-from support import reap, start_agent, start_controller, wait_until
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    procs = []
-
-    def agent(name, **kw):
-        p = start_agent(tmp_path, backend="fake", name=name, **kw)
-        procs.append(p)
-        return p
-
-    ctl = start_controller(tmp_path)
-    procs.append(ctl)
-    client = fuse.Client(ctl.url)
-
-    def add(host_id, a, vm_count=10, ram_mb=4096, cpus=4):
-        return client.hosts.register(fuse.RegisterHostRequest(
-            id=host_id, url=a.url, token=a.token, backend="qemu",
-            capacity=fuse.HostCapacity(vm_count=vm_count, ram_mb=ram_mb, cpus=cpus)))
-
-    def restart():
-        """Stop the controller and start it again on the same state dir."""
-        nonlocal client
-        fleet_.ctl.stop()
-        client.close()
-        fleet_.ctl = start_controller(tmp_path)
-        procs.append(fleet_.ctl)
-        client = fleet_.client = fuse.Client(fleet_.ctl.url)
-
-    fleet_ = type("Fleet", (), {"agent": staticmethod(agent), "add": staticmethod(add), "client": client,
-                                "ctl": ctl, "tmp": tmp_path, "restart": staticmethod(restart)})
-    yield fleet_
-    fleet_.client.close()
-    for p in procs:
-        p.stop()
-    reap(tmp_path)
+from support import wait_until
 
 
 def shape(name, host=None):

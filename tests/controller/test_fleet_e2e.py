@@ -11,33 +11,7 @@ import httpx
 import pytest
 
 import fuse
-from support import reap, start_agent, start_controller, wait_until
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    procs = []
-
-    def agent(name, **kw):
-        p = start_agent(tmp_path, backend="fake", name=name, **kw)
-        procs.append(p)
-        return p
-
-    ctl = start_controller(tmp_path)
-    procs.append(ctl)
-    client = fuse.Client(ctl.url)
-
-    def add(host_id, a, vm_count=10, ram_mb=4096, cpus=4):
-        return client.hosts.register(fuse.RegisterHostRequest(
-            id=host_id, url=a.url, token=a.token, backend="qemu",
-            capacity=fuse.HostCapacity(vm_count=vm_count, ram_mb=ram_mb, cpus=cpus)))
-
-    yield type("Fleet", (), {"agent": staticmethod(agent), "add": staticmethod(add), "client": client,
-                             "ctl": ctl, "tmp": tmp_path})
-    client.close()
-    for p in procs:
-        p.stop()
-    reap(tmp_path)
+from support import wait_until
 
 
 def shape(mem=256, vcpus=1, **kw):
@@ -232,8 +206,7 @@ def test_event_cursor_resumes_across_a_controller_restart(fleet, tmp_path):
                            for e in fleet.client.events.list(0, limit=500)["events"]), what="vm events")
     page = fleet.client.events.list(0, limit=500)
     cursor, seen = page["next"], page["events"]
-    fleet.ctl.stop()
-    fleet.ctl = start_controller(tmp_path)
+    fleet.restart()  # (the same state dir)
     with fuse.Client(fleet.ctl.url) as c:
         assert c.events.list(cursor)["events"] == [] or all(e["id"] > cursor for e in c.events.list(cursor)["events"])
         c.vms.create(shape(name="two"))

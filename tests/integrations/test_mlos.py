@@ -633,20 +633,23 @@ def test_mlos_bench_cli_runs_trials_on_fuse_vms(fleet, tmp_path):
     assert vms(fleet.client) == []
 
 
-def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet):
-    # h3's own admission takes two VMs at a time.
-    small = start_agent(fleet.tmp, backend="fake", name="a3", extra=["--max-vms", "2"])
+@pytest.mark.parametrize("agent_args, ram_mb, fillers", [
+    (["--max-vms", "2"], 4096, [128, 128]),  # h3's own admission takes two VMs at a time
+    ([], 256, [256]),  # its agent would admit it, but h3 was registered with 256 MiB: the controller says no
+], ids=["its host's admission is full", "its host's declared room is taken"])
+def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet, agent_args, ram_mb, fillers):
+    other = start_agent(fleet.tmp, backend="fake", name="a3", extra=agent_args)
     try:
         fleet.client.hosts.register(fuse.RegisterHostRequest(
-            id="h3", url=small.url, token=small.token, backend="qemu",
-            capacity=fuse.HostCapacity(vm_count=8, ram_mb=4096, cpus=4)))
+            id="h3", url=other.url, token=other.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=8, ram_mb=ram_mb, cpus=4)))
         svc = service(fleet)
         with svc:
             p = {"vmName": "roamer", "vcpus": 1, "memMiB": 128, "vmHost": "h3"}
             assert provision(svc, p)[0] == Status.SUCCEEDED
             assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
-            for i in range(2):  # while it sleeps, its host fills up
-                fleet.client.vms.create({"name": f"filler{i}", "shape": {"vcpus": 1, "mem_mib": 128},
+            for i, mem in enumerate(fillers):  # while it sleeps, its host fills up
+                fleet.client.vms.create({"name": f"filler{i}", "shape": {"vcpus": 1, "mem_mib": mem},
                                          "entry": "x", "host": "h3"})
             status, out = provision(svc, {k: v for k, v in p.items() if k != "vmHost"})
             assert status == Status.SUCCEEDED, out
@@ -654,29 +657,6 @@ def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet):
             assert (vm["host"], vm["state"]) == ("h1", "running")
             assert placed(fleet.client).count(("roamer", 1, 128)) == 1  # moved and woken, not recreated
             assert [m["state"] for m in fleet.client.moves.list()] == ["done"]
-    finally:
-        small.stop()
-
-
-def test_a_deallocated_vm_wakes_elsewhere_when_its_hosts_declared_room_is_taken(fleet):
-    # h3's agent would admit it (its hardware has room), but h3 was registered with 256 MiB:
-    # the controller refuses the wake (host_full), so the service moves it, as above
-    other = start_agent(fleet.tmp, backend="fake", name="a3")
-    try:
-        fleet.client.hosts.register(fuse.RegisterHostRequest(
-            id="h3", url=other.url, token=other.token, backend="qemu",
-            capacity=fuse.HostCapacity(vm_count=8, ram_mb=256, cpus=4)))
-        svc = service(fleet)
-        with svc:
-            p = {"vmName": "roamer", "vcpus": 1, "memMiB": 128, "vmHost": "h3"}
-            assert provision(svc, p)[0] == Status.SUCCEEDED
-            assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
-            fleet.client.vms.create({"name": "filler", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x",
-                                     "host": "h3"})
-            status, out = provision(svc, {k: v for k, v in p.items() if k != "vmHost"})
-            assert status == Status.SUCCEEDED, out
-            vm = fleet.client.vms.get("roamer")
-            assert (vm["host"], vm["state"]) == ("h1", "running")
-            assert fleet.client.hosts.get("h3").allocated.ram_mb == 256  # never past its 256 MiB
+            assert fleet.client.hosts.get("h3").allocated.ram_mb == sum(fillers)  # never past its room
     finally:
         other.stop()
