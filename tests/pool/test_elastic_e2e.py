@@ -193,6 +193,35 @@ def test_a_create_on_auto_with_autoscale_on_buys_a_machine_when_no_host_has_room
     client._send(fuse_call("DELETE", "/v1/vms/job-1"))
 
 
+def test_a_create_on_a_cloud_uncordons_its_host_with_room_before_buying_another(pool, tmp_path):
+    # scale-in cordoned dev-1 (an own host had room for its VM); a create pinned to that cloud
+    # bought dev-2 beside it, a second paid machine, while dev-1 had the room
+    from support import start_agent
+
+    client, _ = pool
+    own = start_agent(tmp_path, backend="fake", name="own")
+    try:
+        client.hosts.register(fuse.RegisterHostRequest(id="own", url=own.url, token=own.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=8, ram_mb=4096, cpus=4)))
+        client.pool.cloud_budget(fuse.ElasticBudgetUpdate(autoscale=True))
+        bought_at = time.time()
+        assert create_vm(client, name="a", on="dev")["host"] == "dev-1"
+        (h,) = client.pool.cloud_hosts()
+        planned = {d.host: d for d in client.pool.cloud_reconcile()}
+        assert planned["dev-1"].action == "cordon", planned  # the own host has room for a
+        assert client.hosts.get("dev-1").state == "cordoned"
+        assert create_vm(client, name="b", on="dev")["host"] == "dev-1"  # reopened, nothing bought
+        assert [x.name for x in client.pool.cloud_hosts()] == ["dev-1"]
+        assert client.hosts.get("dev-1").state == "active"
+        for n in ("a", "b"):
+            client._send(fuse_call("DELETE", f"/v1/vms/{n}"))
+        # bought for one VM, placed at once: kept for it only through its join, not a default hour
+        (d,) = [d for d in client.pool.cloud_reconcile() if d.host == "dev-1"]
+        assert d.action == "remove" or d.until < bought_at + 600, d
+    finally:
+        own.stop()
+
+
 def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path):
     """The aws kind through the controller against a moto server on loopback: the machine is
     bought (an instance of the type, tagged), waits to join (moto runs no agent), and removing it

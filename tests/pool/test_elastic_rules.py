@@ -97,6 +97,7 @@ def test_a_host_added_by_hand_is_never_removed_by_the_scaler_only_by_its_ttl():
     assert kept.action == "keep" and "by hand" in kept.reason
     ended, = decide([row(pinned=True, started=NOW - 3590, expires=int(NOW - 1))], {}, {}, NOW)
     assert ended.action == "remove" and "TTL" in ended.reason
+    assert ended.saves_usd == pytest.approx(1.0)  # another hour-long step at $1/h (it said 0)
 
 
 def test_a_ttl_ending_under_vms_cordons_instead_of_losing_them():

@@ -344,7 +344,7 @@ class ElasticPool:
 
     async def add_hosts(self, provider: str, instance_type: str, region: str | None = None, count: int | None = None,
                         ttl_hours: int | None = None, *, pinned: bool = True,
-                        billed: int | None = None) -> list[ElasticHost]:
+                        billed: int | None = None, planned_secs: int | None = None) -> list[ElasticHost]:
         """Buy ``count`` machines of one type (all within the budget, or none).
         ``pinned``: added by hand — the scaler never removes them; each ends at
         its TTL (default 24 h). A plan's machines (``pinned`` False) have no TTL:
@@ -375,7 +375,8 @@ class ElasticPool:
                                 billing_step_secs=offer.billing_step_secs, billing_min_secs=offer.billing_min_secs,
                                 boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
                                 record={"history": [{"state": "creating", "time": now, "reason": ""}],
-                                        "planned_until": now + (billed or 0)},
+                                        "planned_until": now + (billed or 0 if planned_secs is None
+                                                                else planned_secs)},
                                 updated_at=now))
                             self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
                                                                   "type": offer.type_name}, host=name, conn=c)
@@ -628,7 +629,7 @@ class ElasticPool:
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
         return result
 
-    async def buy(self, new_hosts: list) -> list[ElasticHost]:
+    async def buy(self, new_hosts: list, planned_secs: int | None = None) -> list[ElasticHost]:
         """Buy a plan's machines (``ElasticNewHost``s): all of them or none. The
         whole set is checked against the caps first; if the cloud fails one,
         those already bought are removed again and the error is raised."""
@@ -643,7 +644,7 @@ class ElasticPool:
             try:
                 for h in new_hosts:
                     added += await self.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False,
-                                                  billed=h.billed_secs)
+                                                  billed=h.billed_secs, planned_secs=planned_secs)
                     if added[-1].state == "gone":
                         raise FuseError(f"{h.provider} did not create {h.type_name}", code="cloud_error").with_status(502)
             except FuseError:
@@ -654,6 +655,28 @@ class ElasticPool:
                         pass
                 raise
         return added
+
+    def _reopen(self, mem_mib: int, image: str, provider: str | None) -> str | None:
+        """Uncordon a host scale-in cordoned (not one whose TTL came) that has room for a VM
+        of ``mem_mib`` and the image, on ``provider`` when given: its room is wanted again, and
+        it is paid for already (a create pinned to a cloud bought a second machine beside one
+        cordoned with room). Its name, or None."""
+        now = time.time()
+        for r in self.rows():
+            name = r["name"]
+            host = self.store.get_host(name) or {}
+            if (r["state"] != "cordoned" or host.get("state") != "cordoned" or (r["expires"] and now >= r["expires"])
+                    or (provider is not None and r["provider"] != provider)):
+                continue
+            live = self.ctl.fleet.live(name) if self.ctl.fleet else {}
+            if not live.get("connected") or image not in {b.get("name") for b in live.get("bundles") or []}:
+                continue
+            fleet, _ = self.ctl.vms.arrays(only=name)
+            if len(fleet.ids) and fleet.free_mem[0] >= mem_mib and fleet.vm_count[0] < fleet.vm_limit[0]:
+                self.ctl.hosts.set_state(name, "active")
+                self._transition(name, "joined", "uncordoned: its room is wanted again")
+                return name
+        return None
 
     async def host_for(self, vcpus: int, mem_mib: int, image: str, provider: str | None, timeout: float) -> str | None:
         """Scale out for one VM that no host took (a create on auto, or on a
@@ -666,6 +689,8 @@ class ElasticPool:
         # One scale-out at a time, through the join: creates queued behind it plan
         # again and find the machine it bought (one machine for many, not one each).
         async with self._scaling:
+            if self._reopen(mem_mib, image, provider) is not None:
+                return None  # a host the scaler cordoned has the room: place again
             snapshot = self.ctl.pool_snapshot()
             if provider is not None:
                 snapshot = [h for h in snapshot if h.get("provider") == provider]
@@ -674,6 +699,10 @@ class ElasticPool:
                 raise BudgetExceeded(f"the elastic pool cannot add a machine for it: {result.unplaced[0].reason}")
             if not result.new_hosts:
                 return None
-            added = await self.buy(result.new_hosts[:1])
+            # its VM is placed the moment it joins: the machine is kept for it only until then
+            # (the VM's own life keeps it after; a default duration kept it idle an hour more)
+            nh = result.new_hosts[0]
+            boot = self.find_offer(nh.provider, nh.type_name, nh.region).boot_secs
+            added = await self.buy(result.new_hosts[:1], planned_secs=int(boot + JOIN_GRACE_SECS))
             await self.wait_joined(added[0].name, timeout)
             return added[0].name

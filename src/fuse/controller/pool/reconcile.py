@@ -68,7 +68,9 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         name, load = r["name"], loads.get(r["name"], Load())
         used = len(load.vms)
         if r["expires"] and now >= r["expires"]:
-            out[name] = (ElasticDecision(host=name, action="remove", reason="its TTL ended")
+            step = max(int(r["billing_step_secs"]), 1)
+            out[name] = (ElasticDecision(host=name, action="remove", reason="its TTL ended",
+                                         saves_usd=round(r["usd_per_hour"] * step / 3600, 6))
                          if not used else
                          ElasticDecision(host=name, action="cordon", until=int(now + horizon),
                                          reason=f"its TTL ended with {used} VMs on it: move them or let them end"))
