@@ -45,10 +45,10 @@ def wait_for(check: Callable[[], bool], proc: subprocess.Popen, log: Path, what:
     raise RuntimeError(f"{what} did not start within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def tcp_open(port: int) -> Callable[[], bool]:
+def tcp_open(port: int, host: str = "127.0.0.1") -> Callable[[], bool]:
     def check() -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return True
         except OSError:
             return False
@@ -156,15 +156,16 @@ class Agent:
     port: int | None = None
     socket: Path | None = None
     token: str | None = None
+    host: str = "127.0.0.1"
 
     @property
     def tls_addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: Path | None = None,
                 token: str | None = None, tls: tuple[str, str, str] | None = None, backend: str = "qemu",
-                wait: bool = True) -> Agent:
+                wait: bool = True, host: str = "127.0.0.1") -> Agent:
     tmp.mkdir(parents=True, exist_ok=True)
     state = tmp / "agent-state"
     if backend == "fake":
@@ -172,7 +173,7 @@ def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: P
         fake_bundle(state)
     args = [FUSE, "host", "serve", "--state-dir", str(state), "--backend", backend]
     if port:
-        args += ["--listen", f"127.0.0.1:{port}"]
+        args += ["--listen", f"{host}:{port}"]
     if socket_path:
         args += ["--socket", str(socket_path)]
     if token:
@@ -183,8 +184,8 @@ def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: P
     proc = spawn(args, log)
     processes.append(proc)
     if wait:
-        wait_for(tcp_open(port) if port else unix_open(socket_path), proc.proc, log, "fuse host serve")
-    return Agent(proc, state, port, socket_path, token)
+        wait_for(tcp_open(port, host) if port else unix_open(socket_path), proc.proc, log, "fuse host serve")
+    return Agent(proc, state, port, socket_path, token, host)
 
 
 @dataclass

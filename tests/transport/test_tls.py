@@ -104,7 +104,7 @@ def test_the_commands_make_a_ca_and_purpose_bound_certificates_with_private_keys
 def test_the_controller_side_context_requires_and_verifies_the_host_certificate(pki):
     ctx = TlsSettings(*pki.files(pki.controller, "controller")).context()
     assert ctx.verify_mode == ssl.CERT_REQUIRED
-    assert ctx.check_hostname is False  # hosts are addressed by IP:port and pinned by our CA
+    assert ctx.check_hostname is True  # a host's certificate must name the address it is dialled at
     assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
     assert [c["subject"] for c in ctx.get_ca_certs()] == [
         c["subject"] for c in ssl.create_default_context(cafile=str(pki.ca / "ca.pem")).get_ca_certs()]
@@ -156,6 +156,30 @@ def test_a_host_certificate_from_another_ca_is_refused_by_the_controller(control
     assert "TLS" in err.message and "certificate" in err.message
     assert "not signed by the controller's CA" in err.message
     assert "impostor" not in [h.id for h in controller.client().hosts.list()]
+
+
+@pytest.mark.parametrize("name, ok", [("127.0.0.2", True), ("evil.example", False)],
+                         ids=["a certificate naming the address", "another host's certificate"])
+def test_a_host_certificate_must_name_the_address_it_is_registered_at(controller, pki, processes, tmp_path, name, ok):
+    # any certificate the CA signed was taken for any address: another host's certificate let a
+    # machine stand in for it (placed VMs, moved VMs' memory)
+    from fuse.transport.tls import issue_cert
+
+    issue_cert(pki.ca, name, tmp_path / "cert")
+    cert, key, _ = pki.files(tmp_path / "cert", name)
+    at = start_agent(processes, tmp_path / "agent", port=free_port(), host="127.0.0.2",
+                     tls=(cert, key, str(pki.ca / "ca.pem")))
+    put_identity(controller, pki.controller)
+    host_id = f"named-{ok}"
+    if ok:
+        host = controller.client().hosts.register(fuse.RegisterHostRequest(
+            id=host_id, url=at.tls_addr, capacity=fuse.HostCapacity(vm_count=4)))
+        assert host.url == "127.0.0.2:" + str(at.port)
+        controller.client().hosts.deregister(host_id)
+    else:
+        err = register_error(controller, host_id, at.tls_addr)
+        assert (err.status, err.code) == (502, "host_unreachable") and "127.0.0.2" in err.message, err.message
+        assert host_id not in [h.id for h in controller.client().hosts.list()]
 
 
 @pytest.mark.parametrize("identity", ["another CA's client certificate", "an expired client certificate"])

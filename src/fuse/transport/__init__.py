@@ -46,7 +46,9 @@ class TlsSettings:
     def context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
         ctx.load_cert_chain(self.cert, self.key)
-        ctx.check_hostname = False  # hosts are named by the operator, pinned by our CA
+        # a host's certificate must name the address it is dialled at (its IP or DNS name:
+        # `fuse host cert issue --name`): any certificate the CA signed let one host stand in for another
+        ctx.check_hostname = True
         return ctx
 
 
