@@ -140,7 +140,7 @@ def test_microvm_work_on_the_one_kvm_type_is_proven_optimal_with_the_shipped_cat
 def test_solver_output_from_c_never_reaches_stdout(capfd):
     # HiGHS's MIP can print a debug line from C++ whatever scipy's disp says; stdout is
     # where ``fuse pool plan --json`` writes its answer, so a solve writes it to stderr
-    with patterns._stdout_to_stderr():
+    with patterns.stdout_to_stderr():
         os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
     os.write(1, b"after\n")
     out, err = capfd.readouterr()

@@ -224,17 +224,10 @@ def plan_cmd(
 def solve_plan(model: PlanModel) -> ElasticPlan:
     """The planner, offline, with file descriptor 1 on stderr while it runs: the solvers'
     C++ code may print a debug line on stdout, where ``--json`` writes the answer."""
-    import os
-    import sys
+    from fuse.controller.pool.patterns import stdout_to_stderr  # (HiGHS: only when a plan is solved here)
 
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
+    with stdout_to_stderr():
         return _plan(model)
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 # ---- elastic hosts --------------------------------------------------------------

@@ -88,11 +88,11 @@ from fuse.controller.pool.model import (
 )
 from fuse.controller.pool.solution import Machine, Solution, cost_usd
 
-_STDOUT = threading.Lock()
+_STDOUT = threading.RLock()  # (re-entered: the offline CLI holds it around a whole plan)
 
 
 @contextmanager
-def _stdout_to_stderr(discard: bool = False):
+def stdout_to_stderr(discard: bool = False):
     """HiGHS's MIP solver can print a debug line on the process's stdout from C++,
     past scipy's ``disp=False``; ``fuse pool plan --json`` writes its answer there.
     For the solve, file descriptor 1 points at stderr (one solve at a time); with
@@ -118,7 +118,7 @@ def _stdout_to_stderr(discard: bool = False):
 
 def _new_highs():
     """A silent HiGHS instance (the first one in a process prints a banner on stdout)."""
-    with _stdout_to_stderr(discard=True):
+    with stdout_to_stderr(discard=True):
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
@@ -183,7 +183,7 @@ def highs_mip(cost, integrality, lo, hi, a, rlo, rhi, *, gap: float, time_limit:
 
 def milp(*args, **kwargs):
     """scipy's ``milp`` with nothing written on stdout."""
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         return _milp(*args, **kwargs)
 
 
