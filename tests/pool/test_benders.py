@@ -188,6 +188,35 @@ def test_a_master_starts_from_the_cheapest_earlier_point_no_cut_removes(monkeypa
     assert seen["start"] is None  # every point costs at least the plan in hand
 
 
+def test_a_guessed_cutoff_finds_the_masters_optimum_and_a_failed_guess_raises_the_bound(monkeypatch):
+    rng = np.random.default_rng(3)
+    n, rows = 10, 5
+    cost, a = rng.uniform(1, 2, n), rng.uniform(0, 3, (rows, n))
+    args = (cost, np.zeros(n), np.full(n, 10.0), list(a), [20.0] * rows, [np.inf] * rows)
+    plain = benders._master(*args, 1e9, 0.0, time.monotonic() + 10)
+    opt = float(cost @ plain.x)
+    cutoffs = []
+    real = benders._master
+
+    def spy(*a_, **k):
+        cutoffs.append(a_[6])
+        return real(*a_, **k)
+
+    monkeypatch.setattr(benders, "_master", spy)
+    monkeypatch.setattr(benders, "GUESS", 0.01)
+    # the last optimum far below this one's: guesses 1 % above it fail, each raising the bound
+    res, lb = benders._guessed(*args, 1e9, 0.0, time.monotonic() + 10, [], 0.8 * opt, -math.inf)
+    assert res.status == 0 and float(cost @ res.x) == pytest.approx(opt)
+    assert len(cutoffs) > 2 and all(c < 1e9 for c in cutoffs)  # never the plan in hand's cutoff
+    assert cutoffs[-2] - benders.EPS_USD <= lb <= opt  # the last failed guess: a valid bound
+    steps = np.diff(cutoffs)
+    assert np.allclose(steps[1:] / steps[:-1], benders.GUESS_GROW)  # each step four times the last
+    # a guess at or above the plan in hand: the plan's own cutoff
+    cutoffs.clear()
+    res, lb2 = benders._guessed(*args, opt + 0.05, 0.0, time.monotonic() + 10, [], opt, -math.inf)
+    assert cutoffs == [opt + 0.05] and lb2 == -math.inf and float(cost @ res.x) == pytest.approx(opt)
+
+
 def test_a_1000_vm_plan_on_40_types_is_proven_optimal():
     # the benchmark's 1,000 VMs / 20 groups / 40 types model, seed 0: its LP bound is
     # 0.09 % under the optimum, which branch-and-price did not close in 30 s; the cuts do

@@ -23,7 +23,9 @@ generation over λ with Σ_{j∈(t,k)} λ_j ≤ N*_tk; minimise the VMs left ove
     A plan found costs at most Σ κ N* and becomes the plan in hand.
 With a plan costing U in hand, the master is cut off at U − ε/2 (HiGHS's objective
 bound: no node whose bound reaches it is explored): when HiGHS finds no counts below
-it, no plan is cheaper than U − ε and U is proven optimal.
+it, no plan is cheaper than U − ε and U is proven optimal. Each master is first cut off just
+above the last one's optimum instead (``_guessed``): the same optimum when it lies below the
+guess, in a third of the time; a guess with nothing below it raises the bound to it.
 
 The master starts with the cut at the root LP's prices and with cuts that need
 no DP (``capacity_cuts``: vCPUs and memory of the work of duration ≥ δ, of its
@@ -98,6 +100,8 @@ DP_CAPS_ROUND = 3  # the master round from which the capacity cuts join with the
 EXTRA_POINTS = 2  # of the points a master passed on the way to its answer, checked beside it
 KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
 REPAIR_SECS = 0.03  # CP-SAT's time for the rest of a cut proposal's repair (``_fill``) while the plan is far
+GUESS_GROW = 4
+GUESS = 5e-4  # relative: a master is first cut off this far above the last one's optimum (``_guessed``)
 
 
 def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> dict[tuple, float]:
@@ -214,6 +218,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
         # branch and bound, and its cuts spare the integer master most of its rounds
         lp_until = time.monotonic() + KELLEY_SHARE * (deadline - time.monotonic())
         last = None
+        level = -math.inf  # the last master's optimum: the next one's is seldom much above it
         for _ in range(KELLEY_ROUNDS):
             if time.monotonic() >= lp_until:
                 break
@@ -222,6 +227,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             if res.x is None or (last is not None and np.allclose(res.x, last, rtol=0, atol=1e-7)):
                 break  # (the same answer again: the last cut, within tolerances, did not cut it off)
             last = res.x
+            level = max(level, float(res.fun))
             n = {key: float(res.x[i]) for i, key in enumerate(keys) if res.x[i] > 1e-9}
             found = _feasible(model, types, pool, n, res.x[nk:] * unit, deadline)
             if found is None or found[0] is None:
@@ -243,7 +249,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             fix()
             # near the plan in hand a rough answer would only return it: solve to 0 at once
             gap = 0.0 if exact_next or lb >= best_cost * (1 - MASTER_GAP) else MASTER_GAP
-            res = _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline, points)
+            res, lb = _guessed(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline, points, level, lb)
             if res is None:
                 break
             timed_out = res.status == 1
@@ -267,6 +273,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                         return best, best_cost, best_cost - PROVEN_GAP, True
                     return best, best_cost, max(lb, bound), False
             lb = max(lb, min(getattr(res, "mip_dual_bound", -math.inf), best_cost - EPS_USD))
+            level = max(level, float(cost @ x))
             # the points HiGHS passed on the way to x cost little more: the masters to come
             # would propose them next, so each is checked now (a feasibility LP, ~10 ms,
             # against ~0.3 s a master) and cut off, or, when it holds the work, filled
@@ -418,6 +425,32 @@ def _round(model: PlanModel, kinds: list[tuple], lam: np.ndarray, p: np.ndarray,
             take_pattern(model, sol, kinds[j], left)
     sol = greedy(model, start=sol)  # whose answer keeps every constraint (it checks)
     return sol if sum(sol.placed(len(model.groups))) >= target else None
+
+
+def _guessed(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float, points, level: float,
+             lb: float):
+    """(``_master``'s answer, the lower bound) with the master first cut off just above
+    ``level``, the last master's optimum, instead of at the plan in hand: HiGHS then
+    explores only nodes whose bound is below the guess, and its optimum, when below
+    the guess, is the same. A master with no counts below the guess proves every plan
+    costs at least that much (the master is a relaxation): the bound rises to it and the
+    guess moves up, four times as far each time, until it reaches the plan in hand. (On
+    masters saved from two 1,000-VM models, the cutoff at the optimum took a third of
+    the time of the cutoff at the plan the rounds had in hand.)"""
+    step = GUESS * abs(level) if math.isfinite(level) else math.inf
+    while True:
+        guess = level + step
+        if not guess < best_cost - EPS_USD:
+            return _master(cost, lo, hi, rows, rlo, rhi, best_cost, gap, deadline, points), lb
+        res = _master(cost, lo, hi, rows, rlo, rhi, guess, gap, deadline, points)
+        if res is None or res.status == 1:
+            return res, lb
+        if res.status == 0 and float(cost @ np.round(res.x)) < guess - EPS_USD:
+            return res, lb
+        # (nothing below the guess; HiGHS may still answer with a point above its objective
+        # bound, its search having pruned every node at the bound: not the master's optimum)
+        lb = max(lb, guess - EPS_USD)  # (cut off at guess − ε/2: no counts cost less)
+        level, step = guess, GUESS_GROW * step
 
 
 def _master(cost, lo, hi, rows, rlo, rhi, best_cost: float, gap: float, deadline: float, points=()):
