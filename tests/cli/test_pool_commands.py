@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -88,6 +89,8 @@ def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_c
     (["pool", "cloud", "unlink", "dev"], 2, "error: not_found: no linked cloud 'dev'"),
     (["pool", "plan", "--count", "2", "--apply"], 2, "error: invalid_argument: apply buys machines in a linked cloud"),
     (["pool", "prewarm", "linux", "--count", "0"], 2, "error: invalid_argument: --count:"),
+    (["pool", "prewarm", "linux", "--ttl-secs", "0"], 2, "error: invalid_argument: --ttl-secs:"),
+    (["pool", "prewarm", "linux", "--on", "host:"], 2, "error: invalid_argument: on 'host:' names no host"),
     (["pool", "prewarm", "linux", "--on", "nowhere"], 2, "error: invalid_argument: no linked cloud 'nowhere'"),
     (["pool", "remove-host", "dev-9"], 1, "failed dev-9: not a host this pool added"),
     (["controller", "vms", "create", "--entry", "x", "--on", "nowhere"], 1,
@@ -95,7 +98,8 @@ def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_c
 ], ids=["unprewarm of no such prewarm exits 1", "add-host with no cloud linked",
         "add-host with no cloud linked, in --json mode too", "link with an unknown kind",
         "link with an option that is not key=value", "link with options that are not an object",
-        "unlink of no such cloud", "plan --apply with no cloud linked", "prewarm of no VMs", "prewarm on no such cloud",
+        "unlink of no such cloud", "plan --apply with no cloud linked", "prewarm of no VMs",
+        "prewarm kept for no time", "prewarm on host: naming no machine", "prewarm on no such cloud",
         "remove-host of no such host exits 1 naming it", "vms create passes --on to the controller"])
 def test_refusals_print_the_code_and_message(empty, args, code, says):
     r = fuse(empty, *args, code=code)
@@ -117,6 +121,13 @@ def test_under_json_a_refusal_is_the_apis_error_body(empty, args, code, want):
     assert err["code"] == want and err["message"] and r.stdout == ""
 
 
+def test_prewarm_help_names_every_kind_it_accepts():
+    import re
+
+    r = CliRunner().invoke(app, ["pool", "prewarm", "--help"], env={"COLUMNS": "200"})
+    assert "container, vm or microvm" in re.sub(r"\s+", " ", r.output), r.output
+
+
 def test_unprewarm_and_unlink_answer_json(ctl):
     fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake")
     assert as_json(ctl, "pool", "cloud", "unlink", "dev") == {"name": "dev", "unlinked": True}
@@ -125,13 +136,61 @@ def test_unprewarm_and_unlink_answer_json(ctl):
     assert as_json(ctl, "pool", "unprewarm", pw["id"]) == {"id": pw["id"], "ended": True}
 
 
-def test_plan_apply_needs_a_controller():
+def default_socket(monkeypatch, path) -> None:
+    """Make ``path`` the controller's default socket (where the CLI looks with no --url or FUSE_URL)."""
+    monkeypatch.setattr("fuse.controller.service.default_controller_socket", lambda: Path(path))
+
+
+@pytest.fixture
+def no_default_controller(tmp_path, monkeypatch):
+    """No controller listens on the default socket (whatever runs on this machine)."""
+    default_socket(monkeypatch, tmp_path / "no-controller.sock")
+    return tmp_path / "no-controller.sock"
+
+
+def test_plan_apply_needs_a_controller(no_default_controller):
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--apply"], env={"FUSE_URL": ""})
     assert r.exit_code == 2 and "error: invalid_argument: --apply buys machines" in r.stderr, r.output
-    assert "needs a controller" in r.stderr
+    assert "needs a controller" in r.stderr and f"unix://{no_default_controller}" in r.stderr
+    assert "give --url or FUSE_URL" in r.stderr
 
 
-def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, capfd):
+def test_plan_with_no_url_asks_the_controller_on_its_default_socket(empty, monkeypatch):
+    # as fuse.Client() and every other `fuse pool` command: the controller's default socket
+    default_socket(monkeypatch, empty.socket)
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--json"], env={"FUSE_URL": "", "FUSE_TOKEN": ""})
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and json.loads(r.stdout)["new_hosts"]
+    # --apply reaches it too: the controller's own answer (no cloud linked), not "needs a controller"
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--apply"], env={"FUSE_URL": "", "FUSE_TOKEN": ""})
+    assert r.exit_code == 2
+    assert "error: invalid_argument: apply buys machines in a linked cloud and none is linked" in r.stderr, r.output
+
+
+def test_plan_with_no_url_plans_on_the_default_controllers_clouds(ctl, monkeypatch):
+    fuse(ctl, "pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend=fake")
+    default_socket(monkeypatch, ctl.socket)
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "1", "--cpus", "1", "--memory-mb", "512", "--json"],
+                           env={"FUSE_URL": "", "FUSE_TOKEN": ""})
+    assert r.exit_code == 0, r.output
+    assert {h["provider"] for h in json.loads(r.stdout)["new_hosts"]} == {"dev"}  # offline it would buy in aws
+
+
+def test_plan_with_no_controller_on_the_default_socket_says_it_plans_offline(no_default_controller):
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--json"], env={"FUSE_URL": ""})
+    assert r.exit_code == 0, r.output
+    assert r.stderr == f"no controller at {no_default_controller}: planning offline against the shipped catalogue\n"
+    assert {h["provider"] for h in json.loads(r.stdout)["new_hosts"]} == {"aws"}
+
+
+def test_plan_with_a_url_never_plans_offline(tmp_path):
+    # the controller named is the one asked: no answer is an error, not a what-if
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "2"], env={"FUSE_URL": f"unix://{tmp_path}/nope.sock"})
+    assert r.exit_code == 2 and "error: unreachable: cannot reach the controller" in r.stderr, r.output
+    assert r.stdout == ""
+
+
+def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, capfd, no_default_controller):
     import importlib
 
     cli_pool = importlib.import_module("fuse.cli.pool")
@@ -150,13 +209,17 @@ def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, 
     assert "debug line" not in out and "debug line" in err
 
 
-def test_an_offline_plan_prints_no_solver_banner():
+def test_an_offline_plan_prints_no_solver_banner(tmp_path):
     # HiGHS prints a banner once per process, with no final newline: on stderr the CLI's
-    # next line (an error, say) ran on after it
+    # next line (an error, say) ran on after it. (--model: offline whatever listens on the default socket)
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "fuse.cli", "pool", "plan", "--count", "3", "--json"],
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    (model := tmp_path / "model.json").write_text(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json())
+    r = subprocess.run([sys.executable, "-m", "fuse.cli", "pool", "plan", "--model", str(model), "--json"],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "FUSE_URL": ""})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["solver"] == "exact"

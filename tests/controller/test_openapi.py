@@ -65,6 +65,9 @@ def _schema(served, op_responses, status) -> dict:
 @pytest.mark.parametrize("path,method,status,codes", [
     ("/v1/vms", "post", "409", ["fleet_full", "vm_exists"]),
     ("/v1/vms", "post", "404", ["not_found"]),
+    ("/v1/vms", "post", "502", ["host_unreachable"]),
+    ("/v1/pool/clouds/{name}", "put", "409", ["conflict"]),
+    ("/v1/prewarms", "post", "400", ["invalid_argument", "container, vm or microvm", "host:", "ttl_secs below 1"]),
     ("/v1/vms/{name}", "get", "404", ["not_found"]),
     ("/v1/vms/{name}", "get", "409", ["ambiguous_vm"]),
     ("/v1/vms/{name}", "get", "502", ["host_unreachable"]),
@@ -82,6 +85,14 @@ def test_the_contracts_error_codes_are_documented_with_the_envelope(served, path
     assert status in rs, f"{method.upper()} {path} does not document {status}; {STALE}"
     assert all(c in rs[status]["description"] for c in codes), rs[status]["description"]
     assert "error" in _schema(served, rs, status)["properties"]
+
+
+def test_the_prewarm_ttl_schema_says_what_is_accepted(served):
+    # ttl_secs 0 is refused (400): the schema says so instead of minimum 0
+    body = served["paths"]["/v1/prewarms"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    props = served["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]["properties"]
+    ttl = next(t for t in props["ttl_secs"]["anyOf"] if t.get("type") == "integer")
+    assert ttl["minimum"] == 1
 
 
 def test_error_details_are_documented(served):

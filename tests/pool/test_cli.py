@@ -1,4 +1,5 @@
-"""``fuse pool plan`` on the offline path: table, --json, and --model what-if."""
+"""``fuse pool plan`` on the offline path (no controller on the default socket, or
+``--model``): table, --json (on stdout; the offline note goes to stderr), and --model what-if."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from fuse.models.pool import ElasticPlan
 runner = CliRunner(env={"FUSE_URL": ""})
 
 
+@pytest.fixture(autouse=True)
+def no_default_controller(tmp_path, monkeypatch):
+    """No controller listens on the default socket, whatever runs on this machine: offline."""
+    monkeypatch.setattr("fuse.controller.service.default_controller_socket", lambda: tmp_path / "none.sock")
+
+
 def test_plan_prints_a_table_for_people():
     r = runner.invoke(app, ["plan", "--count", "12", "--cpus", "2", "--memory-mb", "2048"])
     assert r.exit_code == 0, r.output
@@ -23,14 +30,14 @@ def test_json_output_round_trips_and_model_resolves_a_what_if(tmp_path):
     r = runner.invoke(app, ["plan", "--count", "3", "--cpus", "2", "--memory-mb", "2048",
                             "--kind", "container", "--json"])
     assert r.exit_code == 0, r.output
-    plan = ElasticPlan.model_validate_json(r.output)
+    plan = ElasticPlan.model_validate_json(r.stdout)
     assert sum(a.count for a in plan.assignments) == 3
     body = json.loads(plan.json)
     body["model"]["constraints"]["max_new_hosts"] = 1  # what if only one machine may be added?
     f = tmp_path / "model.json"
     f.write_text(json.dumps(body))
     r = runner.invoke(app, ["plan", "--model", str(f), "--json"])
-    again = ElasticPlan.model_validate_json(r.output)
+    again = ElasticPlan.model_validate_json(r.stdout)
     # one host; Modal sandboxes (one_space) are not hosts, so they take the rest
     assert len([h for h in again.new_hosts if not h.one_space]) == 1
     assert sum(a.count for a in again.assignments) == 3 and again.projected_usd > plan.projected_usd
@@ -39,7 +46,7 @@ def test_json_output_round_trips_and_model_resolves_a_what_if(tmp_path):
 def test_no_scale_places_nothing_on_an_empty_pool():
     r = runner.invoke(app, ["plan", "--count", "2", "--no-scale", "--json"])
     assert r.exit_code == 0
-    assert ElasticPlan.model_validate_json(r.output).unplaced[0].count == 2
+    assert ElasticPlan.model_validate_json(r.stdout).unplaced[0].count == 2
 
 
 def test_bad_kind_exits_2():
@@ -49,7 +56,7 @@ def test_bad_kind_exits_2():
 
 def _model(r) -> dict:
     assert r.exit_code == 0, r.output
-    return json.loads(ElasticPlan.model_validate_json(r.output).json)["model"]
+    return json.loads(ElasticPlan.model_validate_json(r.stdout).json)["model"]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -87,10 +94,10 @@ def test_help_states_the_defaults():
 def test_model_takes_a_whole_plan_saved_with_json(tmp_path):
     r = runner.invoke(app, ["plan", "--count", "5", "--cpus", "2", "--memory-mb", "2048", "--kind", "container",
                             "--caller", "batch", "--json"])
-    first = ElasticPlan.model_validate_json(r.output)
+    first = ElasticPlan.model_validate_json(r.stdout)
     saved = tmp_path / "plan.json"
-    saved.write_text(r.output)  # the --json output as it is, not its json field
-    again = ElasticPlan.model_validate_json(runner.invoke(app, ["plan", "--model", str(saved), "--json"]).output)
+    saved.write_text(r.stdout)  # the --json output as it is, not its json field
+    again = ElasticPlan.model_validate_json(runner.invoke(app, ["plan", "--model", str(saved), "--json"]).stdout)
     assert again.model_dump(exclude={"json"}) == first.model_dump(exclude={"json"})
     assert json.loads(again.json)["model"]["groups"][0]["duration_secs"] == 14400
 
@@ -99,7 +106,7 @@ def test_model_takes_a_whole_plan_saved_with_json(tmp_path):
                          ids=["--count", "--cpus and --no-scale", "--max-usd-per-hour"])
 def test_model_refuses_request_flags_it_would_ignore(tmp_path, flags):
     saved = tmp_path / "plan.json"
-    saved.write_text(runner.invoke(app, ["plan", "--kind", "container", "--json"]).output)
+    saved.write_text(runner.invoke(app, ["plan", "--kind", "container", "--json"]).stdout)
     r = runner.invoke(app, ["plan", "--model", str(saved), *flags])
     assert r.exit_code == 2 and "error: invalid_argument: --model" in r.output, r.output
     assert all(f in r.output for f in flags if f.startswith("--"))

@@ -155,9 +155,15 @@ def test_plan_apply_buys_the_cheapest_machines_and_reconcile_removes_them_when_i
                                                          duration_secs=20, apply=True))
     assert plan.unplaced == [] and len(plan.added) == len(plan.new_hosts) >= 1
     assert {a.type_name for a in plan.added} <= {"local.small", "local.big"}
-    assert all(not a.pinned and a.expires == 0 for a in plan.added)
+    # no TTL: each ends on its own when scale-in removes it, at the end of the time paid for its planned work
+    # (to the second: started is a float, billing counts whole seconds)
+    assert all(not a.pinned for a in plan.added)
+    assert [a.expires for a in plan.added] == [pytest.approx(a.started + h.billed_secs, abs=1)
+                                               for a, h in zip(plan.added, plan.new_hosts)]
     for a in plan.added:
         joined(client, a.name)
+    listed = {h.name: h.expires for h in client.pool.cloud_hosts()}  # as the hosts list says it, too
+    assert [listed[a.name] for a in plan.added] == [pytest.approx(a.expires, abs=1) for a in plan.added]
     # idle, but bought for work planned to run 20 s (and 5 s of boot): kept until then,
     # though that end is within the scaler's horizon (the VMs may not be created yet)
     decisions = client.pool.cloud_reconcile()
@@ -309,3 +315,92 @@ def test_two_controllers_on_postgresql_share_the_clouds_hosts_and_budget(tmp_pat
         a.stop()
         b.stop()
         reap(tmp_path)
+
+
+def own_host(client, tmp_path):
+    """An own host (fake agent, 4 GiB, 8 VMs) registered as ``own``: stop it when done."""
+    from support import start_agent
+
+    own = start_agent(tmp_path, backend="fake", name="own")
+    client.hosts.register(fuse.RegisterHostRequest(id="own", url=own.url, token=own.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=8, ram_mb=4096, cpus=4)))
+    return own
+
+
+def test_a_host_the_scaler_cordoned_is_room_for_plans_prewarms_and_creates_before_a_new_machine(pool, tmp_path):
+    # a plan bought local.big beside two hosts scale-in had cordoned with GiBs free: only a
+    # create (with autoscale on) looked at them first; a prewarm and a plan did not
+    client, _ = pool
+    own = own_host(client, tmp_path)
+    try:
+        plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=256, provider="dev",
+                                                              hosts=1, duration_secs=1, apply=True))
+        (h,) = plan.added
+        joined(client, h.name)
+        create_vm(client, name="a", host=h.name)
+        assert {d.host: d.action for d in client.pool.cloud_reconcile()} == {h.name: "cordon"}  # own has room
+
+        p = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=256, provider="dev"))
+        assert [(a.host, a.count) for a in p.assignments] == [(h.name, 1)] and p.new_hosts == [], p.explain
+        assert "the scaler had cordoned it" in p.explain[0], p.explain
+
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, kind="container",
+                                                              on="dev"))
+        assert pw.new_hosts == [] and [x.host for x in pw.placements] == [h.name]
+        wait_until(lambda: client.pool.prewarms()[0].ready == 1, timeout=30, what="the standby VM ready")
+        assert client.hosts.get(h.name).state == "active"  # its standby VM uncordoned it
+        assert [x.state for x in client.pool.cloud_hosts()] == ["joined"]
+        assert client.pool.remove_prewarm(pw.id)
+
+        assert {d.host: d.action for d in client.pool.cloud_reconcile()} == {h.name: "cordon"}
+        client.pool.cloud_budget(fuse.ElasticBudgetUpdate(autoscale=False))
+        assert create_vm(client, name="b", on="dev")["host"] == h.name  # autoscale off: reopened all the same
+        assert [x.name for x in client.pool.cloud_hosts()] == [h.name]
+
+        client.hosts.cordon(h.name)  # an operator's cordon is no room for a plan
+        p = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=256, provider="dev"))
+        assert p.new_hosts and all(a.host != h.name for a in p.assignments), p.explain
+        with pytest.raises(fuse.ApiError) as e:  # nor may a create take it
+            create_vm(client, name="c", host=h.name)
+        assert e.value.code == "fleet_full" and "cordoned" in e.value.details["hosts"][h.name]
+        with pytest.raises(fuse.ApiError) as e:  # an elastic host is none of the operator's own
+            create_vm(client, name="c", on="local", host=h.name)
+        assert (e.value.status, e.value.code) == (400, "invalid_argument") and "disagree" in e.value.message
+    finally:
+        own.stop()
+
+
+def test_a_create_on_a_cloud_without_hosts_says_why_and_a_host_outside_it_is_refused(pool, tmp_path):
+    client, _ = pool
+    own = own_host(client, tmp_path)
+    try:
+        with pytest.raises(fuse.ApiError) as e:
+            create_vm(client, name="a", on="dev")
+        assert (e.value.status, e.value.code) == (409, "fleet_full")
+        hosts = e.value.details["hosts"]  # it was {}: nothing an operator could act on
+        assert hosts["own"] == "not a host of cloud dev", hosts
+        assert "autoscale is off" in hosts["elastic pool"], hosts
+        assert "cloud dev has no hosts" in e.value.message and "autoscale is off" in e.value.message
+        with pytest.raises(fuse.ApiError) as e:  # as on host:own with host other: 400, not fleet_full
+            create_vm(client, name="a", on="dev", host="own")
+        assert (e.value.status, e.value.code) == (400, "invalid_argument")
+        assert e.value.message == "host own and on dev disagree: own is not a host of cloud dev"
+        assert client.pool.cloud_hosts() == []
+    finally:
+        own.stop()
+
+
+def test_a_budget_cap_used_up_says_the_cap_as_set_and_what_runs(pool):
+    # max_new_hosts=2 with 2 running read "no room within the caps: max_new_hosts=0" (0: no cap)
+    client, _ = pool
+    for h in client.pool.cloud_add_host("dev", "local.small", count=2):
+        joined(client, h.name)
+    client.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=2))
+    p = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=2048, kind="container"))
+    (u,) = p.unplaced
+    assert "max_new_hosts reached" in u.reason and "max_new_hosts=0" not in u.reason, u.reason
+    with pytest.raises(fuse.ApiError) as e:
+        client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=2048, kind="container"))
+    assert e.value.code == "budget_exceeded" and "max_new_hosts=0" not in e.value.message, e.value.message
+    assert "max_new_hosts reached" in e.value.message and "max_new_hosts=2; 2 elastic hosts running" in e.value.message
+    assert len(client.pool.cloud_hosts()) == 2

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fuse.controller.pool.elastic import TRANSITIONS, billed_secs, committed_usd, month_usd, paid_until
+from fuse.controller.pool.elastic import (TRANSITIONS, billed_secs, committed_usd, ends_on_its_own, month_usd,
+                                          paid_until, to_record)
 from fuse.controller.pool.reconcile import Load, decide
 
 NOW = datetime(2026, 12, 15, 12, 0, tzinfo=timezone.utc).timestamp()
@@ -79,6 +80,23 @@ def test_what_a_live_host_is_set_to_cost_counts_as_committed():
     assert committed_usd(row(started=NOW - 600, step=1), NOW) == 0  # nothing planned beyond now
 
 
+@pytest.mark.parametrize("r, now, ends", [
+    (row(pinned=True, expires=int(NOW + 3000)), NOW, NOW + 3000),
+    (row(started=NOW - 600, planned_until=NOW + 1800), NOW, NOW + 3000),
+    (row(started=NOW - 600, step=1, minimum=60, planned_until=NOW + 1800), NOW, NOW + 1800),
+    (row(started=NOW - 600, planned_until=NOW - 60), NOW, NOW + 3000),
+    (row(started=NOW - 600, planned_until=NOW - 60), NOW + 3600, NOW + 6600),
+    (row(state="gone", started=NOW - 600, ended=NOW - 300, step=60, planned_until=NOW + 1800), NOW, NOW - 300),
+], ids=["a TTL (added by hand): then", "a plan's machine: the paid end after its planned work (hourly billing)",
+        "a plan's machine: its planned end (per-second billing)",
+        "past its planned work: the end of its paid time now", "later, while VMs keep it: the paid end then",
+        "gone: when its paid time ended"])
+def test_expires_is_when_a_host_ends_on_its_own(r, now, ends):
+    # seed 001: ElasticHost.expires "Unix seconds it ends on its own" -- never 0 for a plan's machine
+    assert ends_on_its_own(r, now) == ends
+    assert to_record(r, now).expires == int(ends)
+
+
 # ---- scale-in ----------------------------------------------------------------------------------------------------
 def test_an_idle_host_near_the_end_of_its_paid_time_is_removed_and_says_what_it_saves():
     r = row(started=NOW - 3550)  # 50 s of its hour left
@@ -130,6 +148,35 @@ def test_no_host_is_cordoned_for_room_on_a_host_the_same_pass_removes():
     by = {d.host: d for d in decide([busy, idle], loads, room, NOW)}
     assert by["aws-2"].action == "remove"
     assert by["aws-1"].action == "keep", by["aws-1"]
+
+
+# own1 has 596 MiB free; aws-1 and aws-2 each run one 512 MiB VM on 8 GiB
+ROOM = {"own1": (596, 8), "aws-1": (7680, 9), "aws-2": (7680, 9)}
+
+
+@pytest.mark.parametrize("first, room", [
+    (row("aws-1", state="cordoned"), ROOM),
+    (row("aws-1", state="cordoned"), {"aws-1": (7680, 9), "aws-2": (7680, 9)}),
+    (row("aws-1", pinned=True, expires=int(NOW - 1)), ROOM),
+], ids=["a host an earlier pass cordoned holds the room its VMs need",
+        "a cordoned host is no room for another's VMs",
+        "so does a host cordoned for its TTL in the same pass"])
+def test_a_second_host_is_not_cordoned_against_room_promised_to_a_cordoned_hosts_vms(first, room):
+    # pass 2 cordoned aws-2 against the 596 MiB pass 1 counted for aws-1's VM: both stayed paid
+    loads = {"aws-1": Load(vms=(512,), mem_mib=8192), "aws-2": Load(vms=(512,), mem_mib=8192)}
+    by = {d.host: d for d in decide([first, row("aws-2")], loads, room, NOW)}
+    assert by["aws-2"].action == "keep", by["aws-2"]
+    assert by["aws-1"].action == ("cordon" if first["pinned"] else "keep")
+    if "own1" in room:
+        assert "held for the 1 VMs of aws-1" in by["aws-2"].reason, by["aws-2"].reason
+
+
+def test_a_host_is_cordoned_when_the_others_have_room_for_its_vms_and_a_cordoned_hosts():
+    loads = {"aws-1": Load(vms=(512,), mem_mib=8192), "aws-2": Load(vms=(512,), mem_mib=8192)}
+    by = {d.host: d for d in decide([row("aws-1", state="cordoned"), row("aws-2")], loads,
+                                    ROOM | {"own1": (1100, 8)}, NOW)}
+    assert by["aws-2"].action == "cordon" and "the 1 VMs of aws-1 (cordoned)" in by["aws-2"].reason
+    assert by["aws-1"].action == "keep" and by["aws-1"].reason == "cordoned; 1 VMs on it"
 
 
 def test_an_idle_machine_a_plan_bought_is_kept_until_its_planned_work_ends():

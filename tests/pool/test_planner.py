@@ -77,7 +77,7 @@ def test_together_group_lands_on_one_machine():
 def test_caps_bound_the_plan_and_unplaced_says_why():
     p = plan(PlanModel(groups=[group(4)], offers=[SMALL], constraints=Constraints(max_new_hosts=2)))
     assert len(p.new_hosts) == 2 and p.unplaced[0].count == 2
-    assert "max_new_hosts=2" in p.unplaced[0].reason
+    assert "max_new_hosts: at most 2 new hosts" in p.unplaced[0].reason
     p = plan(PlanModel(groups=[group(4)], offers=[SMALL], constraints=Constraints(max_usd_per_hour=0.25)))
     assert p.added_usd_per_hour <= 0.25 and len(p.new_hosts) == 2
 
@@ -228,3 +228,42 @@ def test_an_unplaced_reason_names_what_ruled_the_machines_out(group, constraints
                   else Constraints(max_new_hosts=0, **constraints), time_limit_secs=2.0)
     (u,) = plan(m).unplaced
     assert u.count == 2 and says in u.reason and not_says not in u.reason, u.reason
+
+
+@pytest.mark.parametrize("hosts, constraints, says, not_says", [
+    ([], Constraints(max_new_hosts=0), "max_new_hosts reached", "max_new_hosts=0"),
+    ([], Constraints(max_new_hosts=1), "max_new_hosts: at most 1 new host", "max_new_hosts=1"),
+    ([], Constraints(max_usd_per_hour=0.0), "max_usd_per_hour reached", "max_usd_per_hour=0"),
+    ([PoolHost(name="own1", vcpus=4, mem_mib=4096, max_vms=0)], Constraints(exact_new_hosts=0),
+     "no host can take it: vm_count limit reached; and no new machine within the caps: hosts=0: the request "
+     "adds no machine", "no room within the caps"),
+], ids=["the budget's max_new_hosts used up reads reached, not =0 (0 is no cap in the budget)",
+        "what is left of it reads as what is left",
+        "no dollars an hour left reads reached, not =0",
+        "a hosts=0 pin on a full fleet names the full host too"])
+def test_an_unplaced_reason_says_what_stops_it_as_an_operator_reads_it(hosts, constraints, says, not_says):
+    m = PlanModel(groups=[DemandGroup(name="g", count=2, cpus=1, mem_mib=3072, kind="container")], hosts=hosts,
+                  offers=[offer("t.small", 2, 4096, 0.05)], constraints=constraints, time_limit_secs=2.0)
+    (u,) = plan(m).unplaced
+    assert says in u.reason and not_says not in u.reason, u.reason
+
+
+def test_an_unplaced_reason_with_nothing_to_place_on_does_not_say_the_pool_is_empty():
+    # the hosts without the image were left out before the model (the caller says they lack it):
+    # "no hosts in the pool" read beside "dev-1, own1 have no image"
+    (u,) = plan(PlanModel(groups=[group(1)])).unplaced
+    assert u.reason == "no host or cloud machine type can take it"
+
+
+def test_an_assignment_syncs_on_a_new_machine_and_not_on_a_host_that_has_the_image():
+    hosts = [PoolHost(name="dev", vcpus=2, mem_mib=2048)]
+    p = plan(PlanModel(groups=[group(2)], hosts=hosts, offers=[SMALL]))
+    assert sorted((a.host, a.new_index, a.sync) for a in p.assignments) == [("", 0, True), ("dev", None, False)]
+
+
+def test_a_host_the_scaler_cordoned_is_a_running_host_and_the_explain_line_says_so():
+    host = PoolHost(name="aws-1", vcpus=4, mem_mib=8192, own=False, usd_per_hour=0.5, paid_secs_left=7200,
+                    scaler_cordoned=True)
+    p = plan(PlanModel(groups=[group(2)], hosts=[host], offers=[SMALL]))
+    assert [(a.host, a.count) for a in p.assignments] == [("aws-1", 2)] and p.new_hosts == []
+    assert "the scaler had cordoned it" in p.explain[0], p.explain

@@ -116,7 +116,7 @@ def test_a_prewarm_on_one_host_keeps_its_vms_there_and_names_a_missing_host(tmp_
         pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, memory_mb=512, on="host:edge"))
         assert [(p.host, p.count) for p in pw.placements] == [("edge", 2)] and pw.new_hosts == []
         pw = ready(client, pw.id, 2, timeout=60)
-        assert pw.placements[0].machine == "edge"  # not this machine's local socket: named by its id
+        assert pw.placements[0].machine == "local"  # its agent listens on loopback: the controller's machine
         standby = [v for v in client.vms.list() if v["name"].startswith(pw.id)]
         assert len(standby) == 2 and all(v["host"] == "edge" and v["standby"] for v in standby)
         assert client.pool.remove_prewarm(pw.id)
@@ -169,3 +169,32 @@ def test_a_refill_with_no_room_left_buys_under_the_budget_as_the_prewarm_did(tmp
         assert sorted(h.name for h in client.pool.cloud_hosts()) == sorted(pw.new_hosts)
         assert client.pool.remove_prewarm(pw.id)
         client.vms.delete("job")
+
+
+def test_a_placement_names_its_machine_local_only_for_an_agent_on_the_controllers_machine(tmp_path):
+    # seed 001: PrewarmPlacement.machine is "`local` or its relay machine id"
+    import time
+
+    from fuse.controller.service import Controller
+    from fuse.controller.store import elastic_hosts
+
+    ctl = Controller(tmp_path / "ctl")
+    try:
+        now = time.time()
+        with ctl.store.tx() as c:
+            for host, url in [("up", f"unix://{tmp_path}/agent.sock"), ("lo", "http://127.0.0.1:7070"),
+                              ("rack2", "http://10.0.0.5:7070"), ("dev-1", "http://127.0.0.1:7071")]:
+                ctl.store.put_host(c, dict(id=host, url=url, token="", backend="fake", agent_id="", state="active",
+                                           capacity={}, last_seen=now, created_at=now, updated_at=now))
+            # a machine the pool bought (a `local` cloud runs its agent on loopback): a machine of its own
+            c.execute(elastic_hosts.insert().values(
+                name="dev-1", provider="dev", type_name="local.small", region="local", cloud_id="1", state="joined",
+                started=now, ended=None, expires=0, usd_per_hour=0.1, billing_step_secs=1, billing_min_secs=60,
+                boot_secs=1, pinned=0, token="t", record={"joined": True}, updated_at=now))
+        pw = ctl.prewarm.view({"id": "pw-1", "image": "linux", "kind": "microvm", "cpus": 1, "memory_mb": 256,
+                               "count": 4, "placements": {"up": 1, "lo": 1, "rack2": 1, "dev-1": 1},
+                               "expires_at": int(now + 60), "new_hosts": []})
+        assert {p.host: p.machine for p in pw.placements} == {"up": "local", "lo": "local", "rack2": "rack2",
+                                                              "dev-1": "dev-1"}
+    finally:
+        ctl.store.close()

@@ -269,3 +269,18 @@ def test_an_unplaced_reason_names_the_hosts_without_the_image(ctl):
     assert any("no image 'other'" in line for line in p.explain)
     r = post(client(ctl, [own]), {"count": 2, "image": "linux", "kind": "container", "no_scale": True})
     assert "no image" not in r.text  # (placed: nothing to say)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/prewarms", {"image": "linux", "on": "host:"}),
+    ("/v1/vms", {"shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x", "on": "host:"}),
+], ids=["a prewarm", "a create"])
+def test_on_host_with_no_machine_is_400_invalid_argument_on_a_prewarm_as_on_a_create(ctl, path, body):
+    r = client(ctl).post(path, json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
+
+
+@pytest.mark.parametrize("ttl, status", [(0, 400), (-1, 400)], ids=["0", "below 0"])
+def test_a_prewarm_ttl_below_1_is_400_as_its_schema_says(ctl, ttl, status):
+    r = client(ctl).post("/v1/prewarms", json={"image": "linux", "ttl_secs": ttl})
+    assert r.status_code == status and "ttl_secs" in r.json()["error"]["message"], r.text

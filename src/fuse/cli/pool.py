@@ -1,15 +1,15 @@
 """``fuse pool ...``: the elastic pool — plans, linked clouds, the hosts it buys,
 the budget, scale-in and prewarm.
 
-``plan`` without a controller (no ``--url`` and no ``FUSE_URL``) plans offline
-against the shipped catalogue and an empty pool. ``--model FILE.json`` re-solves
-an edited model: the ``json`` field of an earlier plan, a whole plan saved
-with ``--json``, or a bare model; it takes no request flags (they would be
-ignored). ``--apply`` buys the machines the plan adds, so it needs a controller.
-
-Every other command talks to a controller through the SDK (``fuse.Client``):
+Every command talks to a controller through the SDK (``fuse.Client``):
 ``--url``/``FUSE_URL`` and ``--token``/``FUSE_TOKEN``, by default the
-controller's own socket. A table for people; ``--json`` prints what the SDK
+controller's own socket. ``plan`` alone can also answer without one: when no
+``--url`` is given and no controller listens on the default socket, it says so
+on stderr and plans offline against the shipped catalogue and an empty pool.
+``--model FILE.json`` re-solves an edited model offline: the ``json`` field of
+an earlier plan, a whole plan saved with ``--json``, or a bare model; it takes
+no request flags (they would be ignored). ``--apply`` buys the machines the
+plan adds, so it needs a controller. A table for people; ``--json`` prints what the SDK
 call returns, for programs. Errors print ``error: <code>: <message>`` and exit
 2; a command whose answer is "partly no" (``remove-host`` with failures,
 ``unprewarm`` of no such prewarm) exits 1.
@@ -65,9 +65,31 @@ def _fail(code: str, message: str, details: dict | None = None, json_: bool = Fa
     fail(code, message, details, json_=json_, exit_code=2)
 
 
+class _NoController(Exception):
+    """Nothing listens on the socket: the request was never sent (``reason`` says why)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _never_sent(e: Exception) -> str | None:
+    """Why a request got no answer when no controller listens (no socket file, or
+    nothing accepting on it: the request never left); None for any other failure."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, FileNotFoundError):
+            return "no such socket"
+        if isinstance(cause, ConnectionRefusedError):
+            return "nothing accepts on it"
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 @contextlib.contextmanager
-def _controller(url: str | None, token: str | None, json_: bool = False) -> Iterator[Any]:
-    """A ``fuse.Client``; an API error (or no controller) ends the command with exit 2."""
+def _controller(url: str | None, token: str | None, json_: bool = False, offline_ok: bool = False) -> Iterator[Any]:
+    """A ``fuse.Client``; an API error (or no controller) ends the command with exit 2.
+    ``offline_ok``: no controller listening raises ``_NoController`` instead."""
     from fuse.client import ApiError, Client
     try:
         client = Client(url or None, token)
@@ -77,6 +99,9 @@ def _controller(url: str | None, token: str | None, json_: bool = False) -> Iter
         with client:
             yield client
     except ApiError as e:  # "unreachable" (status 0) when no controller answered
+        why = _never_sent(e) if offline_ok and e.status == 0 else None
+        if why is not None:
+            raise _NoController(why) from e
         _fail(e.code or str(e.status), e.message, e.details, json_=json_)
 
 
@@ -176,7 +201,8 @@ def plan_cmd(
         "Re-solve an edited model (a plan's json field, or a whole plan saved with --json); "
         "takes no request flags: edit the file instead.")),
     time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Solver seconds (offline only)."),
-    url: Optional[str] = _url_option("Controller URL (else offline)."),
+    url: Optional[str] = _url_option("Controller: unix:///path or http(s)://host:port (default: its socket; "
+                                     "offline when no controller listens there)."),
     token: Optional[str] = _token_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the ElasticPlan as JSON."),
 ) -> None:
@@ -186,10 +212,9 @@ def plan_cmd(
                  instance_type=instance_type, hosts=hosts, no_scale=no_scale or None,
                  devices_only=devices_only or None, max_usd_per_hour=max_usd_per_hour)
     try:
-        if apply and (model is not None or not url):
-            raise InvalidArgument("--apply buys machines in the linked clouds, so it needs a controller "
-                                  "(--url or FUSE_URL)" + (" and the request flags, not --model" if model else "")
-                                  + "; an offline plan only shows what it would do")
+        if apply and model is not None:
+            raise InvalidArgument("--apply buys machines in the linked clouds, so it needs a controller and the "
+                                  "request flags, not --model; an offline plan only shows what it would do")
         if model is not None:
             flags = [flag for flag, name in REQUEST_FLAGS.items() if given[name] is not None]
             if flags:
@@ -197,15 +222,14 @@ def plan_cmd(
                                       "would be ignored: edit the model instead (its groups and constraints)")
             m = load_model(model)
             result = solve_plan(m if time_limit is None else m.model_copy(update={"time_limit_secs": time_limit}))
-        elif url:
+        else:
             req = _request(**given, apply=apply or None)
             if apply and not as_json:
                 typer.echo("applying: the controller buys the machines the plan adds...", err=True)
-            with _controller(url, token, as_json) as c:
-                result = c.pool.cloud_plan(req)
-        else:
-            kw = {} if time_limit is None else {"time_limit_secs": time_limit}
-            result = solve_plan(model_from_request(_request(**given), [], **kw))
+            result = _controller_plan(url, token, req, as_json)
+            if result is None:  # no controller on the default socket: what if, offline
+                kw = {} if time_limit is None else {"time_limit_secs": time_limit}
+                result = solve_plan(model_from_request(_request(**given), [], **kw))
     except FuseError as e:
         _fail(e.code, e.message, json_=as_json)
     except ValidationError as e:  # a --model file that is not a model
@@ -219,6 +243,27 @@ def plan_cmd(
     render(result, Console())
     if result.added:
         _host_table(result.added, title="added")
+
+
+def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest,
+                     as_json: bool) -> ElasticPlan | None:
+    """The controller's plan: at ``--url``/``FUSE_URL``, else on its default socket, as every
+    other command. None (said on stderr) when no URL was given and no controller listens on
+    the default socket: the request never left, so an offline plan answers instead; but an
+    ``apply`` needs the controller. A controller that answers, even with an error, is the answer."""
+    from fuse.controller.service import default_controller_socket
+
+    try:
+        with _controller(url, token, as_json, offline_ok=not url) as c:
+            return c.pool.cloud_plan(req)
+    except _NoController as e:
+        sock = default_controller_socket()
+        if req.apply:
+            _fail("invalid_argument", f"--apply buys machines in the linked clouds, so it needs a controller, and "
+                                      f"none listens at unix://{sock} ({e.reason}): give --url or FUSE_URL; "
+                                      "an offline plan only shows what it would do", json_=as_json)
+        typer.echo(f"no controller at {sock}: planning offline against the shipped catalogue", err=True)
+        return None
 
 
 def solve_plan(model: PlanModel) -> ElasticPlan:
@@ -366,10 +411,12 @@ def prewarm_cmd(
     image: str = typer.Argument(..., help="Image (bundle) of the VMs kept ready."),
     count: Optional[int] = typer.Option(None, "--count", help="How many to keep ready, 1 to 256 (default 1)."),
     on: Optional[str] = typer.Option(None, "--on", help="auto (default) | local | <linked cloud> | host:<machine>."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="vm or microvm (default: from the image)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help=(
+        "container, vm or microvm (default: from the image); each runs as a VM: microvm needs a KVM host, "
+        "container and vm go anywhere.")),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="vCPUs each (default: learned from the image)."),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="MiB each (default: learned from the image)."),
-    ttl_secs: Optional[int] = typer.Option(None, "--ttl-secs", help="Seconds until it ends (default 3600)."),
+    ttl_secs: Optional[int] = typer.Option(None, "--ttl-secs", help="Seconds until it ends, at least 1 (default 3600)."),
     instance_type: Optional[str] = typer.Option(None, "--instance-type", help="Only this machine type."),
     region: Optional[str] = typer.Option(None, "--region", help="Only this region."),
     url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),

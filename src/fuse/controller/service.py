@@ -95,23 +95,31 @@ class Controller:
         """The operator's own hosts with their free room, for the planner
         (own devices cost nothing; only active, connected hosts take work).
         ``free_vm_slots``: VMs its vm_count policy still admits (the policy less
-        the VMs on it and those being placed). Own devices have no machine type."""
+        the VMs on it and those being placed). Own devices have no machine type.
+        A host scale-in cordoned (``scaler_cordoned``: not an operator's cordon, nor
+        its TTL's) is a running host with room, as it is for a create, which
+        uncordons it before anything is bought: placed work uncordons it."""
+        from .pool.reconcile import scaler_cordoned
         fleet, reasons = self.vms.arrays()
         elastic = self.pool.live_rows()
         now = time.time()
+        reopens = scaler_cordoned(self.pool, now)
         out = []
         for i, host_id in enumerate(fleet.ids):
             row = self.store.get_host(host_id) or {}
             cap = row.get("capacity", {})
             view = self.fleet.views.get(host_id) if self.fleet else None
             e = elastic.get(host_id)
+            # only its cordon keeps it out: connected, not under memory pressure
+            reopen = (not fleet.usable[i] and host_id in reopens and view is not None and view.connected
+                      and not view.summary.get("memory_pressure"))
             cloud = {} if e is None else {
                 "own": False, "provider": e["provider"], "type_name": e["type_name"],
                 "usd_per_hour": e["usd_per_hour"], "billing_step_secs": e["billing_step_secs"],
                 # work there costs nothing more until the host's committed end (a
                 # hand-added host runs to its TTL whatever it holds): then it is chosen
                 # before a new machine, as the seed's order says
-                "paid_secs_left": max(0, int(committed_until(e, now) - now))}
+                "paid_secs_left": max(0, int(committed_until(e, now) - now)), "scaler_cordoned": reopen}
             out.append({"name": host_id, "cpus": int(fleet.cap_vcpus[i]), "mem_mib": int(fleet.cap_mem[i]),
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
                         "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),
@@ -123,7 +131,8 @@ class Controller:
                         "bundles": ([b.get("name") for b in view.summary.get("bundles") or [] if isinstance(b, dict)]
                                     if view is not None and "bundles" in view.summary else None),
                         "region": row.get("region", "") or "", "type_name": "",
-                        "state": row.get("state", "active") if fleet.usable[i] else "unavailable"} | cloud)
+                        "state": (row.get("state", "active") if fleet.usable[i] else
+                                  "active" if reopen else "unavailable")} | cloud)
         return out
 
     async def register_host(self, req, backend_from_probe: bool = False):

@@ -108,6 +108,8 @@ class VmService:
             raise InvalidArgument("host must name a host (leave it out and placement chooses)")
         if req.host is not None and self.store.get_host(req.host) is None:
             raise NotFound(f"host {req.host} not found")
+        if req.host is not None and among is not None and req.host not in among:
+            raise InvalidArgument(f"host {req.host} and on {on} disagree: {req.host} is {self._outside(on)}")
         name = req.name or f"vm-{secrets.token_hex(4)}"
         if req.host is not None and any(r["host"] == req.host for r in self.store.vms_named(name)):
             # The pinned host is the chosen one: its name clash is the answer,
@@ -122,6 +124,7 @@ class VmService:
         reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
         decisions = []
         tried: set[str] = set()
+        reopened: set[str] = set()
         scaled = False
         while True:
             async with self._lock:
@@ -131,8 +134,14 @@ class VmService:
                 host = decision.best(exclude=tried)
                 if host is not None:
                     self._pending[host] = self._pending.get(host, Resources()) + ask
+                elif self._reopen(req, ask, among, reopened):
+                    decisions.pop()  # (it said the host is cordoned: no longer so)
+                    continue  # a host scale-in cordoned has the room: place again
             if host is None:
-                if scaled or not self._may_scale(req, on):
+                why_not = None if scaled else self._no_scale(req, on)
+                if scaled or why_not is not None:
+                    if why_not:
+                        reasons["elastic pool"] = why_not
                     break
                 scaled = True
                 try:  # the elastic pool buys a machine for it (outside the lock: it takes a while)
@@ -179,6 +188,13 @@ class VmService:
             for h, why in d.reasons.items():
                 filtered.setdefault(h, why)
         pool = f"; {reasons['elastic pool']}" if "elastic pool" in reasons else ""  # e.g. the budget's cap
+        if among is not None and req.host is None:  # the hosts ``on`` left out say so too
+            registered = [r["id"] for r in self.store.list_hosts()]
+            for h in registered:
+                if h not in among:
+                    filtered.setdefault(h, self._outside(on))
+            if on != "local" and not among.intersection(registered):
+                pool = f"; cloud {on} has no hosts{pool}"
         raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB){pool}",
                         details={"hosts": dict(sorted((filtered | reasons).items()))})
 
@@ -192,11 +208,46 @@ class VmService:
         self.ctl.pool.provider(on)  # a linked cloud, or 400
         return {n for n, r in elastic.items() if r["provider"] == on}
 
-    def _may_scale(self, req: ControllerCreateVm, on: str) -> bool:
-        """Whether a create no host took may have the elastic pool buy a machine:
-        not pinned, not local, a cloud linked and the budget's autoscale on."""
-        return (req.host is None and on != "local" and not req.standby and bool(self.ctl.pool.cloud_names())
-                and self.ctl.pool.budget().autoscale)
+    def _outside(self, on: str) -> str:
+        """Why a host is not among those ``on`` allows."""
+        return "an elastic host (on local: your own hosts only)" if on == "local" else f"not a host of cloud {on}"
+
+    def _no_scale(self, req: ControllerCreateVm, on: str) -> str | None:
+        """Whether a create no host took may have the elastic pool buy a machine (None: it
+        may): not pinned, not local, a cloud linked and the budget's autoscale on. Else why
+        not, for the fleet_full answer: the budget's autoscale when it alone is in the way
+        ("" when the create never asked for a machine, or no cloud is linked)."""
+        if req.host is not None or on == "local" or req.standby or not self.ctl.pool.cloud_names():
+            return ""
+        if not self.ctl.pool.budget().autoscale:
+            return ("autoscale is off: no machine is bought for it (turn it on with the budget's autoscale, "
+                    "or add a host by hand)")
+        return None
+
+    def _reopen(self, req: ControllerCreateVm, ask: Resources, among: set[str] | None, done: set[str]) -> bool:
+        """Uncordon a host scale-in cordoned that has room for the VM, among the hosts the
+        create allows (its ``host`` pin, ``on``): its room is wanted again and it is paid
+        for already. Whatever the budget's autoscale: nothing is bought (a plan counts such
+        a host as one with room, and a prewarm it placed there creates its VMs pinned to it).
+        Each host once per create (``done``). Called under the placement lock."""
+        import time
+
+        from .pool.reconcile import scaler_cordoned, uncordon
+        for name in sorted(scaler_cordoned(self.ctl.pool, time.time())):
+            if name in done or (req.host is not None and name != req.host) or (among is not None and name not in among):
+                continue
+            view = self.fleet.views.get(name) if self.fleet else None
+            s = view.summary if view is not None else {}
+            if view is None or not view.connected or s.get("memory_pressure") or (
+                    req.bundle and s.get("bundles") is not None
+                    and req.bundle not in {b.get("name") for b in s["bundles"]}):
+                continue
+            fleet, _ = self.arrays(only=name)
+            if len(fleet.ids) and fleet.free_mem[0] >= ask.mem_mib and fleet.vm_count[0] < fleet.vm_limit[0]:
+                done.add(name)
+                uncordon(self.ctl.pool, name)
+                return True
+        return False
 
     async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
         """Take a prewarmed VM of this shape: its host renames it and gives the

@@ -113,7 +113,10 @@ class ElasticAssignment(_Record):
     host: str = ""
     new_index: int | None = None
     count: int
-    sync: bool = False
+    sync: bool = Field(default=False, description=(
+        "The checkpoint is copied there first: true on a new machine (nothing of the group is on it "
+        "yet: the image, and a together group's checkpoint, is put there before its VMs start); false "
+        "on a host already in the pool, which has the image (hosts without it are left out of the plan)."))
 
 
 class ElasticNewHost(_Record):
@@ -148,7 +151,10 @@ class ElasticHost(_Record):
     machine: str = ""
     state: str = "creating"
     started: int = 0
-    expires: int = 0
+    expires: int = Field(default=0, description=(
+        "Unix seconds it ends on its own: a host added by hand at its TTL; a machine a plan or autoscale "
+        "bought when scale-in removes it once idle, at the end of its paid time after the work it was "
+        "planned for (it moves on with the billed time while VMs keep the host busy)."))
     usd_per_hour: float = 0.0
     billing_step_secs: int = 1
     billing_min_secs: int = 0
@@ -229,8 +235,11 @@ class ElasticRemoved(_Record):
 class PrewarmPlacement(_Record):
     """Where a prewarm keeps VMs ready."""
 
-    host: str
-    machine: str = "local"
+    host: str = Field(description="The host's id (its name in the pool).")
+    machine: str = Field(default="local", description=(
+        "`local` for the host agent on the controller's own machine (a unix socket or loopback address, "
+        "as `fuse up` registers it), else the host's id (a machine the elastic pool bought: its relay "
+        "machine, as in ElasticHost.machine)."))
     count: int = 0
     ready: int = 0
 
@@ -255,11 +264,14 @@ class PrewarmOptions(_Record):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int | None = Field(default=None, ge=1, le=256)
-    on: str | None = None
-    kind: str | None = None
+    count: int | None = Field(default=None, ge=1, le=256, description="How many, 1 to 256 (default 1).")
+    on: str | None = Field(default=None, description=(
+        "`auto` (default), `local`, a linked cloud or `host:<machine>`."))
+    kind: str | None = Field(default=None, description=(
+        "`container`, `vm` or `microvm` (default: the image's). Every kind runs as a VM here: "
+        "`microvm` needs a KVM host, `container` and `vm` go anywhere."))
     cpus: int | None = Field(default=None, ge=1, le=U32)
     memory_mb: int | None = Field(default=None, ge=1, le=U32)
-    ttl_secs: int | None = Field(default=None, ge=0, le=U32)
+    ttl_secs: int | None = Field(default=None, ge=1, le=U32, description="Seconds to keep them (default 3600).")
     instance_type: str | None = None
     region: str | None = None

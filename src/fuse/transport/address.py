@@ -88,6 +88,24 @@ def transport_kind(addr: str) -> str:
     return parse_address(addr).kind
 
 
+def on_this_machine(addr: str) -> bool:
+    """Whether the agent at `addr` runs on this machine: a unix socket (`local`,
+    `unix://PATH`) or a loopback host (`localhost`, 127.0.0.0/8, `::1`) over
+    any transport. False for any other host, and for what is not an address."""
+    try:
+        a = parse_address(addr)
+    except BadAddress:
+        return False
+    if a.kind == "local":
+        return True
+    if a.host == "localhost" or a.host.endswith(".localhost"):  # (RFC 6761: always loopback)
+        return True
+    try:
+        return ipaddress.ip_address(a.host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
 def _tls(addr: str) -> Address:
     """HOST:PORT, the mutual-TLS form: a port is required, and a host is a
     name or an IP literal (no user, no path)."""

@@ -122,11 +122,23 @@ def committed_usd(row: dict, now: float) -> float:
     return (committed_until(row, now) - paid_until(row, now)) * row["usd_per_hour"] / 3600
 
 
-def to_record(row: dict) -> ElasticHost:
+def ends_on_its_own(row: dict, now: float) -> float:
+    """When the host ends unless someone ends it first (``ElasticHost.expires``). A host
+    with a TTL (added by hand): then. A machine a plan or autoscale bought has none: scale-in
+    keeps it until its planned work ends, then removes it, once idle, at the end of the paid
+    time that holds then; so, recomputed at every read, it follows the billed time while VMs
+    keep the host busy. A gone host: when its paid time ended."""
+    if row["expires"]:
+        return row["expires"]
+    return paid_until(row, max(now, (row["record"] or {}).get("planned_until", 0)))
+
+
+def to_record(row: dict, now: float | None = None) -> ElasticHost:
+    now = time.time() if now is None else now
     return ElasticHost(
         name=row["name"], provider=row["provider"], type_name=row["type_name"], region=row["region"],
         id=row["cloud_id"], machine=row["name"] if (row["record"] or {}).get("joined") and row["state"] != "gone" else "",
-        state=row["state"], started=int(row["started"]), expires=int(row["expires"]),
+        state=row["state"], started=int(row["started"]), expires=int(ends_on_its_own(row, now)),
         usd_per_hour=row["usd_per_hour"], billing_step_secs=row["billing_step_secs"],
         billing_min_secs=row["billing_min_secs"], pinned=bool(row["pinned"]))
 

@@ -71,6 +71,8 @@ class PoolHost(_Data):
     billing_step_secs: int = Field(default=1, ge=1)
     # VMs it may still take: its vm_count policy less the VMs on it (None: no limit)
     max_vms: int | None = Field(default=None, ge=0)
+    # a cloud host scale-in cordoned: running and paid, so counted; the VMs placed uncordon it
+    scaler_cordoned: bool = False
 
 
 class Offer(_Data):

@@ -28,6 +28,7 @@ from sqlalchemy import delete, insert, select, update
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
 from ..store import prewarms as prewarms_t
+from ..target import parse_on
 from .elastic import BudgetExceeded
 from .request import kind_of_image, learned_shape, history_from_vms
 
@@ -78,13 +79,15 @@ class PrewarmService:
                        placements=placements, expires_at=rec["expires_at"], new_hosts=rec["new_hosts"])
 
     def _machine(self, host: str) -> str:
-        """``local`` for a host on this machine's own socket, else the host's id."""
-        from ...transport import transport_kind
-        row = self.store.get_host(host)
-        try:
-            return "local" if row and transport_kind(row["url"]) == "local" else host
-        except ValueError:
+        """``local`` for the host agent on the controller's own machine (its address a unix
+        socket, as ``fuse up`` registers it, or on loopback), else the host's id. A machine
+        the pool bought is a machine of its own (``ElasticHost.machine``), also when a
+        ``local`` cloud runs its agent on loopback here."""
+        from ...transport import on_this_machine
+        if self.ctl.pool.row(host) is not None:
             return host
+        row = self.store.get_host(host)
+        return "local" if row and on_this_machine(row["url"]) else host
 
     def _images(self) -> set[str]:
         """Guest bundles the registered hosts reported, and those a linked cloud's machines get."""
@@ -105,13 +108,14 @@ class PrewarmService:
         # plan (a microvm needs KVM, a container or vm runs on any host)
         if kind not in ("container", "vm", "microvm"):
             raise InvalidArgument(f"kind must be container, vm or microvm, not {opts.kind!r}")
+        target = parse_on(opts.on)  # (host: with no machine is 400, as on a create)
         on = opts.on or "auto"
         # what `on` names must exist before the image is looked for there
-        if on.startswith("host:"):
-            if self.store.get_host(on[len("host:"):]) is None:
-                raise NotFound(f"host {on[len('host:'):]} not found")
-        elif on not in ("auto", "local"):
-            self.ctl.pool.provider(on)  # a linked cloud, or 400 saying so
+        if target.kind == "host":
+            if self.store.get_host(target.name) is None:
+                raise NotFound(f"host {target.name} not found")
+        elif target.kind == "cloud":
+            self.ctl.pool.provider(target.name)  # a linked cloud, or 400 saying so
         images = self._images()
         if image not in images:  # no VM of it could ever get ready: refused before anything is bought
             raise InvalidArgument(f"no host or linked cloud has image {image!r} (a guest bundle; there are: "
@@ -120,9 +124,7 @@ class PrewarmService:
         cpus = opts.cpus or (shape[0] if shape else 1)
         mem = opts.memory_mb or (shape[1] if shape else 1024)
         count = opts.count or 1
-        ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs
-        if ttl < 1:
-            raise InvalidArgument("ttl_secs must be at least 1")
+        ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs  # (at least 1: PrewarmOptions)
         placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
         pw_id = "pw-" + secrets.token_hex(3)
         rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
@@ -138,8 +140,9 @@ class PrewarmService:
     async def _place(self, on: str, image: str, kind: str, cpus: int, mem: int, count: int, ttl: int,
                      opts: PrewarmOptions) -> tuple[dict[str, int], list[str]]:
         """Where the standby VMs go (host -> count), and the hosts bought for them."""
-        if on.startswith("host:"):
-            host = on[5:]
+        target = parse_on(on)
+        if target.kind == "host":
+            host = target.name
             snap = {h["name"]: h for h in self.ctl.pool_snapshot()}
             if host not in snap:
                 raise NotFound(f"host {host} not found")
@@ -170,7 +173,12 @@ class PrewarmService:
             # the budget's fault when the same solve without its caps places them all
             free = await pool.plan(req, snapshot, unbounded=True)
             cls = BudgetExceeded if not free.unplaced else FleetFull
-            raise cls(f"prewarm refused, nothing bought: {why}")
+            b = pool.budget()  # the caps as the operator set them, and what runs against them
+            caps = ", ".join(f"{k}={v}" for k, v in (("max_new_hosts", b.max_new_hosts), ("max_usd_per_hour",
+                             b.max_usd_per_hour), ("monthly_usd", b.monthly_usd)) if v)
+            raise cls(f"prewarm refused, nothing bought: {why}" + (
+                f" (the budget: {caps}; {b.hosts} elastic hosts running, ${b.running_usd_per_hour:.4f}/h, "
+                f"${b.month_usd:.2f} spent this month)" if cls is BudgetExceeded and caps else ""))
         if any(h.one_space for h in plan.new_hosts):
             raise FleetFull("prewarm refused, nothing bought: the plan needs one-VM sandboxes, not hosts")
         names = [a.name for a in await pool.buy(plan.new_hosts)] if plan.new_hosts else []

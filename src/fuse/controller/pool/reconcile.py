@@ -15,10 +15,17 @@
    boot plus the plan's billed time), so "apply, then create on auto" finds it
    (also when that end is within the horizon: its VMs may not exist yet).
 3. Of the hosts with VMs, the least used (by memory) is cordoned when the
-   other hosts (the operator's own included) have room for all its VMs:
-   first fit of its VMs, largest first, into their free memory and VM slots.
-   One host per pass, so the room counted is not promised twice.
+   other hosts (the operator's own included) have room for all its VMs and
+   for those of the hosts already cordoned (by an earlier pass, or for their
+   TTL): first fit of all those VMs, largest first, into the free memory and
+   VM slots of the hosts that take work. A cordoned host is not room. One
+   host per pass, and the room counted is not promised twice: each earlier
+   cordon holds the room its VMs need until they are gone.
 4. Anything else is kept, and says why.
+
+A host scale-in cordoned (not for its TTL; ``scaler_cordoned``) is still a
+running, paid host: the plans count it as one with room, and a create that
+finds no other host uncordons it (``uncordon``) before anything is bought.
 """
 
 from __future__ import annotations
@@ -101,21 +108,54 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
     if len(busy) > 0:
         r = busy[0]
         load = loads[r["name"]]
-        # (not the hosts this pass removes or cordons: they take nothing)
-        leaving = {h for h, d in out.items() if d.action in ("remove", "cordon")}
+        # The hosts cordoned already (an earlier pass, or this one for their TTL) take nothing,
+        # and their VMs are still to find room elsewhere: the room they need is promised to
+        # them, not to this host's VMs (two hosts were cordoned against the same free MiB).
+        cordoned = {x["name"] for x in live if x["state"] == "cordoned"
+                    or (x["name"] in out and out[x["name"]].action == "cordon")}
+        held = sorted(h for h in cordoned if loads.get(h, Load()).vms)
+        owed = tuple(mem for h in held for mem in loads[h].vms)
+        # (nor the hosts this pass removes: they take nothing either)
+        leaving = cordoned | {h for h, d in out.items() if d.action == "remove"}
         others = [v for h, v in room.items() if h != r["name"] and h not in leaving]
-        if _fits(load.vms, others):
-            share = sum(load.vms) / max(load.mem_mib, 1)
+        share = sum(load.vms) / max(load.mem_mib, 1)
+        if _fits(load.vms + owed, others):
+            also = f" and the {len(owed)} VMs of {', '.join(held)} (cordoned)" if held else ""
             out[r["name"]] = ElasticDecision(
                 host=r["name"], action="cordon", until=int(paid_until(r, now)),
                 reason=f"least used ({share:.0%} of its memory); the other hosts have room for its "
-                       f"{len(load.vms)} VMs")
+                       f"{len(load.vms)} VMs{also}")
+        elif held and _fits(load.vms, others):
+            out[r["name"]] = ElasticDecision(
+                host=r["name"], action="keep", until=int(paid_until(r, now)),
+                reason=f"least used ({share:.0%} of its memory), but the room on the other hosts is held for the "
+                       f"{len(owed)} VMs of {', '.join(held)} (cordoned): {len(load.vms)} VMs on it")
     for r in live:
         if r["name"] not in out:
             n = len(loads.get(r["name"], Load()).vms)
+            on = f"{n} VMs on it" if n else r["state"]
             out[r["name"]] = ElasticDecision(host=r["name"], action="keep", until=int(paid_until(r, now)),
-                                             reason=f"{n} VMs on it" if n else r["state"])
+                                             reason=f"cordoned; {on}" if n and r["state"] == "cordoned" else on)
     return [out[r["name"]] for r in live]
+
+
+def scaler_cordoned(pool, now: float) -> dict[str, dict]:
+    """The elastic hosts scale-in cordoned and may uncordon (``elastic_hosts`` rows by name):
+    cordoned in the pool and in the registry, their TTL not come (a host cordoned for its TTL
+    ends). A host an operator cordoned stays ``joined`` in the pool: not one of these."""
+    out = {}
+    for r in pool.rows():
+        if r["state"] != "cordoned" or (r["expires"] and now >= r["expires"]):
+            continue
+        if (pool.store.get_host(r["name"]) or {}).get("state") == "cordoned":
+            out[r["name"]] = r
+    return out
+
+
+def uncordon(pool, name: str) -> None:
+    """Take a host scale-in cordoned back into placement: its room is wanted again."""
+    pool.ctl.hosts.set_state(name, "active")
+    pool._transition(name, "joined", "uncordoned: its room is wanted again")
 
 
 WORK_STATES = frozenset({"creating", "running", "sleeping", "incoming"})  # VMs with work still to do
@@ -146,8 +186,9 @@ async def reconcile(pool, *, horizon: float = HORIZON_SECS) -> list[ElasticDecis
 
     now = time.time()
     rows = [r for r in pool.rows() if r["state"] != "gone"]
+    # (a host the scaler cordoned is room for the plans, which uncordon it: not for scale-in)
     room = {h["name"]: (h["free_mem_mib"], h["free_vm_slots"]) for h in pool.ctl.pool_snapshot()
-            if h.get("state") != "unavailable"}
+            if h.get("state") != "unavailable" and not h.get("scaler_cordoned")}
     decisions = decide(rows, loads_of(pool, rows), room, now, horizon)
     out = []
     for d in decisions:

@@ -84,7 +84,7 @@ def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
         arch=str(d.get("arch") or "amd64"), kvm=bool(d.get("kvm", True)), own=bool(d.get("own", True)),
         provider=str(d.get("provider", "")), region=str(d.get("region", "")), type_name=str(d.get("type_name", "")),
         usd_per_hour=float(d.get("usd_per_hour", 0.0)), paid_secs_left=int(d.get("paid_secs_left", 0)),
-        billing_step_secs=int(d.get("billing_step_secs", 1)),
+        billing_step_secs=int(d.get("billing_step_secs", 1)), scaler_cordoned=bool(d.get("scaler_cordoned", False)),
         max_vms=None if d.get("free_vm_slots") is None else max(0, int(d["free_vm_slots"])))
 
 

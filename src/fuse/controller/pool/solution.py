@@ -163,6 +163,30 @@ def better(model: PlanModel, a: Solution, b: Solution) -> bool:
     return cost_usd(model, a) < cost_usd(model, b) - 1e-9
 
 
+def _caps(model: PlanModel) -> list[str]:
+    """The model's caps on new machines, as an operator reads them. A cap of the budget is
+    what it leaves after the hosts running (``elastic.constraints``): 0 left reads
+    "reached", never ``=0`` (which the budget's API reads as no cap)."""
+    c = model.constraints
+    out = []
+    if c.max_new_hosts is not None:
+        n = c.max_new_hosts
+        out.append("max_new_hosts reached: no more new hosts (the hosts running count against it)" if n == 0
+                   else f"max_new_hosts: at most {n} new host{'s' if n > 1 else ''}")
+    if c.exact_new_hosts is not None:
+        out.append("hosts=0: the request adds no machine" if c.exact_new_hosts == 0 else
+                   f"hosts={c.exact_new_hosts}: the request adds exactly {c.exact_new_hosts} machines")
+    if c.max_usd_per_hour is not None:
+        out.append("max_usd_per_hour reached: no $/h left for new machines" if c.max_usd_per_hour <= 0
+                   else f"max_usd_per_hour={round(c.max_usd_per_hour, 6)}")
+    if c.monthly_usd_left is not None:
+        out.append("monthly_usd reached: nothing left this month" if c.monthly_usd_left <= 0
+                   else f"monthly_usd_left={round(c.monthly_usd_left, 6)}")
+    out += [f"quota {f}={v}" for f, v in sorted(c.quotas.items())]
+    out += [f"limit {o.type_name}={o.limit}" for o in model.offers if o.limit is not None]
+    return out
+
+
 def unplaced_reason(model: PlanModel, g: int) -> str:
     """Why group g (partly) has no place: no machine can hold it at all, or the caps."""
     grp, c = model.groups[g], model.constraints
@@ -170,22 +194,22 @@ def unplaced_reason(model: PlanModel, g: int) -> str:
     on_offers = Counter(offer_reject(grp, o, c) for o in model.offers)
 
     def said(why: Counter) -> str:
-        return "; ".join(f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4))
+        return "; ".join(f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4) if r is not None)
 
     if on_hosts[None] == 0 and on_offers[None] == 0:
-        if not on_hosts and not on_offers:
-            return "no hosts in the pool and no offers"
+        if not on_hosts and not on_offers:  # (what the pool ruled out before the model: said by the caller)
+            return "no host or cloud machine type can take it"
         return "no machine can hold it: " + said(on_hosts + on_offers)
+    # why the hosts take none of it, when none does (a full host's vm_count, its room...)
+    hosts = f"no host can take it: {said(on_hosts)}" if on_hosts and not on_hosts[None] else ""
     if on_offers[None] == 0:  # (a request's no_scale or devices_only, allow_metal, pins: not the caps)
         return ("no room left on the hosts that can hold it, and no new machine may: " + said(on_offers)
                 if on_offers else "no room left on the hosts that can hold it, and no offers")
-    caps = [f"{k}={round(v, 6) if isinstance(v, float) else v}" for k, v in (
-        ("max_new_hosts", c.max_new_hosts), ("hosts", c.exact_new_hosts),
-        ("max_usd_per_hour", c.max_usd_per_hour), ("monthly_usd_left", c.monthly_usd_left),
-    ) if v is not None]
-    caps += [f"quota {f}={v}" for f, v in sorted(c.quotas.items())]
-    caps += [f"limit {o.type_name}={o.limit}" for o in model.offers if o.limit is not None]
-    return "no room within the caps: " + ", ".join(caps) if caps else "no room left in the pool"
+    caps = _caps(model)
+    if not caps:
+        return hosts or "no room left in the pool"
+    lead = f"{hosts}; and no new machine within the caps: " if hosts else "no room within the caps: "
+    return lead + ", ".join(caps)
 
 
 def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: float,
@@ -198,12 +222,16 @@ def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: fl
         if k <= 0:
             continue
         host = hosts[h]
-        assignments.append(ElasticAssignment(group=groups[g].name, host=host.name, count=k))
+        # a host in the pool has the group's image (those without it are left out of the
+        # model; one whose agent does not list its images is taken to have it, as placement does)
+        assignments.append(ElasticAssignment(group=groups[g].name, host=host.name, count=k, sync=False))
         if host.own:
             why = "own device, free"
         else:
             extra = host.usd_per_hour * extra_secs(host, durs[h]) / 3600
             why = f"running cloud host, ${extra:.4f} extra billed" if extra else "running cloud host, within paid time"
+            if host.scaler_cordoned:
+                why += "; the scaler had cordoned it: its VMs uncordon it"
         explain.append(f"{k} × {groups[g].name} on {host.name} ({why})")
     new_hosts = []
     for i, m in enumerate(sol.machines):
@@ -215,7 +243,8 @@ def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: fl
         what = []
         for g, k in sorted(m.counts.items()):
             if k > 0:
-                assignments.append(ElasticAssignment(group=groups[g].name, host="", new_index=i, count=k))
+                # a new machine holds nothing yet: the image is put there before its VMs start
+                assignments.append(ElasticAssignment(group=groups[g].name, host="", new_index=i, count=k, sync=True))
                 what.append(f"{k} × {groups[g].name}")
         explain.append(f"new #{i} {o.key} (${o.usd_per_hour}/h, {billed} s billed = "
                        f"${o.usd_per_hour * billed / 3600:.4f}, boots in {o.boot_secs} s): {', '.join(what)}")

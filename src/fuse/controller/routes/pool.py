@@ -91,7 +91,9 @@ async def list_clouds(request: Request) -> CloudList:
 
 
 @router.put("/v1/pool/clouds/{name}", response_model=Cloud,
-            responses=responses(s400="invalid_argument: a bad name, kind or option (named)"),
+            responses=responses(s400="invalid_argument: a bad name, kind or option (named)",
+                                s409="conflict: the cloud has hosts (their ids mean something only to the cloud "
+                                     "as it was linked); remove them before re-linking it"),
             summary="linkCloud: link (or re-link) a cloud; its machine types join the plans.")
 async def link_cloud(name: str, body: LinkCloudRequest, request: Request) -> Cloud:
     return Cloud(**await _pool(request).link(name, body.kind, body.options))
@@ -153,7 +155,10 @@ class PrewarmList(Record):
 
 
 @router.post("/v1/prewarms", status_code=201, response_model=Prewarm,
-             responses=responses(s400="invalid_argument: a bad option, kind container, or no such linked cloud",
+             responses=responses(s400="invalid_argument: a bad option (kind other than container, vm or "
+                                      "microvm; count outside 1..256; ttl_secs below 1), on host: with no machine, "
+                                      "no such linked cloud, or an image no host or linked cloud has (or the "
+                                      "host pinned to lacks)",
                                  s404="not_found: on host:<machine> names no registered host",
                                  s409="fleet_full: the hosts and pins cannot fit them; budget_exceeded: only the "
                                       "budget stands in the way (nothing is bought either way)",

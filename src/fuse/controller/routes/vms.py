@@ -31,8 +31,10 @@ def _vms(request: Request):
                                       "not JSON, or the host refused the body (no such bundle, entry too long)",
                                  s404="not_found: the host given to pin the VM is not registered",
                                  s409="fleet_full: no host took the VM (error.hosts maps every host to its "
-                                      "reason); vm_exists: the name is already used on the chosen host"),
-             summary="createVm: place a VM on the best host (409 fleet_full, vm_exists).")
+                                      "reason); vm_exists: the name is already used on the chosen host",
+                                 s502="host_unreachable: the chosen host did not answer the create (error.host, "
+                                      "error.vm); it may still create the VM, so no other host was tried"),
+             summary="createVm: place a VM on the best host (409 fleet_full, vm_exists; 502 host_unreachable).")
 async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
     vm = await _vms(request).create(body.model_dump(mode="json", exclude_unset=True))
     return JSONResponse(vm, status_code=201)
