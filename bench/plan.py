@@ -9,7 +9,9 @@ the mean and best cost ratio exact / FFD (below 1: cheaper than FFD), and
 whether any plan placed fewer VMs than FFD or cost more. The last size puts
 the same kind of random groups on the shipped AWS catalogue (its type count
 is marked ``c``). All figures come
-from the same run on one core. The one-time import of the solver libraries
+from the same run on one core: the process is pinned to one CPU before anything runs (HiGHS
+starts a worker thread per CPU it sees; unpinned on a 2-core machine it does ~20% of the
+work beside the main thread, which would not be one core). The one-time import of the solver libraries
 (scipy/HiGHS, OR-Tools: about 0.5–0.9 s per process) happens before timing
 (``planner.warm``), as in a running controller, which warms them at start.
 """
@@ -17,6 +19,7 @@ from the same run on one core. The one-time import of the solver libraries
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -96,6 +99,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--time-limit", type=float, default=10.0)
     args = ap.parse_args()
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, threads and all
     warm()  # the solver imports and gc.freeze, as a running controller has done at start
     print(f"{'VMs':>5} {'grp':>4} {'types':>5} {'hosts':>5} | {'t med s':>7} {'t max s':>7} "
           f"{'exact':>5} | {'gap max':>8} | {'cost/FFD mean':>13} {'best':>6} | {'worse':>5}")

@@ -45,10 +45,11 @@ Each master is HiGHS without its sub-MIP heuristics (the cutoff prunes; they too
 its time), and saves the points it passed on the way to N*: the cheapest ``EXTRA_POINTS``
 of them are checked like N* at once (the next masters would propose them). From the third
 round the capacity cuts' sets join again as value cuts, their V by the DP (whole VMs: a
-machine of 15 GiB holds 12 GiB of 4 GiB VMs, not 15). Counts that hold the work but do not
-pack are filled again with more time and more of the work free (``LOOSEN``); when they
-still do not, a rough master's counts give way to the exact master's (its least counts
-need not be those), and the exact master's end the proof unproven. The rounds go on however
+machine of 15 GiB holds 12 GiB of 4 GiB VMs, not 15). Counts a rough master proposed that
+hold the work but do not pack give way to the exact master's at once (its least counts need
+not be those); the exact master's are filled again with more time and more of the work free
+(``LOOSEN``), and when they still do not pack they end the proof unproven. A point beside a
+master's answer that holds the work is filled once (later masters pass it again). The rounds go on however
 far the plan in hand is from the bound (handing over to branch-and-price there, which proves
 these models far more slowly, ran a 1,000-VM model's 3-s proof out of its 10 s); while it is
 far, cut proposals are repaired by a fill, which gives better plans than first fit.
@@ -235,6 +236,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             cut(found[0])  # (no plan from fractional counts: first fit on them never beat the one in hand)
         timed_out = False  # a master out of its share of the time: its counts are the last proposal
         exact_next, unpacked = False, set()  # (counts that held the work but did not pack)
+        filled = set()  # points beside a master's answer that held the work, filled once
         dp_caps = False
         rounds = 0
         points: list[np.ndarray] = []
@@ -279,7 +281,8 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             # against ~0.3 s a master) and cut off, or, when it holds the work, filled
             for obj, other in sorted(getattr(res, "saved", []), key=lambda s: s[0])[:EXTRA_POINTS]:
                 other = np.round(other)
-                if obj >= best_cost - EPS_USD or np.array_equal(other, x) or time.monotonic() >= deadline:
+                if (obj >= best_cost - EPS_USD or np.array_equal(other, x) or time.monotonic() >= deadline
+                        or tuple(other) in filled):
                     continue
                 on, ou = other[:nk].astype(int), other[nk:].astype(int)
                 got = _feasible(model, types, pool, machines(on), ou * unit, deadline)
@@ -288,6 +291,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                 if got[0] is not None:
                     cut(got[0])
                     continue
+                filled.add(tuple(other))  # (no cut removes it: the next masters may pass it again)
                 sol = _fill(model, types, [("p", g) for g in range(G)] + got[1],
                             np.concatenate([ou.astype(float), got[2]]), target, deadline)
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
@@ -313,7 +317,9 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             sol = None
             if not again:
                 sol = _fill(model, types, kinds, x, target, deadline)
-                for loosen in LOOSEN:
+                # a rough master's counts go to the exact master at once (its least counts
+                # may pack where these did not: retrying these took 1.2 s of a 1,000-VM proof)
+                for loosen in LOOSEN if gap == 0.0 else ():
                     if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                         break
                     # CP-SAT's short share may not have packed them (a loaded machine), or the
