@@ -673,20 +673,17 @@ class ElasticPool:
         of ``mem_mib`` and the image, on ``provider`` when given: its room is wanted again, and
         it is paid for already (a create pinned to a cloud bought a second machine beside one
         cordoned with room). Its name, or None."""
-        now = time.time()
-        for r in self.rows():
-            name = r["name"]
-            host = self.store.get_host(name) or {}
-            if (r["state"] != "cordoned" or host.get("state") != "cordoned" or (r["expires"] and now >= r["expires"])
-                    or (provider is not None and r["provider"] != provider)):
+        from .reconcile import scaler_cordoned, uncordon
+
+        for name, r in scaler_cordoned(self, time.time()).items():
+            if provider is not None and r["provider"] != provider:
                 continue
             live = self.ctl.fleet.live(name) if self.ctl.fleet else {}
             if not live.get("connected") or image not in {b.get("name") for b in live.get("bundles") or []}:
                 continue
             fleet, _ = self.ctl.vms.arrays(only=name)
             if len(fleet.ids) and fleet.free_mem[0] >= mem_mib and fleet.vm_count[0] < fleet.vm_limit[0]:
-                self.ctl.hosts.set_state(name, "active")
-                self._transition(name, "joined", "uncordoned: its room is wanted again")
+                uncordon(self, name)
                 return name
         return None
 
