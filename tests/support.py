@@ -206,3 +206,73 @@ def install_bundle(bundle_dir: Path, state_dir: Path) -> None:
             os.link(f, dest / f.name)
         except OSError:
             shutil.copy2(f, dest / f.name)
+
+
+class Proxy:
+    """A loopback TCP proxy in front of an agent, for what a test cannot ask an
+    agent to do: ``hold[prefix] = secs`` holds each request whose first bytes
+    start with ``prefix`` that long before passing it on (a slow answer), and
+    ``switch(port)`` sends every connection from then on to another agent,
+    cutting the open ones (an agent replaced at the same address)."""
+
+    def __init__(self, upstream_port: int):
+        import threading
+        self.upstream_port = upstream_port
+        self.hold: dict[bytes, float] = {}
+        self.held = 0  # requests held so far
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def switch(self, upstream_port: int) -> None:
+        with self._lock:
+            self.upstream_port = upstream_port
+            socks, self._open = self._open, []
+        for s in socks:
+            self._close(s)
+
+    def _serve(self) -> None:
+        import threading
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if requests:
+                    secs = next((t for p, t in self.hold.items() if data.startswith(p)), 0)
+                    if secs:
+                        self.held += 1
+                        time.sleep(secs)
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._close(src)
+        self._close(dst)
+
+    @staticmethod
+    def _close(s: socket.socket) -> None:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.switch(self.upstream_port)

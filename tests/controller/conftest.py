@@ -35,12 +35,13 @@ def fleet(tmp_path):
             id=host_id, url=a.url, token=a.token, backend="qemu",
             capacity=fuse.HostCapacity(vm_count=vm_count, ram_mb=ram_mb, cpus=cpus)))
 
-    def restart():
-        """Stop the controller and start it again on the same state dir."""
+    def restart(env=None):
+        """Stop the controller and start it again on the same state dir (with ``env``:
+        test hooks such as FUSE_TEST_PAUSE_AT)."""
         nonlocal client
         fleet_.ctl.stop()
         client.close()
-        fleet_.ctl = start_controller(tmp_path)
+        fleet_.ctl = start_controller(tmp_path, env=env)
         procs.append(fleet_.ctl)
         client = fleet_.client = fuse.Client(fleet_.ctl.url)
 

@@ -217,7 +217,9 @@ def test_a_target_with_a_vm_of_that_name_is_refused_and_best_fit_passes_it_by(fl
     fleet.client.hosts.cordon("src")
     with pytest.raises(fuse.ApiError) as info:
         fleet.client.moves.create("job1", host="free")
-    assert info.value.code == "no_target" and "a vm named job1 already there: dup" in info.value.message
+    assert info.value.code == "no_target" and "dup: has room, but a vm named job1 already there" in info.value.message
+    assert info.value.details["hosts"] == {"dup": "has room, but a vm named job1 already there",
+                                           "src": "host is cordoned"}
 
 
 def test_a_second_drain_of_a_host_joins_the_first_and_reports_the_same(fleet):
@@ -521,9 +523,11 @@ def test_a_move_to_a_cordoned_host_is_refused(fleet):
     with pytest.raises(fuse.ApiError) as info:
         fleet.client.moves.create("job1", to="dst")
     assert (info.value.status, info.value.code) == (409, "no_target") and "cordoned" in info.value.message
-    with pytest.raises(fuse.ApiError) as info:  # nor does best fit pick it
+    with pytest.raises(fuse.ApiError) as info:  # nor does best fit pick it, and it says why, host by host
         fleet.client.moves.create("job1")
     assert (info.value.status, info.value.code) == (409, "no_target")
+    assert info.value.message == "no other host can take vm job1: dst: host is cordoned", info.value.message
+    assert info.value.details["hosts"] == {"dst": "host is cordoned"}
     assert fleet.running_copies("job1") == ["src"]
 
 
@@ -577,7 +581,10 @@ def test_uncordon_ends_a_drain_under_way(fleet):
     fleet.client.hosts.uncordon("old")
     t.join(timeout=60)
     report = got["report"]
-    assert len(report["moved"]) == 1 and report["stuck"] == [], report
+    # the VMs it never tried are in the report too, each saying why it stayed
+    assert len(report["moved"]) == 1, report
+    assert sorted(s["vm"] for s in report["stuck"]) == sorted({"a", "b", "c"} - {report["moved"][0]["vm"]})
+    assert all(s["code"] == "drain_stopped" and "host old is active now" in s["reason"] for s in report["stuck"])
     assert fleet.client.hosts.get("old").state == "active"
     assert len(fleet.host_vms("old")) == 2 and all(v["state"] == "running" for v in fleet.host_vms("old").values())
 

@@ -260,6 +260,36 @@ def test_rule5_vm_count_is_required(client, agent, vm_count):
     assert client.hosts.list() == []
 
 
+@pytest.mark.parametrize("field,value", [
+    ("vm_count", True), ("vm_count", "3"), ("cpus", "4"), ("ram_mb", False), ("vm_count", 3.0), ("gpus", "1"),
+], ids=["a boolean vm_count", "a vm_count in a string", "cpus in a string", "a boolean ram_mb",
+        "a vm_count with a fraction part", "gpus in a string"])
+def test_rule5_capacity_figures_are_json_numbers_never_guessed_from_other_types(client, agent, field, value):
+    body = {"id": "h", "url": agent.url, "token": agent.token, "backend": "qemu",
+            "capacity": {"vm_count": 3} | {field: value}}
+    r = client._http.post("/v1/hosts", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
+    assert f"capacity.{field}" in r.json()["error"]["message"]
+    assert client.hosts.list() == []
+
+
+@pytest.mark.parametrize("backend,kind", [("qemu", "nvidia-h100"), ("firecracker", "")],
+                         ids=["a qemu host takes the probed gpu_kind", "a firecracker host has no gpus to name"])
+def test_rule6_gpu_kind_is_probed_on_qemu_hosts_only(client, impostor, backend, kind):
+    import json
+    impostor.body = json.dumps(FACTS | {"gpus": 1, "gpu_kind": "nvidia-h100"}).encode()
+    impostor.content_type = "application/json"
+    host = client.hosts.register(RegisterHostRequest(id="g", url=impostor.url, token="t", backend=backend,
+                                                     capacity=HostCapacity(vm_count=2)))
+    assert host.capacity.gpu_kind == kind and host.capacity.gpus == (1 if backend == "qemu" else 0)
+
+
+def test_rule12_a_trailing_slash_is_not_another_address(client, agent):
+    assert reg(client, agent, url=agent.url + "/").url == agent.url
+    host = reg(client, agent, url=agent.url + "//")
+    assert host.url == agent.url and client.hosts.get("h1").url == agent.url
+
+
 def test_rule6_gpu_kind_is_filled_by_the_probe_or_warns_when_it_differs(client, agent):
     real = probed(agent)
     host = reg(client, agent, backend="qemu")

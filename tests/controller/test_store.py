@@ -161,3 +161,39 @@ def test_replicas_report_a_host_connecting_and_going_away_once(tmp_path, postgre
         b.stop()
         ag.stop()
         reap(tmp_path)
+
+
+@pytest.mark.parametrize("state,record,arrived,holds", [
+    ("starting", {}, False, True),
+    ("sleeping", {}, False, True),
+    ("copying", {}, False, True),
+    ("waking", {}, False, True),
+    ("waking", {}, True, False),
+    ("rolling_back", {}, False, True),
+    ("rolling_back", {"target_clear": True}, False, False),
+    ("done", {}, False, False),
+    ("failed", {}, False, False),
+], ids=["a move that chose its target holds the room there", "so does one whose source sleeps",
+        "so does one copying", "so does one waking", "a vm woken on the target is counted by its own row, once",
+        "a move rolling back holds it until the target's side is aborted", "then it holds nothing",
+        "a finished move holds nothing (the vm's row does)", "a failed move holds nothing"])
+def test_allocated_counts_a_moves_room_on_its_target_on_both_engines(tmp_path, db_url, state, record, arrived, holds):
+    from fuse.controller.store import moves, vms
+    store = Store(db_url and engine_url(db_url, tmp_path) or engine_url(None, tmp_path))
+    vm = {"name": "vm", "shape": {"vcpus": 2, "mem_mib": 1024}}
+    try:
+        with store.tx() as c:
+            c.execute(vms.delete())
+            c.execute(moves.delete())
+            c.execute(vms.insert().values(name="base", host="t", vcpus=1, mem_mib=256, state="running",
+                                          record={}, created_at=0))
+            if arrived:
+                c.execute(vms.insert().values(name="vm", host="t", vcpus=2, mem_mib=1024, state="running",
+                                              record={}, created_at=0))
+            c.execute(moves.insert().values(id="mv-1", vm="vm", source="s", target="t", state=state,
+                                            record={"vm": vm, **record}, created_at=0, updated_at=0))
+        want = {"vm_count": 2, "cpus": 3, "ram_mb": 1280} if holds or arrived else \
+            {"vm_count": 1, "cpus": 1, "ram_mb": 256}
+        assert store.allocated() == {"t": want}
+    finally:
+        store.close()

@@ -66,6 +66,12 @@ class Fleet:
         self._tasks: dict[str, asyncio.Task] = {}
         self._sync: asyncio.Task | None = None
         self.changed = asyncio.Event()  # set when events were stored
+        # A create waiting on a host's answer ties the host to its machine as an assigned VM
+        # does: the registry refuses to deregister it or re-point it meanwhile. (The registry
+        # is built before the VM service; the two meet here, where creates become possible.)
+        hosts, vms = getattr(ctl, "hosts", None), getattr(ctl, "vms", None)
+        if hosts is not None and vms is not None:
+            hosts.placing = vms.pending_on
 
     # ---- connections ---------------------------------------------------------
     def conn(self, host_id: str) -> HostConnection:
@@ -178,13 +184,19 @@ class Fleet:
                 raise HostUnreachable(f"host answered {resp.status_code}")
             summary = resp.json()
             ident = summary.get("agent_id", "")
+            # (the first answer a poller gets is no change: the adoption below reads the list)
+            new_agent = bool(ident and view.agent_id and ident != view.agent_id)
             if ident and ident != view.agent_id:
                 # Usage counts a machine once by its agent identity: keep the
                 # one the agent answers with now (a wiped state dir gives it a new one).
                 self.store.set_agent_id(host_id, ident)
-                view.agent_id = ident
-            if not view.connected:
+            if not view.connected or new_agent:
+                # Another agent answers at this address (its state dir wiped, or another
+                # one put there), perhaps between two polls: the VMs the old one ran are
+                # not there, and its event log (whose ids start over) cannot say so.
                 await self._adopt(host_id, conn)
+            if ident:
+                view.agent_id = ident  # (after the list was read: a read that failed is tried again)
             view.summary, view.seen_at, view.error, view.failures = summary, time.time(), "", 0
             if not view.connected:
                 view.connected = True

@@ -6,8 +6,10 @@ its state (a cordoned or draining host stays so), its creation time and every
 VM assigned to it (allocations are derived from those VMs, so they cannot be
 zeroed); url, token, region, labels and capacity are replaced by the new
 request, re-probed, and last_seen is set again because this is a
-registration. Moving an id to another url while VMs are assigned to it is a
-409 conflict: those VMs live on the old machine.
+registration. Moving an id to another url while VMs are assigned to it, or
+while a create placed there waits on the host's answer, is a 409 conflict:
+those VMs live (or are landing) on the old machine. Deregistering is refused
+for the same reasons, and while a move still needs the host.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, Not
 from ..models.base import Record
 from ..models.hosts import BACKENDS, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
-from ..transport import HostConnection, TlsSettings, parse_address
+from ..transport import HostConnection, TlsSettings, normalise_address, parse_address
+from .resources import Resources
 from .store import Store
 
 PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
@@ -154,7 +157,9 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         else:
             _warn_above_probe(f"capacity.{field}", declared, real, warnings)
     out.arch = probed.get("arch", "") or out.arch
-    real_kind = probed.get("gpu_kind", "") or ""
+    # Only qemu hosts pass GPUs through (validate): on a firecracker host the
+    # machine's GPUs are nobody's capacity, so the probe does not name them.
+    real_kind = (probed.get("gpu_kind", "") or "") if backend == "qemu" else ""
     if not cap.gpu_kind:
         out.gpu_kind = real_kind
     elif cap.gpu_kind != real_kind:
@@ -189,10 +194,16 @@ def _warn_above_probe(field: str, declared: int, real: int, warnings: list[str])
 
 
 class HostRegistry:
-    def __init__(self, store: Store, tls=lambda: None, live=lambda host_id: {}):
+    def __init__(self, store: Store, tls=lambda: None, live=lambda host_id: {},
+                 placing=lambda host_id: Resources()):
         self.store = store
         self._tls = tls        # () -> TlsSettings | None, the controller's current identity
         self._live = live      # host id -> poller's live figures
+        # host id -> what creates (and wakes) reserved there while they wait on the host's
+        # answer (VmService.pending_on). In memory, taken and read in the event loop with no
+        # await between the check and the store write, so a deregister and a create's
+        # reservation never interleave (one replica's creates: the ledger is per process).
+        self.placing = placing
 
     async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False) -> tuple[Host, bool]:
         """``backend_from_probe``: a request that names no backend takes the one the agent
@@ -202,6 +213,9 @@ class HostRegistry:
         # the most permissive, then against the backend it runs)
         from_probe = backend_from_probe and not req.backend
         backend = validate(req.model_copy(update={"backend": "qemu"}) if from_probe else req)
+        # One agent, one spelling: `http://h:1/` and `http://h:1` are the same address (a
+        # re-registration is not a move) and the stored form is the one compared.
+        req = req.model_copy(update={"url": normalise_address(req.url)})
         warnings: list[str] = []
         try:
             probed = await probe_host(req.url, req.token, self._tls())
@@ -226,9 +240,9 @@ class HostRegistry:
         now = time.time()
         with self.store.tx() as conn:
             old = self.store.get_host(req.id, conn)
-            if old and old["url"] != req.url and self.store.vms_on(req.id, conn):
-                vm = self.store.vms_on(req.id, conn)[0]["name"]
-                raise Conflict(f"host {req.id} still has vm {vm} assigned; it cannot move to {req.url}")
+            if old and _same_address(old["url"]) != req.url:
+                if why := self._holds(conn, req.id):
+                    raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}")
             row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
                        backend=backend, labels=req.labels or {}, capacity=cap.model_dump(mode="json"),
                        state=old["state"] if old else "active",
@@ -243,12 +257,20 @@ class HostRegistry:
 
     def _to_host(self, row: dict, alloc: dict[str, dict[str, int]]) -> Host:
         a = alloc.get(row["id"], {})
+        cap = HostCapacity.model_validate(row["capacity"])
+        live = dict(self._live(row["id"]))
+        # Free room as placement believes it: what the agent reports, within what the
+        # declared capacity leaves once the controller's allocations are counted.
+        if "free_mem_mib" in live:
+            live["free_mem_mib"] = max(0, min(live["free_mem_mib"], cap.ram_mb - a.get("ram_mb", 0)))
+        if "free_vcpus" in live:
+            live["free_vcpus"] = max(0, min(live["free_vcpus"], cap.cpus - a.get("cpus", 0)))
         return Host(
             id=row["id"], url=row["url"], region=row["region"], state=row["state"], backend=row["backend"],
-            labels=row["labels"] or {}, capacity=HostCapacity.model_validate(row["capacity"]),
+            labels=row["labels"] or {}, capacity=cap,
             allocated=HostCapacity(cpus=a.get("cpus", 0), ram_mb=a.get("ram_mb", 0), vm_count=a.get("vm_count", 0)),
             last_seen=row["last_seen"], created_at=row["created_at"], updated_at=row["updated_at"],
-            agent_id=row["agent_id"], **self._live(row["id"]))
+            agent_id=row["agent_id"], **live)
 
     def get(self, host_id: str) -> Host:
         row = self.store.get_host(host_id)
@@ -273,17 +295,37 @@ class HostRegistry:
         with self.store.tx() as conn:
             if self.store.get_host(host_id, conn) is None:
                 raise NotFound(f"host {host_id} not found")
-            assigned = self.store.vms_on(host_id, conn)
-            if assigned:
-                raise Conflict(f"host {host_id} still has vm {assigned[0]['name']} assigned")
+            if why := self._holds(conn, host_id):
+                raise Conflict(f"host {host_id} {why}")
             if why := _move_holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}", code="move_in_progress")
             self.store.delete_host(conn, host_id)
             self.store.add_event("host_removed", {"id": host_id}, host=host_id, conn=conn)
 
+    def _holds(self, conn, host_id: str) -> str | None:
+        """Why VMs tie ``host_id`` to its machine (one assigned, or a create
+        waiting on the host's answer, which may yet land one), or None."""
+        assigned = self.store.vms_on(host_id, conn)
+        if assigned:
+            return f"still has vm {assigned[0]['name']} assigned"
+        placing = self.placing(host_id).count
+        if placing > 0:
+            return (f"has {placing} vm{'s' if placing > 1 else ''} being placed on it (a create or wake waiting "
+                    "on the host's answer); try again once it has answered")
+        return None
+
     def token(self, host_id: str) -> str:
         row = self.store.get_host(host_id)
         return row["token"] if row else ""
+
+
+def _same_address(url: str) -> str:
+    """A stored url as registering it now would store it (rows from before
+    urls were normalised may differ only in spelling)."""
+    try:
+        return normalise_address(url)
+    except InvalidArgument:
+        return url
 
 
 def _move_holds(conn, host_id: str) -> str | None:

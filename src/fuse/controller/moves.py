@@ -55,7 +55,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from ..errors import Conflict, FuseError, HostUnreachable, InvalidArgument, NotFound
-from .store import moves as moves_t, vms as vms_t
+from .store import ACTIVE_MOVES, moves as moves_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.moves")
 CHUNK = 4 * 1024 * 1024
@@ -66,8 +66,8 @@ IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
 # closes a kept-alive one after ~5 s idle, as slow chunks leave them) is sent
 # again this many times before it fails the move. Nothing else is retried.
 CHUNK_READ_RETRIES = 3
-# "pending" is the name a store written by an earlier version has for "starting"
-ACTIVE = ("starting", "pending", "sleeping", "copying", "waking", "rolling_back")
+# every state but done and failed ("pending": an earlier version's "starting")
+ACTIVE = ACTIVE_MOVES
 STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the wire's (seed 004)
 # A move belongs to the controller that drives it for as long as it renews
 # its lease; with several replicas on one PostgreSQL store, a replica takes
@@ -298,16 +298,27 @@ class MoveService:
                                           f"{decision.reasons.get(to, 'not accepting placements')}")
             return to
         fleet, reasons = self.ctl.vms.arrays()
-        clash = []  # hosts with room passed by for a VM of that name already there
-        for h in rank(fleet, ask, reasons).order:
-            if h != source and self.fleet.views.get(h) and not self._same_machine(source, h) \
-                    and not self.compatible(vm, source, h):
-                if not name_taken(h):
-                    return h
-                clash.append(h)
-        raise refuse("no_target", f"no other connected host of the same platform and bundle has room for vm {name}"
-                     + (f" (with room, but a vm named {name} already there: {', '.join(sorted(clash))})"
-                        if clash else ""))
+        decision = rank(fleet, ask, reasons)
+        passed: dict[str, str] = {}  # every other host -> why it is not the target (as fleet_full says)
+        for h in decision.order:
+            if h == source:
+                continue
+            if self._same_machine(source, h):
+                passed[h] = f"the same machine as {source} (the same agent under another id)"
+            elif self.fleet.views.get(h) is None:
+                passed[h] = "host is disconnected"
+            elif why := self.compatible(vm, source, h):
+                passed[h] = why
+            elif name_taken(h):
+                passed[h] = f"has room, but a vm named {name} already there"
+            else:
+                return h
+        passed |= {h: why for h, why in decision.reasons.items() if h != source}
+        if not passed:
+            raise refuse("no_target", f"no other host can take vm {name}: {source} is the only host registered")
+        raise MoveRefused(f"no other host can take vm {name}: "
+                          + "; ".join(f"{h}: {why}" for h, why in sorted(passed.items())),
+                          code="no_target", details={"hosts": dict(sorted(passed.items()))})
 
     def _same_machine(self, a: str, b: str) -> bool:
         """Whether two host ids reach one agent (its identity, as usage counts
@@ -711,9 +722,17 @@ class MoveService:
 
     async def _drain(self, host_id: str) -> dict[str, Any]:
         moved, stuck = [], []
-        for vm in self.ctl.vms.list(host_id):
+        left = self.ctl.vms.list(host_id)
+        while left:
+            vm = left.pop(0)
             host = self.store.get_host(host_id)
-            if host is None or host["state"] != "draining":  # uncordoned (or cordoned) meanwhile: the drain ends
+            if host is None or host["state"] != "draining":
+                # Uncordoned (or cordoned, or deregistered) meanwhile: the drain ends, and
+                # every VM it did not try is reported stuck, so the report still accounts
+                # for each VM the host had (the operator drains again to move them).
+                state = "deregistered" if host is None else host["state"]
+                why = f"the drain was stopped before it tried this vm: host {host_id} is {state} now"
+                stuck += [{"vm": v["name"], "code": "drain_stopped", "reason": why} for v in (vm, *left)]
                 break
             try:
                 m = await self.create({"vm": vm["name"], "host": host_id})

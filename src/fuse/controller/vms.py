@@ -355,6 +355,7 @@ class VmService:
         refuse (409 host_full): the host's agent admits by its own hardware, and the
         controller believes a host only within its declared capacity, which creates
         made since the VM slept may have filled (a wake then ran the host past it).
+        The VM counts under the host's vm_count policy again too, as a create would.
         A VM whose room stayed reserved while it slept (a move's copies) needs none."""
         row = next((r for r in self.store.vms_named(name) if r["host"] == host), None)
         rec = (row or {}).get("record") or {}
@@ -366,6 +367,9 @@ class VmService:
         if free < ask.mem_mib:
             raise HostFull(f"host {host} has no room to wake vm {name}: it needs {ask.mem_mib} MiB of memory, "
                            f"{max(free, 0)} MiB free within the host's capacity")
+        if len(fleet.ids) and fleet.vm_count[0] >= fleet.vm_limit[0]:
+            raise HostFull(f"host {host} has no room to wake vm {name}: its vm_count policy "
+                           f"{int(fleet.vm_limit[0])} is reached ({int(fleet.vm_count[0])} vms hold room there)")
         self._pending[host] = self._pending.get(host, Resources()) + ask
         return ask
 

@@ -30,10 +30,10 @@ import httpx
 
 from ..errors import HostUnreachable, NotTrusted
 from ..paths import default_agent_socket
-from .address import Address, BadAddress, on_this_machine, parse_address, transport_kind
+from .address import Address, BadAddress, normalise_address, on_this_machine, parse_address, transport_kind
 
-__all__ = ["Address", "BadAddress", "HostConnection", "TlsSettings", "default_agent_socket", "on_this_machine",
-           "parse_address", "transport_kind"]
+__all__ = ["Address", "BadAddress", "HostConnection", "TlsSettings", "default_agent_socket", "normalise_address",
+           "on_this_machine", "parse_address", "transport_kind"]
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,22 @@ def parse_address(addr: str) -> Address:
     return Address(addr, kind, host=host, port=port, user=user)
 
 
+def normalise_address(addr: str) -> str:
+    """`addr` as the registry stores and compares it (`BadAddress` when it is
+    not one): an http(s) or ssh address without trailing slashes, which name
+    nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is `/p`).
+    Anything else as given."""
+    a = parse_address(addr)
+    if a.kind not in ("http", "ssh"):
+        return addr
+    scheme, _, rest = addr.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "?" in tail or "#" in tail:
+        return addr
+    return f"{scheme}://{authority}{tail.rstrip('/')}"
+
+
 def transport_kind(addr: str) -> str:
     """local, http, ssh or tls; `BadAddress` for anything that is not an address."""
     return parse_address(addr).kind

@@ -50,7 +50,9 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
         spelt["id"] = "id (or name)"
     errors = unknown_fields(RegisterHostRequest, body)
     try:
-        req = RegisterHostRequest.model_validate(body)
+        # strict: a capacity of `true` or `"3"` is a mistake to name, not a 1 or a 3 to guess
+        # (the record itself stays lenient: the SDK reads answers with it)
+        req = RegisterHostRequest.model_validate(body, strict=True)
     except ValidationError as exc:
         errors += exc.errors()
     if errors:

@@ -87,6 +87,10 @@ moves = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# The states of a move that is not over (the state machine is moves.py's); "pending"
+# is the name a store written by an earlier version has for "starting".
+ACTIVE_MOVES = ("starting", "pending", "sleeping", "copying", "waking", "rolling_back")
+
 
 # The elastic pool (seed 001): linked clouds, the machines added in them, prewarms.
 clouds = Table(
@@ -249,14 +253,49 @@ class Store:
         move can always wake it home, and a copy that arrived by a move keeps
         `reserved` until the wake completing it. Exited and failed VMs hold
         nothing. Counting only these keeps placement's `capacity − allocated`
-        in step with what the host would admit."""
+        in step with what the host would admit.
+
+        A move's VM also holds its room on the target (`move_reservations`)
+        until the move ends: then it is the VM's row there (done), or nothing
+        (failed)."""
         holds = or_(vms.c.state.in_(sorted(HOLDS_MEMORY)),
                     and_(vms.c.state == "sleeping",
                          or_(vms.c.record["return_room"].as_boolean(), vms.c.record["reserved"].as_boolean())))
         q = (select(vms.c.host, func.count(), func.coalesce(func.sum(vms.c.vcpus), 0),
                     func.coalesce(func.sum(vms.c.mem_mib), 0)).where(holds).group_by(vms.c.host))
         with self.read() as c:
-            return {h: {"vm_count": n, "cpus": int(cpu), "ram_mb": int(mem)} for h, n, cpu, mem in c.execute(q)}
+            out = {h: {"vm_count": n, "cpus": int(cpu), "ram_mb": int(mem)} for h, n, cpu, mem in c.execute(q)}
+            for m in self.move_reservations(c):
+                a = out.setdefault(m["target"], {"vm_count": 0, "cpus": 0, "ram_mb": 0})
+                a["vm_count"] += 1
+                a["cpus"] += m["vcpus"]
+                a["ram_mb"] += m["mem_mib"]
+        return out
+
+    def move_reservations(self, conn: Connection) -> list[dict]:
+        """The room moves under way hold on their targets: one entry (move, vm,
+        target, vcpus, mem_mib) per move between the choice of its target and
+        its end. Seed 004 has the target reserve the room from `copying` on;
+        the controller counts it from the moment it chose the target, so that
+        no create, wake or other move takes the room it promised the move in
+        the meantime (the target's own admission judges by its hardware, not
+        by the declared capacity the controller keeps to). Not counted: a move
+        rolling back once the target's side is aborted (`target_clear`), and
+        a move whose VM already has its row on the target (woken there, the
+        move finishing): that row holds the room."""
+        out = []
+        rows = conn.execute(select(moves.c.id, moves.c.vm, moves.c.target, moves.c.record)
+                            .where(moves.c.state.in_(ACTIVE_MOVES))).mappings().all()
+        for m in rows:
+            rec = m["record"] or {}
+            shape = (rec.get("vm") or {}).get("shape") or {}
+            if rec.get("target_clear") or not shape:
+                continue
+            if conn.execute(select(vms.c.name).where(vms.c.host == m["target"], vms.c.name == m["vm"])).first():
+                continue
+            out.append({"move": m["id"], "vm": m["vm"], "target": m["target"],
+                        "vcpus": int(shape.get("vcpus", 0)), "mem_mib": int(shape.get("mem_mib", 0))})
+        return out
 
     # ---- events ------------------------------------------------------------
     def add_event(self, type_: str, data: dict, host: str = "", host_event_id: int | None = None,
