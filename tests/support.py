@@ -251,14 +251,19 @@ class Proxy:
             threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
+    def _forward(self, data: bytes) -> bool:
+        """Whether a request's bytes go on (False: hang up); subclasses drop or delay more."""
+        secs = next((t for p, t in self.hold.items() if data.startswith(p)), 0)
+        if secs:
+            self.held += 1
+            time.sleep(secs)
+        return True
+
     def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
         try:
             while data := src.recv(65536):
-                if requests:
-                    secs = next((t for p, t in self.hold.items() if data.startswith(p)), 0)
-                    if secs:
-                        self.held += 1
-                        time.sleep(secs)
+                if requests and not self._forward(data):
+                    break
                 dst.sendall(data)
         except OSError:
             pass

@@ -4,38 +4,21 @@ meets a dropped connection is sent again instead of failing the move."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import httpx
 import pytest
 
 import fuse
-from support import reap, start_agent, start_controller, wait_until
+from support import Proxy, reap, start_agent, start_controller, wait_until
 
 
-class DropFirstChunkRead:
+class DropFirstChunkRead(Proxy):
     """A loopback TCP proxy in front of an agent that hangs up, without a
     word, on the connection carrying the first chunk read of a move: what a
     kept-alive connection the agent closed as it was reused looks like."""
 
-    def __init__(self, upstream_port: int):
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.dropped = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+    dropped = 0
 
     def _forward(self, data: bytes) -> bool:
         """Whether a request's bytes go on (False: hang up)."""
@@ -43,24 +26,6 @@ class DropFirstChunkRead:
             self.dropped += 1
             return False
         return True
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if requests and not self._forward(data):
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class Fleet:

@@ -66,12 +66,6 @@ class Fleet:
         self._tasks: dict[str, asyncio.Task] = {}
         self._sync: asyncio.Task | None = None
         self.changed = asyncio.Event()  # set when events were stored
-        # A create waiting on a host's answer ties the host to its machine as an assigned VM
-        # does: the registry refuses to deregister it or re-point it meanwhile. (The registry
-        # is built before the VM service; the two meet here, where creates become possible.)
-        hosts, vms = getattr(ctl, "hosts", None), getattr(ctl, "vms", None)
-        if hosts is not None and vms is not None:
-            hosts.placing = vms.pending_on
 
     # ---- connections ---------------------------------------------------------
     def conn(self, host_id: str) -> HostConnection:

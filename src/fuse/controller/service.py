@@ -46,7 +46,10 @@ class Controller:
         self.token = token
         self.poll_interval = poll_interval
         self.fleet = None  # the pollers, once started (fuse.controller.fleet)
-        self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live)
+        # a create waiting on a host's answer ties the host as an assigned VM does: the
+        # registry refuses to deregister it or re-point it meanwhile
+        self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live,
+                                  placing=lambda host_id: self.vms.pending_on(host_id))
         from .events import EventService
         from .usage import UsageService
         from .vms import VmService
