@@ -208,7 +208,7 @@ class HostRegistry:
     async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False) -> tuple[Host, bool]:
         """``backend_from_probe``: a request that names no backend takes the one the agent
         runs (seed 004's ``{name, addr}``, which has no backend field) instead of seed 000's
-        default, firecracker."""
+        default, firecracker; when the probe cannot say, see `_backend_from_probe`."""
         # (the agent's own backend is known after the probe: check against qemu's rules first,
         # the most permissive, then against the backend it runs)
         from_probe = backend_from_probe and not req.backend
@@ -233,9 +233,8 @@ class HostRegistry:
             probed = None
             warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
         if from_probe:
-            probed_backend = (probed or {}).get("backend")
-            backend = validate(req.model_copy(update={"backend": probed_backend if probed_backend in BACKENDS
-                                                      else "firecracker"}))
+            backend = validate(req.model_copy(update={"backend": self._backend_from_probe(req.id, probed,
+                                                                                          warnings)}))
         cap = merge_capacity(req.capacity, backend, probed, warnings)
         now = time.time()
         with self.store.tx() as conn:
@@ -254,6 +253,24 @@ class HostRegistry:
         host = self.get(req.id)
         host.warnings = warnings
         return host, old is None
+
+    def _backend_from_probe(self, host_id: str, probed: dict | None, warnings: list[str]) -> str:
+        """The backend of a request that names none: the one the agent runs. Not known
+        (the agent was not probed, or did not say), a host registered before keeps its
+        stored one, and a new one is recorded as seed 000's default, firecracker; either
+        way with a warning, never silently: the store has no "unknown" backend, and
+        nothing here fills it in at a later poll."""
+        probed_backend = (probed or {}).get("backend")
+        if probed_backend in BACKENDS:
+            return probed_backend
+        why = "the host agent was not probed" if probed is None else "the host agent did not say which it runs"
+        old = self.store.get_host(host_id)
+        if old and old["backend"] in BACKENDS:
+            warnings.append(f"backend: none given and {why}; kept {old['backend']}, as registered before")
+            return old["backend"]
+        warnings.append(f"backend: none given and {why}; registered as firecracker (the default), unchecked: "
+                        "register again with the backend named if the host runs qemu")
+        return "firecracker"
 
     def _to_host(self, row: dict, alloc: dict[str, dict[str, int]]) -> Host:
         a = alloc.get(row["id"], {})

@@ -14,9 +14,12 @@ literal that is not one, no host) is `BadAddress`, 400 `invalid_argument`.
 
 Whatever the transport, callers get a `HostConnection` whose `request` speaks
 the same host API and turns every way of not getting there into
-`HostUnreachable` with a one-sentence reason. An idempotent read may ask for
-`retries`: an agent closes a kept-alive connection after ~5 s idle, and a
-request that meets one as it closes is sent again on a new one.
+`HostUnreachable` with a one-sentence reason; failed trust (a TLS certificate
+that does not verify, an https:// host's included, or the host refusing the
+controller's) is its subclass `NotTrusted`, which registration never goes
+around. An idempotent read may ask for `retries`: an agent closes a kept-alive
+connection after ~5 s idle, and a request that meets one as it closes is sent
+again on a new one.
 """
 
 from __future__ import annotations
@@ -80,6 +83,12 @@ def _describe(exc: Exception, address: Address, handshake: bool = False) -> tupl
         tls, untrusted = _describe_tls(chain, low, addr, handshake)
         if tls:
             return tls, untrusted
+    elif why := _verify_failed(chain, low):
+        # An https:// host whose certificate does not verify was reached: trust failed,
+        # a mistake to fix (as with a mutual-TLS host's), not an outage to register around.
+        return (f"TLS with {addr} failed: the host's certificate is not trusted ({why}); it must be signed by a "
+                "CA the controller trusts (certifi's bundle, or SSL_CERT_FILE or SSL_CERT_DIR where the controller "
+                "runs), unexpired, and name the address's host"), True
     if isinstance(exc, ssl.SSLError) or "certificate" in low or "ssl" in low or "tls" in low:
         return f"TLS with {addr} failed: {text}", False
     if "name or service not known" in low or "nodename nor servname" in low or "temporary failure in name" in low:
@@ -100,9 +109,7 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bo
     """Say which side of a mutual-TLS handshake said no (and that it is a matter of
     trust). Only the handshake can refuse the controller's certificate: a connection
     that answered before and hangs up now was dropped, and says so."""
-    verify = next((c for c in chain if isinstance(c, ssl.SSLCertVerificationError)), None)
-    if verify is not None or "certificate verify failed" in low:
-        why = getattr(verify, "verify_message", "") or "certificate verify failed"
+    if why := _verify_failed(chain, low):
         return (f"TLS with {addr} failed: the host's certificate is not signed by the controller's CA "
                 f"or is not valid ({why})"), True
     # The host says no with an alert (bad certificate, unknown ca, certificate
@@ -115,6 +122,15 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bo
     if hung_up:
         return _dropped(addr, chain), False
     return None, False
+
+
+def _verify_failed(chain: list[BaseException], low: str) -> str:
+    """OpenSSL's reason the host's certificate did not verify ("self-signed
+    certificate", "certificate has expired", a name mismatch), or "" if it did."""
+    verify = next((c for c in chain if isinstance(c, ssl.SSLCertVerificationError)), None)
+    if verify is None and "certificate verify failed" not in low:
+        return ""
+    return getattr(verify, "verify_message", "") or "certificate verify failed"
 
 
 def _dropped(addr: str, chain: list[BaseException]) -> str:

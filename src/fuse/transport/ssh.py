@@ -23,16 +23,26 @@ the same event loop, opened lazily, reopened when lost, and closed
 `IDLE_CONNECTION_S` after its last user let go.
 
 Batch mode: only public keys are tried (never a password or
-keyboard-interactive prompt), and connect + handshake + login is bounded by
-`FUSE_SSH_CONNECT_TIMEOUT` (default 10 s). The host key must be in
-known_hosts. Every failure becomes `HostUnreachable` with one sentence.
+keyboard-interactive prompt). The host key must be in known_hosts. Every
+failure becomes `HostUnreachable` with one sentence.
+
+A host that stops answering (frozen, TCP still open) costs a request at most
+one bound, and the reason quotes the time really waited: connect + handshake
++ login, and opening a channel on the shared connection, each take at most
+`FUSE_SSH_CONNECT_TIMEOUT` or the caller's own timeout, whichever is tighter.
+A channel that does not open in time drops the connection (it is silent: the
+next request dials again rather than wait on it), and so does SSH keepalive
+when the server has said nothing for `KEEPALIVE_S * (KEEPALIVE_COUNT_MAX + 1)`
+seconds, which bounds a long request (a create, a move's chunk) on a frozen
+host. The default bound, 5 s, is the poller's own per-poll timeout, so every
+surface (a poll, a create, usage) quotes the same time for the same host.
 
 Environment (read when a connection is opened):
 
     FUSE_SSH_KEY               private key to use (default: ~/.ssh/id_* and the SSH agent)
     FUSE_SSH_KNOWN_HOSTS       known_hosts file (default: ~/.ssh/known_hosts)
     FUSE_SSH_RELAY             command run on the host (default: `fuse host relay`)
-    FUSE_SSH_CONNECT_TIMEOUT   seconds (default 10)
+    FUSE_SSH_CONNECT_TIMEOUT   seconds (default 5), as above
 """
 
 from __future__ import annotations
@@ -54,6 +64,9 @@ from ..errors import HostUnreachable, NotTrusted
 from .address import BadAddress, parse_address
 
 DEFAULT_RELAY = "fuse host relay"
+CONNECT_TIMEOUT_S = 5.0   # FUSE_SSH_CONNECT_TIMEOUT's default
+KEEPALIVE_S = 5.0         # a keepalive after this long without a word from the server...
+KEEPALIVE_COUNT_MAX = 1   # ...and the connection is dropped once this many went unanswered (10 s silent)
 IDLE_CHANNEL_S = 2.0
 IDLE_CONNECTION_S = 60.0
 MAX_CHANNELS = 8
@@ -95,7 +108,7 @@ class SshOptions:
         return cls(key=os.environ.get("FUSE_SSH_KEY") or None,
                    known_hosts=os.environ.get("FUSE_SSH_KNOWN_HOSTS") or str(Path.home() / ".ssh/known_hosts"),
                    relay=os.environ.get("FUSE_SSH_RELAY") or DEFAULT_RELAY,
-                   connect_timeout=float(os.environ.get("FUSE_SSH_CONNECT_TIMEOUT") or 10.0))
+                   connect_timeout=float(os.environ.get("FUSE_SSH_CONNECT_TIMEOUT") or CONNECT_TIMEOUT_S))
 
 
 # ---------------------------------------------------------------- connecting
@@ -109,8 +122,10 @@ def _by_name(path: str):
     return match
 
 
-async def _connect(t: SshTarget, o: SshOptions, timeout: float) -> asyncssh.SSHClientConnection:
-    """Log in, batch mode; every failure is one sentence."""
+async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | None = None
+                   ) -> asyncssh.SSHClientConnection:
+    """Log in, batch mode, within `timeout`; every failure is one sentence. `quoted`: the
+    request's whole bound, which a reconnect's `timeout` is what is left of."""
     if not Path(o.known_hosts).is_file():
         raise NotTrusted(f"no known_hosts file at {o.known_hosts}, so the SSH host key of {t.hostport} "
                               f"cannot be checked: add it (ssh-keyscan -p {t.port} {t.host} >> {o.known_hosts})")
@@ -127,7 +142,7 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float) -> asyncssh.SSHC
             preferred_auth="publickey", password=None, password_auth=False, kbdint_auth=False,
             host_based_auth=False, gss_auth=False,
             connect_timeout=timeout, login_timeout=timeout,
-            keepalive_interval=15, keepalive_count_max=3, **keys), timeout + 1)
+            keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT_MAX, **keys), timeout + 1)
     except asyncssh.HostKeyNotVerifiable:
         raise NotTrusted(f"the SSH host key of {t.hostport} is not trusted: it is missing from or does not "
                               f"match {o.known_hosts}") from None
@@ -138,7 +153,7 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float) -> asyncssh.SSHC
         raise NotTrusted(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
     except (asyncio.TimeoutError, TimeoutError):
         raise HostUnreachable(f"SSH to {t.hostport} did not connect, shake hands and log in within "
-                              f"{timeout:g} s") from None
+                              f"{quoted or timeout:g} s") from None
     except ConnectionRefusedError:
         raise HostUnreachable(f"connection to {t.hostport} was refused: is sshd listening on port {t.port}?") from None
     except socket.gaierror as exc:
@@ -218,12 +233,22 @@ class _Shared:
         self.users = 0
         self._closer: asyncio.TimerHandle | None = None
 
-    async def connection(self, opts: SshOptions, timeout: float) -> asyncssh.SSHClientConnection:
-        async with self.lock:
+    async def connection(self, opts: SshOptions, timeout: float, deadline: float) -> asyncssh.SSHClientConnection:
+        """The open connection, or a new one by `deadline` (another request may be
+        dialling: its wait counts too). `timeout` is the bound the reason quotes."""
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(self.lock.acquire(), max(deadline - loop.time(), 0.01))
+        except asyncio.TimeoutError:
+            raise HostUnreachable(f"SSH to {self.target.hostport} did not connect, shake hands and log in "
+                                  f"within {timeout:g} s") from None
+        try:
             if self.conn is None or self.conn.is_closed():
                 self._drop_idle()
-                self.conn = await _connect(self.target, opts, timeout)
+                self.conn = await _connect(self.target, opts, max(deadline - loop.time(), 0.01), quoted=timeout)
             return self.conn
+        finally:
+            self.lock.release()
 
     def lost(self, conn: asyncssh.SSHClientConnection) -> None:
         if self.conn is conn:
@@ -247,7 +272,7 @@ class _Shared:
             if self.open < MAX_CHANNELS:
                 self.open += 1
                 try:
-                    return await self._open(opts, timeout)
+                    return await self._open(opts, timeout, deadline)
                 except BaseException:
                     self.open -= 1
                     self.wake.set()
@@ -261,12 +286,23 @@ class _Shared:
             except asyncio.TimeoutError:
                 pass
 
-    async def _open(self, opts: SshOptions, timeout: float) -> _Channel:
+    async def _open(self, opts: SshOptions, timeout: float, deadline: float) -> _Channel:
+        """A new channel by `deadline`, reconnecting once if the connection died: one
+        bound for the lot, so a frozen host costs the request the `timeout` it quotes."""
+        loop = asyncio.get_running_loop()
         for attempt in (0, 1):
-            conn = await self.connection(opts, timeout)
+            conn = await self.connection(opts, timeout, deadline)
             try:
-                process = await asyncio.wait_for(conn.create_process(opts.relay, encoding=None), timeout)
+                process = await asyncio.wait_for(conn.create_process(opts.relay, encoding=None),
+                                                 max(deadline - loop.time(), 0.01))
                 return _Channel(process)
+            except asyncio.TimeoutError:
+                # (before OSError, which a TimeoutError also is: taken for a dead connection,
+                # it dialled again and a frozen host cost twice the time the reason quotes)
+                # The connection is silent: drop it, so the next request dials afresh.
+                self.lost(conn)
+                raise HostUnreachable(f"{self.target.hostport} did not open an SSH channel within "
+                                      f"{timeout:g} s") from None
             except (asyncssh.ChannelOpenError, asyncssh.DisconnectError, OSError) as exc:
                 # The shared connection died under us (sshd restarted, network
                 # blip): nothing was sent yet, so reconnect once and go on.
@@ -274,9 +310,6 @@ class _Shared:
                 if attempt:
                     raise HostUnreachable(f"cannot open an SSH channel to {self.target.hostport}: "
                                           f"{getattr(exc, 'reason', None) or exc}") from None
-            except asyncio.TimeoutError:
-                raise HostUnreachable(f"{self.target.hostport} did not open an SSH channel within "
-                                      f"{timeout:g} s") from None
         raise AssertionError("unreachable")
 
     def keep(self, ch: _Channel) -> None:
