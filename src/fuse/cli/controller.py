@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -54,10 +55,62 @@ def serve(
         raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
     if no_socket and not listen:
         raise typer.BadParameter("--no-socket needs --listen: there would be nothing to serve on")
-    ctl = Controller(state_dir or default_state_dir(), db=db, token=token)
+    state_dir = state_dir or default_state_dir()
+    ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
     sock = None if no_socket else (socket or default_controller_socket())
     typer.echo(f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}".strip())
     asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock))
+
+
+def _masked(url: str) -> str:
+    """``url`` with its password shown as ``***`` (the authority's, and a ``password=``
+    parameter's), for messages; also a URL that does not parse."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")  # (the last @: a password may hold one)
+    if sep and at and ":" in userinfo:
+        url = f"{scheme}://{userinfo.partition(':')[0]}:***@{after}"
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", url)
+
+
+def _password(url: str) -> str:
+    """The password ``_masked`` hides in ``url``, or ""."""
+    userinfo, at, _ = url.partition("://")[2].rpartition("@")
+    if "://" in url and at and ":" in userinfo:
+        return userinfo.partition(":")[2]
+    m = re.search(r"(?i)[?&]password=([^&]*)", url)
+    return m.group(1) if m else ""
+
+
+def _open(make, db: Optional[str], state_dir: Path):
+    """``make()`` (the controller, which opens its store), or exit with one line on
+    stderr naming the database (password masked) and what is wrong: a ``--db`` that
+    is not a URL fuse can open is ``invalid_argument`` (exit 2, like any bad flag);
+    a database that does not let the controller in is ``db_unavailable`` (exit 1)."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    def one_line(exc: BaseException) -> str:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if db:  # a driver may quote the URL, or the password alone
+            text = text.replace(db, _masked(db))
+            if len(password := _password(db)) >= 4:  # (a shorter one matches anywhere, and hides little)
+                text = text.replace(password, "***")
+        return text
+
+    try:
+        return make()
+    except (ArgumentError, ValueError, ImportError) as exc:
+        if not db:
+            raise  # (the built-in SQLite URL always parses: a bug, not the operator's)
+        scheme = db.partition("://")[0] if "://" in db else ""
+        if isinstance(exc, (NoSuchModuleError, ImportError)) and scheme:
+            why = f"fuse has no driver for {scheme}:// databases"
+        else:
+            why = f"it does not parse as a database URL ({one_line(exc)})"
+        fail("invalid_argument", f"--db {_masked(db)}: {why}; give postgresql://USER:PASSWORD@HOST:PORT/DATABASE",
+             exit_code=2)
+    except DBAPIError as exc:  # refused, no such host, a wrong password, no such database...
+        where = f"--db {_masked(db)}" if db else f"the SQLite store in {state_dir}"
+        fail("db_unavailable", f"{where}: cannot open the database: {one_line(exc.orig or exc)}")
 
 
 def _host_rows(hosts):

@@ -66,6 +66,10 @@ IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
 # closes a kept-alive one after ~5 s idle, as slow chunks leave them) is sent
 # again this many times before it fails the move. Nothing else is retried.
 CHUNK_READ_RETRIES = 3
+# A new move removes what a failed move of the same VM left on a host (its
+# abort did not get through) before it starts; it waits this long for the host,
+# holding up other moves' starts meanwhile.
+LEFTOVER_TIMEOUT = 10.0
 # every state but done and failed ("pending": an earlier version's "starting")
 ACTIVE = ACTIVE_MOVES
 STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the wire's (seed 004)
@@ -225,7 +229,10 @@ class MoveService:
             # best fit, every host's) first poll decides whether it is connected
             await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
                                                                          else [r["id"] for r in self.store.list_hosts()])))
-            target = self._target(name, source, vm, to)
+            # Before anything touches the VM: a copy of it an earlier failed move left on a
+            # host (cleanup pending) would fail this move's arrival there after the sleep.
+            leftovers = await self._clear_leftovers(name, source, to)
+            target = self._target(name, source, vm, to, leftovers)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
             with self.store.tx() as c:
@@ -261,7 +268,44 @@ class MoveService:
             return f"accelerator differs: {mine['accel']} vs {t['accel']}"
         return None
 
-    def _target(self, name: str, source: str, vm: dict, to: str | None) -> str:
+    async def _clear_leftovers(self, name: str, source: str, to: str | None) -> dict[str, str]:
+        """Remove now what failed moves of vm ``name`` left on their targets (an
+        incoming copy whose abort did not get through: ``cleanup_pending``), on
+        ``to`` or, for best fit, on any host; the janitor would do the same within
+        2 s. Returns each host whose copy is still there -> why, so that host is
+        refused before the VM is put to sleep (its arrival there would fail with
+        "already exists" and bring the VM home again).
+
+        Removing it here rather than refusing at once: the usual cause is a target
+        that was unreachable while the move failed, and a move asked again once it
+        answers should just go. Refusing when the removal fails keeps the VM
+        running and untouched; the move can be asked again once the host answers."""
+        with self.store.read() as c:
+            rows = [dict(r) for r in c.execute(select(moves_t).where(
+                moves_t.c.vm == name, moves_t.c.state == "failed", moves_t.c.target != source)).mappings()]
+        left: dict[str, str] = {}
+        for row in sorted(rows, key=lambda r: r["created_at"]):
+            if not (row["record"] or {}).get("cleanup_pending") or (to is not None and row["target"] != to):
+                continue
+            target = row["target"]
+            view = self.fleet.views.get(target)
+            try:
+                if view is None or not view.connected:
+                    raise HostUnreachable(f"host {target} is not connected")
+                await self._abort_target(row, timeout=LEFTOVER_TIMEOUT)
+            except FuseError as exc:
+                left[target] = (f"still holds the incoming copy of vm {name} that failed move {row['id']} left "
+                                f"there, not removed yet ({exc.message}); the controller retries the removal "
+                                "every 2 s: move the vm again once it is gone")
+                continue
+            log.info("move %s: removed its leftover copy of vm %s from %s", row["id"], name, target)
+            self._set(row["id"], cleanup_pending=False, target_clear=True)
+        return left
+
+    def _target(self, name: str, source: str, vm: dict, to: str | None,
+                leftovers: dict[str, str] | None = None) -> str:
+        """The host the VM goes to: ``to``, checked, or the best fit. ``leftovers``:
+        hosts that still hold a copy of the VM a failed move left (``_clear_leftovers``)."""
         from .placement import rank
         from .resources import Resources
         ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
@@ -286,6 +330,8 @@ class MoveService:
             view = self.fleet.views.get(to)
             if view is None or not view.connected:
                 raise refuse("host_unreachable", f"target host {to} is not connected")
+            if to in (leftovers or {}):
+                raise refuse("no_target", f"host {to} {leftovers[to]}")
             if why := self.compatible(vm, source, to):
                 raise refuse("arch_mismatch", why)
             # The same filter an automatic target passes (memory, vm_count
@@ -311,6 +357,8 @@ class MoveService:
                 passed[h] = why
             elif name_taken(h):
                 passed[h] = f"has room, but a vm named {name} already there"
+            elif h in (leftovers or {}):
+                passed[h] = leftovers[h]
             else:
                 return h
         passed |= {h: why for h, why in decision.reasons.items() if h != source}
@@ -587,8 +635,8 @@ class MoveService:
             reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
         self._set(move_id, "failed", reason=reason)
 
-    async def _abort_target(self, row: dict) -> None:
-        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=IO_TIMEOUT)
+    async def _abort_target(self, row: dict, timeout: float = IO_TIMEOUT) -> None:
+        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=timeout)
 
     async def _on_target(self, row: dict) -> dict | None:
         """The VM as the target holds it once the move is through (running, or

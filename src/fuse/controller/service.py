@@ -46,10 +46,11 @@ class Controller:
         self.token = token
         self.poll_interval = poll_interval
         self.fleet = None  # the pollers, once started (fuse.controller.fleet)
-        # a create waiting on a host's answer ties the host as an assigned VM does: the
-        # registry refuses to deregister it or re-point it meanwhile
+        # a create waiting on a host's answer ties the host as an assigned VM does, and so
+        # does one it did not answer until it says whether the VM landed: the registry
+        # refuses to deregister it or re-point it meanwhile
         self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live,
-                                  placing=lambda host_id: self.vms.pending_on(host_id))
+                                  placing=lambda host_id: self.vms.placing_on(host_id))
         from .events import EventService
         from .usage import UsageService
         from .vms import VmService
@@ -90,6 +91,7 @@ class Controller:
     async def close(self) -> None:
         await self.pool.close()
         await self.moves.close()
+        await self.vms.close()
         if self.fleet is not None:
             await self.fleet.close()
         self.store.close()

@@ -4,7 +4,10 @@ the per-VM calls forwarded to the host that has the VM."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import secrets
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -17,7 +20,16 @@ from .placement import FleetArrays, rank
 from .resources import Resources
 from .store import vms as vms_t
 
+log = logging.getLogger("fuse.controller.vms")
 JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
+# A create its host may have got but did not answer keeps the host tied (no
+# deregister, no new url) until the host says whether the VM is there: at most
+# this long, should the host never answer again.
+UNANSWERED_SECS = float(os.environ.get("FUSE_CREATE_UNANSWERED_S", "600"))
+# The host says it has no such VM twice, this far apart: the create never
+# reached it, or will not land now (two reads, so a request still on its way
+# when the first was answered has had time to be admitted).
+ABSENT_CONFIRM_SECS = 2.0
 
 
 class ControllerCreateVm(CreateVmRequest):
@@ -48,6 +60,10 @@ class VmService:
         self.store = ctl.store
         self._lock = asyncio.Lock()
         self._pending: dict[str, Resources] = {}
+        # creates a host did not answer, until it says whether the VM landed: ticket ->
+        # (host, vm name, shape); each with the task that asks the host (_settle_unanswered)
+        self._unanswered: dict[object, tuple[str, str, Resources]] = {}
+        self._settling: set[asyncio.Task] = set()
 
     @property
     def fleet(self):
@@ -161,7 +177,10 @@ class VmService:
                 if getattr(exc, "maybe_sent", True):
                     # the request may have reached the host, which may still carry it out: a try on
                     # another host could leave the VM in two places (a host that got it late
-                    # created it after a fleet_full reply). The VM list shows it if it lands.
+                    # created it after a fleet_full reply). The VM list shows it if it lands; until
+                    # the host says, it stays tied as while the create waited (no await between the
+                    # release above and this, so a deregister never slips in between).
+                    self._unanswered_create(host, name, ask)
                     raise HostUnreachable(
                         f"host {host} did not answer the create of vm {name} ({exc.message}); it may still "
                         "create it (the VM list shows it once the host answers), so no other host was tried",
@@ -280,6 +299,65 @@ class VmService:
     def pending_on(self, host: str) -> Resources:
         """What is being placed on ``host`` right now (reserved, not yet answered)."""
         return self._pending.get(host, Resources())
+
+    def placing_on(self, host: str) -> Resources:
+        """What may yet land on ``host``: creates and wakes waiting on its answer, and
+        creates it did not answer whose VM it has not yet said it has or lacks. The
+        registry keeps the host (no deregister, no new url) while this counts any."""
+        out = self.pending_on(host)
+        for h, _, ask in self._unanswered.values():
+            if h == host:
+                out = out + ask
+        return out
+
+    def _unanswered_create(self, host: str, name: str, ask: Resources) -> None:
+        ticket = object()
+        self._unanswered[ticket] = (host, name, ask)
+        task = asyncio.get_running_loop().create_task(self._settle_unanswered(ticket))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle_unanswered(self, ticket: object) -> None:
+        """Ask the host of an unanswered create for the VM until it says: there (it is
+        recorded, so the host is held by an assigned VM from then on) or absent twice
+        ABSENT_CONFIRM_SECS apart. Then, or after UNANSWERED_SECS without a word, or
+        once the host is deregistered (by another replica), the host is let go."""
+        host, name, _ = self._unanswered[ticket]
+        deadline, absent_at = time.monotonic() + UNANSWERED_SECS, None
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(1)  # (first: it has just not answered)
+                if any(r["host"] == host for r in self.store.vms_named(name)):
+                    return  # recorded meanwhile (the host's poller read its VM list)
+                try:
+                    resp = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
+                except HostUnreachable:
+                    resp = None
+                if resp is not None and resp.status_code == 200:
+                    self.fleet.upsert_vms(host, [resp.json()])
+                    log.warning("vm %s landed on %s after its create went unanswered: recorded", name, host)
+                    return
+                if resp is not None and resp.status_code == 404:
+                    absent_at = absent_at or time.monotonic()
+                    if time.monotonic() - absent_at >= ABSENT_CONFIRM_SECS:
+                        return
+                else:  # unreachable or an odd answer: absence counts only from answers in a row
+                    absent_at = None
+            log.warning("vm %s: %s did not say in %.0f s whether its unanswered create landed; the host "
+                        "is no longer held for it", name, host, UNANSWERED_SECS)
+        except NotFound:
+            pass  # the host was deregistered: nothing left to hold
+        finally:
+            self._unanswered.pop(ticket, None)
+
+    async def close(self) -> None:
+        for t in list(self._settling):
+            t.cancel()
+        for t in list(self._settling):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
 
     def _release(self, host: str, ask: Resources) -> None:
         left = self._pending.get(host, Resources()) - ask

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class ErrorDetail(BaseModel):
     """The error's code and one-sentence message; some codes add details
-    (``hosts`` on ``fleet_full`` and ``ambiguous_vm``), both beside ``code``
-    and under ``details``."""
+    (``hosts`` on ``fleet_full``, ``ambiguous_vm`` and a best-fit move's
+    ``no_target``), both beside ``code`` and under ``details``."""
 
     model_config = ConfigDict(extra="allow")
 

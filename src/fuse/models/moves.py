@@ -66,14 +66,20 @@ class DrainMoved(Record):
 
 
 class DrainStuck(Record):
+    """A VM the drain could not move, and why."""
+
     vm: str
-    code: str
+    code: str = Field(description="the move's refusal code (POST /v1/moves: not_movable, no_target, ...), "
+                                  "move_failed (it ran and brought the VM home: see move), or drain_stopped "
+                                  "(the host was uncordoned, cordoned or deregistered before the drain tried it)")
     reason: str
-    move: Optional[str] = None
+    move: Optional[str] = Field(None, description="the failed move (move_failed)")
 
 
 class DrainReport(Record):
-    """What a drain moved and what it could not (reported, never killed)."""
+    """What a drain moved and what it could not (reported, never killed). A drain
+    stopped part way (the host no longer draining) reports every VM it did not try
+    as stuck with code ``drain_stopped``."""
 
     host: str
     moved: list[DrainMoved]

@@ -65,8 +65,12 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
 @router.post("/v1/hosts", status_code=201, response_model=Host,
              responses={200: {"model": Host, "description": "re-registered: an update, state and VMs kept"},
                         **responses(s400="invalid_argument: a field is missing, unknown or out of range (vm_count, id, "
-                                         "backend, gpus or mig_profiles on a firecracker host, a MIG profile name)",
-                                    s409="conflict: the id moves to another url while VMs are assigned to it",
+                                         "backend, gpus or mig_profiles on a firecracker host, a MIG profile name), "
+                                         "or a capacity field is not an integer (true, \"3\" and 2.5 are refused, "
+                                         "never read as numbers)",
+                                    s409="conflict: the id moves to another url while VMs are assigned to it, or while "
+                                         "a create waits on the host (one waiting on its answer, or one it did not "
+                                         "answer until it says whether the VM landed)",
                                     s502="host_unreachable: the agent cannot be reached while a capacity field is "
                                          "left to probe, or the url answers but is not a fuse agent; "
                                          "unauthorized: the agent refused the token")},
@@ -124,7 +128,10 @@ async def get_host(request: Request, host_id: str) -> Host:
 
 
 @router.post("/v1/hosts/{host_id:path}", status_code=204,
-             responses={200: {"model": DrainReport, "description": "drain: what moved and what could not"},
+             responses={200: {"model": DrainReport,
+                              "description": "drain: what moved and what could not (each stuck VM with a code: the "
+                                             "move's refusal, move_failed, or drain_stopped when the host was "
+                                             "uncordoned, cordoned or deregistered before the drain tried it)"},
                         **responses(s404="not_found: no such host")},
              summary="actOnHost: cordon or uncordon (204); drain moves every VM away and reports (200).")
 async def host_action(request: Request, host_id: str,
@@ -140,8 +147,11 @@ async def host_action(request: Request, host_id: str,
 
 @router.delete("/v1/hosts/{host_id:path}", status_code=204,
                responses=responses(s404="not_found: no such host",
-                                   s409="conflict: VMs are still assigned to it; move_in_progress: a move "
-                                        "still needs it (a copy to wake, abort or remove there)"),
+                                   s409="conflict: VMs are still assigned to it, or a create waits on the host: "
+                                        "one (or a wake) waiting on its answer, or one it did not answer, until it "
+                                        "says whether the VM landed (10 minutes at most); "
+                                        "move_in_progress: a move still needs it (a copy to wake, abort or "
+                                        "remove there)"),
                summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str) -> Response:
     await _ctl(request).deregister_host(host_id)
