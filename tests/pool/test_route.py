@@ -163,14 +163,14 @@ def test_the_shape_is_learned_from_the_vms_the_controller_records(ctl):
     assert (g["cpus"], g["mem_mib"]) == (2, 8192)  # what the request gives wins
 
 
-def _own_host(ctl, vm_count: int = 8, connected: bool = True) -> None:
+def _own_host(ctl, vm_count: int = 8, connected: bool = True, backend: str = "fake", kvm: bool = True) -> None:
     """A registered host 'own' (8 vCPUs, 16 GiB, room all free) and a stand-in for its poller."""
     now = time.time()
     with ctl.store.tx() as c:
-        ctl.store.put_host(c, dict(id="own", url="http://127.0.0.1:1", token="", region="home", backend="fake",
+        ctl.store.put_host(c, dict(id="own", url="http://127.0.0.1:1", token="", region="home", backend=backend,
                                    labels={}, capacity={"cpus": 8, "ram_mb": 16384, "vm_count": vm_count},
                                    state="active", agent_id="", last_seen=now, created_at=now, updated_at=now))
-    summary = {"free_vcpus": 8, "free_mem_mib": 16384, "vm_count": 0, "kvm": True}
+    summary = {"free_vcpus": 8, "free_mem_mib": 16384, "vm_count": 0, "kvm": kvm}
     ctl.fleet = SimpleNamespace(views={"own": SimpleNamespace(summary=summary, connected=connected, error="")})
 
 
@@ -201,6 +201,34 @@ def test_a_host_the_controller_cannot_use_now_is_not_planned_on(ctl):
         assert [(a.host, a.count) for a in p.assignments] == [("own", 1)]
     finally:
         ctl.fleet = None
+
+
+@pytest.mark.parametrize("backend, kvm, placed", [
+    ("fake", True, 1), ("fake", False, 0), ("qemu", False, 1),
+], ids=["an agent with KVM", "an agent without KVM, not qemu", "an own qemu host without KVM runs it by TCG"])
+def test_microvm_work_is_planned_only_on_hosts_that_can_run_it(ctl, backend, kvm, placed):
+    _own_host(ctl, backend=backend, kvm=kvm)
+    try:
+        p = ElasticPlan.model_validate(post(client(ctl), {"count": 1, "kind": "microvm", "devices_only": True}).json())
+        assert sum(a.count for a in p.assignments) == placed, p.explain
+    finally:
+        ctl.fleet = None
+
+
+@pytest.mark.parametrize("offer_kvm", [False, True], ids=["a non-metal type", "a metal type"])
+def test_a_bought_host_runs_kvm_kinds_only_when_its_type_does(ctl, offer_kvm):
+    # a non-metal cloud machine hosts container work only (the catalogue), whatever backend its
+    # agent runs: a joined t3.medium with a qemu agent once took microvm work from plans
+    from fuse.controller.pool.model import Offer
+
+    offer = Offer(provider="aws", type_name="t3.medium", region="us-east-1", arch="amd64", vcpus=2, mem_mib=3072,
+                  kvm=offer_kvm, usd_per_hour=0.0416)
+    ctl.pool.provider = lambda name: SimpleNamespace(offers=lambda: [offer])
+    row = {"backend": "qemu"}
+    view = SimpleNamespace(summary={"kvm": False})
+    assert ctl._runs_kvm_kinds(row, view, {"provider": "aws", "type_name": "t3.medium"}) is offer_kvm
+    assert ctl._runs_kvm_kinds(row, view, {"provider": "aws", "type_name": "other"}) is False
+    assert ctl._runs_kvm_kinds(row, SimpleNamespace(summary={"kvm": True}), {"provider": "aws", "type_name": "x"})
 
 
 def _where(r) -> dict[str, int]:

@@ -129,8 +129,7 @@ class Controller:
                         "free_vcpus": max(0, int(fleet.free_vcpus[i])), "free_mem_mib": max(0, int(fleet.free_mem[i])),
                         "free_vm_slots": max(0, int(fleet.vm_limit[i]) - int(fleet.vm_count[i])),
                         "arch": cap.get("arch", "amd64") or "amd64",
-                        # a qemu host runs every kind without KVM too (TCG, slower); Firecracker needs it
-                        "kvm": bool(view and view.summary.get("kvm")) or row.get("backend") == "qemu",
+                        "kvm": self._runs_kvm_kinds(row, view, e),
                         "own": True,
                         # the guest bundles (images) it has, when its agent said: only those run there
                         "bundles": ([b.get("name") for b in view.summary.get("bundles") or [] if isinstance(b, dict)]
@@ -139,6 +138,22 @@ class Controller:
                         "state": (row.get("state", "active") if fleet.usable[i] else
                                   "active" if reopen else "unavailable")} | cloud)
         return out
+
+    def _runs_kvm_kinds(self, row: dict, view, e: dict | None) -> bool:
+        """May the plan put work whose kind needs KVM (``microvm``) on this host? Its agent
+        says it has KVM; or it is one of the operator's own qemu hosts (TCG runs every
+        kind there, slower); or, bought from a cloud, its type is one the cloud says runs
+        VMs (metal: a non-metal type hosts container work only, whatever backend its agent
+        runs)."""
+        if view is not None and view.summary.get("kvm"):
+            return True
+        if e is None:
+            return row.get("backend") == "qemu"
+        try:
+            offers = self.pool.provider(e["provider"]).offers()
+        except Exception:  # (the cloud was unlinked meanwhile: its word is gone)
+            return False
+        return any(o.type_name == e["type_name"] and o.kvm for o in offers)
 
     async def register_host(self, req, backend_from_probe: bool = False):
         """Register, then poll the host at once so it is connected (and its
