@@ -103,7 +103,8 @@ class Controller:
         the VMs on it and those being placed). Own devices have no machine type.
         A host scale-in cordoned (``scaler_cordoned``: not an operator's cordon, nor
         its TTL's) is a running host with room, as it is for a create, which
-        uncordons it before anything is bought: placed work uncordons it."""
+        uncordons it before anything is bought: placed work uncordons it.
+        Machines bought and not joined yet come last (``_joining_hosts``)."""
         from .pool.reconcile import scaler_cordoned
         fleet, reasons = self.vms.arrays()
         elastic = self.pool.live_rows()
@@ -137,6 +138,39 @@ class Controller:
                         "region": row.get("region", "") or "", "type_name": "",
                         "state": (row.get("state", "active") if fleet.usable[i] else
                                   "active" if reopen else "unavailable")} | cloud)
+        return out + self._joining_hosts(set(fleet.ids), now)
+
+    def _joining_hosts(self, registered: set[str], now: float) -> list[dict[str, Any]]:
+        """Cloud machines bought and not joined yet (``creating``, ``booting``): already paid
+        for, so hosts with room for the plans (seed 001: hosts with room before new machines),
+        a plan no longer buys another beside one that boots. Each has its type's room and
+        nothing used (its type's size, its cloud's vm_count policy and images, KVM as its
+        cloud says of the type), is not own, and is paid until its committed end, less the
+        rest of its boot time, when nothing can run there yet: work there ends that much
+        later. ``joins_in_secs``: that rest (at least 1: it is not ready now), which the plan's
+        ``ready_in_secs`` counts and a create on it waits for (``ElasticPool.host_for``)."""
+        import math
+
+        from ..errors import FuseError
+        out = []
+        for r in self.pool.rows():
+            if r["state"] not in ("creating", "booting") or r["name"] in registered:
+                continue  # (a machine registering as its join completes is a host already)
+            try:
+                provider = self.pool.provider(r["provider"])
+                offer = provider.offer(r["type_name"], r["region"])
+                slots = int(provider.capacity(r["type_name"])["vm_count"])
+                images = sorted(provider.images())
+            except FuseError:  # (its cloud no longer offers the type: no room to promise)
+                continue
+            joins = max(1, math.ceil(r["started"] + r["boot_secs"] - now))
+            out.append({"name": r["name"], "cpus": offer.vcpus, "mem_mib": offer.mem_mib,
+                        "free_vcpus": offer.vcpus, "free_mem_mib": offer.mem_mib, "free_vm_slots": slots,
+                        "arch": offer.arch, "kvm": offer.kvm, "own": False, "bundles": images,
+                        "region": r["region"], "type_name": r["type_name"], "provider": r["provider"],
+                        "usd_per_hour": r["usd_per_hour"], "billing_step_secs": r["billing_step_secs"],
+                        "paid_secs_left": max(0, int(committed_until(r, now) - now) - joins),
+                        "scaler_cordoned": False, "state": r["state"], "joins_in_secs": joins})
         return out
 
     def _runs_kvm_kinds(self, row: dict, view, e: dict | None) -> bool:

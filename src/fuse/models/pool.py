@@ -41,6 +41,21 @@ class _Record(BaseModel):
     model_config = ConfigDict(populate_by_name=True, alias_generator=AliasGenerator(validation_alias=_either))
 
 
+SeedRecord = _Record  # for request bodies of the pool's API beyond the seed's records (both spellings)
+
+
+def one_spelling(cls: type[BaseModel], data: Any) -> Any:
+    """Refuse a field given in both spellings (``ttl_hours`` and ``ttlHours``): which one
+    counts would be pydantic's choice, not the caller's."""
+    if not isinstance(data, dict):
+        return data
+    twice = sorted(n for n in cls.model_fields if n != to_camel(n) and n in data and to_camel(n) in data)
+    if twice:
+        raise PydanticCustomError("extra_forbidden", "{names} given in both spellings", {
+            "names": ", ".join(f"{n} ({to_camel(n)})" for n in twice)})
+    return data
+
+
 U32 = 2**32 - 1  # the seed types counts, hours and shapes as u32
 MAX_PLAN_VMS = 100_000  # VMs in one plan: a plan's answer lists every machine, so it is bounded
 

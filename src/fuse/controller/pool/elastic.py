@@ -19,10 +19,12 @@ month (UTC) times its price. Caps of 0 mean "no cap".
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import secrets
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from typing import Any
 
@@ -74,6 +76,12 @@ BUDGET_KEY = "pool_budget"
 CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 DEFAULT_BUDGET = {"autoscale": False, "max_usd_per_hour": 0.0, "monthly_usd": 0.0, "max_new_hosts": 0,
                   "warm": True, "allow_metal": True}
+
+
+def _uncapped(options: dict[str, Any]) -> dict[str, Any]:
+    """A cloud's link options but its caps (quotas, limits): what its hosts' ids depend on."""
+    from .providers.base import CAP_OPTIONS
+    return {k: v for k, v in (options or {}).items() if k not in CAP_OPTIONS}
 
 
 class IllegalTransition(FuseError):
@@ -143,6 +151,28 @@ def to_record(row: dict, now: float | None = None) -> ElasticHost:
         billing_min_secs=row["billing_min_secs"], pinned=bool(row["pinned"]))
 
 
+def _wait_for_joins(result, snapshot: list[dict]) -> None:
+    """A plan that puts work on hosts bought and not joined yet (``joins_in_secs`` in the
+    snapshot) is ready only once they join: ``ready_in_secs`` and their explain lines say
+    so, and the ``json`` answer gains ``joining`` (host -> seconds). The model has no field
+    for it: a re-solve of that model (``fuse pool plan --model``) sees them as running hosts."""
+    joins = {h["name"]: h for h in snapshot if h.get("joins_in_secs") is not None}
+    used = sorted({a.host for a in result.assignments if a.host in joins})
+    if not used:
+        return
+    result.ready_in_secs = max([result.ready_in_secs] + [int(joins[n]["joins_in_secs"]) for n in used])
+    for i, line in enumerate(result.explain):
+        for n in used:
+            if f" on {n} (running cloud host" in line:
+                result.explain[i] = line.replace(
+                    f" on {n} (running cloud host", f" on {n} (cloud host still {joins[n].get('state', 'booting')}, "
+                                                    f"joins in about {int(joins[n]['joins_in_secs'])} s", 1)
+    body = json.loads(result.json) if result.json else {}
+    body["plan"] = result.model_dump(mode="json", exclude={"json"})
+    body["joining"] = {n: int(joins[n]["joins_in_secs"]) for n in used}
+    result.json = json.dumps(body, sort_keys=True)
+
+
 class ElasticPool:
     """Clouds, elastic hosts and the budget of one controller (its store is shared by replicas)."""
 
@@ -175,12 +205,17 @@ class ElasticPool:
         from .providers import link
         if not CLOUD_NAME.match(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
-        live = [r["name"] for r in self.rows() if r["provider"] == name and r["state"] in LIVE]
-        if live:  # its hosts' ids mean something only to the cloud as it was linked
-            raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it")
+        from .providers.base import CAP_OPTIONS
         options = dict(options or {})
         if kind == "local":  # its machines' dir, the same for every replica on this machine
             options.setdefault("dir", str(self._cloud_dir(name).resolve()))
+        live = [r["name"] for r in self.rows() if r["provider"] == name and r["state"] in LIVE]
+        was = self._cloud_row(name)
+        if live and not (was is not None and was["kind"] == kind and _uncapped(was["options"]) == _uncapped(options)):
+            # its hosts' ids mean something only to the cloud as it was linked; its caps
+            # (quotas, limits) are the pool's own, so they may change under running hosts
+            raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it "
+                           f"(only its {' and '.join(sorted(CAP_OPTIONS))} may change while it has hosts)")
         provider = link(kind, name, options, self._cloud_dir(name))
         with self.store.tx() as c:
             c.execute(delete(clouds_t).where(clouds_t.c.name == name))
@@ -188,6 +223,7 @@ class ElasticPool:
                                               created_at=time.time()))
         old = self._providers.pop(name, None)
         if old is not None:
+            provider.adopt(old)  # (its hosts live on: what it knows of their machines carries over)
             await old.close()
         self._providers[name] = provider
         self.store.add_event("cloud_linked", {"cloud": name, "kind": kind})
@@ -240,8 +276,34 @@ class ElasticPool:
         names = self.cloud_names()
         if not names:
             return list(default_catalogue())
-        return [o for n in names if image is None or image in self.provider(n).images()
+        _, machines = self.in_use()
+        # a type's limit is on the machines of it the cloud runs: those running already count
+        return [o if o.limit is None else o.model_copy(update={
+                    "limit": max(0, o.limit - machines[(o.provider, o.type_name)])})
+                for n in names if image is None or image in self.provider(n).images()
                 for o in self.provider(n).offers()]
+
+    def in_use(self) -> tuple[Counter, Counter]:
+        """What the live hosts (creating to offline: every one the cloud runs, and bills) take
+        of the clouds' caps: vCPUs per quota family, and machines per (cloud, type)."""
+        vcpus: Counter = Counter()
+        machines: Counter = Counter()
+        for r in self.rows():
+            if r["state"] not in LIVE:
+                continue
+            machines[(r["provider"], r["type_name"])] += 1
+            try:
+                o = self.provider(r["provider"]).offer(r["type_name"], r["region"])
+            except FuseError:  # (its cloud no longer offers the type: no family to count it in)
+                continue
+            vcpus[o.quota_family] += o.vcpus
+        return vcpus, machines
+
+    def quotas_left(self) -> dict[str, int]:
+        """vCPUs each linked cloud's quota families leave for new machines (``Constraints.quotas``)."""
+        used, _ = self.in_use()
+        return {family: max(0, n - used[family]) for c in self.cloud_names()
+                for family, n in sorted(self.provider(c).quotas.items())}
 
     # ---- budget --------------------------------------------------------------
     def _budget_settings(self) -> dict[str, Any]:
@@ -262,13 +324,13 @@ class ElasticPool:
         return self.budget()
 
     def constraints(self) -> Constraints:
-        """The budget's caps less what the running elastic hosts already use."""
+        """The budget's caps and the clouds' quotas less what the running elastic hosts already use."""
         b = self.budget()
         return Constraints(
             max_usd_per_hour=max(0.0, b.max_usd_per_hour - b.running_usd_per_hour) if b.max_usd_per_hour else None,
             max_new_hosts=max(0, b.max_new_hosts - b.hosts) if b.max_new_hosts else None,
             monthly_usd_left=max(0.0, b.monthly_usd - b.month_usd - self._committed()) if b.monthly_usd else None,
-            allow_metal=b.allow_metal)
+            allow_metal=b.allow_metal, quotas=self.quotas_left())
 
     def _check_budget(self, offer: Offer, count: int, usd_each: float) -> None:
         """BudgetExceeded unless ``count`` more machines of ``offer`` (each
@@ -295,6 +357,30 @@ class ElasticPool:
         if b.monthly_usd and spent + cost > b.monthly_usd + 1e-9:
             raise BudgetExceeded(f"{count} × {what} would cost ${cost:.2f} with ${spent:.2f} spent or committed "
                                  f"this month; the budget allows ${b.monthly_usd:.2f} (monthly_usd)")
+        self._check_cloud_caps(machines)
+
+    def _check_cloud_caps(self, machines: list[tuple[Offer, float]]) -> None:
+        """BudgetExceeded unless ``machines`` stay within their clouds' quotas and type limits,
+        counted with the machines the clouds run already (``in_use``)."""
+        vcpus, running = self.in_use()
+        add_vcpus: Counter = Counter()
+        add_machines: Counter = Counter()
+        quotas, limits = {}, {}
+        for o, _ in machines:
+            add_vcpus[o.quota_family] += o.vcpus
+            add_machines[(o.provider, o.type_name)] += 1
+            limits[(o.provider, o.type_name)] = o.limit
+            quotas[o.quota_family] = (o.provider, self.provider(o.provider).quotas.get(o.quota_family))
+        for (cloud, type_name), n in sorted(add_machines.items()):
+            limit = limits[(cloud, type_name)]
+            if limit is not None and running[(cloud, type_name)] + n > limit:
+                raise BudgetExceeded(f"{n} more {type_name} would make {running[(cloud, type_name)] + n} in cloud "
+                                     f"{cloud}; its limit for the type is {limit} (limits)")
+        for family, n in sorted(add_vcpus.items()):
+            cloud, quota = quotas[family]
+            if quota is not None and vcpus[family] + n > quota:
+                raise BudgetExceeded(f"{n} more vCPUs of quota family {family.partition(':')[2]} would make "
+                                     f"{vcpus[family] + n} in cloud {cloud}; its quota is {quota} vCPUs (quotas)")
 
     def _committed(self) -> float:
         now = time.time()
@@ -314,8 +400,9 @@ class ElasticPool:
         return [to_record(r) for r in self.rows() if include_gone or r["state"] != "gone"]
 
     def live_rows(self) -> dict[str, dict]:
-        """Elastic hosts that are registered hosts (by name), for the pool snapshot."""
-        return {r["name"]: r for r in self.rows() if r["state"] in ("joined", "cordoned", "offline")}
+        """Live elastic hosts by name, for the pool snapshot: those registered as hosts (joined,
+        cordoned, offline, or registered as their join completes) are the cloud hosts among them."""
+        return {r["name"]: r for r in self.rows() if r["state"] in LIVE}
 
     def _transition(self, name: str, to: str, reason: str = "", **values: Any) -> dict:
         with self.store.tx() as c:
@@ -625,9 +712,12 @@ class ElasticPool:
         snapshot = self.ctl.pool_snapshot() if snapshot is None else snapshot
         image = body.image or DEFAULT_IMAGE
         offers = self.offers(image)
-        model = model_from_request(body, snapshot, offers=offers,
-                                   constraints=Constraints() if unbounded else self.constraints(), history=history)
+        # (``unbounded``: without the budget's caps, to tell whether they are in the way; the
+        # clouds' quotas are no budget and hold either way)
+        model = model_from_request(body, snapshot, offers=offers, history=history, constraints=(
+            Constraints(quotas=self.quotas_left()) if unbounded else self.constraints()))
         result = await run_in_threadpool(plan, model)
+        _wait_for_joins(result, snapshot)
         # what was ruled out before the solve, for want of the image: say so
         lacking = sorted(h["name"] for h in snapshot if h.get("bundles") is not None and image not in h["bundles"])
         whys = ([f"no linked cloud's machines get image {image!r} (a guest bundle)"] if names and not offers else [])
@@ -640,6 +730,10 @@ class ElasticPool:
             result.added = await self.buy(result.new_hosts)
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
         return result
+
+    def joining(self, snapshot: list[dict]) -> dict[str, int]:
+        """The hosts of ``snapshot`` bought and not joined yet -> seconds until they are expected to."""
+        return {h["name"]: int(h["joins_in_secs"]) for h in snapshot if h.get("joins_in_secs") is not None}
 
     async def buy(self, new_hosts: list, planned_secs: int | None = None) -> list[ElasticHost]:
         """Buy a plan's machines (``ElasticNewHost``s): all of them or none. The
@@ -687,27 +781,49 @@ class ElasticPool:
                 return name
         return None
 
-    async def host_for(self, vcpus: int, mem_mib: int, image: str, provider: str | None, timeout: float) -> str | None:
+    async def host_for(self, vcpus: int, mem_mib: int, image: str, provider: str | None, timeout: float,
+                       buy: bool = True) -> str | None:
         """Scale out for one VM that no host took (a create on auto, or on a
         cloud): the pool's solve for it, under the budget; when it adds a
-        machine, buy it and wait until it joined. Its name, or None when the
-        solve puts the VM on a host already there (room came free: place again).
-        On a cloud, only that cloud's hosts count as already there."""
+        machine, buy it and wait until it joined; when it puts the VM on a machine
+        bought earlier that has not joined yet, wait until that one joined. Its
+        name, or None when the solve puts the VM on a host already there (room
+        came free: place again). On a cloud, only that cloud's hosts count as
+        already there. ``buy`` False (autoscale off): nothing is bought, only a
+        machine joining is waited for; None when none has the room."""
         from ...models.pool import ElasticPlanRequest
-        req = ElasticPlanRequest(count=1, image=image, cpus=vcpus, memory_mb=mem_mib, provider=provider)
+        req = ElasticPlanRequest(count=1, image=image, cpus=vcpus, memory_mb=mem_mib, provider=provider,
+                                 no_scale=None if buy else True)
         # One scale-out at a time, through the join: creates queued behind it plan
         # again and find the machine it bought (one machine for many, not one each).
+        deadline = time.monotonic() + timeout
         async with self._scaling:
             if self._reopen(mem_mib, image, provider) is not None:
                 return None  # a host the scaler cordoned has the room: place again
-            snapshot = self.ctl.pool_snapshot()
-            if provider is not None:
-                snapshot = [h for h in snapshot if h.get("provider") == provider]
-            result = await self.plan(req, snapshot)
-            if result.unplaced:
-                raise BudgetExceeded(f"the elastic pool cannot add a machine for it: {result.unplaced[0].reason}")
-            if not result.new_hosts:
-                return None
+            while True:
+                snapshot = self.ctl.pool_snapshot()
+                if provider is not None:
+                    snapshot = [h for h in snapshot if h.get("provider") == provider]
+                result = await self.plan(req, snapshot)
+                if result.unplaced and not buy:
+                    return None  # no machine joining has the room either
+                if result.unplaced:
+                    raise BudgetExceeded(f"the elastic pool cannot add a machine for it: {result.unplaced[0].reason}")
+                if result.new_hosts:
+                    break
+                # a machine bought earlier (by hand, a plan, a prewarm) that has not joined yet has
+                # the room, paid for: wait for it as for one bought now, and buy nothing
+                joining = self.joining(snapshot)
+                name = next((a.host for a in result.assignments if a.host in joining), None)
+                if name is None:
+                    return None  # a host already there (room came free): place again
+                try:
+                    await self.wait_joined(name, max(1.0, deadline - time.monotonic()))
+                except Conflict:
+                    if (self.row(name) or {}).get("state") in ("gone", "offline") and time.monotonic() < deadline:
+                        continue  # it will not join: solve again without it
+                    raise
+                return name
             # its VM is placed the moment it joins: the machine is kept for it only until then
             # (the VM's own life keeps it after; a default duration kept it idle an hour more)
             nh = result.new_hosts[0]

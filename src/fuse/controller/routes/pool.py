@@ -12,19 +12,21 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fuse.controller.pool.request import history_from_vms
 from fuse.models.base import Record
 from fuse.models.errors import responses
 from fuse.errors import NotFound
 from fuse.models.pool import (U32, ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
-                              ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
+                              ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions, SeedRecord, one_spelling)
 
 router = APIRouter(tags=["pool"])
 
-NO_CLOUD = "invalid_argument: no such linked cloud, machine type or region, or a bad count or ttl_hours"
-BUDGET = "budget_exceeded: the machines would pass a cap of the budget (the message names it)"
+NO_CLOUD = ("invalid_argument: no such linked cloud, machine type or region, a bad count or ttl_hours, or a "
+            "field given in both spellings")
+BUDGET = ("budget_exceeded: the machines would pass a cap of the budget, or a quota or type limit of their cloud "
+          "(the message names it)")
 CLOUD = "cloud_error: the cloud refused or failed (its message is given)"
 
 
@@ -32,14 +34,20 @@ def _pool(request: Request):
     return request.app.state.ctl.pool
 
 
-class AddHostsRequest(Record):
-    """cloud_add_host: machines of one type added by hand."""
+class AddHostsRequest(SeedRecord):
+    """cloud_add_host: machines of one type added by hand. The seed's parameters, in either
+    spelling like its records (``instance_type``/``instanceType``, ``ttl_hours``/``ttlHours``)."""
     provider: str
     instance_type: str
     region: Optional[str] = None
     count: Optional[int] = Field(default=None, description="1 to 20 (default 1).")
     ttl_hours: Optional[int] = Field(default=None, le=U32,
                                      description="Hours until it ends on its own (default 24).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        return one_spelling(cls, data)
 
 
 class RemoveHostsRequest(Record):
@@ -50,7 +58,10 @@ class LinkCloudRequest(Record):
     kind: str = Field(description="`aws` (EC2 through boto3) or `local` (host agents started on this machine).")
     options: dict[str, Any] = Field(default_factory=dict, description=(
         "aws: region, image_id (required), endpoint_url, access_key_id, secret_access_key, key_name, "
-        "security_group_ids, subnet_id, agent_port, types. local: types, region, backend, bundle_dir, vm_count."))
+        "security_group_ids, subnet_id, agent_port, types. local: types, region, backend, bundle_dir, vm_count. "
+        "Both: quotas ({quota family: vCPUs}: aws standard, g, p...; local: its types' quota_family, default "
+        "standard) and limits ({machine type: machines}), non-negative integers, counted against the "
+        "machines the cloud runs already; only these two may change while the cloud has hosts."))
 
 
 class Cloud(Record):

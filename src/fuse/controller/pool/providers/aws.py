@@ -31,7 +31,7 @@ from fuse.controller.pool.catalogue import default_catalogue
 from fuse.controller.pool.model import Offer
 from fuse.errors import InvalidArgument
 
-from .base import CloudError, Machine, OptionReader, Provider, check_name
+from .base import CAP_OPTIONS, CloudError, Machine, OptionReader, Provider, check_name
 
 DEFAULT_REGION = "us-west-2"
 DEFAULT_AGENT_PORT = 8090
@@ -111,7 +111,7 @@ class AwsProvider(Provider):
     kind = "aws"
     OPTIONS = frozenset({"region", "image_id", "endpoint_url", "access_key_id", "secret_access_key",
                          "session_token", "key_name", "security_group_ids", "subnet_id", "agent_port", "types",
-                         "package"})
+                         "package"}) | CAP_OPTIONS
     SECRETS = frozenset({"secret_access_key", "session_token"})
     backend = "qemu"  # KVM on metal types, TCG elsewhere: the agent's probe settles which
 
@@ -139,7 +139,9 @@ class AwsProvider(Provider):
         self.package = r.str("package", f"fuse-fleet=={__version__}")
         if any(c.isspace() for c in self.package):
             raise r.bad("package", "must be one pip requirement (no spaces)")
-        here = [o.model_copy(update={"provider": name}) for o in default_catalogue()
+        # the catalogue's families are AWS's vCPU quotas (``aws:standard``): here, this cloud's (``capped``)
+        here = [o.model_copy(update={"provider": name, "quota_family": o.quota_family.partition(":")[2]
+                                     or o.quota_family}) for o in default_catalogue()
                 if o.provider == "aws" and o.region == self.region]
         types = r.str_list("types")
         if types is not None:
@@ -147,10 +149,11 @@ class AwsProvider(Provider):
             if unknown := [t for t in types if t not in known]:
                 raise r.bad("types", f"names {', '.join(unknown)}, not in the catalogue for {self.region}")
             here = [o for o in here if o.type_name in set(types)]
-        self._offers = [o for o in here if o.arch in self.amis]
-        if not self._offers:
+        offered = [o for o in here if o.arch in self.amis]
+        if not offered:
             raise r.bad("image_id", f"has no AMI for the architecture of any type offered "
                                     f"({', '.join(sorted({o.arch for o in here}))})")
+        self._offers = self.capped(r, offered)
         self._client = None
         self._client_lock = threading.Lock()
         self._fresh: dict[str, float] = {}  # instance id -> when this provider created it
@@ -170,6 +173,10 @@ class AwsProvider(Provider):
 
     def offers(self) -> list[Offer]:
         return list(self._offers)
+
+    def adopt(self, old: Provider) -> None:
+        if isinstance(old, AwsProvider):  # ids created moments ago, which EC2 may not list yet
+            self._fresh = old._fresh | self._fresh
 
     def capacity(self, type_name: str) -> dict[str, int]:
         # A real machine: its agent probes cpus and RAM itself.

@@ -13,6 +13,14 @@ facts it cannot know itself — create, describe, terminate.
 Options arrive as a plain dict (the API's ``options`` object) and are checked
 by ``OptionReader``: an unknown option, a missing required one or a bad value
 raises ``InvalidArgument`` naming it, before anything is bought.
+
+Every kind takes two caps among its options (``CAP_OPTIONS``), read by
+``Provider.capped``: ``quotas`` ({quota family: vCPUs}, as a cloud's vCPU quotas
+are: AWS's "Running On-Demand Standard instances" is family ``standard``) and
+``limits`` ({machine type: machines}). A cloud's families are its own: its
+offers' ``quota_family`` is ``<cloud name>:<family>`` (``aws:standard``), so two
+linked AWS accounts never share a quota. The pool counts the machines it runs in
+the cloud against them (``ElasticPool.constraints``, ``ElasticPool.offers``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from fuse.controller.pool.model import Offer
 from fuse.errors import FuseError, InvalidArgument
 
 MACHINE_STATES = ("pending", "running", "stopping", "terminated")
+CAP_OPTIONS = frozenset({"quotas", "limits"})  # options of every kind (``Provider.capped``)
+MAX_CAP = 2**32 - 1  # a quota or a limit is a u32, as the seed's counts are
 # Names become directory names (local) and tag values (aws): no slashes, no
 # leading dot, so a name can never climb out of the provider's state dir.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -99,6 +109,24 @@ class OptionReader:
             raise self.bad(key, f"must be an integer {limit} (got {value!r})")
         return value
 
+    def caps(self, key: str, known: list[str], what: str, whats: str) -> dict[str, int]:
+        """An object of ``what`` (one of ``known``, its ``whats``) -> a non-negative integer, or {} when unset."""
+        value = self.options.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.bad(key, f"must be an object of {what} -> a non-negative integer "
+                                f"(its {whats}: {', '.join(known) or 'none'})")
+        out = {}
+        for name, n in value.items():
+            if name not in known:
+                raise self.bad(key, f"names {name!r}, not a {what} of this cloud (its {whats}: "
+                                    f"{', '.join(known) or 'none'})")
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_CAP:
+                raise self.bad(f"{key}.{name}", f"must be an integer from 0 to {MAX_CAP} (got {n!r})")
+            out[name] = n
+        return out
+
     def str_list(self, key: str) -> list[str] | None:
         value = self.options.get(key)
         if value is None:
@@ -127,6 +155,24 @@ class Provider(ABC):
 
     name: str  # the linked cloud's name: the ``provider`` of its offers and ElasticHost records
     backend: str  # the host agent backend its machines run ("qemu", or "fake")
+    # vCPUs per quota family (``<cloud>:<family>``, as its offers' quota_family) its machines may
+    # run in all; families not named have no quota here (``capped`` sets it)
+    quotas: dict[str, int] = {}
+
+    def capped(self, r: OptionReader, offers: list[Offer]) -> list[Offer]:
+        """``offers`` (their ``quota_family`` the cloud's own short name: ``standard``) with the
+        link's caps: the family becomes ``<cloud>:<family>``, ``limits`` sets each type's
+        ``limit``, and ``quotas`` is kept on the provider keyed like the families. Families and
+        types must be the offers' own (InvalidArgument naming the option otherwise)."""
+        quotas = r.caps("quotas", sorted({o.quota_family for o in offers}), "quota family", "quota families")
+        limits = r.caps("limits", sorted({o.type_name for o in offers}), "machine type", "machine types")
+        self.quotas = {f"{self.name}:{family}": n for family, n in quotas.items()}
+        return [o.model_copy(update={"quota_family": f"{self.name}:{o.quota_family}",
+                                     "limit": limits.get(o.type_name)}) for o in offers]
+
+    def adopt(self, old: Provider) -> None:
+        """Take over what ``old`` (this cloud as linked before: its caps re-set while it has
+        machines) knows of the machines it started and the cloud may not say yet."""
 
     @abstractmethod
     def offers(self) -> list[Offer]:

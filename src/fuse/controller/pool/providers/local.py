@@ -37,12 +37,14 @@ from fuse.agent.probe import arch
 from fuse.controller.pool.model import Offer
 from fuse.errors import Conflict, InvalidArgument
 
-from .base import NAME_RE, CloudError, Machine, OptionReader, Provider, check_name, number
+from .base import CAP_OPTIONS, NAME_RE, CloudError, Machine, OptionReader, Provider, check_name, number
 
 AGENT = [sys.executable, "-m", "fuse.cli", "host", "serve"]
 DEFAULT_TYPES = ({"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.01},
                  {"name": "local.medium", "vcpus": 2, "mem_mib": 2048, "usd_per_hour": 0.02})
-TYPE_FIELDS = {"name", "vcpus", "mem_mib", "usd_per_hour", "billing_step_secs", "billing_min_secs", "boot_secs"}
+TYPE_FIELDS = {"name", "vcpus", "mem_mib", "usd_per_hour", "billing_step_secs", "billing_min_secs", "boot_secs",
+               "quota_family"}
+DEFAULT_FAMILY = "standard"  # the quota family of a type that names none
 STOP_WAIT_SECS = 10.0  # SIGTERM grace before SIGKILL
 GONE_WAIT_SECS = 10.0  # for killed VMs to leave the process table
 FAKE_MANIFEST = {"name": "linux", "fingerprint": "fake-bundle-0001", "kernel": "fake", "files": {}}
@@ -75,7 +77,9 @@ def _types(reader: OptionReader) -> list[dict[str, Any]]:
                                                 minimum=1, integer=True),
                     "billing_min_secs": number(f"{where}.billing_min_secs", t.get("billing_min_secs", 0),
                                                integer=True),
-                    "boot_secs": number(f"{where}.boot_secs", t.get("boot_secs", 5), integer=True)})
+                    "boot_secs": number(f"{where}.boot_secs", t.get("boot_secs", 5), integer=True),
+                    "quota_family": check_name(f"option {where}.quota_family",
+                                               t.get("quota_family", DEFAULT_FAMILY))})
     return out
 
 
@@ -96,7 +100,7 @@ class LocalProvider(Provider):
     """Host agents on loopback, one per machine, started as separate processes."""
 
     kind = "local"
-    OPTIONS = frozenset({"types", "region", "backend", "bundle_dir", "vm_count", "dir"})
+    OPTIONS = frozenset({"types", "region", "backend", "bundle_dir", "vm_count", "dir"}) | CAP_OPTIONS
 
     def __init__(self, name: str, options: dict[str, Any], state_dir: Path):
         r = OptionReader(self.kind, options, self.OPTIONS)
@@ -110,10 +114,11 @@ class LocalProvider(Provider):
             if not (self.bundle_dir / "manifest.json").is_file():
                 raise r.bad("bundle_dir", f"must be a guest bundle directory (no manifest.json in {self.bundle_dir})")
         arch_ = arch()
-        self._offers = [Offer(provider=name, type_name=t["name"], region=self.region, arch=arch_, vcpus=t["vcpus"],
-                              mem_mib=t["mem_mib"], kvm=True, metal=False, usd_per_hour=t["usd_per_hour"],
-                              billing_step_secs=t["billing_step_secs"], billing_min_secs=t["billing_min_secs"],
-                              boot_secs=t["boot_secs"]) for t in _types(r)]
+        self._offers = self.capped(r, [
+            Offer(provider=name, type_name=t["name"], region=self.region, arch=arch_, vcpus=t["vcpus"],
+                  mem_mib=t["mem_mib"], kvm=True, metal=False, usd_per_hour=t["usd_per_hour"],
+                  billing_step_secs=t["billing_step_secs"], billing_min_secs=t["billing_min_secs"],
+                  boot_secs=t["boot_secs"], quota_family=t["quota_family"]) for t in _types(r)])
         # Absolute, so the dir matches the command lines of the processes it starts. ``dir``: where
         # the machines live whichever controller replica looks (the pool fixes it when it links).
         self.state_dir = Path(r.str("dir") if r.has("dir") else state_dir).resolve()
@@ -123,6 +128,10 @@ class LocalProvider(Provider):
 
     def offers(self) -> list[Offer]:
         return list(self._offers)
+
+    def adopt(self, old: Provider) -> None:
+        if isinstance(old, LocalProvider):  # the agents it started: this process reaps them
+            self._children = old._children | self._children
 
     def capacity(self, type_name: str) -> dict[str, int]:
         # Declared from the type: every local machine shares one real machine,
