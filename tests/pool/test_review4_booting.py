@@ -185,3 +185,24 @@ async def test_with_nothing_to_buy_the_pool_still_waits_for_a_machine_that_boots
     got = await asyncio.wait_for(ctl.pool.host_for(1, 256, "linux", None, timeout=60, buy=False), 90)
     assert got == "dev-1" and ctl.pool.row("dev-1")["state"] == "joined"
     assert [x.name for x in ctl.pool.hosts()] == ["dev-1"]
+
+
+def test_scale_in_does_not_count_a_booting_machines_room(aws, monkeypatch):
+    # a host is cordoned when the other hosts have room for its VMs: room that is still
+    # booting cannot take them yet
+    from fuse.controller.pool import reconcile as rec
+
+    client, ctl = aws
+    r = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium", "region": "us-west-2",
+                                            "count": 1, "ttl_hours": 3})
+    assert r.status_code == 201, r.text
+    assert any(h.get("joins_in_secs") for h in ctl.pool_snapshot())  # the booting machine is in the plans' pool
+    seen = {}
+
+    def decide(rows, loads, room, now, horizon):
+        seen["room"] = dict(room)
+        return []
+
+    monkeypatch.setattr(rec, "decide", decide)
+    asyncio.run(rec.reconcile(ctl.pool))
+    assert "aws-1" not in seen["room"], seen["room"]

@@ -186,9 +186,10 @@ async def reconcile(pool, *, horizon: float = HORIZON_SECS) -> list[ElasticDecis
 
     now = time.time()
     rows = [r for r in pool.rows() if r["state"] != "gone"]
-    # (a host the scaler cordoned is room for the plans, which uncordon it: not for scale-in)
+    # (a host the scaler cordoned is room for the plans, which uncordon it: not for scale-in;
+    # nor is a machine still booting: its room is not there yet to take a cordoned host's VMs)
     room = {h["name"]: (h["free_mem_mib"], h["free_vm_slots"]) for h in pool.ctl.pool_snapshot()
-            if h.get("state") != "unavailable" and not h.get("scaler_cordoned")}
+            if h.get("state") != "unavailable" and not h.get("scaler_cordoned") and not h.get("joins_in_secs")}
     decisions = decide(rows, loads_of(pool, rows), room, now, horizon)
     out = []
     for d in decisions:
