@@ -9,7 +9,10 @@ request, re-probed, and last_seen is set again because this is a
 registration. Moving an id to another url while VMs are assigned to it, or
 while a create placed there waits on the host's answer, is a 409 conflict:
 those VMs live (or are landing) on the old machine. Deregistering is refused
-for the same reasons, and while a move still needs the host.
+for the same reasons, except that a VM whose run is over (`FINISHED`) does not
+hold it: drain cannot move such a VM, so it would hold the host for good. It
+goes with the host (its row leaves the controller's store; its record stays on
+the agent). Deregistering is also refused while a move still needs the host.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ from .resources import Resources
 from .store import Store
 
 PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
+
+# VM states (the agent's, models/vm.py's VmState) in which the run is over: no machine runs
+# and none can run again without a new create (the agent's TRANSITIONS lead them only to
+# "deleted"). exited: the entry finished; failed: the process died or never started;
+# deleted: removed. Such a VM does not keep its host from being deregistered. Every other
+# state may hold a running machine, or become one by a wake: creating, running, sleeping,
+# incoming, and any state this controller does not know (an older store's, say).
+FINISHED = frozenset({"exited", "failed", "deleted"})
 
 
 def validate(req: RegisterHostRequest) -> str:
@@ -163,8 +174,17 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     if not cap.gpu_kind:
         out.gpu_kind = real_kind
     elif cap.gpu_kind != real_kind:
+        # Quoted as the probe reports it (repr, like the declared value), so "" when it
+        # found no GPU, with the reason in words beside it: the probe never says 'none'.
+        machine_kind = probed.get("gpu_kind", "") or ""
+        if real_kind:
+            probed_as = repr(real_kind)
+        elif backend == "qemu" or not machine_kind:
+            probed_as = "'' (no GPU)"
+        else:
+            probed_as = f"'' (a {backend} host passes no GPU through; the machine's is {machine_kind!r})"
         warnings.append(f"capacity.gpu_kind: declared {cap.gpu_kind!r} differs from probed "
-                        f"{real_kind or 'none'!r}; keeping the declared value")
+                        f"{probed_as}; keeping the declared value")
     if backend == "qemu":
         real_gpus, real_mig = int(probed.get("gpus", 0)), dict(probed.get("mig_profiles") or {})
         if cap.gpus == 0:
@@ -309,20 +329,32 @@ class HostRegistry:
         self.store.add_event(f"host_{state}" if state != "active" else "host_uncordoned", {"id": host_id}, host=host_id)
 
     def deregister(self, host_id: str) -> None:
+        """Remove the host: 409 while a VM that is not `FINISHED` is assigned to it (the
+        message names one), while a create placed there waits on its answer, or while a
+        move still needs it. Finished VMs go with it: their rows leave the store (so no
+        name of theirs lingers on a host that is no more), their records stay on the agent."""
+        from .store import vms as vms_t
+
         with self.store.tx() as conn:
             if self.store.get_host(host_id, conn) is None:
                 raise NotFound(f"host {host_id} not found")
-            if why := self._holds(conn, host_id):
+            if why := self._holds(conn, host_id, finished_go=True):
                 raise Conflict(f"host {host_id} {why}")
             if why := _move_holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}", code="move_in_progress")
+            finished = [v["name"] for v in self.store.vms_on(host_id, conn)]  # (all FINISHED: _holds)
+            conn.execute(vms_t.delete().where(vms_t.c.host == host_id))
             self.store.delete_host(conn, host_id)
-            self.store.add_event("host_removed", {"id": host_id}, host=host_id, conn=conn)
+            self.store.add_event("host_removed", {"id": host_id, **({"finished_vms": finished} if finished else {})},
+                                 host=host_id, conn=conn)
 
-    def _holds(self, conn, host_id: str) -> str | None:
+    def _holds(self, conn, host_id: str, finished_go: bool = False) -> str | None:
         """Why VMs tie ``host_id`` to its machine (one assigned, or a create
-        waiting on the host's answer, which may yet land one), or None."""
-        assigned = self.store.vms_on(host_id, conn)
+        waiting on the host's answer, which may yet land one), or None.
+        ``finished_go``: a `FINISHED` VM does not tie it (deregistering; a url
+        move keeps refusing for any VM, whose record is on the old machine)."""
+        assigned = [v for v in self.store.vms_on(host_id, conn)
+                    if not (finished_go and v["state"] in FINISHED)]
         if assigned:
             return f"still has vm {assigned[0]['name']} assigned"
         placing = self.placing(host_id).count
