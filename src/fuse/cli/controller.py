@@ -220,6 +220,8 @@ def _action(verb: str, name: str):
                     typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
                 for s in report["stuck"]:
                     typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
+                for f in report.get("finished") or []:
+                    typer.echo(f"  finished {f['vm']} ({f['state']}): nothing to move, it goes with the host")
         if verb == "drain" and report["stuck"]:
             raise typer.Exit(1)
     run.__name__ = f"hosts_{name}"

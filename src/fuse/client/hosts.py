@@ -44,9 +44,12 @@ class HostsAPI:
 
     def drain(self, host_id: str) -> dict:
         """Mark the host draining and move every VM on it away by best fit;
-        returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}]}`."""
+        returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}], "finished": [{"vm", "state"}]}`
+        (finished: VMs that exited or failed, which need no move and go with the host)."""
         return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600))
 
     def deregister(self, host_id: str) -> None:
-        """Remove the host; 409 conflict while VMs are assigned to it."""
+        """Remove the host; 409 conflict while a VM that has not finished (creating, running,
+        sleeping, moving) is assigned to it or a create waits on it; exited and failed VMs go
+        with the host."""
         return self._send(Call("DELETE", path("/v1/hosts", host_id), parse=none))

@@ -52,9 +52,12 @@ import threading
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import insert, select, update
 
 from ..errors import Conflict, FuseError, HostUnreachable, InvalidArgument, NotFound
+from ..models.moves import MoveRequest
+from .hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from .store import ACTIVE_MOVES, moves as moves_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.moves")
@@ -198,10 +201,19 @@ class MoveService:
 
     # ---- start ---------------------------------------------------------------
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(body, dict) or not isinstance(body.get("vm") or body.get("flashvm"), str):
+        if not isinstance(body, dict):
             raise InvalidArgument("body needs vm: the name of the VM to move")
-        name = body.get("vm") or body.get("flashvm")
-        to, pin = body.get("to"), body.get("host")
+        try:  # (the route has checked it already; other callers, the drain, the MCP tool, have not)
+            req = MoveRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise InvalidArgument(f"{where}: {first['msg'].removeprefix('Value error, ')}" if where
+                                  else first["msg"]) from None
+        name = req.vm or req.flashvm
+        if name is None:
+            raise InvalidArgument("body needs vm: the name of the VM to move")
+        to, pin = req.to, req.host
         async with self._lock:
             try:
                 source = self.ctl.vms.locate(name, pin)
@@ -224,7 +236,9 @@ class MoveService:
             if vm.get("move_id"):
                 raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
             if vm["state"] not in ("running", "sleeping"):
-                raise refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+                err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+                err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
+                raise err
             # just after a start the pollers have not answered yet: the target's (or, for
             # best fit, every host's) first poll decides whether it is connected
             await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
@@ -759,7 +773,10 @@ class MoveService:
     # ---- drain ---------------------------------------------------------------
     async def drain(self, host_id: str) -> dict[str, Any]:
         """Move every VM off a draining host, one after another, by best fit.
-        VMs that cannot move are reported, never killed. A drain of a host whose
+        VMs that cannot move are reported, never killed. A VM whose run is over
+        (`FINISHED`: exited, failed) has nothing to move and needs nothing: it is
+        reported in ``finished``, not ``stuck``, since it does not keep the host
+        from being deregistered (it goes with the host). A drain of a host whose
         drain is in progress joins it and answers its report (run side by side, each
         refused the other's VMs as move_in_progress and reported them stuck)."""
         task = self._drains.get(host_id)
@@ -769,8 +786,13 @@ class MoveService:
         return await asyncio.shield(task)
 
     async def _drain(self, host_id: str) -> dict[str, Any]:
-        moved, stuck = [], []
-        left = self.ctl.vms.list(host_id)
+        moved, stuck, finished = [], [], []
+        left = []
+        for vm in self.ctl.vms.list(host_id):
+            if vm["state"] in FINISHED:
+                finished.append({"vm": vm["name"], "state": vm["state"]})
+            else:
+                left.append(vm)
         while left:
             vm = left.pop(0)
             host = self.store.get_host(host_id)
@@ -785,7 +807,10 @@ class MoveService:
             try:
                 m = await self.create({"vm": vm["name"], "host": host_id})
             except FuseError as exc:
-                stuck.append({"vm": vm["name"], "code": exc.code, "reason": exc.message})
+                if getattr(exc, "vm_state", None) in FINISHED:  # its run ended since the store last heard
+                    finished.append({"vm": vm["name"], "state": exc.vm_state})
+                else:
+                    stuck.append({"vm": vm["name"], "code": exc.code, "reason": exc.message})
                 continue
             # One at a time, so each choice of target sees the room the last one took.
             await asyncio.shield(self._tasks[m["id"]])
@@ -794,4 +819,5 @@ class MoveService:
                 moved.append({"vm": vm["name"], "move": m["id"], "to": m["to"]})
             else:
                 stuck.append({"vm": vm["name"], "code": "move_failed", "reason": m["reason"], "move": m["id"]})
-        return {"host": host_id, "moved": moved, "stuck": stuck}
+        return {"host": host_id, "moved": moved, "stuck": stuck,
+                "finished": sorted(finished, key=lambda f: f["vm"])}

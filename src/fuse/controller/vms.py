@@ -13,8 +13,8 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import ValidationError
 
-from ..errors import (AmbiguousVm, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument, NotFound,
-                      VmExists)
+from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
+                      NotFound, VmExists)
 from ..models.vm import CreateVmRequest
 from .placement import FleetArrays, rank
 from .resources import Resources
@@ -60,6 +60,11 @@ class VmService:
         self.store = ctl.store
         self._lock = asyncio.Lock()
         self._pending: dict[str, Resources] = {}
+        # the names creates are placing right now: (host, vm name) -> how many (a create
+        # holds its name from its reservation, or its claim of a prewarmed VM, to the
+        # host's answer), so a create of the same name meanwhile is vm_exists at once
+        self._naming: dict[tuple[str, str], int] = {}
+        self._waking: set[tuple[str, str]] = set()  # (host, vm name): wakes reserved and waiting on the host
         # creates a host did not answer, until it says whether the VM landed: ticket ->
         # (host, vm name, shape); each with the task that asks the host (_settle_unanswered)
         self._unanswered: dict[object, tuple[str, str, Resources]] = {}
@@ -131,6 +136,7 @@ class VmService:
             # The pinned host is the chosen one: its name clash is the answer,
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
+        self._check_naming(name, req.host)
         if req.host is None and not req.standby:
             vm = await self._claim(req, name, among)
             if vm is not None:
@@ -144,12 +150,16 @@ class VmService:
         scaled = False
         while True:
             async with self._lock:
+                # (again: another create of the name may have begun while this one waited,
+                # and its reservation must not read as room taken before it reads as the name)
+                self._check_naming(name, req.host)
                 fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among)
                 decision = rank(fleet, ask, unusable)
                 decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
                 host = decision.best(exclude=tried)
                 if host is not None:
                     self._pending[host] = self._pending.get(host, Resources()) + ask
+                    self._name(host, name, +1)
                 elif self._reopen(req, ask, among, reopened):
                     decisions.pop()  # (it said the host is cordoned: no longer so)
                     continue  # a host scale-in cordoned has the room: place again
@@ -173,7 +183,7 @@ class VmService:
             try:
                 resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
             except HostUnreachable as exc:
-                self._release(host, ask)
+                self._release(host, ask, name)
                 if getattr(exc, "maybe_sent", True):
                     # the request may have reached the host, which may still carry it out: a try on
                     # another host could leave the VM in two places (a host that got it late
@@ -190,12 +200,12 @@ class VmService:
             if resp.status_code == 201:
                 vm = resp.json()
                 self._record(host, vm)
-                self._release(host, ask)
+                self._release(host, ask, name)
                 self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib},
                                      host=host)
                 self.fleet.changed.set()
                 return vm | {"host": host}
-            self._release(host, ask)
+            self._release(host, ask, name)
             err = host_error(resp, host)
             if err.code == "vm_exists":
                 raise VmExists(f"a vm named {name} already exists on host {host}")
@@ -278,17 +288,21 @@ class VmService:
             host = v["host"]
             if any(r["host"] == host for r in self.store.vms_named(name)):
                 continue
+            self._check_naming(name)  # (one began while this one claimed another that failed)
+            self._name(host, name, +1)  # a claim names the VM as a create's reservation does
             try:
                 resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",
                                                            json={"name": name, "entry": req.entry}, timeout=90)
+                if resp.status_code != 200:  # another create took it first, or it is gone
+                    continue
+                vm = resp.json()
+                with self.store.tx() as c:
+                    c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == v["name"]))
+                self.fleet.upsert_vms(host, [vm])  # it holds the room its standby self held
             except HostUnreachable:
                 continue
-            if resp.status_code != 200:  # another create took it first, or it is gone
-                continue
-            vm = resp.json()
-            with self.store.tx() as c:
-                c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == v["name"]))
-            self.fleet.upsert_vms(host, [vm])  # it holds the room its standby self held
+            finally:
+                self._name(host, name, -1)  # (claimed: the store has the name from here)
             self.store.add_event("placed", {"vm": name, "id": host, "vcpus": req.shape.vcpus,
                                             "mem_mib": req.shape.mem_mib, "prewarmed": v["name"]}, host=host)
             self.fleet.changed.set()
@@ -359,12 +373,36 @@ class VmService:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def _release(self, host: str, ask: Resources) -> None:
+    def _release(self, host: str, ask: Resources, name: str | None = None) -> None:
         left = self._pending.get(host, Resources()) - ask
         if left.count <= 0:
             self._pending.pop(host, None)
         else:
             self._pending[host] = left
+        if name is not None:
+            self._name(host, name, -1)
+
+    def _name(self, host: str, name: str, step: int) -> None:
+        """Count a create placing vm ``name`` on ``host`` in (+1) or out (-1)."""
+        n = self._naming.get((host, name), 0) + step
+        if n > 0:
+            self._naming[(host, name)] = n
+        else:
+            self._naming.pop((host, name), None)
+
+    def _check_naming(self, name: str, host: str | None = None) -> None:
+        """409 vm_exists when another create is placing vm ``name`` on ``host`` (pinned) or,
+        for a create placement chooses the host of (``host`` None), anywhere: reserved and
+        waiting on the host's answer, or sent and not answered (the host may yet make it).
+        Seed 004: a name used on the chosen host is vm_exists; that create's reservation
+        is the name first, and room only after (a pinned host says vm_exists before any
+        refusal for room, as it does for a VM it already has)."""
+        placing = [h for h, n in self._naming if n == name]
+        placing += [h for h, n, _ in self._unanswered.values() if n == name]
+        mine = sorted(h for h in placing if host is None or h == host)
+        if mine:
+            raise VmExists(f"a vm named {name} is already being created on host {mine[0]} (another create of "
+                           "that name waits on the host's answer, or on the host saying whether it landed)")
 
     def _record(self, host: str, vm: dict) -> None:
         self.fleet.upsert_vms(host, [vm])
@@ -419,26 +457,47 @@ class VmService:
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
-        ask = self._wake_room(name, host) if action == "wake" else Resources()
+        ask = await self._wake_room(name, host) if action == "wake" else Resources()
         try:
             vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
         finally:
             if ask.count:
                 self._release(host, ask)
+                self._waking.discard((host, name))
         self.fleet.upsert_vms(host, [vm])
         return vm | {"host": host}
 
-    def _wake_room(self, name: str, host: str) -> Resources:
+    async def _wake_room(self, name: str, host: str) -> Resources:
         """Reserve on ``host`` the memory a sleeping VM takes back when it wakes, or
         refuse (409 host_full): the host's agent admits by its own hardware, and the
         controller believes a host only within its declared capacity, which creates
         made since the VM slept may have filled (a wake then ran the host past it).
         The VM counts under the host's vm_count policy again too, as a create would.
-        A VM whose room stayed reserved while it slept (a move's copies) needs none."""
+        A VM whose room stayed reserved while it slept (a move's copies) needs none.
+
+        A refusal stands only on fresh figures: the poller's last summary may still
+        count the VM itself as running (read before it slept), or count a VM just
+        created twice (read while it was created, then counted once more when its
+        create was answered). So before refusing, the host is polled again and the
+        room weighed once more; what the refusal says is what holds room then, the
+        VM being woken never among it."""
+        try:
+            return self._reserve_wake(name, host)
+        except HostFull as refused:
+            try:
+                await self.fleet.refresh(host)
+            except Exception:  # no fresher figures to be had (the host does not answer): it stands
+                raise refused from None
+            return self._reserve_wake(name, host)
+
+    def _reserve_wake(self, name: str, host: str) -> Resources:
+        """`_wake_room`'s weighing on the figures at hand (no I/O)."""
         row = next((r for r in self.store.vms_named(name) if r["host"] == host), None)
         rec = (row or {}).get("record") or {}
         if row is None or row["state"] != "sleeping" or rec.get("return_room") or rec.get("reserved"):
             return Resources()  # (not sleeping: the host answers why it cannot wake)
+        if (host, name) in self._waking:  # its own reservation is not room another VM holds
+            raise Conflict(f"vm {name} is already being woken on host {host}")
         ask = Resources.vm(int(row["vcpus"] or 0), int(row["mem_mib"] or 0))
         fleet, _ = self.arrays(only=host)
         free = int(fleet.free_mem[0]) if len(fleet.ids) else 0
@@ -449,6 +508,7 @@ class VmService:
             raise HostFull(f"host {host} has no room to wake vm {name}: its vm_count policy "
                            f"{int(fleet.vm_limit[0])} is reached ({int(fleet.vm_count[0])} vms hold room there)")
         self._pending[host] = self._pending.get(host, Resources()) + ask
+        self._waking.add((host, name))
         return ask
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:

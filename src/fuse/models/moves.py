@@ -8,22 +8,42 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .base import Record
 
 MoveState = Literal["starting", "sleeping", "copying", "waking", "done", "failed"]
 
 
+# What an empty (or blank) name in a move request is told: every field names
+# something, so "" is a mistake to point out, never a name to look up (a
+# target "" read as a host called "" answered 409 unknown_host "host  is not
+# registered"). Left out, the optional ones mean what their descriptions say.
+BLANK = {
+    "vm": "must name the VM to move, not be empty",
+    "flashvm": "must name the VM to move, not be empty (or send vm)",
+    "to": "must name the target host, not be empty: leave to out to have best fit choose the target",
+    "host": "must name the host the VM is on, not be empty: leave host out unless the name is on several hosts",
+}
+
+
 class MoveRequest(Record):
     """``POST /v1/moves``: the VM (``vm``, or the seed's ``flashvm``), an
     optional target (default: best fit) and, when the name is on several
-    hosts, the one it is on."""
+    hosts, the one it is on. A field given names something: an empty or
+    blank one is a 400 ``invalid_argument`` (leave an optional one out)."""
 
-    vm: Optional[str] = None
-    flashvm: Optional[str] = None
-    to: Optional[str] = None
-    host: Optional[str] = None
+    vm: Optional[str] = Field(None, description="the VM to move (required, as vm or flashvm)")
+    flashvm: Optional[str] = Field(None, description="seed 004's name for vm")
+    to: Optional[str] = Field(None, description="the target host; leave it out to have best fit choose one")
+    host: Optional[str] = Field(None, description="the host the VM is on, when its name is on several hosts")
+
+    @field_validator("vm", "flashvm", "to", "host")
+    @classmethod
+    def _not_blank(cls, value: Optional[str], info) -> Optional[str]:
+        if value is not None and not value.strip():
+            raise ValueError(BLANK[info.field_name])
+        return value
 
 
 class MoveStep(Record):
@@ -76,11 +96,22 @@ class DrainStuck(Record):
     move: Optional[str] = Field(None, description="the failed move (move_failed)")
 
 
+class DrainFinished(Record):
+    """A VM whose run is over: nothing to move and nothing to do."""
+
+    vm: str
+    state: str = Field(description="exited (its entry finished) or failed (its process died or never started)")
+
+
 class DrainReport(Record):
     """What a drain moved and what it could not (reported, never killed). A drain
     stopped part way (the host no longer draining) reports every VM it did not try
-    as stuck with code ``drain_stopped``."""
+    as stuck with code ``drain_stopped``. VMs whose run is over are in ``finished``,
+    never in ``stuck``: they need nothing, and the host deregisters with them."""
 
     host: str
     moved: list[DrainMoved]
-    stuck: list[DrainStuck]
+    stuck: list[DrainStuck] = Field(description="VMs still on the host that keep it from being deregistered")
+    finished: list[DrainFinished] = Field(
+        [], description="VMs whose run is over (exited, failed): nothing to move, they hold no room and do not "
+                        "keep the host from being deregistered (they go with it); delete them to drop their records")

@@ -72,7 +72,11 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
                                          "a create waits on the host (one waiting on its answer, or one it did not "
                                          "answer until it says whether the VM landed)",
                                     s502="host_unreachable: the agent cannot be reached while a capacity field is "
-                                         "left to probe, or the url answers but is not a fuse agent; "
+                                         "left to probe, the url answers but is not a fuse agent, or trust failed: "
+                                         "the host's SSH host key or TLS certificate does not verify (an https:// "
+                                         "host's included), or the host refused the controller's key or "
+                                         "certificate; a failed trust is refused even with every capacity field "
+                                         "declared, and nothing is stored; "
                                          "unauthorized: the agent refused the token")},
              summary="registerHost: add a host, probing its hardware.")
 async def register_host(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
@@ -131,7 +135,10 @@ async def get_host(request: Request, host_id: str) -> Host:
              responses={200: {"model": DrainReport,
                               "description": "drain: what moved and what could not (each stuck VM with a code: the "
                                              "move's refusal, move_failed, or drain_stopped when the host was "
-                                             "uncordoned, cordoned or deregistered before the drain tried it)"},
+                                             "uncordoned, cordoned or deregistered before the drain tried it); "
+                                             "VMs whose run is over (exited, failed) are listed in finished, not "
+                                             "stuck: nothing to move, and they do not keep the host from being "
+                                             "deregistered (they go with it)"},
                         **responses(s404="not_found: no such host")},
              summary="actOnHost: cordon or uncordon (204); drain moves every VM away and reports (200).")
 async def host_action(request: Request, host_id: str,
@@ -147,7 +154,9 @@ async def host_action(request: Request, host_id: str,
 
 @router.delete("/v1/hosts/{host_id:path}", status_code=204,
                responses=responses(s404="not_found: no such host",
-                                   s409="conflict: VMs are still assigned to it, or a create waits on the host: "
+                                   s409="conflict: VMs are still assigned to it (any but those whose run is "
+                                        "over, exited or failed, which go with the host), or a create waits on the "
+                                        "host: "
                                         "one (or a wake) waiting on its answer, or one it did not answer, until it "
                                         "says whether the VM landed (10 minutes at most); "
                                         "move_in_progress: a move still needs it (a copy to wake, abort or "

@@ -19,7 +19,9 @@ REFUSALS = ("not_movable (no such VM, or not running or sleeping), same_host, un
 
 @router.post("/v1/moves", status_code=202, response_model=Move,
              responses=responses(s409=REFUSALS,
-                                 s400="invalid_argument: no vm named, an unknown field, or a body that is not JSON"),
+                                 s400="invalid_argument: no vm named, an empty vm, to or host (each names something: "
+                                      "leave to out for best fit, host unless the name is on several hosts), "
+                                      "an unknown field, or a body that is not JSON"),
              summary="createMove: move a running or sleeping VM (202), or 409 with why not.")
 async def create_move(request: Request, body: MoveRequest) -> JSONResponse:
     return JSONResponse(await request.app.state.ctl.moves.create(body.model_dump(exclude_none=True)),

@@ -30,8 +30,11 @@ def _vms(request: Request):
              responses=responses(s400="invalid_argument: a field is missing, unknown or out of range, the body is "
                                       "not JSON, or the host refused the body (no such bundle, entry too long)",
                                  s404="not_found: the host given to pin the VM is not registered",
-                                 s409="fleet_full: no host took the VM (error.hosts maps every host to its "
-                                      "reason); vm_exists: the name is already used on the chosen host",
+                                 s409="vm_exists: the name is already used on the chosen host, or another "
+                                      "create of it is under way (on the pinned host, or for a create "
+                                      "placement chooses the host of, on any host): checked before room, so a "
+                                      "full pinned host still answers vm_exists; fleet_full: no host took the VM "
+                                      "(error.hosts maps every host to its reason)",
                                  s502="host_unreachable: the chosen host did not answer the create (error.host, "
                                       "error.vm); it may still create the VM, so no other host was tried"),
              summary="createVm: place a VM on the best host (409 fleet_full, vm_exists; 502 host_unreachable).")
@@ -92,8 +95,10 @@ async def sleep_vm(request: Request, name: str, host: Optional[str] = None) -> J
 
 @router.post("/v1/vms/{name}/wake", response_model=PlacedVm,
              responses=responses(s404=NOT_FOUND,
-                                 s409=AMBIGUOUS + "; conflict: the VM is not sleeping; host_full: its host has "
-                                                  "no room for it now; move_in_progress: a move holds the VM",
+                                 s409=AMBIGUOUS + "; conflict: the VM is not sleeping, or a wake of it is under way; "
+                                                  "host_full: its host has no room for it now (its memory, or its "
+                                                  "vm_count policy, counting the VMs that hold room there, never "
+                                                  "the one being woken); move_in_progress: a move holds the VM",
                                  s502=UNREACHABLE),
              summary="wakeVm: carry on from the instant it slept.")
 async def wake_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
