@@ -404,3 +404,23 @@ def test_a_budget_cap_used_up_says_the_cap_as_set_and_what_runs(pool):
     assert e.value.code == "budget_exceeded" and "max_new_hosts=0" not in e.value.message, e.value.message
     assert "max_new_hosts reached" in e.value.message and "max_new_hosts=2; 2 elastic hosts running" in e.value.message
     assert len(client.pool.cloud_hosts()) == 2
+
+
+def test_a_create_on_auto_takes_an_own_host_before_a_cloud_host_as_the_plan_does(pool, tmp_path):
+    # seed 001: "on auto ... places by one solve over your devices, your hosts and new cloud
+    # machines": your devices first. Best fit alone alternated between an own host and an
+    # empty cloud host, while the plan put the VM on the own one
+    client, _ = pool
+    own = own_host(client, tmp_path)
+    try:
+        client.pool.cloud_add_host("dev", "local.big", ttl_hours=1)
+        joined(client, "dev-1")
+        plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=256, kind="container"))
+        assert [a.host for a in plan.assignments] == ["own"], plan.explain
+        hosts = [create_vm(client, name=f"o{i}")["host"] for i in range(8)]
+        assert hosts == ["own"] * 8  # its vm_count policy is 8
+        assert create_vm(client, name="o8")["host"] == "dev-1"  # own is full: the cloud host next
+        # a pin or best fit on one cloud is as asked
+        assert create_vm(client, name="p1", on="dev")["host"] == "dev-1"
+    finally:
+        own.stop()

@@ -160,6 +160,25 @@ async def test_a_create_on_auto_waits_for_a_machine_that_boots_and_buys_no_other
     assert plans and plans[0].new_hosts == [] and plans[0].ready_in_secs >= 1
 
 
+async def test_with_autoscale_off_a_create_waits_for_a_machine_bought_by_hand_that_boots(local):
+    # autoscale off buys nothing, but a machine the operator added and is paying for is room
+    # on its way: the create waits for it (it was fleet_full 'autoscale is off' at once)
+    ctl, gate = local
+    ctl.pool.update_budget(ElasticBudgetUpdate(autoscale=False))
+    await ctl.pool.add_hosts("dev", "local.big", ttl_hours=1)
+    _open_after_planning(ctl, gate)
+    vm = await asyncio.wait_for(ctl.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 256},
+                                                "entry": "sleep 600"}), 90)
+    assert vm["host"] == "dev-1"
+    assert [x.name for x in ctl.pool.hosts()] == ["dev-1"]  # nothing bought
+    # and with no machine on its way it is still fleet_full, saying autoscale is off
+    from fuse.errors import FuseError
+    with pytest.raises(FuseError) as e:
+        await ctl.vms.create({"name": "big", "shape": {"vcpus": 1, "mem_mib": 9000}, "entry": "x"})
+    assert e.value.code == "fleet_full" and "autoscale is off" in e.value.message, e.value.message
+    assert [x.name for x in ctl.pool.hosts()] == ["dev-1"]
+
+
 async def test_a_prewarm_placed_on_a_machine_that_boots_fills_once_it_joined(local):
     ctl, gate = local
     await ctl.pool.add_hosts("dev", "local.big", ttl_hours=1)

@@ -34,8 +34,10 @@ ABSENT_CONFIRM_SECS = 2.0
 
 class ControllerCreateVm(CreateVmRequest):
     """The host's create body, plus where the VM may go: ``host`` pins it;
-    ``on`` is ``auto`` (default: any host, a prewarmed VM first, and with the
-    budget's autoscale on, a machine the elastic pool buys when none has room),
+    ``on`` is ``auto`` (default: any host, a prewarmed VM first; with a cloud linked,
+    the operator's own hosts before the pool's, as the pool's solve orders them; with the
+    budget's autoscale on, a machine the elastic pool buys when none has room, and
+    whatever the autoscale, one bought earlier that is still booting with room for it),
     ``local`` (the operator's own hosts only), a linked cloud's name (only its
     hosts; autoscale may buy one there) or ``host:<machine>`` (= ``host``)."""
     host: Optional[str] = None
@@ -148,6 +150,7 @@ class VmService:
         tried: set[str] = set()
         reopened: set[str] = set()
         scaled = False
+        cloud_hosts = self._cloud_hosts(req, on)
         while True:
             async with self._lock:
                 # (again: another create of the name may have begun while this one waited,
@@ -157,6 +160,8 @@ class VmService:
                 decision = rank(fleet, ask, unusable)
                 decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
                 host = decision.best(exclude=tried)
+                if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
+                    host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
                 if host is not None:
                     self._pending[host] = self._pending.get(host, Resources()) + ask
                     self._name(host, name, +1)
@@ -165,17 +170,20 @@ class VmService:
                     continue  # a host scale-in cordoned has the room: place again
             if host is None:
                 why_not = None if scaled else self._no_scale(req, on)
-                if scaled or why_not is not None:
-                    if why_not:
-                        reasons["elastic pool"] = why_not
+                if scaled or why_not == "":
                     break
                 scaled = True
-                try:  # the elastic pool buys a machine for it (outside the lock: it takes a while)
+                try:  # the elastic pool buys a machine for it (outside the lock: it takes a while);
+                    # with autoscale off it buys nothing, but a machine bought earlier that is
+                    # still booting with room for it is waited for all the same
                     await self.ctl.pool.host_for(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux",
-                                                 None if on == "auto" else on, timeout=JOIN_WAIT_SECS)
+                                                 None if on == "auto" else on, timeout=JOIN_WAIT_SECS,
+                                                 buy=why_not is None)
                 except FuseError as exc:
                     reasons["elastic pool"] = exc.message
                     break
+                if why_not:
+                    reasons["elastic pool"] = why_not  # (the answer, should no host have room still)
                 if among is not None:  # the cloud's hosts now include the one bought (by this create or another)
                     among = self._among(on)
                 continue
@@ -240,6 +248,15 @@ class VmService:
     def _outside(self, on: str) -> str:
         """Why a host is not among those ``on`` allows."""
         return "an elastic host (on local: your own hosts only)" if on == "local" else f"not a host of cloud {on}"
+
+    def _cloud_hosts(self, req: ControllerCreateVm, on: str) -> set[str]:
+        """The hosts a create on auto takes only when none of the operator's own has room,
+        as the pool's solve orders them (seed 001: your devices first, then hosts with
+        room): with a cloud linked, the ones the elastic pool added. Empty when the create
+        is pinned, on one cloud or local, or no cloud is linked (best fit alone decides)."""
+        if on != "auto" or req.host is not None or not self.ctl.pool.cloud_names():
+            return set()
+        return {r["name"] for r in self.ctl.pool.rows()}
 
     def _no_scale(self, req: ControllerCreateVm, on: str) -> str | None:
         """Whether a create no host took may have the elastic pool buy a machine (None: it
