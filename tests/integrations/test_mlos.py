@@ -25,7 +25,7 @@ from mlos_bench.services.types.host_provisioner_type import SupportsHostProvisio
 from mlos_bench.tunables.tunable_groups import TunableGroups  # noqa: E402
 
 from fuse.integrations import mlos as mlos_module  # noqa: E402
-from fuse.integrations.mlos import FuseVMService  # noqa: E402
+from fuse.integrations.mlos import OP_KEY, OP_KIND_KEY, FuseVMService  # noqa: E402
 from support import reap, start_agent, start_controller, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
@@ -64,8 +64,8 @@ def service(fleet, **config) -> FuseVMService:
 def provision(svc, params) -> tuple[Status, dict]:
     status, out = svc.provision_host(params)
     if status.is_pending():
-        assert out == {}  # seed 002: "The result is always {}"; the wait is on the plain params
-        status, out = svc.wait_host_deployment(params, is_setup=True)
+        assert OP_KEY in out
+        status, out = svc.wait_host_deployment(out, is_setup=True)
     return status, out
 
 
@@ -87,14 +87,14 @@ def test_provision_is_idempotent_and_recreates_on_a_new_shape(fleet):
         p = {"vmName": "bench", "vcpus": 1, "memMiB": 128}
         assert provision(svc, p)[0] == Status.SUCCEEDED
         # Same shape again: nothing to do, answered at once.
-        # Seed 002: "The result is always {}".
+        # Seed 002: "The result is always {}" (only PENDING carries a handle).
         assert svc.provision_host(p) == (Status.SUCCEEDED, {})
         # Tunables as strings (command-line overrides) are the same shape.
         assert svc.provision_host({"vmName": "bench", "vcpus": "1", "memMiB": "128"})[0] == Status.SUCCEEDED
         assert placed(fleet.client) == [("bench", 1, 128)]
         # A new shape: the VM is recreated with it.
         status, out = provision(svc, {**p, "vcpus": 2, "memMiB": 256})
-        assert status == Status.SUCCEEDED and out["vmState"] == "running"
+        assert status == Status.SUCCEEDED and out["vmState"] == "running" and OP_KEY not in out
         assert vms(fleet.client) == [("bench", "running", 2, 256)]
         assert placed(fleet.client) == [("bench", 1, 128), ("bench", 2, 256)]
 
@@ -147,7 +147,7 @@ def test_deprovision_deletes_and_tolerates_a_missing_vm(fleet):
         for _ in range(2):  # seed 002: "The result is always {}"; done when it answers
             assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
             assert vms(fleet.client) == []
-        # Its operation over, wait polls the VM itself.
+        # Without an operation handle, wait polls the VM itself.
         assert svc.wait_host_deployment(p, is_setup=False)[0] == Status.SUCCEEDED
         assert svc.deallocate_host(p)[0] == Status.FAILED  # nothing to sleep
 
@@ -213,46 +213,45 @@ def test_a_failed_deallocate_is_logged_as_a_deallocate(fleet, caplog):
     assert "deprovision" not in caplog.text
 
 
-# ---- operations: runtime info, kinds, deadlines --------------------------------
+# ---- operations: handles, runtime info, deadlines ----------------------------
 
 def test_wait_answers_with_the_operations_runtime_and_checks_its_kind(fleet, caplog):
     svc = service(fleet)
     p = {"vmName": "timed", "vcpus": 1, "memMiB": 128}
     with svc:
-        assert svc.provision_host(p) == (Status.PENDING, {})
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == "provision"
         # A provision waited on as a teardown: FAILED with the reason, and the
         # operation is left for the right wait.
-        assert svc.wait_host_deployment(p, is_setup=False) == (Status.FAILED, {})
-        assert ("wait_host_deployment(is_setup=False) for vm timed, whose last operation here is a provision; "
-                "a provision is waited on with is_setup=True") in caplog.text
-        status, info = svc.wait_host_deployment(p, is_setup=True)
+        assert svc.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})
+        assert "given a provision handle for vm timed; a provision is waited on with is_setup=True" in caplog.text
+        status, info = svc.wait_host_deployment(handle, is_setup=True)
         assert status == Status.SUCCEEDED
         assert {k: info[k] for k in ("operation", "vmName", "vmHost", "vmState")} == {
             "operation": "provision", "vmName": "timed", "vmHost": "h1", "vmState": "running"}
-        assert 0 <= info["elapsedSecs"] < 30
+        assert 0 <= info["elapsedSecs"] < 30 and OP_KEY not in info
 
         assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
-        # (an operation it holds no longer: it watches the VM)
-        assert svc.wait_host_deployment(p, is_setup=True) == (Status.FAILED, {})
-        status, info = svc.wait_host_deployment(p, is_setup=False)
+        handle = {**p, OP_KIND_KEY: "deprovision"}  # (a handle it held no longer: it watches the VM)
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
         assert status == Status.SUCCEEDED
         assert {k: info[k] for k in ("operation", "vmName", "vmState")} == {
             "operation": "deprovision", "vmName": "timed", "vmState": "deleted"}
 
 
-def test_a_wait_on_plain_params_outlives_the_service_that_started_the_operation(fleet):
+def test_a_handle_outlives_the_service_that_issued_it(fleet):
     # mlos_bench restarted between provision and wait: a new service instance
-    # does not hold the operation, so it watches the VM the params name.
-    p = {"vmName": "kept", "vcpus": 1, "memMiB": 128}
+    # does not hold the operation, so it watches the VM the handle names.
     first = service(fleet)
     with first:
-        assert first.provision_host(p) == (Status.PENDING, {})
-        assert first.wait_host_deployment(p, is_setup=True)[0] == Status.SUCCEEDED
+        status, handle = first.provision_host({"vmName": "kept", "vcpus": 1, "memMiB": 128})
+        assert first.wait_host_deployment(handle, is_setup=True)[0] == Status.SUCCEEDED
     second = service(fleet)
     with second:
-        status, info = second.wait_host_deployment(p, is_setup=True)
+        status, info = second.wait_host_deployment(handle, is_setup=True)
         assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == ("provision", "running")
-        assert second.wait_host_deployment(p, is_setup=False) == (Status.FAILED, {})  # running: not deleted
+        assert second.wait_host_deployment(handle, is_setup=False) == (Status.FAILED, {})  # still a provision
 
 
 class GatedProxy:
@@ -329,17 +328,18 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
         assert provision(svc, p)[0] == Status.SUCCEEDED
         arrived = gate.hold("DELETE", "/v1/vms/held")
         started = time.monotonic()
-        assert svc.provision_host({**p, "memMiB": 256}) == (Status.PENDING, {})  # a new shape: delete, then create
+        status, handle = svc.provision_host({**p, "memMiB": 256})  # a new shape: delete, then create
+        assert status == Status.PENDING
         assert arrived.wait(10)
         time.sleep(2.5)  # the caller comes back late: its wait still ends at the operation's deadline
-        assert svc.wait_host_deployment({**p, "memMiB": 256}, is_setup=True) == (Status.TIMED_OUT, {})
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.TIMED_OUT, {})
         assert 3.0 <= time.monotonic() - started < 4.5  # not 2.5 + a whole pollTimeout
-        assert svc._ops == {}  # the pending table does not keep it
+        assert handle[OP_KEY] not in svc._ops  # the pending table does not keep it
 
         # Queued behind the hung call, the next operation shares the bound
         # (counted from its own call) and, timed out, never starts.
-        later = {"vmName": "later", "vcpus": 1, "memMiB": 128}
-        assert svc.provision_host(later) == (Status.PENDING, {})
+        status, later = svc.provision_host({"vmName": "later", "vcpus": 1, "memMiB": 128})
+        assert status == Status.PENDING
         started = time.monotonic()
         assert svc.wait_host_deployment(later, is_setup=True) == (Status.TIMED_OUT, {})
         assert time.monotonic() - started < 4.5 and svc._ops == {}
@@ -352,23 +352,21 @@ def test_poll_timeout_bounds_the_whole_operation_and_drops_it(fleet, gate):
     ("deprovision", ("DELETE", "/v1/vms/slow"), []),
     ("deallocate", ("POST", "/v1/vms/slow/sleep"), [("slow", "sleeping", 1, 128)]),
 ])
-def test_a_teardown_that_outlasts_poll_timeout_is_pending_and_followed_by_its_wait(fleet, gate, kind, held,
-                                                                                   after):
+def test_a_teardown_that_outlasts_poll_timeout_is_pending_with_its_handle(fleet, gate, kind, held, after):
     svc = gated(gate)
     p = {"vmName": "slow", "vcpus": 1, "memMiB": 128}
     with svc:
         assert provision(svc, p)[0] == Status.SUCCEEDED
         arrived = gate.hold(*held)
+        status, handle = getattr(svc, f"{kind}_host")(p)
         # The call reached the controller and goes on there: PENDING (seed 002
-        # allows no TIMED_OUT for either), with {} ("the result is always {}").
-        assert getattr(svc, f"{kind}_host")(p) == (Status.PENDING, {})
+        # allows no TIMED_OUT for either), with the handle to wait on.
         assert arrived.is_set()
+        assert status == Status.PENDING and handle[OP_KIND_KEY] == kind and OP_KEY in handle
         assert vms(fleet.client) == [("slow", "running", 1, 128)]
-        assert svc.wait_host_deployment(p, is_setup=True) == (Status.FAILED, {})  # not a provision
+        assert svc.wait_host_deployment(handle, is_setup=True) == (Status.FAILED, {})  # not a provision
         gate.release()
-        # The plain params: the wait follows what this VM's last operation leads to
-        # (asleep for a deallocate, gone for a deprovision).
-        status, info = svc.wait_host_deployment(p, is_setup=False)
+        status, info = svc.wait_host_deployment(handle, is_setup=False)
         assert status == Status.SUCCEEDED and (info["operation"], info["vmState"]) == (kind, after[0][1] if after
                                                                                         else "deleted")
         assert vms(fleet.client) == after
@@ -406,7 +404,7 @@ def test_the_services_exit_does_not_wait_for_a_hung_call(fleet, gate, monkeypatc
     assert vms(fleet.client) == []  # the delete in flight landed, no create after it; the queued one was cancelled
 
 
-# ---- waiting on a VM no operation of this service holds ----------------------------
+# ---- waiting without a handle -------------------------------------------------
 
 def _sleeping(svc, p):
     assert provision(svc, p)[0] == Status.SUCCEEDED
@@ -415,7 +413,7 @@ def _sleeping(svc, p):
 
 
 def _never_created(svc, p):
-    return {"vmName": "zz"}, True
+    return {"vmName": "zz", OP_KEY: "abc", OP_KIND_KEY: "provision"}, True
 
 
 def _other_shape(svc, p):
@@ -430,9 +428,7 @@ def _not_deleted(svc, p):
 
 def _not_asleep(svc, p):
     assert provision(svc, p)[0] == Status.SUCCEEDED
-    assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
-    svc.client.vms.wake(p["vmName"])  # woken behind the service's back
-    return p, False
+    return {**p, OP_KIND_KEY: "deallocate"}, False
 
 
 @pytest.mark.parametrize("arrange, why", [
@@ -442,7 +438,7 @@ def _not_asleep(svc, p):
     (_not_deleted, "the vm is running on h1"),
     (_not_asleep, "the vm is running on h1"),
 ], ids=["a setup wait on a vm deallocate put to sleep is failed at once",
-        "a setup wait on a vm that does not exist, and that this service was never asked for, is failed at once",
+        "a setup wait on a vm that does not exist, with a handle this service never issued, is failed at once",
         "a setup wait on a vm running with another shape is failed at once",
         "a teardown wait on a vm nothing deletes is failed at once",
         "a deallocate's wait on a vm nothing sleeps is failed at once"])
@@ -459,34 +455,34 @@ def test_a_wait_with_nothing_under_way_answers_at_once(fleet, caplog, arrange, w
     assert f"{why}, and nothing is under way to change that" in caplog.text
 
 
-def test_a_wait_on_plain_params_follows_the_operation_under_way(fleet, gate):
+def test_a_wait_without_a_handle_watches_while_an_operation_is_under_way(fleet, gate):
     svc = gated(gate, pollTimeout=10)
     p = {"vmName": "coming", "vcpus": 1, "memMiB": 128}
     with svc:
         arrived = gate.hold("POST", "/v1/vms")
-        assert svc.provision_host(p) == (Status.PENDING, {})
-        assert arrived.wait(10)
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and arrived.wait(10)
         # The vm does not exist yet, but the create is under way: the wait
-        # follows it rather than answer FAILED.
+        # watches it rather than answer FAILED.
         threading.Timer(0.5, gate.release).start()
         started = time.monotonic()
-        status, info = svc.wait_host_deployment(p, is_setup=True)
+        status, info = svc.wait_host_deployment({k: v for k, v in handle.items() if k != OP_KEY}, is_setup=True)
         assert status == Status.SUCCEEDED and info["vmState"] == "running"
         assert 0.4 <= time.monotonic() - started < 8
-        assert svc.wait_host_deployment(p, is_setup=True)[0] == Status.SUCCEEDED  # (now by watching the VM)
+        assert svc.wait_host_deployment(handle, is_setup=True)[0] == Status.SUCCEEDED
 
 
-def test_a_wait_on_plain_params_times_out_when_what_is_under_way_outlasts_poll_timeout(fleet, gate, caplog):
+def test_a_wait_without_a_handle_times_out_when_what_is_under_way_outlasts_poll_timeout(fleet, gate, caplog):
     svc = gated(gate, pollTimeout=1.0)
     p = {"vmName": "never", "vcpus": 1, "memMiB": 128}
     with svc:
         arrived = gate.hold("POST", "/v1/vms")
-        assert svc.provision_host(p) == (Status.PENDING, {})
-        assert arrived.wait(10)
+        status, handle = svc.provision_host(p)
+        assert status == Status.PENDING and arrived.wait(10)
         started = time.monotonic()
         assert svc.wait_host_deployment(p, is_setup=True) == (Status.TIMED_OUT, {})
         assert 0.9 <= time.monotonic() - started < 5
-        assert "provision of vm never timed out after pollTimeout (1 s); it was creating vm never" in caplog.text
+        assert "provision of vm never timed out after pollTimeout (1 s); the vm is gone" in caplog.text
         gate.release()
         wait_until(lambda: not svc._busy(), what="the worker to finish the released call")
 

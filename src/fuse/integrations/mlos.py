@@ -24,46 +24,37 @@ service config key from the global of the same name (a globals file, or
 so a secret goes in as `"token": ""` here plus a global `token`; a value
 still reading `$name` is refused when the service is built.
 
-How the calls map onto the controller. Seed 002: the result of provision,
-deprovision and deallocate "is always {}", whatever the status; only a
-SUCCEEDED wait carries a result (info on the operation's runtime).
+How the calls map onto the controller:
 
     provision_host    VM running with this shape: (SUCCEEDED, {}) at once.
-                      Else (PENDING, {}) while an operation converges in the
-                      background: create it, wake it if it sleeps, or delete
-                      and recreate it when its shape, or the entry or bundle
-                      the params ask for, differ from the trial's
+                      Else PENDING with an operation handle (the params plus
+                      "fuseOperation" and "fuseOperationKind") that converges
+                      in the background: create it, wake it if it sleeps, or
+                      delete and recreate it when its shape, or the entry or
+                      bundle the params ask for, differ from the trial's
                       (mlos_bench calls provision on every trial with no
                       deprovision between; a VM whose entry the params do not
                       name keeps the one it runs).
-    wait_host_deployment  waits for the last operation this service was asked
-                      for on the VM the params name (vmName), or, given params
-                      that name none (mlos_bench's HostEnv passes the {} that
-                      provision or deprovision returned), the last operation
-                      this service was asked for: SUCCEEDED with info on its
+    wait_host_deployment  waits for that operation: SUCCEEDED with info on its
                       runtime ({"operation", "vmName", "vmHost", "vmState",
                       "elapsedSecs"}), FAILED, or TIMED_OUT. is_setup must
-                      match it (True for a provision, False for a deprovision
-                      or deallocate): a wait of the other kind while that
-                      operation is still held is FAILED with the reason
-                      logged. An operation this service no longer holds (it
-                      timed out, or was waited on already) or never ran (a
-                      restart) is followed by watching the VM for up to
-                      pollTimeout: until it runs with the params' shape
-                      (is_setup=True), sleeps (the VM's last operation here a
-                      deallocate) or is gone (otherwise); but when nothing is
-                      under way that could change the VM (no operation of this
-                      service, no move of it), a VM that is not what the wait
-                      leads to (gone or asleep for a setup wait, say) is
-                      FAILED at once.
+                      match the handle (True for a provision, False for a
+                      deprovision or deallocate), else FAILED with the reason
+                      logged. Without a handle, or one this service no longer
+                      holds (timed out, or issued before a restart), it
+                      watches the VM for up to pollTimeout instead; but
+                      when nothing is under way that could change the VM (no
+                      operation of this service, no move of it), a VM that
+                      is not what the wait leads to (gone or asleep for a
+                      setup wait, say) is FAILED at once.
     deprovision_host  deletes the VM (already gone is fine).
     deallocate_host   sleeps the VM: its memory and vCPUs go back to the
                       fleet, its state stays on disk, provision wakes it.
                       Both block up to pollTimeout: (SUCCEEDED|FAILED, {}). Seed
-                      002 has no TIMED_OUT here, so a timeout is (PENDING, {})
-                      when the call was already sent (it goes on at the
-                      controller; wait with is_setup=False), FAILED when it
-                      never was.
+                      002 has no TIMED_OUT here, so a timeout is PENDING with
+                      the handle when the call was already sent (it goes on
+                      at the controller; wait with is_setup=False), FAILED
+                      when it never was.
 
 pollTimeout bounds a whole operation, counted from the call that started it
 (queueing, polling, moves included): its steps stop there, waits answer
@@ -103,6 +94,8 @@ import fuse
 
 _LOG = logging.getLogger(__name__)
 
+OP_KEY = "fuseOperation"  # the handle's operation id
+OP_KIND_KEY = "fuseOperationKind"  # provision | deprovision | deallocate
 # Which wait_host_deployment(is_setup=...) each kind of operation answers to.
 KINDS: dict[str, bool] = {"provision": True, "deprovision": False, "deallocate": False}
 # A config value mlos_bench left as written: it fills a service config key
@@ -255,11 +248,9 @@ class Operation:
     operation was abandoned; a controller call already sent runs to its end at
     the controller, which is why `sent` is recorded."""
 
-    def __init__(self, kind: str, vm: str, run: Callable[["Operation"], dict], timeout: float,
-                 params: dict | None = None):
+    def __init__(self, kind: str, vm: str, run: Callable[["Operation"], dict], timeout: float):
         self.id = uuid.uuid4().hex[:12]
         self.kind, self.vm, self.run, self.timeout = kind, vm, run, timeout
-        self.params = dict(params or {"vmName": vm})  # what it was asked with: a wait may be given none
         self.started = time.monotonic()
         self.deadline = self.started + timeout
         self.future: Future = Future()
@@ -363,10 +354,6 @@ class FuseVMService(Service):
         self._client: fuse.Client | None = None
         self._worker: _Worker | None = None
         self._ops: dict[str, Operation] = {}  # pending: dropped when waited on, timed out or past due
-        # The last operation asked for, per VM and of all: what a wait on plain params (or,
-        # from mlos_bench's HostEnv, on the {} a call returned) waits for (seed 002 gives no handle).
-        self._last: dict[str, Operation] = {}
-        self._last_op: Operation | None = None
 
     # mlos_bench checks every Service's config against its own schema, which
     # lists only its own classes; validate ours against ours instead (the
@@ -392,8 +379,8 @@ class FuseVMService(Service):
         with self._lock:
             return self._worker is not None and self._worker.busy
 
-    def _submit(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict) -> Operation:
-        op = Operation(kind, name, run, self._poll_timeout, params)
+    def _submit(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict) -> tuple[Status, dict]:
+        op = Operation(kind, name, run, self._poll_timeout)
         with self._lock:
             now = time.monotonic()
             for old in [o for o in self._ops.values() if o.deadline <= now]:  # nobody waited on them
@@ -402,16 +389,14 @@ class FuseVMService(Service):
             if self._worker is None:
                 self._worker = _Worker()
             self._ops[op.id] = op
-            self._last[name] = self._last_op = op
             self._worker.submit(op)
-        return op
+        return Status.PENDING, {**params, OP_KEY: op.id, OP_KIND_KEY: kind}
 
     def _exit_context(self, ex_type, ex_val, ex_tb):
         with self._lock:
             worker, self._worker = self._worker, None
             client, self._client = self._client, None
             ops, self._ops = list(self._ops.values()), {}
-            self._last, self._last_op = {}, None
         for op in ops:
             op.abandon()
         stopped = worker is None or worker.stop(EXIT_JOIN_S)
@@ -560,8 +545,7 @@ class FuseVMService(Service):
     # ---- SupportsHostProvisioning -------------------------------------------
     def provision_host(self, params: dict) -> tuple[Status, dict]:
         """Check the VM is running with the trial's shape (SUCCEEDED, {});
-        create, wake or recreate it if not (PENDING, {}: wait_host_deployment
-        with is_setup=True follows it). Seed 002: the result is always {}."""
+        create, wake or recreate it if not (PENDING with an operation handle)."""
         try:
             spec = VmSpec.from_params(params, self.config)
             if not self._busy():  # nothing queued or in flight could change the answer: look now
@@ -569,16 +553,15 @@ class FuseVMService(Service):
                 if vm is not None and vm["state"] == "running" and not spec.differs(vm):
                     _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
                     return Status.SUCCEEDED, {}  # seed 002: the result is always {}
-            self._submit("provision", spec.name, lambda op: self._converge(op, spec), params)
-            return Status.PENDING, {}  # seed 002: the result is always {}
+            return self._submit("provision", spec.name, lambda op: self._converge(op, spec), params)
         except Exception as err:
             return self._failed(f"provision of vm {_named(params)}", err)
 
     def deprovision_host(self, params: dict) -> tuple[Status, dict]:
         """Delete the VM (a VM already gone counts as deleted). Waits up to
-        pollTimeout: SUCCEEDED or FAILED, or PENDING when the delete it asked
-        the controller for has not finished by then; always with {} (seed 002:
-        the result is always {})."""
+        pollTimeout: SUCCEEDED or FAILED with {} (seed 002: the result is
+        always {}), or PENDING with the operation handle when the delete it
+        asked the controller for has not finished by then."""
         try:
             name, host = _vm_name(params), _opt(params, self.config, "vmHost")
             return self._blocking("deprovision", name, lambda op: self._remove(op, name, host), params)
@@ -598,54 +581,44 @@ class FuseVMService(Service):
         """Run an operation to its end, up to pollTimeout: (SUCCEEDED|FAILED, {}).
         Seed 002 has no TIMED_OUT for deprovision or deallocate: one whose
         controller call was already sent goes on at the controller, so it is
-        (PENDING, {}) (a wait with is_setup=False then watches the VM for what
-        this operation leads to); one that never asked the controller will
-        not happen: FAILED."""
-        op = self._submit(kind, name, run, params)
+        PENDING with the handle (waiting on it with is_setup=False watches the
+        VM); one that never asked the controller will not happen: FAILED."""
+        _, handle = self._submit(kind, name, run, params)
+        with self._lock:
+            op = self._ops[handle[OP_KEY]]
         status, _ = self._await(op)
         if status != Status.TIMED_OUT:
             return status, {}
         if op.sent:
-            return Status.PENDING, {}  # seed 002: the result is always {}
+            return Status.PENDING, handle
         _LOG.error("fuse: %s of vm %s failed: it timed out before asking the controller", kind, name)
         return Status.FAILED, {}
 
     def wait_host_deployment(self, params: dict, *, is_setup: bool) -> tuple[Status, dict]:
-        """Wait for the last operation this service was asked for on the VM
-        `params` names (vmName), or for its last operation of all when
-        `params` names none (mlos_bench's HostEnv passes the {} provision and
-        deprovision return): SUCCEEDED with info on its runtime, FAILED, or
-        TIMED_OUT once pollTimeout has passed since the call that started it.
-        `is_setup` must match the operation (True for provision). One this
-        service no longer holds, or none, is followed by watching the VM for
-        up to pollTimeout, answering FAILED at once when nothing under way
-        could bring the VM there."""
+        """Wait for the operation whose handle is `params` (from provision,
+        deprovision or deallocate) to finish: SUCCEEDED with info on its
+        runtime, FAILED, or TIMED_OUT once pollTimeout has passed since the
+        call that started it. `is_setup` must match the operation (True for
+        provision). Without a handle, or with one this service no longer
+        holds, it watches the VM itself for up to pollTimeout, and answers
+        FAILED at once when nothing under way could bring the VM there."""
         try:
-            if not isinstance(params, dict):
-                raise ValueError(f"params must be a dict, not {type(params).__name__}")
-            name = params.get("vmName")
+            _vm_name(params)  # a dict naming its VM
+            kind = params.get(OP_KIND_KEY) or ("provision" if is_setup else "deprovision")
             with self._lock:
-                last = self._last.get(str(name)) if name not in (None, "") else self._last_op
-                held = last is not None and last.id in self._ops
-            # (one no longer held may still be running: a teardown that timed out with its call sent)
-            live = held or (last is not None and not last.future.done())
-            if last is None:
-                if name in (None, ""):
-                    raise ValueError("params lack vmName, and this service was asked for no operation to wait for")
-                return self._watch_vm(params, "provision" if is_setup else "deprovision")
-            if KINDS[last.kind] is is_setup:
-                return self._await(last) if held else self._watch_vm(
-                    params if name not in (None, "") else last.params, last.kind)
-            if live or name in (None, ""):
-                # The caller waits for the wrong thing: say so rather than answer for
-                # an operation it did not mean. The operation is left alone.
-                _LOG.error("fuse: wait_host_deployment(is_setup=%s) for vm %s, whose last operation here is a %s; "
-                           "a %s is waited on with is_setup=%s", is_setup, last.vm, last.kind, last.kind,
-                           KINDS[last.kind])
+                op = self._ops.get(params.get(OP_KEY) or "")
+            if op is not None:
+                kind = op.kind
+            if KINDS.get(kind) is not is_setup:
+                # The caller waits for the wrong thing: say so rather than answer
+                # for an operation it did not mean. The operation is left alone.
+                _LOG.error("fuse: wait_host_deployment(is_setup=%s) was given a %s handle for vm %s; %s", is_setup,
+                           kind, params.get("vmName"), f"a {kind} is waited on with is_setup={KINDS[kind]}"
+                           if kind in KINDS else f"{OP_KIND_KEY} must be one of {', '.join(KINDS)}")
                 return Status.FAILED, {}
-            # (its last operation here is over, and of the other kind: the VM is
-            # watched for what this wait leads to)
-            return self._watch_vm(params, "provision" if is_setup else "deprovision")
+            if op is not None:
+                return self._await(op)
+            return self._watch_vm(params, kind)
         except Exception as err:
             return self._failed(f"waiting for vm {_named(params)}", err)
 
