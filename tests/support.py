@@ -281,3 +281,35 @@ class Proxy:
     def close(self) -> None:
         self.sock.close()
         self.switch(self.upstream_port)
+
+
+def api_error(fn, *a, **kw):
+    """The ``fuse.ApiError`` that ``fn(*a, **kw)`` raises (the test fails when it raises none)."""
+    import pytest
+
+    import fuse
+
+    with pytest.raises(fuse.ApiError) as info:
+        fn(*a, **kw)
+    return info.value
+
+
+def agent_vms(agent) -> dict[str, dict]:
+    """What the agent itself lists, past the controller: name -> its VM record."""
+    r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
+    return {v["name"]: v for v in r.json()["vms"]}
+
+
+def agent_states(agent) -> dict[str, str]:
+    """What the agent itself says of its VMs: name -> state."""
+    return {name: vm["state"] for name, vm in agent_vms(agent).items()}
+
+
+def end_fake_vm(agent, name: str, exit_status: int | None) -> None:
+    """End a fake-backend VM's process as a guest would: with ``FUSE-EXIT n`` on its
+    console first (the entry finished: exited), or without (the process died: failed)."""
+    vm_dir = Path(agent.state_dir) / "vms" / name
+    if exit_status is not None:
+        with open(vm_dir / "console.log", "a") as f:
+            f.write(f"FUSE-EXIT {exit_status}\n")
+    os.kill(int((vm_dir / "fake.pid").read_text().split()[0]), signal.SIGKILL)

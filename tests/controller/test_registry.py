@@ -9,7 +9,7 @@ import pytest
 
 import fuse
 from fuse import HostCapacity, RegisterHostRequest
-from support import start_agent
+from support import api_error, start_agent
 
 
 def reg(client, agent, **kw):
@@ -19,10 +19,6 @@ def reg(client, agent, **kw):
     return client.hosts.register(req)
 
 
-def api_error(fn, *a, **kw) -> fuse.ApiError:
-    with pytest.raises(fuse.ApiError) as info:
-        fn(*a, **kw)
-    return info.value
 
 
 def probed(agent):

@@ -7,11 +7,8 @@ quoted as the probe reports it ('' with no GPU, not 'none')."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import typing
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,31 +18,15 @@ from fuse import HostCapacity, RegisterHostRequest
 from fuse.agent.vms import TRANSITIONS
 from fuse.controller import hosts as registry
 from fuse.models.vm import VmState
-from support import install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
+from support import api_error, agent_states, end_fake_vm, install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
 
 SHAPE = {"vcpus": 1, "mem_mib": 128}
 
 
-def api_error(fn, *a, **kw) -> fuse.ApiError:
-    with pytest.raises(fuse.ApiError) as info:
-        fn(*a, **kw)
-    return info.value
 
 
-def agent_vms(agent) -> dict[str, str]:
-    """What the agent itself says of its VMs (name -> state)."""
-    r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
-    return {v["name"]: v["state"] for v in r.json()["vms"]}
 
 
-def end_fake_vm(agent, name: str, exit_status: int | None) -> None:
-    """End a fake-backend VM's process as a guest would: with ``FUSE-EXIT n`` on its
-    console first (the entry finished: exited), or without (the process died: failed)."""
-    vm_dir = Path(agent.state_dir) / "vms" / name
-    if exit_status is not None:
-        with open(vm_dir / "console.log", "a") as f:
-            f.write(f"FUSE-EXIT {exit_status}\n")
-    os.kill(int((vm_dir / "fake.pid").read_text().split()[0]), signal.SIGKILL)
 
 
 def left_behind(report: dict) -> list[str]:
@@ -101,7 +82,7 @@ def test_cordon_drain_and_retry_deregisters_a_host_whose_vms_have_finished(fleet
     assert [h.id for h in c.hosts.list()] == ["h5"]
     # The finished VMs went with the host from the controller's view; their records stay on the agent.
     assert {v["name"]: v["host"] for v in c.vms.list()} == {"run1": "h5"}
-    assert {k: v for k, v in agent_vms(a4).items() if k != "run1"} == {"job7": "failed", "job9": "exited"}
+    assert {k: v for k, v in agent_states(a4).items() if k != "run1"} == {"job7": "failed", "job9": "exited"}
     removed = [e for e in c.events.list(0, limit=500)["events"] if e["type"] == "host_removed"]
     assert [(e["host"], e.get("finished_vms")) for e in removed] == [("h4", ["job7", "job9"])]
     # A finished VM's name is free again on the fleet (no stale row to make it ambiguous).
@@ -148,12 +129,12 @@ def test_a_real_vm_whose_entry_exited_does_not_hold_its_host(tmp_path, procs):
         c.vms.create(name="job9", shape={"vcpus": 1, "mem_mib": 256}, entry="echo done; exit 0")
         wait_until(lambda: state_of(c, "job9") == "exited", timeout=240, interval=0.5,
                    what="the real guest's entry to exit")
-        assert agent_vms(real)["job9"] == "exited"
+        assert agent_states(real)["job9"] == "exited"
         c.hosts.cordon("h4")
         assert left_behind(c.hosts.drain("h4")) == ["job9"]
         c.hosts.deregister("h4")
         assert c.hosts.list() == [] and c.vms.list() == []
-        assert agent_vms(real) == {"job9": "exited"}  # its record stays on the agent
+        assert agent_states(real) == {"job9": "exited"}  # its record stays on the agent
 
 
 # ------------------------------------------------------------------ gpu_kind warning

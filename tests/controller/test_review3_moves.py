@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 from pathlib import Path
 
 import httpx
@@ -17,7 +15,7 @@ import pytest
 
 from fuse.controller.service import Controller
 from fuse.errors import InvalidArgument
-from support import wait_until
+from support import agent_states, end_fake_vm, wait_until
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 
@@ -26,9 +24,6 @@ def vm_body(name, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "count", **kw}
 
 
-def agent_vms(agent) -> dict[str, str]:
-    r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
-    return {v["name"]: v["state"] for v in r.json()["vms"]}
 
 
 def post_move(fleet, body: dict) -> httpx.Response:
@@ -37,14 +32,6 @@ def post_move(fleet, body: dict) -> httpx.Response:
         return c.post("/v1/moves", json=body, timeout=30)
 
 
-def end_fake_vm(agent, name: str, exit_status: int | None) -> None:
-    """End a fake-backend VM's process as a guest would: with ``FUSE-EXIT n`` on its
-    console first (the entry finished: exited), or without (the process died: failed)."""
-    vm_dir = Path(agent.state_dir) / "vms" / name
-    if exit_status is not None:
-        with open(vm_dir / "console.log", "a") as f:
-            f.write(f"FUSE-EXIT {exit_status}\n")
-    os.kill(int((vm_dir / "fake.pid").read_text().split()[0]), signal.SIGKILL)
 
 
 # ---- empty names in a move request ------------------------------------------------------
@@ -74,7 +61,7 @@ def test_an_empty_name_in_a_move_request_is_invalid_argument_saying_what_to_send
     assert err["code"] == "invalid_argument" and err["message"].startswith(starts), err
     assert all(s in err["message"] for s in says), err["message"]
     assert fleet.client.moves.list() == []
-    assert agent_vms(a) == {"cli1": "running"}  # untouched
+    assert agent_states(a) == {"cli1": "running"}  # untouched
     # (and leaving to out is the best fit the message points to)
     if body.get("to") is not None and not body["to"].strip():
         m = fleet.client.moves.create("cli1")

@@ -10,11 +10,10 @@ import threading
 import time
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
 import fuse
-from support import Proxy, wait_until
+from support import api_error, agent_vms, Proxy, wait_until
 
 CREATE = b"POST /v1/host/vms "  # a create's request line (a sleep or wake has /<name>/... after vms)
 
@@ -23,15 +22,8 @@ def vm_body(name, mem=64, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": mem}, "entry": "count", **kw}
 
 
-def api_error(fn, *a, **kw) -> fuse.ApiError:
-    with pytest.raises(fuse.ApiError) as info:
-        fn(*a, **kw)
-    return info.value
 
 
-def agent_vms(agent) -> dict:
-    r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
-    return {v["name"]: v for v in r.json()["vms"]}
 
 
 def port(agent) -> int:

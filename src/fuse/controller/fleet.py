@@ -55,6 +55,10 @@ class HostView:
     agent_id: str = ""  # the identity last recorded in the host's row
     events_wait: float = 0.0  # seconds until the next event read, when the summary cannot tell
     events_at: float = 0.0  # monotonic time of the next event read, then
+    # one poll of the host at a time: a registration's (or a wake's) refresh beside the
+    # poller's own could adopt the VM list twice, the later one from a stale read (it
+    # dropped a VM recorded in between)
+    polling: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
 
 
 class Fleet:
@@ -171,6 +175,10 @@ class Fleet:
 
     async def _poll_once(self, host_id: str, events: bool = True) -> None:
         view = self.views.setdefault(host_id, HostView())
+        async with view.polling:
+            await self._poll_locked(host_id, view, events)
+
+    async def _poll_locked(self, host_id: str, view: HostView, events: bool) -> None:
         try:
             conn = self.conn(host_id)
             resp = await conn.request("GET", "/v1/host", timeout=5)
