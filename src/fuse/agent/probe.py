@@ -116,10 +116,9 @@ def _meminfo_kib(meminfo: Path, key: str) -> int:
 
 
 def storage_gb(state_dir: Path) -> int:
-    """Size (GiB) of the file system holding the state dir: a hardware fact
-    like `ram_mb` (MemTotal) and `cpus`, not what is free of it now (seed 000:
-    capacity is the host's hardware; what is in use is counted against it)."""
-    return shutil.disk_usage(state_dir).total // 2**30
+    """Free space (GiB) of the file system holding the state dir, as the
+    foundation issue says: the room VM images and snapshots have there."""
+    return shutil.disk_usage(state_dir).free // 2**30
 
 
 def arch() -> str:
