@@ -13,3 +13,35 @@ def default_agent_socket() -> Path:
         return Path("/run/fuse-host.sock")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return Path(runtime) / "fuse-host.sock" if runtime else Path(f"/tmp/fuse-{os.getuid()}/fuse-host.sock")
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` and any missing parents owner-only (0700) whatever the
+    umask: mkdir's mode is filtered by the umask and `parents=True` gives the
+    parents the umask's default, so each directory fuse creates is chmodded.
+    Directories that already exist are left as they are: they are not ours."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue  # created by someone else meanwhile: not ours to chmod
+        os.chmod(d, 0o700)
+    return path
+
+
+def private_file(path: Path) -> None:
+    """Create `path` owner-only (0600) if it is missing, and make it 0600 if it
+    exists (a file fuse keeps secrets in, made by an older fuse under a looser
+    umask, is tightened too)."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    os.chmod(path, 0o600)

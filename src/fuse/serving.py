@@ -19,10 +19,11 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from .paths import private_dir
+
 
 def owner_only_socket(path: Path) -> socket.socket:
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700)
+    private_dir(path.parent)  # every directory made for it 0700, whatever the umask
     if path.exists() or path.is_symlink():
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

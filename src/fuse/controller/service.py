@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..paths import private_dir
 from ..transport import TlsSettings
 from .hosts import HostRegistry
 from .pool.elastic import committed_until
@@ -40,7 +41,8 @@ class Controller:
     def __init__(self, state_dir: Path, db: str | None = None, token: str | None = None,
                  poll_interval: float = 1.0):
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # owner-only: the database under it holds agent tokens (an existing dir is left as is)
+        private_dir(self.state_dir)
         self.store = Store(engine_url(db, self.state_dir))
         self.instance = secrets.token_hex(6)  # this run of this replica (owns the moves it drives)
         self.token = token

@@ -14,10 +14,11 @@ from typing import Any, Iterator
 from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, Text,
                         UniqueConstraint, and_, create_engine, delete, event, func, insert, or_, select, text,
                         update)
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
 from ...agent.admission import HOLDS_MEMORY
+from ...paths import private_file
 
 metadata = MetaData()
 WRITE_LOCK_KEY = 0x66757365  # "fuse": the PostgreSQL advisory lock of write transactions
@@ -138,6 +139,18 @@ def engine_url(db: str | None, state_dir: Path) -> str:
     return db
 
 
+def _private_sqlite_files(url: str) -> None:
+    """The database holds agent tokens: born 0600 (SQLite gives its -wal and -shm
+    files the database file's mode), and tightened if an older fuse left it looser."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    for suffix in ("", "-wal", "-shm"):
+        path = Path(database + suffix)
+        if suffix == "" or path.exists():
+            private_file(path)
+
+
 class Store:
     def __init__(self, url: str):
         self.url = url
@@ -147,6 +160,8 @@ class Store:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+        if self.is_sqlite:
+            _private_sqlite_files(url)
         self.engine: Engine = create_engine(url, **kwargs)
         if self.is_sqlite:
             @event.listens_for(self.engine, "connect")
