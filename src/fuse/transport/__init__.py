@@ -68,12 +68,16 @@ def _describe(exc: Exception, address: Address, handshake: bool = False) -> tupl
     matter of trust (a certificate either side refused: a mistake, not an outage).
     `handshake`: this request made a TLS handshake and got no answer after it."""
     addr = address.text
-    text = str(exc) or exc.__class__.__name__
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain, cur = [], exc
     while cur is not None and len(chain) < 8:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
+    if isinstance(exc, httpx.TimeoutException):
+        # Before the text checks: a timed-out handshake's chain mentions SSL, and an
+        # exception's class name ("ConnectTimeout") is not a reason.
+        return _timed_out(exc, addr, address.kind == "tls" and handshake), False
+    text = _said(chain)
     low = " ".join(str(c).lower() for c in chain)
     if any(isinstance(c, ConnectionRefusedError) for c in chain):
         low += " connection refused"
@@ -98,8 +102,6 @@ def _describe(exc: Exception, address: Address, handshake: bool = False) -> tupl
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
         where = address.path or default_agent_socket()
         return f"no host agent socket at {where}: is the host agent running?", False
-    if isinstance(exc, httpx.TimeoutException):
-        return f"{addr} did not answer in time", False
     if any(s in low for s in _HUNG_UP):
         return _dropped(addr, chain), False
     return f"cannot reach {addr}: {text}", False
@@ -133,9 +135,51 @@ def _verify_failed(chain: list[BaseException], low: str) -> str:
     return getattr(verify, "verify_message", "") or "certificate verify failed"
 
 
+# What an exception that says nothing (httpx's ReadError('')) means, in words.
+_UNSAID = ((httpx.ConnectError, "the connection could not be opened"),
+           (httpx.ReadError, "the connection broke while waiting for the answer"),
+           (httpx.WriteError, "the connection broke while sending the request"),
+           (httpx.RemoteProtocolError, "the host's answer was not valid HTTP"),
+           (httpx.ProxyError, "the proxy refused the connection"),
+           (ssl.SSLError, "the TLS layer failed"),
+           (OSError, "the network layer failed"))
+
+
+def _said(chain: list[BaseException]) -> str:
+    """The first thing the exception chain says; never a bare class name."""
+    said = next((str(c) for c in chain if str(c)), "")
+    if said:
+        return said
+    return next((words for kind, words in _UNSAID if isinstance(chain[0], kind)),
+                "the connection failed without saying why")
+
+
+def _timed_out(exc: httpx.TimeoutException, addr: str, handshake: bool) -> str:
+    """Which step ran out of time, and the time it really had."""
+    timeouts: dict = {}
+    try:
+        timeouts = exc.request.extensions.get("timeout") or {}
+    except RuntimeError:  # an exception raised without its request
+        pass
+    step, what = {httpx.ConnectTimeout: ("connect", "accept the connection"),
+                  httpx.ReadTimeout: ("read", "answer"),
+                  httpx.WriteTimeout: ("write", "take the request"),
+                  httpx.PoolTimeout: ("pool", "free a connection")}.get(type(exc), ("read", "answer"))
+    if handshake and step == "connect":
+        what = "complete the TLS handshake"
+    if isinstance(exc, httpx.PoolTimeout):
+        limit = timeouts.get("pool")
+        return (f"no connection to {addr} came free within {limit:g} s" if limit else
+                f"no connection to {addr} came free in time")
+    limit = timeouts.get(step)
+    if step == "read":
+        return f"{addr} did not answer in time" + (f": nothing came back within {limit:g} s" if limit else "")
+    return f"{addr} did not {what} within {limit:g} s" if limit else f"{addr} did not {what} in time"
+
+
 def _dropped(addr: str, chain: list[BaseException]) -> str:
-    said = next((str(c) for c in chain if str(c)), type(chain[0]).__name__)  # httpx's ReadError('') says nothing
-    return f"the connection to {addr} was dropped before the host answered ({said})"
+    said = next((str(c) for c in chain if str(c)), "")  # httpx's ReadError('') says nothing
+    return f"the connection to {addr} was dropped before the host answered" + (f" ({said})" if said else "")
 
 
 def _never_sent(exc: BaseException) -> bool:

@@ -71,6 +71,9 @@ IDLE_CHANNEL_S = 2.0
 IDLE_CONNECTION_S = 60.0
 MAX_CHANNELS = 8
 READ_SIZE = 1 << 18
+RELAY_STDERR_MAX = 1 << 16  # what a failed relay said: enough for its last line, never unbounded
+# What sshd may write on a session's stderr before the command runs: notices, not failures.
+SSHD_NOTICES = ("Could not chdir to home directory", "Warning: no access to tty", "Last login:")
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
@@ -201,17 +204,27 @@ class _Channel:
             await asyncio.wait_for(self.process.wait_closed(), 3)
         except (asyncio.TimeoutError, OSError, asyncssh.Error):
             pass
+        err = b""
         try:
-            err = await asyncio.wait_for(self.process.stderr.read(4096), 1)
+            while len(err) < RELAY_STDERR_MAX:
+                got = await asyncio.wait_for(self.process.stderr.read(4096), 1)
+                if not got:
+                    break
+                err += got
         except (asyncio.TimeoutError, OSError, asyncssh.Error):
-            err = b""
-        text = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
+            pass
+        # The last line that is the relay's own: sshd's notices (a login account's
+        # missing home directory) come first and are not why it failed.
+        lines = [ln.strip() for ln in err.decode(errors="replace").splitlines()]
+        text = next((ln for ln in reversed(lines) if ln and not ln.startswith(SSHD_NOTICES)), "")
         status = self.process.exit_status
         if status == 127:
             return (f"the relay command `{relay}` was not found on {target.hostport}: install fuse there "
                     "or set FUSE_SSH_RELAY")
         if text:
             return f"{target}: {text}"
+        if status:
+            return f"the relay command `{relay}` on {target.hostport} failed (exit {status}) without saying why"
         return f"the relay on {target.hostport} ended without answering (exit status {status})"
 
     def close(self) -> None:

@@ -1,0 +1,110 @@
+"""Reasons are sentences, never an exception's class name: a mutual-TLS host
+that accepts the connection but never shakes hands says which step ran out of
+time and how long it had, and an SSH relay that fails reports its failure, not
+the notice sshd wrote first (a login account's missing home directory)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from fuse.errors import HostUnreachable
+from fuse.transport import HostConnection, TlsSettings, _describe, parse_address, ssh
+
+NOTICE = "Could not chdir to home directory /nonexistent: No such file or directory"
+
+
+# ------------------------------------------------------------------ mutual TLS
+
+async def test_a_tls_listener_that_never_shakes_hands_says_so_with_the_real_timeout(pki):
+    silent = socket.socket()  # the kernel accepts the TCP connection; nobody ever replies
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        addr = f"127.0.0.1:{silent.getsockname()[1]}"
+        conn = HostConnection(addr, tls=TlsSettings(*pki.files(pki.controller, "controller")), timeout=1.0)
+        started = time.monotonic()
+        try:
+            with pytest.raises(HostUnreachable) as info:
+                await conn.request("GET", "/v1/host")
+        finally:
+            await conn.close()
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 5
+    assert info.value.message == f"{addr} did not complete the TLS handshake within 1 s", info.value.message
+    assert info.value.http_status == 502 and info.value.maybe_sent is False
+
+
+def _fail(kind: type[Exception]) -> Exception:
+    exc = kind("")
+    exc.request = httpx.Request("GET", "https://127.0.0.1:9/v1/host",
+                                extensions={"timeout": {"connect": 3.0, "read": 7.0, "write": 4.0, "pool": 2.0}})
+    return exc
+
+
+@pytest.mark.parametrize("kind, handshake, expected", [
+    (httpx.ConnectTimeout, True, "127.0.0.1:9 did not complete the TLS handshake within 3 s"),
+    (httpx.ConnectTimeout, False, "127.0.0.1:9 did not accept the connection within 3 s"),
+    (httpx.ReadTimeout, True, "127.0.0.1:9 did not answer in time: nothing came back within 7 s"),
+    (httpx.WriteTimeout, False, "127.0.0.1:9 did not take the request within 4 s"),
+    (httpx.PoolTimeout, False, "no connection to 127.0.0.1:9 came free within 2 s"),
+    (httpx.ConnectError, False, "cannot reach 127.0.0.1:9: the connection could not be opened"),
+    (httpx.ReadError, False, "cannot reach 127.0.0.1:9: the connection broke while waiting for the answer"),
+    (httpx.WriteError, False, "cannot reach 127.0.0.1:9: the connection broke while sending the request"),
+    (httpx.RemoteProtocolError, False, "cannot reach 127.0.0.1:9: the host's answer was not valid HTTP"),
+], ids=["a handshake that timed out names the handshake and its time",
+        "a TCP connect that timed out names the connection and its time",
+        "an answer that never came names the read time",
+        "a request the host would not take names the write time",
+        "no free connection names the pool time",
+        "a connect error with no text says the connection could not be opened",
+        "a read error with no text says the connection broke while waiting",
+        "a write error with no text says the connection broke while sending",
+        "a protocol error with no text says the answer was not HTTP"])
+def test_every_silent_exception_on_a_tls_address_becomes_a_sentence(kind, handshake, expected):
+    why, untrusted = _describe(_fail(kind), parse_address("127.0.0.1:9"), handshake=handshake)
+    assert why == expected and not untrusted
+    assert kind.__name__ not in why
+
+
+# ------------------------------------------------------------------ the SSH relay
+
+@pytest.fixture
+async def ssh_env(sshd, monkeypatch):
+    for k, v in sshd.env("unused").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FUSE_SSH_CONNECT_TIMEOUT", "5")
+    yield sshd
+    await ssh.close_all()
+
+
+async def relay_reason(addr: str) -> tuple[str, float]:
+    conn = HostConnection(addr, timeout=10)
+    started = time.monotonic()
+    try:
+        with pytest.raises(HostUnreachable) as info:
+            await conn.request("GET", "/v1/host")
+    finally:
+        await conn.close()
+    return info.value.message, time.monotonic() - started
+
+
+async def test_a_relay_that_fails_after_a_notice_reports_the_failure_not_the_notice(ssh_env, monkeypatch):
+    # sshd's notice goes first, the relay's own failure after it, in a later packet
+    monkeypatch.setenv("FUSE_SSH_RELAY", f"echo '{NOTICE}' >&2; sleep 0.3; echo 'relay: the agent said no' >&2; exit 3")
+    msg, took = await relay_reason(ssh_env.addr)
+    assert "Could not chdir" not in msg and "the agent said no" in msg, msg
+    assert took < 10
+
+
+async def test_a_relay_that_fails_silently_after_a_notice_reports_its_exit_status(ssh_env, monkeypatch):
+    monkeypatch.setenv("FUSE_SSH_RELAY", f"echo '{NOTICE}' >&2; exit 3")
+    msg, took = await relay_reason(ssh_env.addr)
+    assert msg == (f"the relay command `echo '{NOTICE}' >&2; exit 3` on 127.0.0.1:{ssh_env.port} failed "
+                   "(exit 3) without saying why"), msg
+    assert took < 10
+
