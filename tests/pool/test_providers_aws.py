@@ -9,7 +9,6 @@ import base64
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from fuse.controller.pool.catalogue import default_catalogue
 from fuse.controller.pool.providers import AwsProvider, CloudError, link, public_options
@@ -19,14 +18,6 @@ from support import free_port
 SECRET = "sEcReT-do-not-show-0123456789"
 TOKEN = "agent-token-Zq9"
 
-
-@pytest.fixture(scope="module")
-def moto_url():
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")

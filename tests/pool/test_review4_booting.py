@@ -16,24 +16,16 @@ import time
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from starlette.testclient import TestClient
 
 from fuse.controller.app import create_app
 from fuse.controller.service import Controller
 from fuse.models.pool import ElasticBudgetUpdate, PrewarmOptions
-from support import free_port, reap
+from support import reap
 
 TYPES = [{"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.36},
          {"name": "local.big", "vcpus": 4, "mem_mib": 8192, "usd_per_hour": 1.44}]
 
-
-@pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=(port := free_port()), verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture

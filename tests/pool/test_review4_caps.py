@@ -12,22 +12,14 @@ import json
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from starlette.testclient import TestClient
 
 from fuse.controller.app import create_app
 from fuse.controller.pool.providers import link
 from fuse.controller.service import Controller
 from fuse.errors import InvalidArgument
-from support import free_port, reap
+from support import reap
 
-
-@pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=(port := free_port()), verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")
