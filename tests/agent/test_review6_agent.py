@@ -47,3 +47,32 @@ def test_the_same_body_as_json_still_reaches_the_host(agent):
     assert r.status_code == 400 and "valid dictionary" not in r.json()["error"]["message"]
     r = agent.post("/v1/host/vms", content=b'{"name": 1', headers={"content-type": "application/json; charset=utf-8"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
+
+
+@pytest.mark.parametrize("extra, refused", [
+    ([], True), (["--token", "T"], False),
+], ids=["no token: refused, as the controller's --listen", "with a token: serves"])
+def test_an_agent_serves_tcp_only_with_a_token(tmp_path, extra, refused):
+    # issue 2: the TCP listener is bearer-token (a wrong or missing token is 401): an agent
+    # started without one served every route to anyone, with only a warning
+    import subprocess
+
+    from support import FUSE, free_port
+
+    port = free_port()
+    p = subprocess.Popen(FUSE + ["host", "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "a"),
+                                 "--backend", "fake", "--socket", str(tmp_path / "a.sock")] + extra,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=8)
+        code = p.returncode
+    except subprocess.TimeoutExpired:  # still serving
+        code, err = None, ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    if refused:
+        assert code == 2 and "--listen needs --token" in err, (code, err)
+    else:
+        assert code is None  # it kept serving until killed

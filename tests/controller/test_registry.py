@@ -9,7 +9,7 @@ import pytest
 
 import fuse
 from fuse import HostCapacity, RegisterHostRequest
-from support import api_error, start_agent
+from support import api_error, free_port, start_agent
 
 
 def reg(client, agent, **kw):
@@ -457,7 +457,8 @@ def test_rule9_an_unknown_id_is_404_not_found(client, agent, action):
 
 def test_rule12_reregistering_replies_200_replaces_token_and_labels_and_keeps_draining(client, controller, tmp_path):
     from fuse.controller.store import Store, engine_url
-    open_agent = start_agent(tmp_path, token=None, name="open-agent")  # takes any token
+    port = free_port()
+    open_agent = start_agent(tmp_path, token="first-token", name="tok-agent", port=port)
     try:
         body = {"id": "h1", "url": open_agent.url, "token": "first-token", "labels": {"rack": "r1", "tier": "gold"},
                 "capacity": {"vm_count": 2}}
@@ -466,6 +467,8 @@ def test_rule12_reregistering_replies_200_replaces_token_and_labels_and_keeps_dr
         client.hosts.drain("h1")
         assert client.hosts.get("h1").state == "draining"
 
+        open_agent.stop()  # the agent's token changes: the same agent (its state) on the same port
+        open_agent = start_agent(tmp_path, token="second-token", name="tok-agent", port=port)
         r = client._http.post("/v1/hosts", json={**body, "token": "second-token", "labels": {"rack": "r2"}})
         assert r.status_code == 200, r.text
         assert r.json()["labels"] == {"rack": "r2"} and r.json()["state"] == "draining"

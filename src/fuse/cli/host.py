@@ -47,8 +47,9 @@ def serve(
         if not (tls_cert and tls_key and tls_ca):
             raise typer.BadParameter("--tls-cert, --tls-key and --tls-ca go together")
         ssl_opts = tls_server_options(str(tls_cert), str(tls_key), str(tls_ca))
-    elif listen and not token:
-        typer.echo("warning: serving TCP without --token: anyone who reaches it can use it", err=True)
+    elif listen and not token:  # (as the controller's: no open TCP listener)
+        raise typer.BadParameter("--listen needs --token (or mutual TLS: --tls-cert, --tls-key, --tls-ca): "
+                                 "the TCP listener requires it on every route")
     from ..agent.backends.base import become_subreaper
     become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
