@@ -108,3 +108,13 @@ async def test_a_relay_that_fails_silently_after_a_notice_reports_its_exit_statu
                    "(exit 3) without saying why"), msg
     assert took < 10
 
+
+
+def test_a_mutual_tls_address_without_the_controllers_certificate_says_nothing_was_sent():
+    # a create reads maybe_sent to know whether the host may still create the VM: this
+    # refusal sends nothing, so the create may try another host (it held the host 600 s)
+    from fuse.transport import NotTrusted
+
+    with pytest.raises(NotTrusted) as info:
+        HostConnection("127.0.0.1:9", token="t", tls=None)
+    assert info.value.maybe_sent is False and "no certificate" in info.value.message

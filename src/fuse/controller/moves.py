@@ -302,6 +302,8 @@ class MoveService:
             if not (row["record"] or {}).get("cleanup_pending") or (to is not None and row["target"] != to):
                 continue
             target = row["target"]
+            if target in left:
+                continue  # (a host that did not clear one copy is not waited on again for the next)
             view = self.fleet.views.get(target)
             try:
                 if view is None or not view.connected:

@@ -188,38 +188,46 @@ class VmService:
                     among = self._among(on)
                 continue
             tried.add(host)
+            held = True  # the reservation and the name, until given back (an error of any kind gives them back)
             try:
-                resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
-            except HostUnreachable as exc:
+                try:
+                    resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
+                except HostUnreachable as exc:
+                    self._release(host, ask, name)
+                    held = False
+                    if getattr(exc, "maybe_sent", True):
+                        # the request may have reached the host, which may still carry it out: a try on
+                        # another host could leave the VM in two places (a host that got it late
+                        # created it after a fleet_full reply). The VM list shows it if it lands; until
+                        # the host says, it stays tied as while the create waited (no await between the
+                        # release above and this, so a deregister never slips in between).
+                        self._unanswered_create(host, name, ask)
+                        raise HostUnreachable(
+                            f"host {host} did not answer the create of vm {name} ({exc.message}); it may still "
+                            "create it (the VM list shows it once the host answers), so no other host was tried",
+                            details={"host": host, "vm": name}) from None
+                    reasons[host] = exc.message  # (never sent: the connection failed)
+                    continue
+                if resp.status_code == 201:
+                    vm = resp.json()
+                    self._record(host, vm)
+                    self._release(host, ask, name)
+                    held = False
+                    self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
+                                                    "mem_mib": ask.mem_mib}, host=host)
+                    self.fleet.changed.set()
+                    return vm | {"host": host}
                 self._release(host, ask, name)
-                if getattr(exc, "maybe_sent", True):
-                    # the request may have reached the host, which may still carry it out: a try on
-                    # another host could leave the VM in two places (a host that got it late
-                    # created it after a fleet_full reply). The VM list shows it if it lands; until
-                    # the host says, it stays tied as while the create waited (no await between the
-                    # release above and this, so a deregister never slips in between).
-                    self._unanswered_create(host, name, ask)
-                    raise HostUnreachable(
-                        f"host {host} did not answer the create of vm {name} ({exc.message}); it may still "
-                        "create it (the VM list shows it once the host answers), so no other host was tried",
-                        details={"host": host, "vm": name}) from None
-                reasons[host] = exc.message  # (never sent: the connection failed)
-                continue
-            if resp.status_code == 201:
-                vm = resp.json()
-                self._record(host, vm)
-                self._release(host, ask, name)
-                self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib},
-                                     host=host)
-                self.fleet.changed.set()
-                return vm | {"host": host}
-            self._release(host, ask, name)
-            err = host_error(resp, host)
-            if err.code == "vm_exists":
-                raise VmExists(f"a vm named {name} already exists on host {host}")
-            if resp.status_code == 400:
-                raise err
-            reasons[host] = err.message.split(": ", 1)[-1]
+                held = False
+                err = host_error(resp, host)
+                if err.code == "vm_exists":
+                    raise VmExists(f"a vm named {name} already exists on host {host}")
+                if resp.status_code == 400:
+                    raise err
+                reasons[host] = err.message.split(": ", 1)[-1]
+            finally:
+                if held:
+                    self._release(host, ask, name)
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
         for d in decisions:
             for h, why in d.reasons.items():

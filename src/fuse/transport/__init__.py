@@ -214,8 +214,10 @@ class HostConnection:
             self._client = httpx.AsyncClient(base_url=addr, headers=headers, timeout=timeout)
         elif self.kind == "tls":
             if tls is None:
-                raise NotTrusted(f"{addr} is a mutual-TLS address but the controller has no "
-                                      "certificate: PUT /v1/controller with cert, key and ca first")
+                err = NotTrusted(f"{addr} is a mutual-TLS address but the controller has no "
+                                 "certificate: PUT /v1/controller with cert, key and ca first")
+                err.maybe_sent = False  # (nothing went out: a create may try another host)
+                raise err
             self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=tls.context(),
                                              headers=headers, timeout=timeout)
         else:
