@@ -313,3 +313,19 @@ def end_fake_vm(agent, name: str, exit_status: int | None) -> None:
         with open(vm_dir / "console.log", "a") as f:
             f.write(f"FUSE-EXIT {exit_status}\n")
     os.kill(int((vm_dir / "fake.pid").read_text().split()[0]), signal.SIGKILL)
+
+
+async def unreachable(conn) -> tuple:
+    """(the ``HostUnreachable`` a ``GET /v1/host`` through ``conn`` raises, the seconds it
+    took); the test fails when it raises none. ``conn`` is closed either way."""
+    import pytest
+
+    from fuse.errors import HostUnreachable
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(HostUnreachable) as info:
+            await conn.request("GET", "/v1/host")
+    finally:
+        await conn.close()
+    return info.value, time.monotonic() - started

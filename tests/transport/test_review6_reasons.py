@@ -6,13 +6,12 @@ the notice sshd wrote first (a login account's missing home directory)."""
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import pytest
 
-from fuse.errors import HostUnreachable
 from fuse.transport import HostConnection, TlsSettings, _describe, parse_address, ssh
+from support import unreachable
 
 NOTICE = "Could not chdir to home directory /nonexistent: No such file or directory"
 
@@ -25,18 +24,13 @@ async def test_a_tls_listener_that_never_shakes_hands_says_so_with_the_real_time
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         addr = f"127.0.0.1:{silent.getsockname()[1]}"
-        conn = HostConnection(addr, tls=TlsSettings(*pki.files(pki.controller, "controller")), timeout=1.0)
-        started = time.monotonic()
-        try:
-            with pytest.raises(HostUnreachable) as info:
-                await conn.request("GET", "/v1/host")
-        finally:
-            await conn.close()
+        err, took = await unreachable(HostConnection(addr, tls=TlsSettings(*pki.files(pki.controller, "controller")),
+                                                     timeout=1.0))
     finally:
         silent.close()
-    assert time.monotonic() - started < 5
-    assert info.value.message == f"{addr} did not complete the TLS handshake within 1 s", info.value.message
-    assert info.value.http_status == 502 and info.value.maybe_sent is False
+    assert took < 5
+    assert err.message == f"{addr} did not complete the TLS handshake within 1 s", err.message
+    assert err.http_status == 502 and err.maybe_sent is False
 
 
 def _fail(kind: type[Exception]) -> Exception:
@@ -83,14 +77,8 @@ async def ssh_env(sshd, monkeypatch):
 
 
 async def relay_reason(addr: str) -> tuple[str, float]:
-    conn = HostConnection(addr, timeout=10)
-    started = time.monotonic()
-    try:
-        with pytest.raises(HostUnreachable) as info:
-            await conn.request("GET", "/v1/host")
-    finally:
-        await conn.close()
-    return info.value.message, time.monotonic() - started
+    err, took = await unreachable(HostConnection(addr, timeout=10))
+    return err.message, took
 
 
 async def test_a_relay_that_fails_after_a_notice_reports_the_failure_not_the_notice(ssh_env, monkeypatch):
