@@ -223,12 +223,16 @@ def test_a_bought_host_runs_kvm_kinds_only_when_its_type_does(ctl, offer_kvm):
 
     offer = Offer(provider="aws", type_name="t3.medium", region="us-east-1", arch="amd64", vcpus=2, mem_mib=3072,
                   kvm=offer_kvm, usd_per_hour=0.0416)
-    ctl.pool.provider = lambda name: SimpleNamespace(offers=lambda: [offer])
+    from fuse.controller.pool.providers.base import Provider
+
+    cloud = SimpleNamespace(name="aws", offers=lambda: [offer])
+    ctl.pool.provider = lambda name: SimpleNamespace(offer=lambda t, r: Provider.offer(cloud, t, r))
     row = {"backend": "qemu"}
     view = SimpleNamespace(summary={"kvm": False})
-    assert ctl._runs_kvm_kinds(row, view, {"provider": "aws", "type_name": "t3.medium"}) is offer_kvm
-    assert ctl._runs_kvm_kinds(row, view, {"provider": "aws", "type_name": "other"}) is False
-    assert ctl._runs_kvm_kinds(row, SimpleNamespace(summary={"kvm": True}), {"provider": "aws", "type_name": "x"})
+    bought = {"provider": "aws", "type_name": "t3.medium", "region": "us-east-1"}
+    assert ctl._runs_kvm_kinds(row, view, bought) is offer_kvm
+    assert ctl._runs_kvm_kinds(row, view, bought | {"type_name": "other"}) is False  # not offered any more
+    assert ctl._runs_kvm_kinds(row, SimpleNamespace(summary={"kvm": True}), bought | {"type_name": "x"})
 
 
 def _where(r) -> dict[str, int]:

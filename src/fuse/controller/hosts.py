@@ -220,9 +220,10 @@ class HostRegistry:
         self._tls = tls        # () -> TlsSettings | None, the controller's current identity
         self._live = live      # host id -> poller's live figures
         # host id -> what creates (and wakes) reserved there while they wait on the host's
-        # answer (VmService.pending_on). In memory, taken and read in the event loop with no
-        # await between the check and the store write, so a deregister and a create's
-        # reservation never interleave (one replica's creates: the ledger is per process).
+        # answer, and creates it did not answer until it says (VmService.placing_on). In
+        # memory, read in the event loop with no await between the check and the store write,
+        # so a deregister and a create's reservation never interleave (one replica's creates:
+        # the ledger is per process).
         self.placing = placing
 
     async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False) -> tuple[Host, bool]:

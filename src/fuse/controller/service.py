@@ -185,11 +185,11 @@ class Controller:
             return True
         if e is None:
             return row.get("backend") == "qemu"
+        from ..errors import FuseError
         try:
-            offers = self.pool.provider(e["provider"]).offers()
-        except Exception:  # (the cloud was unlinked meanwhile: its word is gone)
+            return self.pool.provider(e["provider"]).offer(e["type_name"], e["region"]).kvm
+        except FuseError:  # (the cloud was unlinked, or no longer offers the type: its word is gone)
             return False
-        return any(o.type_name == e["type_name"] and o.kvm for o in offers)
 
     async def register_host(self, req, backend_from_probe: bool = False):
         """Register, then poll the host at once so it is connected (and its

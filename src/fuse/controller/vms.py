@@ -188,19 +188,16 @@ class VmService:
                     among = self._among(on)
                 continue
             tried.add(host)
-            held = True  # the reservation and the name, until given back (an error of any kind gives them back)
-            try:
+            try:  # (the reservation and the name go back on every way out, in the finally)
                 try:
                     resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
                 except HostUnreachable as exc:
-                    self._release(host, ask, name)
-                    held = False
                     if getattr(exc, "maybe_sent", True):
                         # the request may have reached the host, which may still carry it out: a try on
                         # another host could leave the VM in two places (a host that got it late
                         # created it after a fleet_full reply). The VM list shows it if it lands; until
-                        # the host says, it stays tied as while the create waited (no await between the
-                        # release above and this, so a deregister never slips in between).
+                        # the host says, it stays tied as while the create waited (recorded before the
+                        # reservation goes, so a deregister never slips in between).
                         self._unanswered_create(host, name, ask)
                         raise HostUnreachable(
                             f"host {host} did not answer the create of vm {name} ({exc.message}); it may still "
@@ -211,14 +208,10 @@ class VmService:
                 if resp.status_code == 201:
                     vm = resp.json()
                     self._record(host, vm)
-                    self._release(host, ask, name)
-                    held = False
                     self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
                                                     "mem_mib": ask.mem_mib}, host=host)
                     self.fleet.changed.set()
                     return vm | {"host": host}
-                self._release(host, ask, name)
-                held = False
                 err = host_error(resp, host)
                 if err.code == "vm_exists":
                     raise VmExists(f"a vm named {name} already exists on host {host}")
@@ -226,8 +219,7 @@ class VmService:
                     raise err
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
-                if held:
-                    self._release(host, ask, name)
+                self._release(host, ask, name)
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
         for d in decisions:
             for h, why in d.reasons.items():
