@@ -4,6 +4,7 @@ page names its cursor `next_cursor`, as every listing does, and keeps `next`
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -59,18 +60,27 @@ def test_follow_resumes_from_the_page_cursor(pages):
     assert [e["id"] for e in got] == [1, 2] and asked == [0, 1]
 
 
-# a cursor beyond the newest event (one no page gave): the answer hands back the newest
-# id at once, so a client resumes from real ids instead of missing every event until
-# the ids reach its cursor
+# a cursor beyond the newest event (one no page gave): no event is newer, so it waits
+# as issue 4 says, and hands back the newest id, so a client resumes from real ids
+# instead of missing every event until the ids reach its cursor
 @pytest.mark.parametrize("events", [0, 3], ids=["on an empty stream", "past the newest of three events"])
-def test_a_cursor_beyond_the_newest_event_gets_the_newest_id_back_at_once(ctl, events):
+def test_a_cursor_beyond_the_newest_event_waits_then_gets_the_newest_id_back(ctl, events):
     for i in range(events):
         ctl.store.add_event("host_added", {"id": f"h{i}"}, host=f"h{i}")
     newest = ctl.store.last_event_id()
     t0 = time.monotonic()
-    got = page(ctl, since=newest + 1000, wait_s=5)
-    assert time.monotonic() - t0 < 2  # no long poll for ids that do not exist yet
+    got = page(ctl, since=newest + 1000, wait_s=1)
+    assert 0.9 < time.monotonic() - t0 < 5  # a long poll: nothing newer came
     assert got == {"events": [], "next_cursor": newest, "next": newest}
+
+
+def test_a_cursor_beyond_the_newest_event_gets_an_event_that_comes_while_it_waits(ctl):
+    ctl.store.add_event("host_added", {"id": "h0"}, host="h0")
+    threading.Timer(0.5, lambda: ctl.store.add_event("host_added", {"id": "h1"}, host="h1")).start()
+    t0 = time.monotonic()
+    got = page(ctl, since=10_000, wait_s=10)
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert [e["host"] for e in got["events"]] == ["h1"] and got["next_cursor"] == got["events"][0]["id"]
 
 
 def test_resuming_from_the_cursor_handed_back_misses_nothing(ctl):

@@ -2,8 +2,9 @@
 the controller's own (host_added, host_removed, host_connected,
 host_disconnected, placed, moves), under one cursor — the store's event id.
 A page is ``{"events": [...], "next_cursor": id, "next": id}``: pass either
-as the next ``since``. A ``since`` beyond the newest event gets the newest
-id back at once.
+as the next ``since``. A ``since`` beyond the newest event (one no page gave:
+another store's, or made up) is read as the newest: the poll waits as any
+other for events after it, and the cursor handed back is a real one.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ class EventService:
         store = self.ctl.store
         newest = store.last_event_id()
         if since > newest:
-            # A cursor no page ever gave (another store's, or made up): waiting
-            # for ids to reach it would skip every event until then. Answer at
-            # once with the newest id, so the client resumes from real ones.
-            return {"events": [], "next_cursor": newest, "next": newest}
+            # A cursor no page ever gave: waiting for ids to reach it would skip
+            # every event until then. Wait from the newest instead (issue 4: no
+            # newer events, so it waits), and hand back a real cursor either way.
+            since = newest
         while True:
             rows = store.events_after(since, limit)
             if rows or time.monotonic() >= deadline:
