@@ -608,6 +608,9 @@ class ElasticPool:
             except FuseError:
                 pass
             self._transition(name, "gone", "the cloud ended the machine")
+            prewarm = getattr(self.ctl, "prewarm", None)
+            if prewarm is not None:  # its standby VMs went with it: their prewarms place them again
+                await prewarm.release_host(name, gone=True)
             return
         view = self.ctl.fleet.views.get(name) if self.ctl.fleet else None
         if state == "booting":

@@ -12,6 +12,14 @@ it (``POST /v1/host/vms/{name}/claim``: the agent renames it and hands the
 guest its entry), and the pool refills the prewarm in the background while
 the budget's ``warm`` switch is on. Standby VMs are named ``<prewarm id>-<n>``;
 a prewarm ends at its TTL or when removed, and its standby VMs go with it.
+
+Only a standby VM on a host that answers counts as ready (and is claimed): one
+on a host that stopped answering may be there again in a moment, so its
+placement stays and waits (nothing is bought for a blip). A host that will not
+come back — removed, its TTL ended, its machine ended by the cloud, or no longer
+registered — is *lost*: its standby VMs go (forgotten, when its machine went
+with them) and its placements are dropped, and the refill places the VMs again
+through the prewarm's own solve, as it does when a claim leaves a host full.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from sqlalchemy import delete, insert, select, update
 
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
-from ..store import prewarms as prewarms_t
+from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
 from .elastic import BudgetExceeded
 from .request import kind_of_image, learned_shape, history_from_vms
@@ -67,11 +75,31 @@ class PrewarmService:
         return [v for v in self.store.list_vms()
                 if v["name"].startswith(pw_id + "-") and (v["record"] or {}).get("standby")]
 
+    def _save(self, rec: dict[str, Any]) -> None:
+        with self.store.tx() as c:
+            c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
+
+    # ---- the hosts' say ----------------------------------------------------------
+    def _lost(self, host: str) -> bool:
+        """``host`` will not come back: a machine the pool bought that is gone, or else a
+        host no longer registered. A machine still booting (not registered yet) and a
+        host that stopped answering (it may answer again) are not lost."""
+        row = self.ctl.pool.row(host)
+        if row is not None:
+            return row["state"] == "gone"
+        return self.store.get_host(host) is None
+
+    def _answers(self, host: str) -> bool:
+        """Its standby VMs are there to claim: the host answers, and is not lost
+        (the cloud may end a machine before its agent's last poll fails)."""
+        view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
+        return view is not None and view.connected and not self._lost(host)
+
     def view(self, rec: dict[str, Any]) -> Prewarm:
         vms = self._standby(rec["id"])
         placements = []
         for host, want in rec["placements"].items():
-            on = [v for v in vms if v["host"] == host]
+            on = [v for v in vms if v["host"] == host] if self._answers(host) else []
             placements.append(PrewarmPlacement(host=host, machine=self._machine(host), count=want,
                                                ready=sum(_ready(v) for v in on)))
         return Prewarm(id=rec["id"], image=rec["image"], kind=rec["kind"], cpus=rec["cpus"],
@@ -220,24 +248,68 @@ class PrewarmService:
                 if now >= rec["expires_at"]:
                     await self.remove(rec["id"], reason="its TTL ended")
                     continue
-                have = self._standby(rec["id"])
+                rec = self._drop_lost(rec)
                 initial = rec.get("next", 1) - 1 < rec["count"]  # never filled yet: warm or not
                 if not (warm or initial):
                     continue
+                if (missing := rec["count"] - sum(rec["placements"].values())) > 0:
+                    # VMs a lost host held: all at once where they fit together, else one
+                    # (a budget with room for one more machine keeps some ready)
+                    placed = await self._place_again(rec, missing, say=missing == 1)
+                    if placed is None and missing > 1:
+                        placed = await self._place_again(rec, 1)
+                    if placed is not None and placed[0] is None:
+                        continue  # it ended meanwhile
+                    rec = placed[0] if placed is not None else rec
+                have = self._standby(rec["id"])
                 for host, want in list(rec["placements"].items()):
                     short = want - sum(v["host"] == host for v in have)
                     for _ in range(max(0, short)):
                         if not await self._create_one(rec, host):
                             break
 
+    def _drop_lost(self, rec: dict) -> dict:
+        """``rec`` with no placement on a lost host (stored so): the VMs it held are
+        missing now, for the refill to place again; what the store still lists of
+        them on a machine that is gone is forgotten."""
+        lost = [h for h in rec["placements"] if self._lost(h)]
+        if not lost:
+            return rec
+        rec = self._get(rec["id"]) or rec  # (as stored now: a claim's refill may have moved one)
+        for host in lost:
+            self._forget(host, rec["id"])
+            if rec["placements"].pop(host, 0):
+                log.warning("prewarm %s: host %s will not come back: its VMs are placed again", rec["id"], host)
+        self._save(rec)
+        return rec
+
+    def _forget(self, host: str, pw_id: str | None = None) -> None:
+        """Drop the store's rows of the standby VMs on ``host``, a machine that is gone
+        (they went with it), of prewarm ``pw_id`` or of any."""
+        gone = [v["name"] for v in self.store.vms_on(host) if (v["record"] or {}).get("standby")
+                and (pw_id is None or v["name"].startswith(pw_id + "-"))]
+        with self.store.tx() as c:
+            for name in gone:
+                c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
+                self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host, conn=c)
+
+    def _take_number(self, pw_id: str) -> int | None:
+        """The next standby VM's number in prewarm ``pw_id`` (taken: stored at once), None once it ended."""
+        rec = self._get(pw_id)
+        if rec is None:
+            return None
+        n = rec.get("next", 1)
+        self._save(rec | {"next": n + 1})
+        return n
+
     async def _create_one(self, rec: dict, host: str) -> bool:
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
         if view is None or not view.connected:
-            return False  # a machine still joining: the next pass
-        n = rec.get("next", 1)
+            return False  # a machine still joining, or a host away for a moment: the next pass
+        n = self._take_number(rec["id"])
+        if n is None:
+            return False
         rec["next"] = n + 1
-        with self.store.tx() as c:
-            c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
         body = {"name": f"{rec['id']}-{n}", "standby": True, "bundle": rec["image"],
                 "shape": {"vcpus": rec["cpus"], "mem_mib": rec["memory_mb"]}}
         try:
@@ -248,41 +320,55 @@ class PrewarmService:
                 log.warning("prewarm %s on %s: %s", rec["id"], host, exc.message)
                 return False
         # a claim left its VM running where the standby one was: the refill goes where
-        # the same solve as the prewarm's puts it (buying under the budget and pins when
-        # no host has room), and the placement follows it
-        opts = PrewarmOptions(on=rec["on"], instance_type=rec.get("instance_type"), region=rec.get("region"))
-        try:
-            where, bought = await self._place(rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"],
-                                              1, max(1, int(rec["expires_at"] - time.time())), opts)
-        except FuseError as exc:
-            if self._no_room.get(rec["id"]) != exc.message:  # (every pass retries: said once)
-                log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
-            self._no_room[rec["id"]] = exc.message
+        # the same solve as the prewarm's puts it, and the placement follows it
+        placed = await self._place_again(rec, 1, off=host)
+        if placed is None or placed[0] is None:
             return False
-        self._no_room.pop(rec["id"], None)
-        (to,) = where
-        pw_id = rec["id"]
-        rec = self._get(pw_id)
-        if rec is None:  # ended meanwhile: what was bought for it goes as it would have
-            for name in bought:
-                with contextlib.suppress(FuseError):
-                    await self.ctl.pool.remove(name, f"its prewarm {pw_id} ended")
-            return False
-        moved = dict(rec["placements"])
-        moved[host] = moved.get(host, 0) - 1
-        moved[to] = moved.get(to, 0) + 1
-        rec["placements"] = {h: c for h, c in moved.items() if c > 0}
-        rec["new_hosts"] = list(rec["new_hosts"]) + list(bought)
-        with self.store.tx() as c:
-            c.execute(update(prewarms_t).where(prewarms_t.c.id == rec["id"]).values(record=rec))
+        rec, where, bought = placed
         if bought:
             return False  # a machine joining: the next pass creates the VM there
+        (to,) = where
         try:
             await self.ctl.vms.create(body | {"host": to})
         except FuseError as exc:
             log.warning("prewarm %s on %s: %s", rec["id"], to, exc.message)
             return False
         return not await self._unless_removed(rec["id"], body["name"], to)
+
+    async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True
+                           ) -> tuple[dict | None, dict[str, int], list[str]] | None:
+        """Place ``n`` VMs of prewarm ``rec`` where its own solve puts them (buying under
+        the budget and pins when no host has room), taking them off host ``off`` (None:
+        VMs no placement holds, their host lost). The record as stored then, where the
+        VMs go and the machines bought; None when there is no room (``say``: logged,
+        once for the same reason, as every pass retries), the record None when the
+        prewarm ended meanwhile."""
+        opts = PrewarmOptions(on=rec["on"], instance_type=rec.get("instance_type"), region=rec.get("region"))
+        try:
+            where, bought = await self._place(rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"],
+                                              n, max(1, int(rec["expires_at"] - time.time())), opts)
+        except FuseError as exc:
+            if say and self._no_room.get(rec["id"]) != exc.message:
+                log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
+                self._no_room[rec["id"]] = exc.message
+            return None
+        self._no_room.pop(rec["id"], None)
+        pw_id = rec["id"]
+        rec = self._get(pw_id)
+        if rec is None:  # ended meanwhile: what was bought for it goes as it would have
+            for name in bought:
+                with contextlib.suppress(FuseError):
+                    await self.ctl.pool.remove(name, f"its prewarm {pw_id} ended")
+            return None, where, bought
+        moved = dict(rec["placements"])
+        if off is not None:
+            moved[off] = moved.get(off, 0) - n
+        for to, k in where.items():
+            moved[to] = moved.get(to, 0) + k
+        rec["placements"] = {h: c for h, c in moved.items() if c > 0}
+        rec["new_hosts"] = list(rec["new_hosts"]) + list(bought)
+        self._save(rec)
+        return rec, where, bought
 
     async def _unless_removed(self, pw_id: str, name: str, host: str) -> bool:
         """A standby VM whose prewarm ended while it booted goes at once (True)."""
@@ -298,13 +384,15 @@ class PrewarmService:
     def candidates(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None) -> list[dict]:
         """Standby VMs of a live prewarm with this shape (controller store rows), ready ones first."""
         live = {r["id"] for r in self._records() if r["expires_at"] > time.time()}
+        answers: dict[str, bool] = {}  # (a host away or lost would leave the create waiting on it)
         out = []
         for v in self.store.list_vms():
             rec = v["record"] or {}
             pw = v["name"].rsplit("-", 1)[0]
             if (rec.get("standby") and v["state"] == "running" and pw in live and v["vcpus"] == vcpus
                     and v["mem_mib"] == mem_mib and rec.get("bundle", "linux") == bundle
-                    and (among is None or v["host"] in among)):
+                    and (among is None or v["host"] in among)
+                    and answers.setdefault(v["host"], self._answers(v["host"]))):
                 out.append(v)
         return sorted(out, key=lambda v: not _ready(v))  # a booting one makes its claim wait for the boot
 
@@ -330,11 +418,22 @@ class PrewarmService:
                 pass  # it runs other VMs now (or is gone): scale-in decides
         return True
 
-    async def release_host(self, host: str) -> None:
-        """Before ``host`` goes: its standby VMs go (their prewarms refill elsewhere)."""
+    async def release_host(self, host: str, gone: bool = False) -> None:
+        """Before ``host`` goes (removed, its TTL ended), or once its machine is ``gone``
+        (the cloud ended it): its standby VMs go — forgotten when the machine went with
+        them, there being nobody to ask — and no prewarm keeps a placement there: the
+        next refill places those VMs again through the prewarm's solve."""
+        if gone:
+            self._forget(host)
         for v in self.store.vms_on(host):
             if (v["record"] or {}).get("standby"):
                 try:
                     await self.ctl.vms.delete(v["name"], host)
                 except FuseError:
                     pass
+        for rec in self._records():
+            if host in rec["placements"]:
+                rec["placements"].pop(host)
+                self._save(rec)
+                log.warning("prewarm %s: host %s goes: its VMs are placed again", rec["id"], host)
+        self.ctl.pool.wake()  # (its pass refills them)
