@@ -4,8 +4,10 @@ VMs and they are adopted, not lost or orphaned."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -162,8 +164,6 @@ async def test_an_orphan_killed_on_start_is_metered_no_longer(tmp_path, bundle_d
 def test_the_agent_reaps_its_vms_qemu_at_once(tmp_path, bundle_dir):
     # QEMU daemonizes; `fuse host serve` is its subreaper, so a deleted or finished
     # VM leaves no zombie for init to collect (ps would still list it a while)
-    from pathlib import Path
-
     install_bundle(bundle_dir, tmp_path / "agent")
     agent = start_agent(tmp_path)
     try:
@@ -182,3 +182,87 @@ def test_the_agent_reaps_its_vms_qemu_at_once(tmp_path, bundle_dir):
             c.delete("/v1/host/vms/done")
     finally:
         agent.stop()
+
+
+# Busy for some seconds under TCG, then done: it outlives the agent killed meanwhile.
+BURN = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 0"
+
+
+def test_cpu_seconds_once_reported_survive_a_crash_and_the_vm_ending_meanwhile(tmp_path, bundle_dir):
+    # Its QEMU ends while no agent runs: /proc has nothing left to read, so the CPU
+    # seconds are what the last agent put on disk -- at least what it reported
+    install_bundle(bundle_dir, tmp_path / "agent")
+    agent = start_agent(tmp_path)
+    auth = {"Authorization": f"Bearer {agent.token}"}
+    vm_dir = agent.state_dir / "vms" / "burn"
+
+    def row(c: httpx.Client) -> dict:
+        return next((r for r in c.get("/v1/host/usage").json()["vms"] if r["vm"] == "burn"), {})
+
+    try:
+        with httpx.Client(base_url=agent.url, headers=auth, timeout=30) as c:
+            r = c.post("/v1/host/vms", json={"name": "burn", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": BURN})
+            assert r.status_code == 201, r.text
+            pid = r.json()["pid"]
+            reported = wait_until(lambda: row(c).get("cpu_seconds", 0) >= 1.0 and row(c), timeout=60,
+                                  what="a second of CPU")
+        agent.stop(signal.SIGKILL)
+        assert qemu_pids(str(vm_dir)), "the vm ended before the agent died: nothing tested"
+        # gone from /proc altogether: collected, not a zombie whose CPU figures can still be read
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=120, what="the vm ending while no agent runs")
+
+        agent = start_agent(tmp_path)
+        with httpx.Client(base_url=agent.url, headers=auth, timeout=30) as c:
+            vm = c.get("/v1/host/vms/burn").json()
+            assert (vm["state"], vm["exit_status"]) == ("exited", 0)
+            after = row(c)
+            for figure in ("cpu_seconds", "wall_seconds", "mem_mib_seconds"):
+                assert after[figure] >= reported[figure], (figure, reported, after)
+            assert c.delete("/v1/host/vms/burn").status_code == 204
+    finally:
+        agent.stop()
+
+
+async def test_a_vm_the_agent_died_booting_is_metered_from_its_process_start(tmp_path, bundle_dir):
+    # The agent dies after QEMU started but before create opened the VM's segment:
+    # the next agent adopts the VM and meters it from its process's start, not from then
+    state = tmp_path / "host"
+    install_bundle(bundle_dir, state)
+    first = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await first.start()
+    real_start = first.backend.start
+    booted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def start_then_die(spec):
+        booted.set_result(await real_start(spec))
+        await asyncio.Event().wait()  # the agent is gone from here on
+
+    first.backend.start = start_then_die
+    create = asyncio.create_task(first.create(CreateVmRequest.model_validate(
+        {"name": "mid", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600"})))
+    second = None
+    try:
+        pid = await asyncio.wait_for(booted, 60)
+        started = time.time()
+        await asyncio.sleep(2)  # unmetered by the first agent
+        for task in (create, first._monitor):  # what its crash leaves: nothing more written
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        first.events.close()
+        assert first.get("mid").state == "creating" and first.metering._open_segment("mid") is None
+
+        second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+        await second.start()
+        assert (second.get("mid").state, second.get("mid").pid) == ("running", pid)
+        seg = second.metering._open_segment("mid")
+        assert seg["start"] <= started
+        (row,) = second.metering.usage()["vms"]
+        assert row["wall_seconds"] >= 2 and row["mem_mib_seconds"] == 128 * row["wall_seconds"]
+    finally:
+        if second is not None:
+            await second.delete("mid")
+            await second.close()
+        else:  # (no_qemu_left kills what it left)
+            for task in (create, first._monitor):
+                task.cancel()

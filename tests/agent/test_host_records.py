@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
+import subprocess
+import sys
+import time
 from datetime import datetime, timezone
+from decimal import Decimal
 
 import pytest
 
@@ -164,3 +170,73 @@ async def test_usage_over_http_refuses_a_window_ending_before_it_starts(make_hos
     host = await make_host(bundle=False)
     r = await host.client.get("/v1/host/usage", params=params)
     assert r.status_code == 400 and r.json()["error"] == {"code": "invalid_argument", "message": why}
+
+
+async def test_a_since_beyond_the_newest_event_is_read_as_the_newest(make_host):
+    # as the controller's merged stream reads it: the cursor handed back is a real
+    # one, and the long poll waits for what comes after the newest, like any other
+    host = await make_host(bundle=False)
+    for _ in range(3):
+        host.vms.events.emit("tick")
+    r = await host.client.get("/v1/host/events", params={"since": 10})
+    assert r.json() == {"events": [], "next": 3, "last_id": 3}
+
+    poll = asyncio.create_task(host.client.get("/v1/host/events", params={"since": 10, "wait_s": 10}))
+    await asyncio.sleep(0.3)
+    assert not poll.done()
+    host.vms.events.emit("tock")  # id 4: newer than the newest, older than since
+    body = (await asyncio.wait_for(poll, 5)).json()
+    assert [e["type"] for e in body["events"]] == ["tock"] and body["next"] == body["last_id"] == 4
+
+    t0 = time.monotonic()  # nothing new: it waits its whole wait_s
+    body = (await host.client.get("/v1/host/events", params={"since": 99, "wait_s": 0.5})).json()
+    assert time.monotonic() - t0 >= 0.5 and body == {"events": [], "next": 4, "last_id": 4}
+
+
+async def test_usage_over_http_is_exact_for_two_16_gib_vms_held_a_month(make_host):
+    # 17 significant digits: more than a float holds. The body's numbers are exact, every
+    # total is the sum of its rows, and a row's MiB·s is its MiB × its wall seconds.
+    host = await make_host(bundle=False)
+    t0, m = 1_700_000_000.0, host.vms.metering
+    for vm, held in (("a", 2_592_000.1234567), ("b", 2_592_000.7654321)):
+        m.start(vm, 16384, None, now=t0)
+        m.segments[-1]["cpu_s"] = held / 3
+        m.stop(vm, now=t0 + held)
+    r = await host.client.get("/v1/host/usage", params={"from": "0", "to": str(int(t0) + 3_000_000)})
+    body = json.loads(r.content, parse_float=Decimal)
+    rows = body["vms"]
+    assert [row["vm"] for row in rows] == ["a", "b"]
+    for figure in ("cpu_seconds", "mem_mib_seconds", "wall_seconds", "state_bytes_written"):
+        assert body["totals"][figure] == sum(row[figure] for row in rows), figure
+    assert [row["wall_seconds"] for row in rows] == [Decimal("2592000.123457"), Decimal("2592000.765432")]
+    assert all(row["mem_mib_seconds"] == 16384 * row["wall_seconds"] for row in rows)
+    assert body["totals"]["mem_mib_seconds"] == Decimal("84934670563.557376")
+
+
+def test_a_cpu_reading_is_on_disk_within_a_second_and_before_it_is_reported(tmp_path):
+    # An agent crash loses at most PERSIST_S of CPU readings, and never one it reported
+    # (the file is written at most once a second for them, not at every reading)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    path = tmp_path / "metering.json"
+    try:
+        m = Metering(path)
+        m.start("v", 64, busy.pid)
+        writes, real_save = [], m.save
+        m.save = lambda: (writes.append(1), real_save())
+        until = time.monotonic() + 2.5
+        while time.monotonic() < until:
+            m.sample("v")
+            time.sleep(0.01)
+        assert 2 <= len(writes) <= 3
+        assert Metering(path).segments[-1]["cpu_s"] > 0
+
+        reported = m.usage()["vms"][0]["cpu_seconds"]
+        busy.kill()  # its process gone, what a restarted agent reports is what is on disk
+        busy.wait()
+        assert Metering(path).usage()["vms"][0]["cpu_seconds"] >= reported > 0
+        seen = m.segments[-1]["seen"]
+        m.stop("v", now=m.segments[-1]["start"])  # an end read before it was last seen alive
+        assert Metering(path).segments[-1]["end"] >= seen
+    finally:
+        busy.kill()
+        busy.wait()

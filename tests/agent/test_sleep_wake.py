@@ -4,8 +4,9 @@ incoming side of the host API, 4 MiB at a time."""
 from __future__ import annotations
 
 import asyncio
-import os
 import hashlib
+import os
+import signal
 
 import pytest
 
@@ -219,3 +220,94 @@ async def test_no_launch_leaves_a_zombie_under_an_agent_that_reaps_its_orphans(m
         assert _qemu_zombies() == []
     finally:
         ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off again
+
+
+async def test_sleeping_a_vm_whose_guest_just_exited_is_409_and_records_the_exit(make_host, monkeypatch):
+    # The guest ended before the monitor looked (here it does not look at all): the
+    # sleep finds no process, records the end as the monitor would, and refuses as it
+    # refuses any ended VM, instead of a 500
+    from fuse.agent import vms as vms_mod
+
+    monkeypatch.setattr(vms_mod, "MONITOR_INTERVAL", 3600.0)
+    host = await make_host()
+    r = await host.client.post("/v1/host/vms", json={"name": "done", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                     "entry": "echo bye; exit 0"})
+    assert r.status_code == 201, r.text
+    deadline = asyncio.get_running_loop().time() + 60
+    while qemu_pids(str(host.vms.vm_dir("done"))):
+        assert asyncio.get_running_loop().time() < deadline, "the guest never powered off"
+        await asyncio.sleep(0.05)
+    assert host.vms.get("done").state == "running"  # not noticed yet
+
+    r = await host.client.post("/v1/host/vms/done/sleep")
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "conflict"), r.text
+    assert "is exited" in r.json()["error"]["message"]
+    vm = (await host.client.get("/v1/host/vms/done")).json()
+    assert (vm["state"], vm["exit_status"], vm["pid"]) == ("exited", 0, None)
+    assert [e["to"] for e in host.vms.events.list() if e["type"] == "vm_state"] == ["creating", "running", "exited"]
+    assert host.vms.metering._open_segment("done") is None  # metered to its end, as the monitor would
+    r = await host.client.post("/v1/host/vms/done/sleep")
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "conflict")
+
+
+async def test_a_guest_gone_in_the_middle_of_the_sleeps_qmp_exchange_is_409_not_500(make_host, monkeypatch):
+    # QEMU ends while the sleep talks QMP to it (what a guest powering off at that moment
+    # does): qemu.qmp's own errors (ExecInterruptedError, EOFError) come out as a backend
+    # error, and with no process left the VM is recorded ended and the sleep refused
+    from qemu.qmp import QMPClient
+
+    host = await make_host()
+    await _counting(host, upto=1)
+    pid = host.vms.get("counter").pid
+    real_execute = QMPClient.execute
+
+    async def execute(self, cmd, *args, **kwargs):
+        if cmd == "stop":
+            os.kill(pid, signal.SIGKILL)
+            while qemu_pids(str(host.vms.vm_dir("counter"))):
+                await asyncio.sleep(0.01)
+        return await real_execute(self, cmd, *args, **kwargs)
+
+    monkeypatch.setattr(QMPClient, "execute", execute)
+    r = await asyncio.wait_for(host.client.post("/v1/host/vms/counter/sleep"), 30)
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "conflict"), r.text
+    vm = (await host.client.get("/v1/host/vms/counter")).json()
+    assert vm["state"] == "failed" and "without the guest reporting" in vm["reason"]
+
+
+async def test_a_qmp_session_whose_qemu_dies_raises_a_backend_error(make_host):
+    from fuse.agent.backends.base import BackendError
+    from fuse.agent.backends.qemu import qmp_path, qmp_session
+
+    host = await make_host()
+    await _counting(host, upto=1)
+    pid = host.vms.get("counter").pid
+    with pytest.raises(BackendError, match="QMP"):
+        async with qmp_session(qmp_path(host.vms.vm_dir("counter"))) as qmp:
+            os.kill(pid, signal.SIGKILL)
+            while qemu_pids(str(host.vms.vm_dir("counter"))):
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(qmp.execute("query-status"), 10)
+
+
+async def test_a_state_dir_with_a_comma_in_its_path_boots_sleeps_and_wakes(make_host):
+    # QEMU splits its option strings at commas: the state dir goes in with each doubled
+    host = await make_host("c,d")
+    assert "," in str(host.vms.state_dir)
+    await _counting(host, upto=2)
+    r = await host.client.post("/v1/host/vms/counter/sleep")
+    assert r.status_code == 200 and r.json()["state"] == "sleeping", r.text
+    before = len(counted(await host.console("counter")))
+    assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
+    _continues(await host.wait_console("counter", lambda t: len(counted(t)) >= before + 3), before)
+
+    # Every option string naming a path under it, a standby VM's entry socket included.
+    from dataclasses import replace
+
+    from fuse.agent.backends.base import STANDBY_PLATFORM
+
+    spec = host.vms.spec(host.vms.get("counter"))
+    spec = replace(spec, platform={**spec.platform, **STANDBY_PLATFORM})
+    argv = host.vms.backend.argv(spec)
+    options = [a for a in argv[1:] if "," in a and not a.startswith("/")]
+    assert options and all("c,d" not in a.replace(",,", "") for a in options), options

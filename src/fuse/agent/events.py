@@ -1,6 +1,14 @@
 """The host's event log: every VM transition and host action, with
 increasing ids, persisted as JSON lines so ids keep increasing across agent
-restarts and a controller can resume with ``since``."""
+restarts and a controller can resume with ``since``.
+
+A page (``GET /v1/host/events``) is ``{"events": [...], "next": id,
+"last_id": id}``; pass ``next`` as the next ``since``. As in the
+controller's merged stream (``fuse.controller.events``), a ``since`` beyond
+the newest id (one no page gave: another agent's log, or made up) is read as
+the newest: the poll waits as any other for events after it, and the cursor
+handed back is a real one.
+"""
 
 from __future__ import annotations
 
@@ -73,13 +81,24 @@ class EventLog:
     async def wait(self, since: int, timeout: float) -> None:
         """Return when an event newer than ``since`` exists, or after
         ``timeout`` seconds."""
-        if self.last_id > since or timeout <= 0:
-            return
-        changed = self._changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        except TimeoutError:
-            pass
+        deadline = time.monotonic() + timeout
+        while self.last_id <= since and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
+
+    async def page(self, since: int = 0, limit: int = 100, wait_s: float = 0) -> dict[str, Any]:
+        """Events after ``since`` (waiting up to ``wait_s`` seconds for one
+        when there are none) and the cursor to pass next; see the module doc."""
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
+        if since < 0:
+            raise InvalidArgument("since must be >= 0")
+        since = min(since, self.last_id)  # a cursor from beyond: the newest
+        await self.wait(since, wait_s)
+        items = self.list(since, limit)
+        return {"events": items, "next": items[-1]["id"] if items else since, "last_id": self.last_id}
 
     def close(self) -> None:
         self._file.close()

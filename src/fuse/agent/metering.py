@@ -1,20 +1,37 @@
 """Metering: what each VM used on this host.
 
 A VM's usage is kept as *segments*, one per hypervisor process lifetime (a
-boot, or a wake after a sleep): start, end, memory held and the process's
-CPU seconds (utime + stime from /proc/<pid>/stat). Sleeps add *writes*: bytes
-of state written. A query over [from, to) clips every segment to the window:
+boot, or a wake after a sleep): from the process's start (read from /proc, so
+a VM an agent crash left unmetered is metered from its start once adopted) to
+its end, memory held and the process's CPU seconds (utime + stime from
+/proc/<pid>/stat). Sleeps add *writes*: bytes of state written. A query over
+[from, to) clips every segment to the window:
 
-    wall_seconds    = |segment ∩ window|
-    mem_mib_seconds = mem_mib × wall_seconds
-    cpu_seconds     = segment cpu × wall_seconds / segment length
+    wall_seconds    = |segment ∩ window|, rounded to the microsecond
+    mem_mib_seconds = mem_mib × wall_seconds (of the rounded figure: exact)
+    cpu_seconds     = segment cpu × |segment ∩ window| / segment length,
+                      rounded to the microsecond
                       (the kernel gives a process total, not a time series,
                       so CPU is spread evenly over the segment)
     state_bytes_written = Σ bytes of writes inside the window
 
-Rows are rounded to microseconds first and totals are the exact decimal sums
-of the rows (bytes are integers), so a controller adding hosts together gets
+Rows are the exact decimal sums of their segments' figures and totals the
+exact sums of the rows (bytes are integers). They travel as exact JSON number
+literals (``exact_json``): a float keeps about 16 significant digits, and two
+16 GiB VMs held for a month already need 17, so totals turned into floats
+would not be the sums of the rows. A controller adding hosts together gets
 the same figures a person adding the rows would.
+
+Agent crashes. CPU readings are taken every monitor tick and persisted at
+most ``PERSIST_S`` after they change, and before a usage reply reports them,
+together with the time the process was last seen alive (a segment never ends
+before it): a figure once reported does not go down after a restart. A
+process that ends while the agent is down has left /proc and was not the new
+agent's child, so the CPU seconds it used after its last persisted reading
+cannot be read any more: that reading is at most ``PERSIST_S`` (plus one
+monitor tick) older than the crash, and what the VM used while the agent was
+down is not metered. Its wall seconds and MiB·s are: they run to its end
+(the console's last write when its guest reported an exit).
 """
 
 from __future__ import annotations
@@ -32,6 +49,10 @@ from ..errors import InvalidArgument
 from .backends.base import cpu_seconds
 
 _FIELDS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
+# At most one write of the metering file a second for CPU readings: a crash
+# loses at most this much of them (see the module doc).
+PERSIST_S = 1.0
+_MICROSECOND = Decimal("0.000001")
 
 
 class Metering:
@@ -41,6 +62,8 @@ class Metering:
         self.path = path
         self.segments: list[dict[str, Any]] = []
         self.writes: list[dict[str, Any]] = []
+        self._dirty = False  # a CPU reading not on disk yet
+        self._saved_at = -math.inf  # time.monotonic() of the last save
         if path.exists():
             data = json.loads(path.read_text())
             self.segments, self.writes = data["segments"], data["writes"]
@@ -49,6 +72,7 @@ class Metering:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"segments": self.segments, "writes": self.writes}))
         os.replace(tmp, self.path)
+        self._dirty, self._saved_at = False, time.monotonic()
 
     def _open_segment(self, vm: str) -> dict[str, Any] | None:
         for seg in reversed(self.segments):
@@ -57,26 +81,39 @@ class Metering:
         return None
 
     def start(self, vm: str, mem_mib: int, pid: int | None, now: float | None = None) -> None:
-        """A process for ``vm`` started holding ``mem_mib``."""
+        """A process for ``vm`` started holding ``mem_mib``: its segment starts
+        at ``now``, by default when the process started (the time of this call
+        when /proc cannot say)."""
+        if now is None:
+            now = process_started(pid) or time.time()
         self.stop(vm, now=now)  # never two open segments for one VM
-        self.segments.append({"vm": vm, "start": now or time.time(), "end": None, "mem_mib": mem_mib,
+        self.segments.append({"vm": vm, "start": now, "end": None, "mem_mib": mem_mib,
                               "pid": pid, "cpu_s": 0.0})
         self.save()
 
     def sample(self, vm: str) -> None:
         """Refresh the CPU reading of ``vm``'s live process (the last
-        reading is what remains once the process is gone)."""
+        reading is what remains once the process is gone); a changed reading
+        is persisted at most ``PERSIST_S`` later."""
         seg = self._open_segment(vm)
-        if seg and (cpu := cpu_seconds(seg["pid"])) is not None:
-            seg["cpu_s"] = max(seg["cpu_s"], cpu)
+        if seg is None or (cpu := cpu_seconds(seg["pid"])) is None:
+            return
+        seg["seen"] = time.time()
+        if cpu > seg["cpu_s"]:
+            seg["cpu_s"] = cpu
+            self._dirty = True
+        if self._dirty and time.monotonic() - self._saved_at >= PERSIST_S:
+            self.save()
 
     def stop(self, vm: str, now: float | None = None) -> None:
         """``vm``'s process ended (or is about to: call before killing it,
-        so the final CPU reading is taken)."""
+        so the final CPU reading is taken); at ``now``, but never before it
+        was last seen alive."""
         seg = self._open_segment(vm)
         if seg:
             self.sample(vm)
-            seg["end"] = max(seg["start"], now or time.time())
+            end = time.time() if now is None else now
+            seg["end"] = max(seg["start"], seg.get("seen", seg["start"]), end)
             self.save()
 
     def state_written(self, vm: str, nbytes: int, now: float | None = None) -> None:
@@ -84,7 +121,8 @@ class Metering:
         self.save()
 
     def usage(self, start: float = 0.0, end: float | None = None, now: float | None = None) -> dict[str, Any]:
-        """Per-VM rows and totals for the window [start, end)."""
+        """Per-VM rows and totals for the window [start, end), as exact
+        decimals (serialise with ``exact_json``)."""
         now = now or time.time()
         end = now if end is None else end
         rows: dict[str, dict[str, Decimal | int]] = {}
@@ -93,8 +131,10 @@ class Metering:
             return rows.setdefault(vm, {"cpu_seconds": Decimal(0), "mem_mib_seconds": Decimal(0),
                                         "wall_seconds": Decimal(0), "state_bytes_written": 0})
 
+        live = False
         for seg in self.segments:
             if seg["end"] is None:
+                live = True
                 self.sample(seg["vm"])
             s_end = now if seg["end"] is None else seg["end"]
             overlap = min(end, s_end) - max(start, seg["start"])
@@ -102,9 +142,12 @@ class Metering:
                 continue
             length = max(s_end - seg["start"], 1e-9)
             r = row(seg["vm"])
-            r["wall_seconds"] += _dec(overlap)
-            r["mem_mib_seconds"] += _dec(seg["mem_mib"] * overlap)
+            wall = _dec(overlap)
+            r["wall_seconds"] += wall
+            r["mem_mib_seconds"] += wall * int(seg["mem_mib"])
             r["cpu_seconds"] += _dec(seg["cpu_s"] * min(1.0, overlap / length))
+        if live:
+            self.save()  # what this reply reports is on disk before it is sent
         for w in self.writes:
             if start <= w["time"] < end:
                 row(w["vm"])["state_bytes_written"] += w["bytes"]
@@ -116,16 +159,52 @@ class Metering:
             for f in _FIELDS:
                 totals[f] += r[f]
             totals["state_bytes_written"] += r["state_bytes_written"]
-            out_rows.append({"vm": vm, **_plain(r)})
-        return {"from": start, "to": end, "vms": out_rows, "totals": _plain(totals)}
+            out_rows.append({"vm": vm, **r})
+        return {"from": start, "to": end, "vms": out_rows, "totals": totals}
 
 
 def _dec(x: float) -> Decimal:
-    return Decimal(repr(round(x, 6)))
+    """``x`` rounded to the microsecond, exactly."""
+    return Decimal(repr(x)).quantize(_MICROSECOND)
 
 
-def _plain(r: dict[str, Decimal | int]) -> dict[str, float | int]:
-    return {k: (float(v) if isinstance(v, Decimal) else v) for k, v in r.items()}
+def exact_json(value: Any) -> bytes:
+    """``value`` as JSON, each ``Decimal`` written as the exact number it is
+    (``json`` knows only floats). Read it back exactly with
+    ``json.loads(body, parse_float=Decimal)``."""
+    return _encode(value).encode()
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{value} is no JSON number")
+        text = format(value, "f")
+        if "." in text:
+            text = text.rstrip("0")
+        # (a decimal reads back as one, never as an integer)
+        return text + "0" if text.endswith(".") else text if "." in text else text + ".0"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{_encode(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_encode(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def process_started(pid: int | None) -> float | None:
+    """When process ``pid`` started, unix seconds (None when /proc cannot say).
+    Its start is in clock ticks since boot; the clock it counts on is
+    CLOCK_BOOTTIME, so the difference to now is taken there."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime
+    except (OSError, IndexError, ValueError):
+        return None
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - max(0.0, age)
 
 
 def instant(value: str | None, what: str) -> float | None:

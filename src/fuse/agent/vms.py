@@ -35,7 +35,7 @@ from .backends.base import (MAX_ENTRY_BYTES, STANDBY_MARK, STANDBY_PLATFORM, Bac
                             kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves
-from .metering import Metering
+from .metering import Metering, process_started
 
 # state -> states it may move to, and what moves it there.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -310,7 +310,9 @@ class VmManager:
         process. sleeping -> sleeping is no transition, so sleeping a sleeping
         VM is 409 ``conflict`` -- except for a move (``move_id``): a sleeping
         VM's move starts by marking it this way, and a repeated call for the
-        same move answers as the first did."""
+        same move answers as the first did. A VM whose process ended before
+        the monitor noticed (its guest powered off) is recorded as ended, as
+        the monitor would, and the sleep is 409 as for any ended VM."""
         vm = self.get(name)
         async with self.lock(name):
             if vm.state == "sleeping":
@@ -331,8 +333,16 @@ class VmManager:
             spec = self.spec(vm)
             self.metering.sample(name)
             try:
+                if self.backend.pid(spec) is None:
+                    raise BackendError(f"vm {name} has no running process")
                 names = await self.backend.sleep(spec)
             except BackendError as exc:
+                if self.backend.pid(spec) is None:
+                    # Its guest powered off before the monitor noticed (or during the
+                    # sleep): it ended as the monitor would record it, and an ended VM
+                    # cannot sleep.
+                    self._ended(vm)
+                    raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep") from exc
                 raise FuseError(f"vm {name} could not sleep: {exc}", code="sleep_failed") from exc
             self.metering.stop(name)
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
@@ -451,7 +461,10 @@ class VmManager:
                         self.transition(vm, "running", "adopted after agent restart")
                     self.events.emit("vm_adopted", vm=vm.name, pid=pid)
                     if self.metering._open_segment(vm.name) is None:
-                        self.metering.start(vm.name, vm.shape.mem_mib, pid)
+                        # The agent died before its segment opened (mid-boot): it is
+                        # metered from its process's start all the same.
+                        began = process_started(pid) or vm.created_at.timestamp()
+                        self.metering.start(vm.name, vm.shape.mem_mib, pid, now=began)
                 else:
                     self._ended(vm)
         await self._sweep_orphans()
@@ -502,10 +515,8 @@ class VmManager:
             await probe(b, self.kvm_device)
 
     async def _watch(self) -> None:
-        ticks = 0
         while True:
             await asyncio.sleep(MONITOR_INTERVAL)
-            ticks += 1
             self._unreaped = {pid for pid in self._unreaped if not reap(pid)}
             for vm in list(self.vms.values()):
                 if vm.state != "running" or self.lock(vm.name).locked():
@@ -515,10 +526,9 @@ class VmManager:
                     continue
                 if vm.standby and not vm.ready:
                     self._check_ready(vm)
-                if ticks % 5 == 0:  # (twice a second: a short-lived VM's CPU is read too)
-                    self.metering.sample(vm.name)
-            if ticks % 100 == 0:
-                self.metering.save()
+                # Every tick: the reading an exit leaves is at most a tick old. It is
+                # persisted at most PERSIST_S later (see fuse.agent.metering).
+                self.metering.sample(vm.name)
 
     def _check_ready(self, vm: Vm) -> None:
         """A standby VM is ready once its guest printed the standby mark (the

@@ -10,11 +10,17 @@ through, as `GET /v1/vms` lists it — or, for a VM the store does not know (one
 deleted since, say), under the name asked.
 
 The window is fixed here, once, and every host is asked for that same
-[from, to): the report echoes it as unix seconds, as a host does."""
+[from, to): the report echoes it as unix seconds, as a host does.
+
+Figures stay exact end to end: a host's reply is read with its numbers as
+decimals, summed as decimals, and the route writes them as exact JSON number
+literals (``fuse.agent.metering.exact_json``), so the fleet's totals are the
+sums of the rows the report lists, to the last digit."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -30,8 +36,8 @@ DECIMAL_TOTALS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
 INTEGER_TOTALS = ("state_bytes_written",)
 
 
-def _dec(v: Any) -> Decimal:
-    return Decimal(str(v))
+def _dec(v: Decimal | int) -> Decimal:
+    return v if isinstance(v, Decimal) else Decimal(v)
 
 
 class UsageService:
@@ -58,7 +64,7 @@ class UsageService:
                 raise FuseError(resp.json()["error"]["message"], code="invalid_argument").with_status(400)
             if resp.status_code != 200:
                 return host, None, f"host answered {resp.status_code}"
-            return host, resp.json(), ""
+            return host, json.loads(resp.content, parse_float=Decimal), ""
 
         results = await asyncio.gather(*(one(asked[g[0]]) for g in groups))
         names = {h: g for g in groups for h in g}
@@ -75,14 +81,14 @@ class UsageService:
             for row in data.get("vms", []):
                 vms.append({"host": recorded.get((group[0], row.get("vm")), host), **row})
             for k, v in (data.get("totals") or {}).items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
                     continue
                 if isinstance(v, int) and isinstance(totals.get(k, 0), int):
                     totals[k] = int(totals.get(k, 0)) + v
                 else:
                     totals[k] = _dec(totals.get(k, 0)) + _dec(v)
         return {"from": t0, "to": t1, "vms": vms,
-                "totals": {k: (float(v) if isinstance(v, Decimal) else v) for k, v in sorted(totals.items())},
+                "totals": dict(sorted(totals.items())),
                 "hosts": sorted(h for g in groups for h in g[:1]), "aliases": aliases,
                 "unreachable": sorted(reasons), "unreachable_reasons": reasons}
 

@@ -14,7 +14,11 @@ from .base import Record
 
 class UsageTotals(Record):
     """Sums over the rows, exact (decimal; bytes as integers). Zeros when no
-    host answered."""
+    host answered. Seconds are written as exact JSON number literals, rows
+    and totals alike: read them as decimals (Python: ``json.loads(body,
+    parse_float=Decimal)``) to keep every digit, since a float keeps about 16
+    significant digits. A VM's ``mem_mib_seconds`` is its ``mem_mib`` ×
+    its ``wall_seconds``, exactly."""
 
     cpu_seconds: float = 0.0
     mem_mib_seconds: float = 0.0

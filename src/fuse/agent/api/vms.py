@@ -16,8 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from ...controller.validation import JSON_HINT
 from ...errors import InvalidArgument
 from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
-from ..events import MAX_LIMIT
-from ..metering import window
+from ..metering import exact_json, window
 from ..vms import VmManager
 
 async def json_body(request: Request) -> None:
@@ -149,19 +148,14 @@ async def abort_incoming(request: Request, move_id: str) -> Response:
 
 @router.get("/v1/host/events", summary="Events with id > since, oldest first (long poll with wait_s).")
 async def list_events(request: Request, since: int = 0, limit: int = 100, wait_s: float = 0) -> dict[str, Any]:
-    events = request.app.state.events
-    if not 1 <= limit <= MAX_LIMIT:
-        raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
-    await events.wait(since, min(max(wait_s, 0.0), MAX_WAIT_S))
-    items = events.list(since, limit)
-    return {"events": items, "next": items[-1]["id"] if items else max(since, 0),
-            "last_id": events.last_id}
+    return await request.app.state.events.page(since, limit, min(max(wait_s, 0.0), MAX_WAIT_S))
 
 
 @router.get("/v1/host/usage", summary="Per-VM metering over [from, to) with exact totals.")
 async def get_usage(request: Request, from_: str | None = Query(default=None, alias="from"),
                     to: str | None = None) -> dict[str, Any]:
     start, end = window(from_, to)
-    return _vms(request).metering.usage(start, end)
+    # Exact decimals, which the default JSON rendering would turn into floats.
+    return Response(exact_json(_vms(request).metering.usage(start, end)), media_type="application/json")
 
 

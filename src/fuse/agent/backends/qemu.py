@@ -19,6 +19,13 @@ Facts this relies on are measured in QEMU-NOTES.md:
   when the client hangs up — so ``deliver_entry`` stays connected until the
   guest says it started the entry (both seen on QEMU 7.2 when standby was
   built).
+- QEMU splits an option string (``-chardev file,path=...``) at every comma;
+  a doubled comma is a literal one. Every path or name placed inside one goes
+  through ``_opt``, so a state dir such as ``/srv/a,b`` boots.
+- A guest may power off in the middle of a QMP exchange (its entry ended):
+  qemu.qmp then raises its own errors (``ExecInterruptedError``, ``EOFError``,
+  ...), which ``qmp_session`` turns into ``BackendError`` like every other
+  hypervisor failure.
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qemu.qmp import QMPClient
+from qemu.qmp import QMPClient, QMPError
 
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait,
@@ -68,6 +76,11 @@ def qemu_version() -> str:
     return m.group(1) if m else "unknown"
 
 
+def _opt(value: object) -> str:
+    """``value`` as one value inside a QEMU option string: commas doubled."""
+    return str(value).replace(",", ",,")
+
+
 def _vm_socket(vm_dir: Path, name: str) -> Path:
     """``<vm_dir>/<name>.sock``. Unix socket paths are limited to 108 bytes,
     so a deep state dir gets a short, deterministic path under the temp dir
@@ -90,8 +103,11 @@ def entry_path(vm_dir: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def qmp_session(path: Path, timeout: float = 5.0):
-    """A connected QMP client; retries while QEMU is still creating the socket."""
+async def qmp_session(path: Path, timeout: float = 5.0, alive: Callable[[], bool] | None = None):
+    """A connected QMP client; retries while QEMU is still creating the socket
+    (giving up at once when ``alive()`` says the process is gone). A QMP
+    failure inside the session, a hang-up included, comes out as
+    ``BackendError``."""
     client = QMPClient("fuse-agent")
     deadline = time.monotonic() + timeout
     while True:
@@ -99,11 +115,13 @@ async def qmp_session(path: Path, timeout: float = 5.0):
             await client.connect(str(path))
             break
         except Exception as exc:  # ConnectError wraps OSError; both mean "not yet"
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (alive is not None and not alive()):
                 raise BackendError(f"cannot reach QMP at {path}: {exc}") from exc
             await asyncio.sleep(0.02)
     try:
         yield client
+    except (QMPError, EOFError, OSError) as exc:
+        raise BackendError(f"QMP at {path} failed: {type(exc).__name__}: {exc}") from exc
     finally:
         # disconnect() may raise EOFError after `quit` (QEMU-NOTES pitfalls).
         with contextlib.suppress(Exception):
@@ -205,19 +223,20 @@ class QemuBackend(Backend):
             append += f" tsc_early_khz={spec.platform.get('tsc_khz', self._tsc_khz)}"
         append += " fuse_standby=1" if spec.standby else f" fuse_entry={entry}"
         # Named by its dir, not the VM's name: a claim renames a standby VM.
-        argv = [QEMU, "-name", f"fuse-{spec.vm_dir.name}", "-M", "microvm", "-accel", accel]
+        # Paths inside an option string go through _opt (the module doc: commas).
+        argv = [QEMU, "-name", _opt(f"fuse-{spec.vm_dir.name}"), "-M", "microvm", "-accel", accel]
         if accel == "kvm":
             argv += ["-cpu", "host"]
         argv += ["-m", str(spec.mem_mib), "-smp", str(spec.vcpus), "-nodefaults", "-no-user-config",
                  "-display", "none", "-no-reboot",
                  # append=on: a woken VM's console continues the same log.
-                 "-chardev", f"file,id=ser0,path={spec.console},append=on", "-serial", "chardev:ser0",
+                 "-chardev", f"file,id=ser0,path={_opt(spec.console)},append=on", "-serial", "chardev:ser0",
                  "-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", append]
         if spec.standby:
-            argv += ["-chardev", f"socket,id=entry,path={entry_path(spec.vm_dir)},server=on,wait=off",
+            argv += ["-chardev", f"socket,id=entry,path={_opt(entry_path(spec.vm_dir))},server=on,wait=off",
                      "-device", "isa-serial,chardev=entry,index=1"]
         if daemon:
-            argv += ["-qmp", f"unix:{qmp_path(spec.vm_dir)},server=on,wait=off",
+            argv += ["-qmp", f"unix:{_opt(qmp_path(spec.vm_dir))},server=on,wait=off",
                      "-pidfile", str(spec.vm_dir / "qemu.pid"), "-daemonize"]
         if incoming is not None:
             argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
@@ -277,7 +296,7 @@ class QemuBackend(Backend):
         """Take over a VM a previous agent started. If that agent died in the
         middle of a sleep, the guest is paused (stopped for migration):
         resume it and drop the half-written state, so it runs on."""
-        async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+        async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
             with contextlib.suppress(Exception):
                 await qmp.execute("migrate_cancel")
             status = (await qmp.execute("query-status"))["status"]
@@ -291,20 +310,27 @@ class QemuBackend(Backend):
             raise BackendError(f"vm {spec.name} has no running qemu process")
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         partial = spec.state_dir / (STATE_FILE + ".partial")
-        async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+        async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
             # The default bandwidth cap (~128 MiB/s) would make sleep crawl.
             await qmp.execute("migrate-set-parameters", {"max-bandwidth": 10_000_000_000})
             await qmp.execute("stop")
-            await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(partial))}"})
-            while True:
-                info = await qmp.execute("query-migrate")
-                status = info.get("status")
-                if status == "completed":
-                    break
-                if status in ("failed", "cancelled"):
-                    await qmp.execute("cont")  # the guest carries on as if never asked
-                    raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
-                await asyncio.sleep(0.005)
+            try:
+                await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(partial))}"})
+                while True:
+                    info = await qmp.execute("query-migrate")
+                    status = info.get("status")
+                    if status == "completed":
+                        break
+                    if status in ("failed", "cancelled"):
+                        raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
+                    await asyncio.sleep(0.005)
+            except Exception:
+                # The guest carries on as if never asked (if it is still there).
+                for command in ("migrate_cancel", "cont"):
+                    with contextlib.suppress(Exception):
+                        await qmp.execute(command)
+                partial.unlink(missing_ok=True)
+                raise
             with contextlib.suppress(Exception):
                 await qmp.execute("quit")
         await wait_gone(pid, str(spec.vm_dir))
@@ -318,7 +344,7 @@ class QemuBackend(Backend):
             raise BackendError(f"vm {spec.name} has no state file to wake from")
         pid = await self._launch(spec, incoming=state)
         try:
-            async with qmp_session(qmp_path(spec.vm_dir)) as qmp:
+            async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
                 deadline = time.monotonic() + 120
                 while (status := (await qmp.execute("query-status"))["status"]) == "inmigrate":
                     if time.monotonic() > deadline:

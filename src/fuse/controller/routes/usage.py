@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Request, Response
 
+from ...agent.metering import exact_json
 from ...models.errors import responses
 from ...models.usage import UsageReport
 
@@ -21,5 +21,6 @@ async def get_usage(request: Request,
                     from_: Optional[str] = Query(None, alias="from",
                                                  description="Unix seconds or ISO 8601; default 0."),
                     to: Optional[str] = Query(None, description="Unix seconds or ISO 8601; default now.")
-                    ) -> JSONResponse:
-    return JSONResponse(await request.app.state.ctl.usage.usage(from_, to))
+                    ) -> Response:
+    # Exact decimals, which JSONResponse would not take (see fuse.agent.metering).
+    return Response(exact_json(await request.app.state.ctl.usage.usage(from_, to)), media_type="application/json")
