@@ -59,6 +59,7 @@ from ..errors import Conflict, FuseError, HostUnreachable, InvalidArgument, NotF
 from ..models.moves import MoveRequest
 from .hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from .store import ACTIVE_MOVES, moves as moves_t, vms as vms_t
+from .vms import agent_not_found
 
 log = logging.getLogger("fuse.controller.moves")
 CHUNK = 4 * 1024 * 1024
@@ -122,6 +123,8 @@ async def _pause_point(point: str) -> None:
     where, _, secs = os.environ.get("FUSE_TEST_PAUSE_AT", "").partition(":")
     if where == point:
         await asyncio.sleep(float(secs or 1))
+
+
 
 
 class MoveService:
@@ -401,6 +404,13 @@ class MoveService:
     # ---- the move ------------------------------------------------------------
     async def _host(self, host: str, method: str, path: str, ok=(200, 201, 204), **kw):
         resp = await self.fleet.conn(host).request(method, path, **kw)
+        if resp.status_code == 404 and 404 in ok and not agent_not_found(resp):
+            # a 404 read as "the host holds nothing" must be the agent's own word: a proxy or
+            # gateway in the way (a cut link's traffic can end at one) answering 404 would have
+            # a move roll back while the target's copy runs, or leave its files for good
+            raise HostUnreachable(f"host {host} did not answer {method} {path}: a 404 came back that is "
+                                  "not the host agent's (no fuse error body), so whether it holds the "
+                                  "vm is not known")
         if resp.status_code not in ok:
             from .vms import host_error
             raise host_error(resp, host)

@@ -56,6 +56,16 @@ def host_error(resp, host: str) -> FuseError:
     return e
 
 
+def agent_not_found(resp) -> bool:
+    """Whether a 404 is the host agent saying it holds no such thing: its JSON error
+    body with code ``not_found``, not any 404 something on the way sent."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("code") == "not_found"
+
+
 class VmService:
     def __init__(self, ctl):
         self.ctl = ctl
@@ -368,7 +378,7 @@ class VmService:
                     self.fleet.upsert_vms(host, [resp.json()])
                     log.warning("vm %s landed on %s after its create went unanswered: recorded", name, host)
                     return
-                if resp is not None and resp.status_code == 404:
+                if resp is not None and resp.status_code == 404 and agent_not_found(resp):  # the agent's word
                     absent_at = absent_at or time.monotonic()
                     if time.monotonic() - absent_at >= ABSENT_CONFIRM_SECS:
                         return
