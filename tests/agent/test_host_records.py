@@ -25,7 +25,7 @@ PAIRS = list(itertools.product(TRANSITIONS, TRANSITIONS))
 @pytest.mark.parametrize("before, after", PAIRS, ids=[f"{a} to {b}" for a, b in PAIRS])
 async def test_every_transition_is_allowed_or_refused_by_the_table(tmp_path, before, after):
     mgr = VmManager(tmp_path, "qemu", ram_mb=1024, cpus=1)
-    vm = Vm(name="v", state=before, shape=VmShape(vcpus=1, mem_mib=64), entry="true", bundle="linux",
+    vm = Vm(name="v", state=before, shape=VmShape(vcpus=1, mem_mib=128), entry="true", bundle="linux",
             bundle_fingerprint="f", created_at=datetime.now(timezone.utc))
     mgr.vms["v"] = vm
     if after in TRANSITIONS[before]:
@@ -48,7 +48,7 @@ async def test_sleeping_a_sleeping_vm_or_waking_a_running_one_is_refused_but_a_m
     repeated (a retry, a controller resuming after a crash): they answer as
     the first did."""
     host = await make_host(backend="fake")
-    r = await host.client.post("/v1/host/vms", json={"name": "v", "shape": {"vcpus": 1, "mem_mib": 64},
+    r = await host.client.post("/v1/host/vms", json={"name": "v", "shape": {"vcpus": 1, "mem_mib": 128},
                                                      "entry": "true"})
     assert r.status_code == 201, r.text
 

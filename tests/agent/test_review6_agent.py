@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from support import fake_bundle
 from fuse.agent.app import AgentConfig, create_app
 
-BODY = json.dumps({"name": "vm1", "shape": {"vcpus": 1, "mem_mib": 64}, "entry": "true"})
+BODY = json.dumps({"name": "vm1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "true"})
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ async def test_free_memory_is_what_admission_would_take_on_the_real_machine(make
 
 async def test_a_console_offset_past_the_end_continues_from_the_end(make_host):
     host = await make_host(backend="fake")
-    r = await host.client.post("/v1/host/vms", json={"name": "c", "shape": {"vcpus": 1, "mem_mib": 64},
+    r = await host.client.post("/v1/host/vms", json={"name": "c", "shape": {"vcpus": 1, "mem_mib": 128},
                                                      "entry": "echo hi"})
     assert r.status_code == 201, r.text
     size = (host.vms.vm_dir("c") / "console.log").stat().st_size if (host.vms.vm_dir("c") / "console.log").exists() \

@@ -38,9 +38,9 @@ async def test_an_error_after_the_hosts_answer_gives_back_the_name_and_the_room(
 
     monkeypatch.setattr(ctl.vms, "_record", broken)
     with pytest.raises(RuntimeError):
-        await ctl.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 64}, "entry": "sleep 60"})
+        await ctl.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 60"})
     assert ctl.vms.placing_on("h1").count == 0 and ctl.vms.pending_on("h1").count == 0  # no room held
     assert ctl.vms._naming == {}  # and the name not held: a later create of it is not refused for it
     monkeypatch.setattr(ctl.vms, "_record", record)
-    other = await ctl.vms.create({"name": "other", "shape": {"vcpus": 1, "mem_mib": 64}, "entry": "sleep 60"})
+    other = await ctl.vms.create({"name": "other", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 60"})
     assert other["host"] == "h1"

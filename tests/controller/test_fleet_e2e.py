@@ -108,7 +108,7 @@ def test_200_concurrent_creates_against_room_for_50(fleet):
     async def storm():
         transport = httpx.AsyncHTTPTransport(uds=str(fleet.ctl.socket))
         async with httpx.AsyncClient(transport=transport, base_url="http://c", timeout=120) as c:
-            return await asyncio.gather(*(c.post("/v1/vms", json=shape(mem=64)) for _ in range(200)))
+            return await asyncio.gather(*(c.post("/v1/vms", json=shape(mem=128)) for _ in range(200)))
 
     replies = asyncio.run(storm())
     codes = sorted(r.status_code for r in replies)

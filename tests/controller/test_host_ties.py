@@ -16,7 +16,7 @@ import fuse
 from support import api_error, agent_vms, Proxy, wait_until
 
 
-def vm_body(name, mem=64, **kw):
+def vm_body(name, mem=128, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": mem}, "entry": "count", **kw}
 
 

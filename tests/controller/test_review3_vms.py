@@ -18,7 +18,7 @@ from support import api_error, agent_vms, Proxy, wait_until
 CREATE = b"POST /v1/host/vms "  # a create's request line (a sleep or wake has /<name>/... after vms)
 
 
-def vm_body(name, mem=64, **kw):
+def vm_body(name, mem=128, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": mem}, "entry": "count", **kw}
 
 

@@ -76,7 +76,7 @@ def test_register_place_events_and_usage_over(fleet, transport):
     assert host.capacity.cpus > 0 and host.capacity.ram_mb > 0 and host.agent_id  # probed over this transport
 
     vm_name = f"vm-{hid}"
-    vm = c.vms.create(shape={"vcpus": 1, "mem_mib": 64}, entry="echo hello", name=vm_name, host=hid)
+    vm = c.vms.create(shape={"vcpus": 1, "mem_mib": 128}, entry="echo hello", name=vm_name, host=hid)
     try:
         assert vm["host"] == hid and vm["name"] == vm_name
         assert c.vms.get(vm_name)["host"] == hid
@@ -126,7 +126,7 @@ def test_a_vm_moves_there_and_back_over(fleet, transport):
             id=hid, url=addrs[t], token=AGENT_TOKEN if t == "http with a token" else None,
             capacity=fuse.HostCapacity(vm_count=4)))
     name = f"mover-{away}"
-    c.vms.create(shape={"vcpus": 1, "mem_mib": 64}, entry="echo moving", name=name, host=home)
+    c.vms.create(shape={"vcpus": 1, "mem_mib": 128}, entry="echo moving", name=name, host=home)
     try:
         for to in (away, home):
             move = wait_move(c, c.moves.create(name, to=to)["id"])

@@ -116,7 +116,7 @@ def test_a_frozen_ssh_host_shows_disconnected_in_bounded_time_and_every_reason_q
         # Why, as each surface says it: the event, placement's reasons, usage's reasons.
         events = [e for e in c.events.list(since=since)["events"] if e["type"] == "host_disconnected"]
         with pytest.raises(fuse.ApiError) as info:
-            c.vms.create(shape={"vcpus": 1, "mem_mib": 64}, entry="true")
+            c.vms.create(shape={"vcpus": 1, "mem_mib": 128}, entry="true")
         asked = time.monotonic()
         usage = c.usage()
         usage_took = time.monotonic() - asked

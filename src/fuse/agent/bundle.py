@@ -15,6 +15,18 @@ fixed inode numbers, mtime 0, owner root) and gzipped with mtime 0, so the same
 inputs give the same bytes and the same SHA-256 fingerprint on every host. The
 controller relies on that: a sleeping VM may only move to a host whose bundle
 has the same fingerprint.
+
+Reading a bundle checks it (``load_bundle``): its name follows the VM name
+pattern, its manifest has a fingerprint, a kernel and a ``{file: sha256}``
+map, the fingerprint is the one those hashes give, and each file hashes to
+what the manifest says. A bundle failing any of it is not offered: listings
+skip it (the reason is logged once) and ``get_bundle`` answers None, so one bad
+directory never breaks ``GET /v1/host``, and a VM never boots a kernel that is
+not the one its fingerprint names. Hashes are cached per file by device,
+inode, size and mtime, so the controller's poll every second only stats the
+files; a file is hashed again when it changes. A manifest listing no files
+is a stand-in for a backend that boots nothing (the fake backend): its
+fingerprint is taken as written.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import lzma
 import os
 import re
@@ -37,9 +50,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidArgument
+from ..models.vm import NAME_PATTERN
+
 FORMAT = 1  # bump when the bundle layout or packing changes
+BOOT_FILES = ("vmlinux", "initrd.cpio.gz")  # what a bundle that boots must list
 _XZ_MAGIC = b"\xfd7zXZ\x00"
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a plain name inside the bundle dir
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 Progress = Callable[[str], None]
+log = logging.getLogger("fuse.bundle")
 
 
 @dataclass(frozen=True)
@@ -195,7 +215,10 @@ def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None
                  progress: Progress = print) -> dict[str, Any]:
     """Build (or confirm) bundle ``name`` under ``state_dir/bundles`` and
     return its manifest. A bundle whose recorded inputs match is left alone,
-    so repeated builds are cheap."""
+    so repeated builds are cheap. A name that is not a bundle name (the VM
+    name pattern) is ``InvalidArgument``, before anything is fetched."""
+    if why := name_problem(name):
+        raise InvalidArgument(why)
     cache_dir = cache_dir or state_dir / "cache"
     deb = kernel_deb or fetch_kernel_deb(cache_dir, progress=progress)
     init = guest_init()
@@ -203,7 +226,8 @@ def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None
               "busybox_sha256": sha256_file(busybox), "init_sha256": hashlib.sha256(init).hexdigest()}
     dest = state_dir / "bundles" / name
     existing = _read_manifest(dest)
-    if existing and existing.get("inputs") == inputs and _files_intact(dest, existing):
+    if (isinstance(existing, dict) and existing.get("inputs") == inputs
+            and isinstance(load_bundle(state_dir, name), Bundle)):
         progress(f"bundle {name} is up to date ({existing['fingerprint'][:12]})")
         return existing
 
@@ -242,26 +266,127 @@ def _read_manifest(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _files_intact(path: Path, manifest: dict[str, Any]) -> bool:
-    # Sizes are a cheap check; hashing 60 MB on every start is not worth it.
-    return all((path / f).is_file() for f in manifest.get("files", {}))
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a bundle (it becomes a directory name), or None."""
+    if not re.fullmatch(NAME_PATTERN, name):
+        return (f"{name!r} is not a bundle name: 1-63 characters of a-z, 0-9, '_', '.' and '-', "
+                f"starting with a letter or digit")
+    return None
+
+
+# path -> ((st_dev, st_ino, st_size, st_mtime_ns), sha256)
+_hashes: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def _cached_sha256(path: Path) -> str | None:
+    """The file's SHA-256, or None when it is not a regular file. Hashed
+    again only when its identity, size or mtime changed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key, at = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), os.path.abspath(path)
+    hit = _hashes.get(at)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    digest = sha256_file(path)
+    # The key is from before hashing: a file rewritten meanwhile differs from it
+    # and is hashed again on the next read.
+    _hashes[at] = (key, digest)
+    return digest
+
+
+def _check(path: Path) -> Bundle | str:
+    """The bundle in directory ``path``, or why it cannot be used."""
+    if why := name_problem(path.name):
+        return why
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        return "it has no manifest.json"
+    except OSError as exc:
+        return f"its manifest.json cannot be read ({exc.strerror or exc})"
+    except ValueError:
+        return "its manifest.json is not JSON"
+    if not isinstance(manifest, dict):
+        return "its manifest.json is not a JSON object"
+    fp, kernel, files = manifest.get("fingerprint"), manifest.get("kernel"), manifest.get("files")
+    if not isinstance(fp, str) or not fp:
+        return "its manifest has no fingerprint"
+    if not isinstance(kernel, str):
+        return "its manifest has no kernel"
+    if manifest.get("format", FORMAT) != FORMAT:
+        return f"its manifest is format {manifest['format']!r}; this agent reads format {FORMAT}"
+    if not isinstance(files, dict) or not all(
+            isinstance(f, str) and _FILE_NAME.fullmatch(f) and isinstance(h, str) and _HEX64.fullmatch(h)
+            for f, h in files.items()):
+        return "its manifest's files is not a map of plain file names to SHA-256 hex digests"
+    if files:  # none listed: a stand-in for a backend that boots nothing
+        if missing := [f for f in BOOT_FILES if f not in files]:
+            return f"its manifest lists no {missing[0]}"
+        if fp != fingerprint(files):
+            return "its fingerprint is not the one its files' hashes give"
+        for f, want in sorted(files.items()):
+            got = _cached_sha256(path / f)
+            if got is None:
+                return f"its {f} is missing"
+            if got != want:
+                return f"its {f} does not match the manifest (sha256 {got[:12]}, manifest {want[:12]})"
+    return Bundle(name=path.name, path=path, fingerprint=fp, kernel=kernel)
+
+
+# bundle dir -> the reason last logged for it, so a bad bundle is logged once,
+# not on every poll
+_reported: dict[str, str] = {}
+
+
+def _report(path: Path, result: Bundle | str) -> None:
+    at = os.path.abspath(path)
+    if isinstance(result, Bundle):
+        _reported.pop(at, None)
+    elif _reported.get(at) != result:
+        _reported[at] = result
+        log.warning("bundle %s is not usable and is skipped: %s", path, result)
+
+
+def load_bundle(state_dir: Path, name: str) -> Bundle | str:
+    """The built bundle ``name``, checked against its manifest, or why there
+    is none to use (a value, for error messages)."""
+    if why := name_problem(name):
+        return why
+    path = state_dir / "bundles" / name
+    if not path.is_dir():
+        return f"no bundle named {name} on this host (fuse bundle build --name {name})"
+    result = _check(path)
+    _report(path, result)
+    return result if isinstance(result, Bundle) else f"bundle {name} is not usable: {result}"
 
 
 def get_bundle(state_dir: Path, name: str) -> Bundle | None:
-    """The built bundle ``name``, or None."""
-    path = state_dir / "bundles" / name
-    manifest = _read_manifest(path)
-    if not manifest or not _files_intact(path, manifest):
-        return None
-    return Bundle(name=name, path=path, fingerprint=manifest["fingerprint"], kernel=manifest["kernel"])
+    """The built bundle ``name``, or None (absent, or failing its checks:
+    ``load_bundle`` says why)."""
+    b = load_bundle(state_dir, name)
+    return b if isinstance(b, Bundle) else None
 
 
 def list_bundles(state_dir: Path) -> list[dict[str, str]]:
-    """Every built bundle on this host: ``[{name, fingerprint, kernel}]``."""
+    """Every usable bundle on this host: ``[{name, fingerprint, kernel}]``.
+    A bad one is left out (and logged), never an error: ``GET /v1/host``
+    lists these."""
     root = state_dir / "bundles"
     out = []
-    if root.is_dir():
-        for path in sorted(root.iterdir()):
-            if not path.name.startswith(".") and (b := get_bundle(state_dir, path.name)):
-                out.append({"name": b.name, "fingerprint": b.fingerprint, "kernel": b.kernel})
+    try:
+        paths = sorted(root.iterdir())
+    except OSError:  # no bundles dir yet
+        return out
+    for path in paths:
+        # dot dirs are builds under way (see build_bundle)
+        if path.name.startswith(".") or not path.is_dir():
+            continue
+        result = _check(path)
+        _report(path, result)
+        if isinstance(result, Bundle):
+            out.append({"name": result.name, "fingerprint": result.fingerprint, "kernel": result.kernel})
     return out

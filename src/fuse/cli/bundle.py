@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .output import emit_json, table
+from .output import emit_json, fail, table
 
 app = typer.Typer(help="Build and list guest bundles.", no_args_is_help=True)
 
@@ -19,19 +19,31 @@ def _state_dir(state_dir: Optional[Path]) -> Path:
 
 @app.command()
 def build(
-    name: str = typer.Option("linux", help="Bundle name (VMs ask for it by name)."),
+    name: str = typer.Option("linux", help="Bundle name, as VM names: a-z, 0-9, _ . - (VMs ask for it by name)."),
     state_dir: Optional[Path] = typer.Option(None, help="The host agent's state dir."),
     cache_dir: Optional[Path] = typer.Option(None, help="Where the kernel .deb is kept (default: STATE/cache)."),
     kernel_deb: Optional[Path] = typer.Option(None, help="Use this linux-image .deb instead of apt-get download."),
     json_: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Assemble a bundle from Debian's kernel and busybox-static; the same
-    inputs always give the same fingerprint."""
-    from ..agent.bundle import build_bundle
+    inputs always give the same fingerprint.
 
+    A --name that is not a bundle name (VM names' pattern: a-z, 0-9, '_', '.',
+    '-') is invalid_argument, exit 2, before anything is fetched; a file that
+    cannot be read or written is io_error, exit 1."""
+    from ..agent.bundle import build_bundle, name_problem
+    from ..errors import FuseError
+
+    if why := name_problem(name):
+        fail("invalid_argument", f"--name: {why}", json_=json_, exit_code=2)
     state = _state_dir(state_dir)
     say = (lambda msg: typer.echo(msg, err=True)) if json_ else typer.echo
-    manifest = build_bundle(state, name, cache_dir=cache_dir, kernel_deb=kernel_deb, progress=say)
+    try:
+        manifest = build_bundle(state, name, cache_dir=cache_dir, kernel_deb=kernel_deb, progress=say)
+    except FuseError as exc:
+        fail(exc.code, exc.message, json_=json_, exit_code=2 if exc.http_status == 400 else 1)
+    except OSError as exc:
+        fail("io_error", str(exc), json_=json_)
     if json_:
         emit_json(manifest)
 

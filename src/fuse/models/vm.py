@@ -1,5 +1,11 @@
 """VM records on the wire: the host API's body and replies (the controller
-reuses ``CreateVmRequest`` and adds an optional ``host``)."""
+reuses ``CreateVmRequest`` and adds an optional ``host``).
+
+Two shapes: ``Shape`` is what a record holds (strict integers, the hard
+bounds), ``VmShape`` is what a new VM may ask for: a ``Shape`` with the memory
+floor the shipped guest kernel boots in. Records keep the looser type so a VM
+an older agent admitted still loads, moves and wakes.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,62 @@ from datetime import datetime
 from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from .base import Record
 
 VmState = Literal["creating", "running", "sleeping", "exited", "failed", "deleted", "incoming"]
-# DNS-label-like: names become directory names and QEMU -name values.
+# DNS-label-like: VM and bundle names become directory names and QEMU -name values.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 
 
-class VmShape(Record):
-    """What a VM asks for. Memory is the hard limit on a host; vCPUs are
-    time-shared and only rank hosts."""
+# The memory floor of a new VM, from booting the shipped bundle (Debian's 6.1
+# kernel, busybox initramfs) through the agent under TCG: with 1 vCPU it panics
+# ("System is deadlocked on memory") at 80 MiB and boots at 88; with 32 vCPUs
+# at 104 and 112; with 64 vCPUs at 128 and 160 (at 64 MiB it never prints a
+# line and stays "running"). The kernel's need grows ~0.8 MiB per vCPU (per-CPU
+# areas), so the floor is a base plus a per-vCPU term at over twice that rate:
+# it stays 30+ MiB above the boot limit at every count and leaves the entry
+# 45+ MiB of MemAvailable (1 vCPU at 128 MiB: 60 MiB; 16 at 128: 47; 32 at 160: 59).
+MIN_MEM_MIB = 128
+MEM_BASE_MIB = 96
+MEM_PER_VCPU_MIB = 2
 
-    vcpus: int = Field(ge=1, le=64)
-    mem_mib: int = Field(ge=64, le=1_048_576)
+
+def min_mem_mib(vcpus: int) -> int:
+    """The least memory a new VM with ``vcpus`` vCPUs may ask for."""
+    return max(MIN_MEM_MIB, MEM_BASE_MIB + MEM_PER_VCPU_MIB * vcpus)
+
+
+class Shape(Record):
+    """A VM's vCPUs and memory as its record holds them. JSON integers only:
+    ``true``, ``"2"`` and ``128.0`` are refused, never read as numbers."""
+
+    vcpus: int = Field(strict=True, ge=1, le=64)
+    mem_mib: int = Field(strict=True, ge=64, le=1_048_576)
+
+
+class VmShape(Shape):
+    """What a new VM asks for. Memory is the hard limit on a host; vCPUs are
+    time-shared and only rank hosts. ``mem_mib`` must be at least the floor
+    the guest kernel boots in: 128 MiB, or 96 + 2 per vCPU when that is more
+    (160 MiB for 32 vCPUs, 224 for 64); less is 400 ``invalid_argument``
+    rather than a VM that hangs or panics after a 201."""
+
+    mem_mib: int = Field(strict=True, ge=MIN_MEM_MIB, le=1_048_576, description=(
+        f"MiB, at least {MIN_MEM_MIB} and at least {MEM_BASE_MIB} + {MEM_PER_VCPU_MIB} per vCPU"))
+
+    @model_validator(mode="after")
+    def _boots(self) -> "VmShape":
+        floor = min_mem_mib(self.vcpus)
+        if self.mem_mib < floor:
+            raise PydanticCustomError(
+                "mem_below_floor",
+                "mem_mib {mem_mib} is below the floor of {floor} MiB for vcpus {vcpus}: the guest kernel "
+                "needs at least {min} MiB, and {base} + {per} MiB per vCPU when that is more",
+                {"mem_mib": self.mem_mib, "floor": floor, "vcpus": self.vcpus, "min": MIN_MEM_MIB,
+                 "base": MEM_BASE_MIB, "per": MEM_PER_VCPU_MIB})
+        return self
 
 
 class CreateVmRequest(Record):
@@ -31,7 +79,7 @@ class CreateVmRequest(Record):
     name: Optional[str] = Field(default=None, pattern=NAME_PATTERN)
     shape: VmShape
     entry: Optional[str] = Field(default=None, min_length=1)
-    bundle: Optional[str] = "linux"
+    bundle: Optional[str] = Field(default="linux", pattern=NAME_PATTERN)
     standby: bool = False
 
     @model_validator(mode="after")
@@ -65,7 +113,7 @@ class Vm(Record):
 
     name: str
     state: VmState
-    shape: VmShape
+    shape: Shape
     entry: str  # "" while standby
     bundle: str
     bundle_fingerprint: str
@@ -112,7 +160,7 @@ class WakeRequest(Record):
 
 class IncomingVm(Record):
     name: str = Field(pattern=NAME_PATTERN)
-    shape: VmShape
+    shape: Shape
     entry: str
     bundle: str = "linux"
     bundle_fingerprint: str
