@@ -22,14 +22,14 @@ literals (``exact_json``): a float keeps about 16 significant digits, and two
 would not be the sums of the rows. A controller adding hosts together gets
 the same figures a person adding the rows would.
 
-Agent crashes. CPU readings are taken every monitor tick and persisted at
+Agent crashes. CPU readings are taken twice a second (the monitor) and persisted at
 most ``PERSIST_S`` after they change, and before a usage reply reports them,
 together with the time the process was last seen alive (a segment never ends
 before it): a figure once reported does not go down after a restart. A
 process that ends while the agent is down has left /proc and was not the new
 agent's child, so the CPU seconds it used after its last persisted reading
-cannot be read any more: that reading is at most ``PERSIST_S`` (plus one
-monitor tick) older than the crash, and what the VM used while the agent was
+cannot be read any more: that reading is at most ``PERSIST_S`` (plus half a
+second) older than the crash, and what the VM used while the agent was
 down is not metered. Its wall seconds and MiB·s are: they run to its end
 (the console's last write when its guest reported an exit).
 """
