@@ -26,7 +26,11 @@ not the one its fingerprint names. Hashes are cached per file by device,
 inode, size and mtime, so the controller's poll every second only stats the
 files; a file is hashed again when it changes. A manifest listing no files
 is a stand-in for a backend that boots nothing (the fake backend): its
-fingerprint is taken as written.
+fingerprint is taken as written. Whether a bundle boots *here* is the
+backend's to say: the agent reads bundles with the files its backend boots
+from (``needs``, ``Backend.bundle_files``), so on QEMU or Firecracker such a
+stand-in is not offered and a create naming it is refused with the reason,
+before any process starts (it used to reach QEMU and end in 500).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Bundle:
     path: Path
     fingerprint: str
     kernel: str
+    files: tuple[str, ...] = ()  # what its manifest lists (none: a stand-in that boots nothing)
 
     @property
     def vmlinux(self) -> Path:
@@ -298,8 +303,9 @@ def _cached_sha256(path: Path) -> str | None:
     return digest
 
 
-def _check(path: Path) -> Bundle | str:
-    """The bundle in directory ``path``, or why it cannot be used."""
+def _check(path: Path, needs: tuple[str, ...] = ()) -> Bundle | str:
+    """The bundle in directory ``path``, or why it cannot be used by a
+    backend that boots from the files ``needs``."""
     if why := name_problem(path.name):
         return why
     try:
@@ -334,7 +340,12 @@ def _check(path: Path) -> Bundle | str:
                 return f"its {f} is missing"
             if got != want:
                 return f"its {f} does not match the manifest (sha256 {got[:12]}, manifest {want[:12]})"
-    return Bundle(name=path.name, path=path, fingerprint=fp, kernel=kernel)
+    if missing := [f for f in needs if f not in files]:
+        if not files:
+            return (f"its manifest lists no files (a stand-in for a backend that boots nothing), and "
+                    f"this host's backend boots from {' and '.join(needs)}")
+        return f"its manifest lists no {missing[0]}, which this host's backend boots from"
+    return Bundle(name=path.name, path=path, fingerprint=fp, kernel=kernel, files=tuple(sorted(files)))
 
 
 # bundle dir -> the reason last logged for it, so a bad bundle is logged once,
@@ -351,30 +362,32 @@ def _report(path: Path, result: Bundle | str) -> None:
         log.warning("bundle %s is not usable and is skipped: %s", path, result)
 
 
-def load_bundle(state_dir: Path, name: str) -> Bundle | str:
-    """The built bundle ``name``, checked against its manifest, or why there
+def load_bundle(state_dir: Path, name: str, needs: tuple[str, ...] = ()) -> Bundle | str:
+    """The built bundle ``name``, checked against its manifest and listing
+    the files ``needs`` (what the caller's backend boots from), or why there
     is none to use (a value, for error messages)."""
     if why := name_problem(name):
         return why
     path = state_dir / "bundles" / name
     if not path.is_dir():
         return f"no bundle named {name} on this host (fuse bundle build --name {name})"
-    result = _check(path)
+    result = _check(path, needs)
     _report(path, result)
     return result if isinstance(result, Bundle) else f"bundle {name} is not usable: {result}"
 
 
-def get_bundle(state_dir: Path, name: str) -> Bundle | None:
+def get_bundle(state_dir: Path, name: str, needs: tuple[str, ...] = ()) -> Bundle | None:
     """The built bundle ``name``, or None (absent, or failing its checks:
     ``load_bundle`` says why)."""
-    b = load_bundle(state_dir, name)
+    b = load_bundle(state_dir, name, needs)
     return b if isinstance(b, Bundle) else None
 
 
-def list_bundles(state_dir: Path) -> list[dict[str, str]]:
-    """Every usable bundle on this host: ``[{name, fingerprint, kernel}]``.
-    A bad one is left out (and logged), never an error: ``GET /v1/host``
-    lists these."""
+def list_bundles(state_dir: Path, needs: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """Every usable bundle on this host (listing the files ``needs``):
+    ``[{name, fingerprint, kernel}]``. A bad one is left out (and logged),
+    never an error: ``GET /v1/host`` lists these, and the controller places
+    a VM only on a host that lists its bundle."""
     root = state_dir / "bundles"
     out = []
     try:
@@ -385,7 +398,7 @@ def list_bundles(state_dir: Path) -> list[dict[str, str]]:
         # dot dirs are builds under way (see build_bundle)
         if path.name.startswith(".") or not path.is_dir():
             continue
-        result = _check(path)
+        result = _check(path, needs)
         _report(path, result)
         if isinstance(result, Bundle):
             out.append({"name": result.name, "fingerprint": result.fingerprint, "kernel": result.kernel})

@@ -15,6 +15,15 @@ its end, memory held and the process's CPU seconds (utime + stime from
                       so CPU is spread evenly over the segment)
     state_bytes_written = Σ bytes of writes inside the window
 
+A row is one VM: its name and its ``created_at`` (the VM record's, as
+``GET /v1/host/vms`` shows it). A name alone does not tell VMs apart: a VM
+deleted and another created under its name are two VMs and two rows, while
+one VM's segments (sleeps and wakes, a claim renaming it, a move away and
+back) are one row. Segments recorded before VMs carried ``created_at`` here
+are keyed by name alone, as they were then, and their rows have no
+``created_at``; the agent gives them the ``created_at`` of the VM still
+holding the name when they began after its creation (``identify``).
+
 Rows are the exact decimal sums of their segments' figures and totals the
 exact sums of the rows (bytes are integers). They travel as exact JSON number
 literals (``exact_json``): a float keeps about 16 significant digits, and two
@@ -80,16 +89,28 @@ class Metering:
                 return seg
         return None
 
-    def start(self, vm: str, mem_mib: int, pid: int | None, now: float | None = None) -> None:
-        """A process for ``vm`` started holding ``mem_mib``: its segment starts
-        at ``now``, by default when the process started (the time of this call
-        when /proc cannot say)."""
+    def start(self, vm: str, mem_mib: int, pid: int | None, now: float | None = None,
+              created_at: str | None = None) -> None:
+        """A process for ``vm`` (the VM created at ``created_at``) started
+        holding ``mem_mib``: its segment starts at ``now``, by default when the
+        process started (the time of this call when /proc cannot say)."""
         if now is None:
             now = process_started(pid) or time.time()
         self.stop(vm, now=now)  # never two open segments for one VM
-        self.segments.append({"vm": vm, "start": now, "end": None, "mem_mib": mem_mib,
-                              "pid": pid, "cpu_s": 0.0})
+        self.segments.append({"vm": vm, "created_at": created_at, "start": now, "end": None,
+                              "mem_mib": mem_mib, "pid": pid, "cpu_s": 0.0})
         self.save()
+
+    def identify(self, vm: str, created_at: str, since: float) -> None:
+        """Key the unkeyed segments and writes of name ``vm`` from ``since``
+        on (the creation of the VM holding the name now) as that VM's: records
+        from an agent that keyed them by name alone."""
+        changed = False
+        for rec in self.segments + self.writes:
+            if rec["vm"] == vm and rec.get("created_at") is None and rec.get("start", rec.get("time")) >= since:
+                rec["created_at"], changed = created_at, True
+        if changed:
+            self.save()
 
     def sample(self, vm: str) -> None:
         """Refresh the CPU reading of ``vm``'s live process (the last
@@ -116,20 +137,22 @@ class Metering:
             seg["end"] = max(seg["start"], seg.get("seen", seg["start"]), end)
             self.save()
 
-    def state_written(self, vm: str, nbytes: int, now: float | None = None) -> None:
-        self.writes.append({"vm": vm, "time": now or time.time(), "bytes": int(nbytes)})
+    def state_written(self, vm: str, nbytes: int, now: float | None = None, created_at: str | None = None) -> None:
+        self.writes.append({"vm": vm, "created_at": created_at, "time": now or time.time(), "bytes": int(nbytes)})
         self.save()
 
     def usage(self, start: float = 0.0, end: float | None = None, now: float | None = None) -> dict[str, Any]:
-        """Per-VM rows and totals for the window [start, end), as exact
-        decimals (serialise with ``exact_json``)."""
+        """Per-VM rows (one per VM: name and ``created_at``) and totals for
+        the window [start, end), as exact decimals (serialise with
+        ``exact_json``)."""
         now = now or time.time()
         end = now if end is None else end
-        rows: dict[str, dict[str, Decimal | int]] = {}
+        rows: dict[tuple[str, str], dict[str, Decimal | int]] = {}
 
-        def row(vm: str) -> dict[str, Decimal | int]:
-            return rows.setdefault(vm, {"cpu_seconds": Decimal(0), "mem_mib_seconds": Decimal(0),
-                                        "wall_seconds": Decimal(0), "state_bytes_written": 0})
+        def row(rec: dict[str, Any]) -> dict[str, Decimal | int]:
+            key = (rec["vm"], rec.get("created_at") or "")  # "": keyed by name alone (older records)
+            return rows.setdefault(key, {"cpu_seconds": Decimal(0), "mem_mib_seconds": Decimal(0),
+                                         "wall_seconds": Decimal(0), "state_bytes_written": 0})
 
         live = False
         for seg in self.segments:
@@ -141,7 +164,7 @@ class Metering:
             if overlap <= 0:
                 continue
             length = max(s_end - seg["start"], 1e-9)
-            r = row(seg["vm"])
+            r = row(seg)
             wall = _dec(overlap)
             r["wall_seconds"] += wall
             r["mem_mib_seconds"] += wall * int(seg["mem_mib"])
@@ -150,16 +173,15 @@ class Metering:
             self.save()  # what this reply reports is on disk before it is sent
         for w in self.writes:
             if start <= w["time"] < end:
-                row(w["vm"])["state_bytes_written"] += w["bytes"]
+                row(w)["state_bytes_written"] += w["bytes"]
 
         totals: dict[str, Decimal | int] = {f: Decimal(0) for f in _FIELDS} | {"state_bytes_written": 0}
         out_rows = []
-        for vm in sorted(rows):
-            r = rows[vm]
+        for (vm, created_at), r in sorted(rows.items()):
             for f in _FIELDS:
                 totals[f] += r[f]
             totals["state_bytes_written"] += r["state_bytes_written"]
-            out_rows.append({"vm": vm, **r})
+            out_rows.append({"vm": vm, **({"created_at": created_at} if created_at else {}), **r})
         return {"from": start, "to": end, "vms": out_rows, "totals": totals}
 
 

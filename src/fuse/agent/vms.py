@@ -153,10 +153,14 @@ class VmManager:
     def list(self) -> list[Vm]:
         return sorted(self.vms.values(), key=lambda v: (v.created_at, v.name))
 
+    def bundle(self, name: str) -> bundles.Bundle | str:
+        """Bundle ``name`` as this host's backend can boot it, or why not."""
+        return bundles.load_bundle(self.state_dir, name, self.backend.bundle_files)
+
     def spec(self, vm: Vm) -> BootSpec:
-        b = bundles.get_bundle(self.state_dir, vm.bundle)
-        if b is None:
-            raise FuseError(f"bundle {vm.bundle} is missing on this host", code="bundle_missing")
+        b = self.bundle(vm.bundle)
+        if isinstance(b, str):
+            raise FuseError(b, code="bundle_missing")
         return BootSpec(name=vm.name, vm_dir=self.vm_dir(vm.name), vcpus=vm.shape.vcpus,
                         mem_mib=vm.shape.mem_mib, entry=vm.entry, kernel=b.vmlinux, initrd=b.initrd,
                         platform=vm.platform)
@@ -202,7 +206,8 @@ class VmManager:
             # usable KVM: what the backend settled on, not just /dev/kvm answering
             "kvm": self.backend.kvm_usable(self.kvm_device),
             "kvm_device": self.kvm_device,
-            "bundles": bundles.list_bundles(self.state_dir),
+            # only those its backend boots: the controller places a VM only where its bundle is listed
+            "bundles": bundles.list_bundles(self.state_dir, self.backend.bundle_files),
             # the newest event's id: a poller reads /v1/host/events only when it moved
             "last_event_id": self.events.last_id,
         }
@@ -210,10 +215,12 @@ class VmManager:
     # -- lifecycle -------------------------------------------------------------
 
     async def create(self, req: CreateVmRequest) -> Vm:
-        """Admit and boot a VM; returns it running (or raises)."""
-        b = bundles.get_bundle(self.state_dir, req.bundle or "linux")
-        if b is None:
-            raise InvalidArgument(f"no bundle named {req.bundle} on this host (fuse bundle build)")
+        """Admit and boot a VM; returns it running (or raises). A bundle that
+        is absent, damaged or not bootable by this host's backend is 400 with
+        the reason, before any process starts (the accelerator probe included)."""
+        b = self.bundle(req.bundle or "linux")
+        if isinstance(b, str):
+            raise InvalidArgument(b)
         if req.standby and not self.backend.supports_standby:
             raise InvalidArgument(f"standby vms need the qemu backend; this host runs {self.backend.name}")
         _check_entry(req.entry or "")
@@ -239,7 +246,7 @@ class VmManager:
             except (BackendError, OSError) as exc:
                 self.transition(vm, "failed", str(exc))
                 raise FuseError(f"vm {name} failed to boot: {exc}", code="boot_failed") from exc
-            self.metering.start(name, vm.shape.mem_mib, vm.pid)
+            self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
             self.transition(vm, "running")
         return vm
 
@@ -346,7 +353,7 @@ class VmManager:
                 raise FuseError(f"vm {name} could not sleep: {exc}", code="sleep_failed") from exc
             self.metering.stop(name)
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
-            self.metering.state_written(name, sum(f.size for f in vm.files))
+            self.metering.state_written(name, sum(f.size for f in vm.files), created_at=_created(vm))
             vm.move_id, vm.pid = move_id, None
             vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
@@ -390,7 +397,7 @@ class VmManager:
             except (BackendError, OSError) as exc:
                 vm.reserved = vm.move_role == "target"  # an arrived copy keeps its room
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
-            self.metering.start(name, vm.shape.mem_mib, vm.pid)
+            self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # stale once the guest runs on
             vm.files, vm.move_id, vm.move_role = [], None, None
             vm.reserved = vm.return_room = False
@@ -446,6 +453,9 @@ class VmManager:
             except ValueError:
                 continue
             self.vms[vm.name] = vm
+            # Usage rows are per VM, not per name: metering an older agent keyed by name alone
+            # (a process's start is read in clock ticks: a second's slack)
+            self.metering.identify(vm.name, _created(vm), since=vm.created_at.timestamp() - 1.0)
         self.incoming.load()
         for vm in list(self.vms.values()):
             if vm.state in ("creating", "running"):
@@ -464,12 +474,12 @@ class VmManager:
                         # The agent died before its segment opened (mid-boot): it is
                         # metered from its process's start all the same.
                         began = process_started(pid) or vm.created_at.timestamp()
-                        self.metering.start(vm.name, vm.shape.mem_mib, pid, now=began)
+                        self.metering.start(vm.name, vm.shape.mem_mib, pid, now=began, created_at=_created(vm))
                 else:
                     self._ended(vm)
         await self._sweep_orphans()
-        b = bundles.get_bundle(self.state_dir, "linux")
-        if b:
+        b = self.bundle("linux")
+        if isinstance(b, bundles.Bundle):
             await self._settle_accel(b)
         self._monitor = asyncio.create_task(self._watch())
 
@@ -565,6 +575,12 @@ class VmManager:
         else:
             vm.exit_status = status
             self.transition(vm, "exited")
+
+
+def _created(vm: Vm) -> str:
+    """``vm.created_at`` as its record shows it (``GET /v1/host/vms``): with
+    the name, what tells a VM from an earlier one of the same name."""
+    return vm.model_dump(mode="json", include={"created_at"})["created_at"]
 
 
 def _holds_memory(vm: Vm) -> bool:

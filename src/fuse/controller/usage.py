@@ -9,6 +9,10 @@ under the name the store records it under — the one it was created or moved
 through, as `GET /v1/vms` lists it — or, for a VM the store does not know (one
 deleted since, say), under the name asked.
 
+A row is one VM, as a host reports it: its name and its `created_at`, so a VM
+deleted and another created under its name are two rows, and only the row of
+the VM the store holds (same `created_at`) takes the name it records.
+
 The window is fixed here, once, and every host is asked for that same
 [from, to): the report echoes it as unix seconds, as a host does.
 
@@ -79,7 +83,7 @@ class UsageService:
                 continue
             group = names[host]
             for row in data.get("vms", []):
-                vms.append({"host": recorded.get((group[0], row.get("vm")), host), **row})
+                vms.append({"host": _tag(recorded.get((group[0], row.get("vm"))), row, host), **row})
             for k, v in (data.get("totals") or {}).items():
                 if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
                     continue
@@ -97,15 +101,27 @@ class UsageService:
         views = getattr(self.ctl.fleet, "views", {})
         return next((h for h in names if (v := views.get(h)) is not None and v.connected), names[0])
 
-    def _recorded(self, groups: list[list[str]]) -> dict[tuple[str, str], str]:
-        """(the machine's first name, VM) -> the machine's name the store records the VM under,
-        for machines under several names (one name: that name is the only answer)."""
+    def _recorded(self, groups: list[list[str]]) -> dict[tuple[str, str], tuple[str, str | None]]:
+        """(the machine's first name, VM) -> (the machine's name the store records the VM under,
+        the VM's ``created_at``), for machines under several names (one name: that name is
+        the only answer)."""
         first = {h: g[0] for g in groups if len(g) > 1 for h in g}
         if not first:
             return {}
-        out: dict[tuple[str, str], str] = {}
+        out: dict[tuple[str, str], tuple[str, str | None]] = {}
         with self.ctl.store.read() as c:
-            q = select(vms_t.c.name, vms_t.c.host).where(vms_t.c.host.in_(sorted(first)))
-            for name, host in sorted(c.execute(q)):
-                out.setdefault((first[host], name), host)
+            q = select(vms_t.c.name, vms_t.c.host, vms_t.c.record).where(vms_t.c.host.in_(sorted(first)))
+            for name, host, record in sorted(c.execute(q), key=lambda r: (r[0], r[1])):
+                created = record.get("created_at") if isinstance(record, dict) else None
+                out.setdefault((first[host], name), (host, created))
         return out
+
+
+def _tag(recorded: tuple[str, str | None] | None, row: dict[str, Any], asked: str) -> str:
+    """The host name a usage row is reported under: the one the store records its VM under,
+    when the row is that VM (a row or record without ``created_at`` matches by name, as
+    from an agent that keyed rows by name alone); else the name asked."""
+    if recorded is None:
+        return asked
+    host, created = recorded
+    return host if None in (created, row.get("created_at")) or created == row.get("created_at") else asked

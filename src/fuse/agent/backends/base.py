@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bundle import BOOT_FILES
+
 CONSOLE = "console.log"
 STATE_DIR = "state"
 # The entry travels base64-encoded on the kernel command line (x86
@@ -83,6 +85,9 @@ class Backend(ABC):
 
     name: str = ""
     supports_standby: bool = False
+    # The files a bundle must list for this backend to boot it (its kernel and
+    # initramfs); the agent offers and accepts only bundles that list them.
+    bundle_files: tuple[str, ...] = BOOT_FILES
 
     @abstractmethod
     def platform(self) -> dict[str, Any]:
