@@ -80,3 +80,31 @@ async def test_the_fake_backend_still_boots_its_file_less_bundles(make_host):
     assert r.status_code == 201, r.text
     assert r.json()["bundle_fingerprint"] == "hand-written-0001"
     await host.wait_state("v1", {"running"}, timeout=20)
+
+
+@pytest.mark.qemu
+async def test_a_qemu_host_refuses_an_incoming_move_of_a_bundle_it_cannot_boot(make_host):
+    """The receiving side of a move checks the bundle as its backend boots it: a file-less
+    manifest with the very fingerprint the VM names is refused before anything is reserved
+    (it had been accepted, and the move failed only at the wake, after the copy)."""
+    host = await make_host()
+    file_less(host.vms.state_dir, fingerprint="fp-moved")
+    free = host.vms.summary()["free_mem_mib"]
+    r = await host.client.post("/v1/host/incoming", json={
+        "move_id": "m1", "platform": {},
+        "vm": {"name": "v1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "echo hi", "bundle": "empty",
+               "bundle_fingerprint": "fp-moved"},
+        "files": [{"name": "memory", "size": 1, "sha256": "0" * 64}]})
+    assert r.status_code == 409, r.text
+    err = r.json()["error"]
+    assert err["code"] == "bundle_mismatch"
+    assert "its manifest lists no files" in err["message"]
+    assert host.vms.summary()["free_mem_mib"] == free and host.vms.vms == {}
+
+
+def test_the_offline_probe_lists_only_bundles_its_backend_boots(tmp_path):
+    from fuse.agent.probe import host_facts
+
+    file_less(tmp_path)
+    assert [x["name"] for x in host_facts(tmp_path, backend="fake")["bundles"]] == ["empty"]
+    assert host_facts(tmp_path, backend="qemu")["bundles"] == []

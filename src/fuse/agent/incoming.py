@@ -84,10 +84,10 @@ class IncomingMoves:
                 return self.describe(entry)
             if name in mgr.vms:
                 raise VmExists(f"a vm named {name} already exists on this host")
-            b = bundles.get_bundle(mgr.state_dir, req.vm.bundle)
-            if b is None or b.fingerprint != req.vm.bundle_fingerprint:
-                have = b.fingerprint[:12] if b else "none"
-                raise Conflict(f"bundle {req.vm.bundle} here has fingerprint {have}, the vm needs "
+            b = mgr.bundle(req.vm.bundle)  # as this host's backend boots it (else the wake would fail)
+            if isinstance(b, str) or b.fingerprint != req.vm.bundle_fingerprint:
+                have = f"fingerprint {b.fingerprint[:12]}" if not isinstance(b, str) else f"none usable ({b})"
+                raise Conflict(f"bundle {req.vm.bundle} here: {have}; the vm needs fingerprint "
                                f"{req.vm.bundle_fingerprint[:12]}", code="bundle_mismatch")
             if why := mgr.backend.incompatible(req.platform):
                 raise Conflict(why, code="platform_mismatch")

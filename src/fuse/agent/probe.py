@@ -265,7 +265,7 @@ def host_facts(state_dir: Path, backend: str = "qemu") -> dict[str, Any]:
     device = facts["kvm_device"]
     if (settle := getattr(be, "probe_accel", None)) is not None:
         # The bundle the agent settles with when it starts (VmManager.start).
-        asyncio.run(settle(bundles.get_bundle(state_dir, "linux"), device))
+        asyncio.run(settle(bundles.get_bundle(state_dir, "linux", be.bundle_files), device))
     facts.update(backend=backend, accel=getattr(be, "accel", None), kvm=be.kvm_usable(device),
-                 bundles=bundles.list_bundles(state_dir))
+                 bundles=bundles.list_bundles(state_dir, be.bundle_files))
     return facts

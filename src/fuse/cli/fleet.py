@@ -143,9 +143,10 @@ def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds
     if json_:
         emit_json(u)
         return
-    cols = ["host", "vm", "cpu_seconds", "mem_mib_seconds", "wall_seconds", "state_bytes_written"]
-    rows = [[r.get(k, "") for k in cols] for r in u["vms"]]
-    rows.append(["TOTAL", ""] + [u["totals"].get(k, "") for k in cols[2:]])
+    # created_at tells apart two VMs that used one name in the window (two rows)
+    cols = ["host", "vm", "created_at", "cpu_seconds", "mem_mib_seconds", "wall_seconds", "state_bytes_written"]
+    rows = [[r.get(k) or "" for k in cols[:3]] + [r.get(k, "") for k in cols[3:]] for r in u["vms"]]
+    rows.append(["TOTAL", "", ""] + [u["totals"].get(k, "") for k in cols[3:]])
     table(cols, rows, title="usage")
     reasons = u.get("unreachable_reasons") or {}
     for h in u["unreachable"]:

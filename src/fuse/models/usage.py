@@ -27,10 +27,15 @@ class UsageTotals(Record):
 
 
 class UsageRow(UsageTotals):
-    """One VM's figures over the window, tagged with its host."""
+    """One VM's figures over the window, tagged with its host. A row is one VM:
+    a VM deleted and another created under its name are two rows, told apart by
+    ``created_at``."""
 
     host: str
     vm: str
+    created_at: str | None = Field(default=None, description=(
+        "when the VM was created (as GET /v1/vms shows it); absent on rows a host metered "
+        "before it keyed rows by VM"))
 
 
 class UsageReport(Record):
