@@ -16,6 +16,8 @@ from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field,
 from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
+from .vm import MEM_BASE_MIB, MEM_PER_VCPU_MIB, MIN_MEM_MIB
+
 __all__ = [
     "ElasticAssignment",
     "ElasticBudget",
@@ -272,6 +274,11 @@ class Prewarm(_Record):
     placements: list[PrewarmPlacement] = Field(default_factory=list)
     expires_at: int = 0
     new_hosts: list[str] = Field(default_factory=list)
+    backoff_until: int = Field(default=0, description=(
+        "Unix seconds until which its refill buys no machine (0: none): the cloud ended (or refused) the "
+        "machines bought for it, several in a row, soon after they were bought. Hosts with room still take "
+        "its VMs meanwhile."))
+    backoff_reason: str = Field(default="", description="Why its refill buys no machine until backoff_until.")
 
 
 class PrewarmOptions(_Record):
@@ -285,8 +292,14 @@ class PrewarmOptions(_Record):
     kind: str | None = Field(default=None, description=(
         "`container`, `vm` or `microvm` (default: the image's). Every kind runs as a VM here: "
         "`microvm` needs a KVM host, `container` and `vm` go anywhere."))
-    cpus: int | None = Field(default=None, ge=1, le=U32)
-    memory_mb: int | None = Field(default=None, ge=1, le=U32)
+    # Integers only (``true``, ``"2"``, ``128.0`` are refused), as a VM create's shape. The shape itself
+    # (with the one left out learned from earlier VMs of the image) is checked by the controller against
+    # the create shape (``VmShape``: its bounds and memory floor), not here: one source of that rule.
+    cpus: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
+        "vCPUs each, as a VM create takes them: 1 to 64 (default: learned from earlier VMs of the image; else 1)."))
+    memory_mb: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
+        f"MiB each, as a VM create takes them: at least {MIN_MEM_MIB}, and {MEM_BASE_MIB} + {MEM_PER_VCPU_MIB} per "
+        "vCPU when that is more; less is 400 invalid_argument (default: learned with cpus; else 1024)."))
     ttl_secs: int | None = Field(default=None, ge=1, le=U32, description="Seconds to keep them (default 3600).")
     instance_type: str | None = None
     region: str | None = None

@@ -607,7 +607,9 @@ class ElasticPool:
                 await provider.terminate(r["cloud_id"])
             except FuseError:
                 pass
-            self._transition(name, "gone", "the cloud ended the machine")
+            # (marked: a prewarm tells a machine the cloud keeps ending from one removed on purpose)
+            rec = dict((self.row(name) or r)["record"] or {}) | {"ended_by_cloud": True}
+            self._transition(name, "gone", "the cloud ended the machine", record=rec)
             prewarm = getattr(self.ctl, "prewarm", None)
             if prewarm is not None:  # its standby VMs went with it: their prewarms place them again
                 await prewarm.release_host(name, gone=True)

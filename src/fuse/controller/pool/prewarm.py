@@ -20,6 +20,21 @@ come back — removed, its TTL ended, its machine ended by the cloud, or no long
 registered — is *lost*: its standby VMs go (forgotten, when its machine went
 with them) and its placements are dropped, and the refill places the VMs again
 through the prewarm's own solve, as it does when a claim leaves a host full.
+
+A prewarm's shape is one a VM create takes (``VmShape``: bounds, memory floor),
+checked when it is set (400, nothing bought): every standby create of any other
+shape is refused. One stored before the check ends at the next refill.
+
+Backoff. The refill rebuys a machine the cloud ended, and each purchase starts
+a billing minimum; a cloud that keeps ending them (spot reclaim, a provider
+that ends them at once) or refusing them would be paid a machine per pass,
+held back by the budget alone. So the machines bought for a prewarm that the
+cloud ends before they lived ``LIVED_SECS`` (or refuses to create) are counted
+in a row: after the first (a one-off, rebought at once) its refill buys no
+machine for ``backoff_secs`` — 30 s, doubling with each, at most 30 min — and
+says so (``Prewarm.backoff_until``/``backoff_reason``, a ``prewarm_backoff``
+event). Hosts with room still take its VMs meanwhile. A machine bought after
+the last early end that lives ``LIVED_SECS`` starts the count again.
 """
 
 from __future__ import annotations
@@ -31,10 +46,12 @@ import secrets
 import time
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import delete, insert, select, update
 
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
+from ...models.vm import VmShape
 from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
 from .elastic import BudgetExceeded
@@ -43,6 +60,37 @@ from .request import kind_of_image, learned_shape, history_from_vms
 log = logging.getLogger("fuse.controller.pool")
 DEFAULT_TTL_SECS = 3600
 JOIN_WAIT_SECS = 600  # a machine bought for a prewarm may take this long to join
+LIVED_SECS = 600  # a machine the cloud ends sooner after it was bought did not live (see Backoff)
+BACKOFF_FIRST_SECS = 30  # no purchase for this long after the second early end in a row, doubling after
+BACKOFF_MAX_SECS = 1800
+SHAPE_FIELDS = {"vcpus": "cpus", "mem_mib": "memory_mb"}  # the create shape's names -> the prewarm's
+
+
+def backoff_secs(early_ends: int) -> int:
+    """How long a prewarm's refill buys no machine after ``early_ends`` machines bought for it
+    in a row ended early: none after the first, then ``BACKOFF_FIRST_SECS`` doubling, at most
+    ``BACKOFF_MAX_SECS``."""
+    if early_ends < 2:
+        return 0
+    return min(BACKOFF_MAX_SECS, BACKOFF_FIRST_SECS * 2 ** min(early_ends - 2, 32))
+
+
+def check_shape(cpus: int, mem: int, learned: str = "") -> None:
+    """InvalidArgument unless a VM create takes ``cpus`` vCPUs and ``mem`` MiB. The create
+    shape (``VmShape``) is the one check, so a prewarm and a create never disagree: a prewarm
+    of a shape every create of which is refused would ask its hosts again at every pass.
+    ``learned``: the fields taken from earlier VMs of the image, for the message."""
+    try:
+        VmShape(vcpus=cpus, mem_mib=mem)
+    except ValidationError as exc:
+        whys = []
+        for err in exc.errors():
+            field = SHAPE_FIELDS.get(err["loc"][0]) if err["loc"] else None
+            rule = f" ({VmShape.model_fields['mem_mib'].description})" if field == "memory_mb" else ""
+            whys.append(f"{field}: {err['msg']}{rule}" if field else err["msg"])
+        source = f" ({learned} learned from earlier VMs of the image: give them)" if learned else ""
+        raise InvalidArgument(f"cpus {cpus} and memory_mb {mem}{source} is not a shape a VM create takes, so none "
+                              f"of the prewarm's VMs could ever be created: {'; '.join(whys)}") from None
 
 
 def _ready(v: dict) -> bool:
@@ -102,9 +150,12 @@ class PrewarmService:
             on = [v for v in vms if v["host"] == host] if self._answers(host) else []
             placements.append(PrewarmPlacement(host=host, machine=self._machine(host), count=want,
                                                ready=sum(_ready(v) for v in on)))
+        backoff = rec.get("buy_after", 0) > time.time()
         return Prewarm(id=rec["id"], image=rec["image"], kind=rec["kind"], cpus=rec["cpus"],
                        memory_mb=rec["memory_mb"], count=rec["count"], ready=sum(p.ready for p in placements),
-                       placements=placements, expires_at=rec["expires_at"], new_hosts=rec["new_hosts"])
+                       placements=placements, expires_at=rec["expires_at"], new_hosts=rec["new_hosts"],
+                       backoff_until=int(rec["buy_after"]) if backoff else 0,
+                       backoff_reason=rec.get("backoff", "") if backoff else "")
 
     def _machine(self, host: str) -> str:
         """``local`` for the host agent on the controller's own machine (its address a unix
@@ -151,6 +202,9 @@ class PrewarmService:
         shape = learned_shape(image, history_from_vms(self.ctl.vms.list()))
         cpus = opts.cpus or (shape[0] if shape else 1)
         mem = opts.memory_mb or (shape[1] if shape else 1024)
+        # before anything is bought: hosts would refuse every standby create of another shape
+        learned = [n for n, given in (("cpus", opts.cpus), ("memory_mb", opts.memory_mb)) if shape and given is None]
+        check_shape(cpus, mem, " and ".join(learned))
         count = opts.count or 1
         ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs  # (at least 1: PrewarmOptions)
         placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
@@ -160,14 +214,16 @@ class PrewarmService:
                "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type, "region": opts.region}
         with self.store.tx() as c:
             c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
-            self.store.add_event("prewarm_added", {"id": pw_id, "image": image, "count": count,
+            # (``prewarm`` names it on the wire, where the event's own ``id`` replaces this one)
+            self.store.add_event("prewarm_added", {"id": pw_id, "prewarm": pw_id, "image": image, "count": count,
                                                    "placements": placements, "new_hosts": new_hosts}, conn=c)
         asyncio.get_running_loop().create_task(self.fill())
         return self.view(rec)
 
     async def _place(self, on: str, image: str, kind: str, cpus: int, mem: int, count: int, ttl: int,
-                     opts: PrewarmOptions) -> tuple[dict[str, int], list[str]]:
-        """Where the standby VMs go (host -> count), and the hosts bought for them."""
+                     opts: PrewarmOptions, buy: bool = True) -> tuple[dict[str, int], list[str]]:
+        """Where the standby VMs go (host -> count), and the hosts bought for them
+        (``buy`` False: none, only hosts already there)."""
         target = parse_on(on)
         if target.kind == "host":
             host = target.name
@@ -188,7 +244,7 @@ class PrewarmService:
         local = on == "local" or not pool.cloud_names()
         req = ElasticPlanRequest(count=count, image=image, kind=kind, cpus=cpus, memory_mb=mem, duration_secs=ttl,
                                  instance_type=opts.instance_type, region=opts.region,
-                                 devices_only=True if local else None,
+                                 devices_only=True if local else None, no_scale=None if buy else True,
                                  provider=on if on not in ("auto", "local") else None)
         if on not in ("auto", "local"):
             pool.provider(on)  # a linked cloud, or 400
@@ -248,7 +304,19 @@ class PrewarmService:
                 if now >= rec["expires_at"]:
                     await self.remove(rec["id"], reason="its TTL ended")
                     continue
+                try:  # (one set before the shape was checked: no VM of it can ever be created)
+                    check_shape(rec["cpus"], rec["memory_mb"])
+                except InvalidArgument as exc:
+                    log.warning("prewarm %s ends: %s", rec["id"], exc.message)
+                    await self.remove(rec["id"], reason=exc.message)
+                    continue
                 rec = self._drop_lost(rec)
+                if "early_ends" in rec and self._lived(rec, now):
+                    rec = self._get(rec["id"]) or rec
+                    self._reset_backoff(rec)
+                    self._save(rec)
+                    log.info("prewarm %s: a machine bought for it lived %d s: its purchases back off no more",
+                             rec["id"], LIVED_SECS)
                 initial = rec.get("next", 1) - 1 < rec["count"]  # never filled yet: warm or not
                 if not (warm or initial):
                     continue
@@ -280,8 +348,59 @@ class PrewarmService:
             self._forget(host, rec["id"])
             if rec["placements"].pop(host, 0):
                 log.warning("prewarm %s: host %s will not come back: its VMs are placed again", rec["id"], host)
+                self._host_ended(rec, host)
         self._save(rec)
         return rec
+
+    # ---- backoff (see the module docstring) ----------------------------------------
+    def _host_ended(self, rec: dict, host: str) -> None:
+        """Prewarm ``rec`` (changed in place: the caller stores it) lost ``host``. When the
+        cloud ended that machine: an early end if it had not lived ``LIVED_SECS`` since it was
+        bought, else a machine that lived (the count starts again). A host removed on purpose
+        (by hand, scale-in, its TTL) or one of the operator's own is nobody's fault."""
+        row = self.ctl.pool.row(host)
+        if row is None or row["state"] != "gone" or not (row["record"] or {}).get("ended_by_cloud"):
+            return
+        lived = (row["ended"] or time.time()) - row["started"]
+        if lived >= LIVED_SECS:
+            self._reset_backoff(rec)
+        else:
+            self._early_end(rec, f"{host}, {row['type_name']} in cloud {row['provider']}, ended by the cloud "
+                                 f"{lived:.0f} s after it was bought")
+
+    def _early_end(self, rec: dict, why: str) -> None:
+        """Count one more early end of a machine bought for prewarm ``rec`` (changed in place:
+        the caller stores it), ``why``; from the second in a row, its refill buys nothing for
+        ``backoff_secs``, and says so (a warning, a ``prewarm_backoff`` event)."""
+        now = time.time()
+        n = rec.get("early_ends", 0) + 1
+        rec["early_ends"], rec["last_early_end"] = n, now
+        wait = backoff_secs(n)
+        if not wait:
+            return
+        until = now + wait
+        rec["buy_after"] = until
+        rec["backoff"] = (f"{n} machines bought for it in a row ended early (the last: {why}): no machine is "
+                          f"bought for it for {wait} s, until {time.strftime('%H:%M:%S UTC', time.gmtime(until))}")
+        log.warning("prewarm %s: %s", rec["id"], rec["backoff"])
+        self.store.add_event("prewarm_backoff", {"prewarm": rec["id"], "early_ends": n, "until": int(until),
+                                                 "reason": rec["backoff"]})
+
+    def _lived(self, rec: dict, now: float) -> bool:
+        """A machine bought after the last early end of prewarm ``rec`` holds some of its VMs
+        and has run ``LIVED_SECS``: the cloud keeps machines again."""
+        since = rec.get("last_early_end", now)
+        for host in rec["placements"]:
+            row = self.ctl.pool.row(host)
+            if (row is not None and row["state"] in ("joined", "cordoned") and row["started"] >= since
+                    and now - row["started"] >= LIVED_SECS):
+                return True
+        return False
+
+    @staticmethod
+    def _reset_backoff(rec: dict) -> None:
+        for key in ("early_ends", "last_early_end", "buy_after", "backoff"):
+            rec.pop(key, None)
 
     def _forget(self, host: str, pw_id: str | None = None) -> None:
         """Drop the store's rows of the standby VMs on ``host``, a machine that is gone
@@ -344,13 +463,22 @@ class PrewarmService:
         once for the same reason, as every pass retries), the record None when the
         prewarm ended meanwhile."""
         opts = PrewarmOptions(on=rec["on"], instance_type=rec.get("instance_type"), region=rec.get("region"))
+        stored = self._get(rec["id"]) or rec  # (as stored: a loss noted since rec was read sets a backoff)
+        buy = time.time() >= stored.get("buy_after", 0)  # backing off: hosts already there only
+        args = (rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"], n,
+                max(1, int(rec["expires_at"] - time.time())), opts)
         try:
-            where, bought = await self._place(rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"],
-                                              n, max(1, int(rec["expires_at"] - time.time())), opts)
+            # (``buy`` given only when off: a stand-in for the solve that lacks it still serves the default)
+            where, bought = await (self._place(*args) if buy else self._place(*args, buy=False))
         except FuseError as exc:
-            if say and self._no_room.get(rec["id"]) != exc.message:
-                log.warning("prewarm %s: no room to refill: %s", rec["id"], exc.message)
-                self._no_room[rec["id"]] = exc.message
+            if buy and exc.code == "cloud_error" and (stored := self._get(rec["id"])) is not None:
+                # the cloud refused the machine: as one it ended at once (the next pass would ask again)
+                self._early_end(stored, f"the cloud refused it: {exc.message}")
+                self._save(stored)
+            why = exc.message if buy else f"{exc.message} ({stored.get('backoff', 'backing off')})"
+            if say and self._no_room.get(rec["id"]) != why:
+                log.warning("prewarm %s: no room to refill: %s", rec["id"], why)
+                self._no_room[rec["id"]] = why
             return None
         self._no_room.pop(rec["id"], None)
         pw_id = rec["id"]
@@ -405,7 +533,7 @@ class PrewarmService:
             return False
         with self.store.tx() as c:
             c.execute(delete(prewarms_t).where(prewarms_t.c.id == pw_id))
-            self.store.add_event("prewarm_removed", {"id": pw_id, "reason": reason}, conn=c)
+            self.store.add_event("prewarm_removed", {"id": pw_id, "prewarm": pw_id, "reason": reason}, conn=c)
         for v in self._standby(pw_id):
             try:
                 await self.ctl.vms.delete(v["name"], v["host"])
@@ -434,6 +562,8 @@ class PrewarmService:
         for rec in self._records():
             if host in rec["placements"]:
                 rec["placements"].pop(host)
+                if gone:
+                    self._host_ended(rec, host)
                 self._save(rec)
                 log.warning("prewarm %s: host %s goes: its VMs are placed again", rec["id"], host)
         self.ctl.pool.wake()  # (its pass refills them)
