@@ -291,3 +291,23 @@ def test_plan_apply_buys_the_machines_the_plan_adds(ctl):
     started = time.time()
     assert as_json(ctl, "pool", "remove-host", "dev-1")["removed"] == ["dev-1"]
     assert time.time() - started < 60
+
+
+def test_the_prewarms_table_says_when_a_refill_buys_again_and_why(capsys):
+    """A prewarm in backoff (the cloud kept ending its machines) shows it in the table, not
+    only in --json; one that may buy now shows "-"."""
+    import time as _time
+
+    from fuse.cli.pool import _prewarm_table
+    from fuse.models.pool import Prewarm
+
+    later = int(_time.time()) + 600
+    _prewarm_table([Prewarm(id="pw-1", image="img", kind="vm", cpus=1, memory_mb=256, count=2,
+                            backoff_until=later, backoff_reason="the cloud ended 2 machines in a row"),
+                    Prewarm(id="pw-2", image="img", kind="vm", cpus=1, memory_mb=256, count=1)])
+    out = capsys.readouterr().out
+    assert "buys again" in out
+    line1 = next(ln for ln in out.splitlines() if "pw-1" in ln)
+    assert _time.strftime("%H:%M:%S", _time.localtime(later)) in line1 and "the cloud ended" in out
+    line2 = next(ln for ln in out.splitlines() if "pw-2" in ln)
+    assert line2.strip("│ ").split("│")[-1].strip() == "-"

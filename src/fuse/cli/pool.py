@@ -397,13 +397,23 @@ def reconcile_cmd(
 
 # ---- prewarm ------------------------------------------------------------------------
 
-PREWARM_COLUMNS = ["id", "image", "kind", "vcpus", "MiB", "ready", "where (ready/count)", "ends", "bought"]
+PREWARM_COLUMNS = ["id", "image", "kind", "vcpus", "MiB", "ready", "where (ready/count)", "ends", "bought",
+                   "buys again"]
 
 
 def _prewarm_table(pws: list[Prewarm]) -> None:
     table(PREWARM_COLUMNS, ((p.id, p.image, p.kind, p.cpus, p.memory_mb, f"{p.ready}/{p.count}",
                              ", ".join(f"{pl.host} {pl.ready}/{pl.count}" for pl in p.placements),
-                             _when(p.expires_at), ", ".join(p.new_hosts) or "-") for p in pws))
+                             _when(p.expires_at), ", ".join(p.new_hosts) or "-", _backoff(p)) for p in pws))
+
+
+def _backoff(p: Prewarm) -> str:
+    """When the refill may buy a machine again, and why it waits (the cloud kept ending
+    the machines bought for it); "-" when it may buy now."""
+    if not p.backoff_until or p.backoff_until <= time.time():
+        return "-"
+    at = time.strftime("%H:%M:%S", time.localtime(p.backoff_until))
+    return f"{at} ({p.backoff_reason})" if p.backoff_reason else at
 
 
 @app.command("prewarm")

@@ -167,7 +167,9 @@ class PrewarmList(Record):
 
 @router.post("/v1/prewarms", status_code=201, response_model=Prewarm,
              responses=responses(s400="invalid_argument: a bad option (kind other than container, vm or "
-                                      "microvm; count outside 1..256; ttl_secs below 1), on host: with no machine, "
+                                      "microvm; count outside 1..256; ttl_secs below 1; cpus and memory_mb, given or "
+                                      "learned, not a shape a VM create takes: integers, 1..64 vCPUs, at least "
+                                      "the memory floor), on host: with no machine, "
                                       "no such linked cloud, or an image no host or linked cloud has (or the "
                                       "host pinned to lacks)",
                                  s404="not_found: on host:<machine> names no registered host",
