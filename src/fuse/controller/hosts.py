@@ -52,6 +52,17 @@ def validate(req: RegisterHostRequest) -> str:
         # path segment of "." or ".." is resolved away by URL normalisation,
         # so /v1/hosts/{id} could never reach this host.
         raise InvalidArgument(f"id {req.id!r} cannot be a URL path segment; choose another id")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in req.id):
+        # a newline in a path segment never matches a route (the host could be
+        # registered but never fetched, cordoned or removed), and PostgreSQL
+        # cannot store a NUL: no control characters, so every id stays addressable
+        raise InvalidArgument(f"id {req.id!r} contains a control character; choose another id")
+    texts = [("url", req.url), ("token", req.token), ("region", req.region)]
+    texts += [(f"labels key {k!r}", k) for k in req.labels or {}]
+    texts += [(f"labels.{k}", v) for k, v in (req.labels or {}).items()]
+    for field, text in texts:
+        if text and "\x00" in text:  # the embedded store keeps it, PostgreSQL cannot: one rule for both
+            raise InvalidArgument(f"{field} contains a NUL character")
     if not req.url:
         raise InvalidArgument("url is required")
     parse_address(req.url)  # BadAddress (400) saying what is wrong, before the probe dials it
