@@ -18,11 +18,12 @@ and tunables; see docs/integrations.md):
 `vmEntry`, `vmBundle` and `vmHost` may also be set in the service config.
 The service config also takes `url` and `token` (default $FUSE_URL /
 $FUSE_TOKEN, else the controller's local socket), `pollInterval` (s, 1),
-`pollTimeout` (s, 300) and `requestTimeout` (s, 300). mlos_bench fills a
-service config key from the global of the same name (a globals file, or
-`--token T` on its command line) but expands no `$name` in a service config,
-so a secret goes in as `"token": ""` here plus a global `token`; a value
-still reading `$name` is refused when the service is built.
+`pollTimeout` (s, 300) and `requestTimeout` (s, 300): finite, pollInterval
+at least 0 and the others above 0, else refused when the service is built.
+mlos_bench fills a service config key from the global of the same name (a
+globals file, or `--token T` on its command line) but expands no `$name` in
+a service config, so a secret goes in as `"token": ""` here plus a global
+`token`; a value still reading `$name` is refused when the service is built.
 
 How the calls map onto the controller:
 
@@ -31,10 +32,16 @@ How the calls map onto the controller:
                       "fuseOperation" and "fuseOperationKind") that converges
                       in the background: create it, wake it if it sleeps, or
                       delete and recreate it when its shape, or the entry or
-                      bundle the params ask for, differ from the trial's
-                      (mlos_bench calls provision on every trial with no
-                      deprovision between; a VM whose entry the params do not
-                      name keeps the one it runs).
+                      bundle the params ask for, or its vmHost differ from
+                      the trial's (mlos_bench calls provision on every trial
+                      with no deprovision between; a VM whose entry the
+                      params do not name keeps the one it runs). The VM is
+                      found by name fleet-wide, so a trial that changes
+                      vmHost replaces the last trial's VM. A sleeping VM is
+                      woken, never deleted for want of room: moved asleep to
+                      the pinned host, or (unpinned, its own host full) to
+                      one with room; none: FAILED, kept asleep for a later
+                      provision. A move of the VM under way is waited out.
     wait_host_deployment  waits for that operation: SUCCEEDED with info on its
                       runtime ({"operation", "vmName", "vmHost", "vmState",
                       "elapsedSecs"}), FAILED, or TIMED_OUT. is_setup must
@@ -47,7 +54,7 @@ How the calls map onto the controller:
                       operation of this service, no move of it), a VM that
                       is not what the wait leads to (gone or asleep for a
                       setup wait, say) is FAILED at once.
-    deprovision_host  deletes the VM (already gone is fine).
+    deprovision_host  deletes the VM wherever it is (already gone is fine).
     deallocate_host   sleeps the VM: its memory and vCPUs go back to the
                       fleet, its state stays on disk, provision wakes it.
                       Both block up to pollTimeout: (SUCCEEDED|FAILED, {}). Seed
@@ -58,10 +65,14 @@ How the calls map onto the controller:
 
 pollTimeout bounds a whole operation, counted from the call that started it
 (queueing, polling, moves included): its steps stop there, waits answer
-TIMED_OUT and the service forgets it. Operations run one at a time, in call
-order, on one daemon thread per service, so a provision after a timed-out
-one cannot race it; the service's exit cancels queued ones and waits at most
-EXIT_JOIN_S for a controller call in flight. Expected outcomes (fleet_full, a
+TIMED_OUT and the service forgets it. Reads made on the caller's thread
+(provision's look, a wait watching the VM) end by then too, so a controller
+that hangs is TIMED_OUT at pollTimeout, not FAILED at requestTimeout; a call
+that changes a VM is never cut short by it (it would go on at the
+controller). Operations run one at a time, in call order, on one daemon
+thread per service, so a provision after a timed-out one cannot race it;
+the service's exit cancels queued ones and waits at most EXIT_JOIN_S for a
+controller call in flight. Expected outcomes (fleet_full, a
 refusing host, a timeout) come back as FAILED or TIMED_OUT with the reason
 logged, and so does anything unexpected (with its traceback): never an
 exception into mlos_bench.
@@ -70,6 +81,7 @@ exception into mlos_bench.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import os
 import queue
@@ -79,7 +91,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 try:
@@ -91,11 +103,17 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 import httpx
 
 import fuse
+from fuse.client._core import Call
+from fuse.client.moves import MovesAPI
+from fuse.client.vms import VmsAPI
 
 _LOG = logging.getLogger(__name__)
 
 OP_KEY = "fuseOperation"  # the handle's operation id
 OP_KIND_KEY = "fuseOperationKind"  # provision | deprovision | deallocate
+# In a PENDING deprovision's or deallocate's handle: the host its call went to,
+# so a wait that outlives this service can still say where the VM was.
+OP_HOST_KEY = "fuseOperationHost"
 # Which wait_host_deployment(is_setup=...) each kind of operation answers to.
 KINDS: dict[str, bool] = {"provision": True, "deprovision": False, "deallocate": False}
 # A config value mlos_bench left as written: it fills a service config key
@@ -106,6 +124,7 @@ _UNEXPANDED = re.compile(r"\$\{?\w+\}?")
 EXIT_JOIN_S = 5.0
 DEFAULT_ENTRY = "while true; do sleep 3600; done"
 _GONE_STATES = ("exited", "failed", "deleted")
+_MOVE_ENDS = ("done", "failed")
 _PASSING_STATES = ("creating", "incoming")  # a VM leaves these by itself
 # Failures with a reason to log in one line: the controller's "no", no
 # answer, a bad url or bad params. Anything else is logged with its traceback;
@@ -146,6 +165,17 @@ def _number(key: str, value: Any, what: str) -> float:
         return float(value)
     except ValueError:
         raise ValueError(f"{key} must be {what}, not {value!r}") from None
+
+
+def _seconds(config: dict, key: str, default: float, *, zero: bool = False) -> float:
+    """A time from the service config: finite and above 0 (at least 0 when
+    `zero`). Refused when the service is built, not met as a wait that never
+    starts (pollTimeout 0) or a negative sleep on the first poll."""
+    value = _number(key, config.get(key, default), "a number of seconds")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{key} must be a finite number of seconds {'of at least 0' if zero else 'above 0'}, "
+                         f"not {config.get(key)!r}")
+    return value
 
 
 def _whole(key: str, value: Any) -> int:
@@ -200,8 +230,9 @@ class VmSpec:
             body["host"] = self.host
         return body
 
-    def differs(self, vm: dict) -> list[str]:
-        """What about `vm` this spec would change (empty: it fits)."""
+    def differs(self, vm: dict, host: bool = True) -> list[str]:
+        """What about `vm` this spec would change (empty: it fits); with
+        `host` False, what only a new VM could give (not where it runs)."""
         out = []
         shape = vm.get("shape") or {}
         if (shape.get("vcpus"), shape.get("mem_mib")) != (self.vcpus, self.mem_mib):
@@ -210,7 +241,7 @@ class VmSpec:
             out.append("entry")
         if self.bundle and vm.get("bundle") != self.bundle:
             out.append(f"bundle {vm.get('bundle')} -> {self.bundle}")
-        if self.host and vm.get("host") != self.host:
+        if host and self.host and vm.get("host") != self.host:
             out.append(f"host {vm.get('host')} -> {self.host}")
         return out
 
@@ -218,6 +249,12 @@ class VmSpec:
 def _opt(params: dict, config: dict, key: str) -> str | None:
     value = params.get(key, config.get(key))
     return str(value) if value not in (None, "") else None
+
+
+def _reason(err: fuse.ApiError) -> str:
+    """The controller's refusal in one line, with each host's reason when it gave them."""
+    hosts = err.details.get("hosts")
+    return f"{err.code}: {err.message}" + (f" (hosts: {hosts})" if hosts else "")
 
 
 def _named(params: Any) -> Any:
@@ -248,14 +285,16 @@ class Operation:
     operation was abandoned; a controller call already sent runs to its end at
     the controller, which is why `sent` is recorded."""
 
-    def __init__(self, kind: str, vm: str, run: Callable[["Operation"], dict], timeout: float):
+    def __init__(self, kind: str, vm: str, run: Callable[["Operation"], dict], timeout: float,
+                 started: float | None = None):
         self.id = uuid.uuid4().hex[:12]
         self.kind, self.vm, self.run, self.timeout = kind, vm, run, timeout
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.deadline = self.started + timeout
         self.future: Future = Future()
         self.step = "queued"
         self.sent = False  # a call that changes the VM has gone to the controller
+        self.host: str | None = None  # the host the VM was last seen on
         self._abandoned = threading.Event()
 
     def abandon(self) -> None:
@@ -346,10 +385,9 @@ class FuseVMService(Service):
                     f"service config key from the global of the same name), or set $FUSE_{key.upper()}")
         # Values may come from the command line as strings. The schema refuses
         # a boolean, but a subclass skips the schema: refused here too.
-        self._poll_interval = _number("pollInterval", self.config.get("pollInterval", 1.0), "a number of seconds")
-        self._poll_timeout = _number("pollTimeout", self.config.get("pollTimeout", 300.0), "a number of seconds")
-        self._request_timeout = _number("requestTimeout", self.config.get("requestTimeout", 300.0),
-                                        "a number of seconds")
+        self._poll_interval = _seconds(self.config, "pollInterval", 1.0, zero=True)
+        self._poll_timeout = _seconds(self.config, "pollTimeout", 300.0)
+        self._request_timeout = _seconds(self.config, "requestTimeout", 300.0)
         self._lock = threading.Lock()
         self._client: fuse.Client | None = None
         self._worker: _Worker | None = None
@@ -379,8 +417,9 @@ class FuseVMService(Service):
         with self._lock:
             return self._worker is not None and self._worker.busy
 
-    def _submit(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict) -> tuple[Status, dict]:
-        op = Operation(kind, name, run, self._poll_timeout)
+    def _submit(self, kind: str, name: str, run: Callable[[Operation], dict], params: dict,
+                started: float | None = None) -> tuple[Status, dict]:
+        op = Operation(kind, name, run, self._poll_timeout, started)
         with self._lock:
             now = time.monotonic()
             for old in [o for o in self._ops.values() if o.deadline <= now]:  # nobody waited on them
@@ -408,23 +447,90 @@ class FuseVMService(Service):
             client.close()  # not under a call still in flight: that thread ends it
         return super()._exit_context(ex_type, ex_val, ex_tb)
 
-    def _find(self, name: str, host: str | None) -> dict | None:
+    def _reads(self, until: float) -> tuple[VmsAPI, MovesAPI]:
+        """The client's vms and moves, for reads whose answer must come by
+        `until` (an operation's or a wait's deadline): a controller that hangs
+        ends them there as OperationTimedOut, not requestTimeout later. Only
+        reads: a call that changes a VM is never cut short by the deadline,
+        since it would go on at the controller while the next operation acts."""
+
+        def send(call: Call) -> Any:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise OperationTimedOut(f"no time left for {call.method} {call.path} before pollTimeout")
+            limit = call.timeout if call.timeout is not None else self._request_timeout
+            try:
+                return self.client._send(replace(call, timeout=min(limit, left)))
+            except fuse.ApiError as err:
+                if left < limit and isinstance(err.__cause__, httpx.TimeoutException):
+                    raise OperationTimedOut(f"the controller did not answer {call.method} {call.path} "
+                                            f"within pollTimeout ({self._poll_timeout:g} s)") from err
+                raise
+
+        return VmsAPI(send), MovesAPI(send)
+
+    def _find(self, name: str, host: str | None, until: float) -> dict | None:
+        """The VM `name` on `host` (None: wherever it is), None if there is none."""
         try:
-            return self.client.vms.get(name, host=host)
+            return self._reads(until)[0].get(name, host=host)
         except fuse.ApiError as err:
             if err.code == "not_found":
                 return None
             raise
 
-    def _settle(self, op: Operation, name: str, host: str | None) -> dict | None:
-        """The VM once it is out of a passing state (creating, incoming)."""
+    def _lookup(self, name: str, host: str | None, until: float) -> dict | None:
+        """The VM named `name`, looked up fleet-wide: the service keeps one VM
+        per name, and a trial that changes vmHost must find the previous
+        trial's VM on its old host (to replace it there), not miss it and
+        leave it running. vmHost only picks one when the name is on several
+        (none of them there: still ambiguous, never a third copy)."""
+        try:
+            return self._find(name, None, until)
+        except fuse.ApiError as err:
+            if err.code != "ambiguous_vm" or not host:
+                raise
+            vm = self._find(name, host, until)
+            if vm is None:
+                raise
+            return vm
+
+    def _moving(self, name: str, until: float) -> bool:
+        """A move of the VM is under way at the controller (it sleeps the VM
+        on its way to another host, then wakes it there)."""
+        return any(m.get("vm") == name and m.get("state") not in _MOVE_ENDS for m in self._reads(until)[1].list())
+
+    def _settle(self, op: Operation, name: str, host: str | None, passing: bool = True) -> dict | None:
+        """The VM once nothing else is changing it: no move of it under way
+        and (with `passing`) out of a passing state (creating, incoming). A
+        move holds the VM until it is done or home again; waking, deleting or
+        recreating it meanwhile could lose it or leave it on two hosts."""
         op.check(f"looking up vm {name}")
-        vm = self._find(name, host)
-        while vm is not None and vm["state"] in _PASSING_STATES:
+        while True:
+            # Moves first: a move that ends after this look shows in the VM found next.
+            moving = self._moving(name, op.deadline)
+            vm = self._lookup(name, host, op.deadline)
+            if vm is not None:
+                op.host = vm["host"]
+            if not moving and (vm is None or not passing or vm["state"] not in _PASSING_STATES):
+                return vm
             op.pause(self._poll_interval)
-            op.check(f"waiting for vm {name} to leave {vm['state']}")
-            vm = self._find(name, host)
-        return vm
+            op.check(f"waiting for a move of vm {name} to end" if moving
+                     else f"waiting for vm {name} to leave {vm['state']}")
+
+    def _outwaiting_moves(self, op: Operation, name: str, host: str | None,
+                          act: Callable[[dict | None], dict], passing: bool = True) -> dict:
+        """`act` on the settled VM; when the controller answers that a move
+        holds it (409 move_in_progress: one started since the look), wait for
+        the move to end and act again on the VM as it is then."""
+        while True:
+            vm = self._settle(op, name, host, passing)
+            try:
+                return act(vm)
+            except fuse.ApiError as err:
+                if err.code != "move_in_progress":
+                    raise
+                _LOG.info("fuse: vm %s is held by a move (%s); waiting for it to end", name, err.message)
+            op.pause(self._poll_interval)
 
     @staticmethod
     def _failed(what: str, err: Exception) -> tuple[Status, dict]:
@@ -438,36 +544,29 @@ class FuseVMService(Service):
         return Status.FAILED, {}
 
     @staticmethod
-    def _info(kind: str, name: str, vm: dict | None, started: float) -> dict:
-        """wait's SUCCEEDED result: info on the operation's runtime."""
+    def _info(kind: str, name: str, vm: dict | None, started: float, host: str | None = None) -> dict:
+        """wait's SUCCEEDED result: info on the operation's runtime. `host`:
+        where the VM was when `vm` does not say (a deprovision's, deleted)."""
         info: dict[str, Any] = {"operation": kind, "vmName": name,
                                 "elapsedSecs": round(time.monotonic() - started, 3)}
-        if vm and vm.get("host"):
-            info["vmHost"] = vm["host"]
+        if (vm and vm.get("host")) or host:
+            info["vmHost"] = (vm or {}).get("host") or host
         info["vmState"] = vm["state"] if vm and vm.get("state") else "deleted"
         return info
 
     # ---- operations (on the worker thread) -----------------------------------
     def _converge(self, op: Operation, spec: VmSpec) -> dict:
-        """Make the VM `spec` names exist, running, with its shape."""
-        vm = self._settle(op, spec.name, spec.host)
+        """Make the VM `spec` names exist, running, with its shape (on
+        spec.host when the trial pins one), once any move of it has ended."""
+        return self._outwaiting_moves(op, spec.name, spec.host, lambda vm: self._converge_vm(op, spec, vm))
+
+    def _converge_vm(self, op: Operation, spec: VmSpec, vm: dict | None) -> dict:
         if vm is not None:
             changes = spec.differs(vm)
-            if vm["state"] == "sleeping" and not changes:
-                op.check(f"waking vm {spec.name} on {vm['host']}")
-                op.sent = True
-                try:
-                    vm = self.client.vms.wake(spec.name, host=vm["host"])
-                    _LOG.info("fuse: woke vm %s on %s", spec.name, vm["host"])
-                except fuse.ApiError as err:
-                    if err.code == "unreachable":  # no answer: the VM may have woken, so never recreate it
-                        raise
-                    moved = self._wake_elsewhere(op, spec, vm) if err.code == "host_full" else None
-                    if moved is not None:
-                        vm = moved
-                    else:
-                        _LOG.warning("fuse: vm %s did not wake (%s); recreating it", spec.name, err)
-                        changes = ["did not wake"]
+            if vm["state"] == "sleeping" and not spec.differs(vm, host=False):
+                # Asleep with the trial's shape: wake it, wherever that takes,
+                # or fail keeping it: deleting it would lose its saved state.
+                vm, changes = self._wake(op, spec, vm), []
             elif vm["state"] in _GONE_STATES:
                 changes = [f"state {vm['state']}"]
             if changes:
@@ -482,31 +581,61 @@ class FuseVMService(Service):
             vm = self.client.vms.create(spec.body())
             _LOG.info("fuse: created vm %s (%d vCPUs, %d MiB) on %s", spec.name, spec.vcpus, spec.mem_mib,
                       vm["host"])
+        op.host = vm["host"]
         if vm["state"] != "running":
             raise OperationFailed(f"vm {spec.name} is {vm['state']} on {vm['host']}: {vm.get('reason') or ''}")
         return vm
 
-    def _wake_elsewhere(self, op: Operation, spec: VmSpec, vm: dict) -> dict | None:
-        """Its host has no room now: move the sleeping VM (it stays asleep) to
-        the best host that has, and wake it there. None when that fails."""
+    def _wake(self, op: Operation, spec: VmSpec, vm: dict) -> dict:
+        """Wake the sleeping VM: on its own host; on the pinned host when the
+        trial pins another (moved there asleep first); unpinned with no room
+        left on its host, on the best host with room (moved likewise). A VM
+        that can wake nowhere is FAILED and kept asleep where it is, its saved
+        state with it, for a later provision to wake once room frees."""
+        if spec.host and spec.host != vm["host"]:
+            return self._move_and_wake(op, spec, vm, spec.host)
+        op.check(f"waking vm {spec.name} on {vm['host']}")
+        op.sent = True
         try:
-            op.check(f"moving sleeping vm {spec.name} off full host {vm['host']}")
-            move = self.client.moves.create(spec.name, host=vm["host"])
-            while move["state"] not in ("done", "failed"):
-                op.pause(min(self._poll_interval, 1.0))
-                op.check(f"moving vm {spec.name} ({move['id']}: {move['state']})")
-                move = self.client.moves.get(move["id"])
-            if move["state"] != "done":
-                return None
-            op.check(f"waking vm {spec.name} on {move['to']}")
-            woke = self.client.vms.wake(spec.name, host=move["to"])
-            _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
-            return woke
+            woke = self.client.vms.wake(spec.name, host=vm["host"])
         except fuse.ApiError as err:
-            if err.code == "unreachable":  # no answer: it may have moved or woken, so never recreate it
+            if err.code in ("unreachable", "move_in_progress"):
+                raise  # no answer: it may have woken; a move: waited out by the caller
+            if err.code != "host_full" or spec.host:  # pinned: waking it elsewhere is not what was asked
+                raise OperationFailed(f"vm {spec.name} did not wake on {vm['host']} ({_reason(err)}); "
+                                      "it is kept asleep there") from err
+            _LOG.info("fuse: vm %s cannot wake on %s (%s); moving it to a host with room", spec.name, vm["host"],
+                      err.message)
+            return self._move_and_wake(op, spec, vm, None)
+        _LOG.info("fuse: woke vm %s on %s", spec.name, woke["host"])
+        return woke
+
+    def _move_and_wake(self, op: Operation, spec: VmSpec, vm: dict, to: str | None) -> dict:
+        """Move the sleeping VM (it stays asleep) to `to`, or the best host
+        with room, and wake it there. A refused or failed move leaves it
+        asleep on its host: FAILED, never recreated."""
+        op.check(f"moving sleeping vm {spec.name} off {vm['host']}")
+        op.sent = True
+        try:
+            move = self.client.moves.create(spec.name, to=to, host=vm["host"])
+        except fuse.ApiError as err:
+            if err.code in ("unreachable", "move_in_progress"):
                 raise
-            _LOG.warning("fuse: vm %s could not wake elsewhere: %s", spec.name, err)
-            return None
+            raise OperationFailed(f"vm {spec.name} sleeps on {vm['host']} and cannot wake "
+                                  f"{'on ' + to if to else 'anywhere'} ({_reason(err)}); it is kept asleep there, "
+                                  "and a later provision wakes it once there is room") from err
+        while move["state"] not in _MOVE_ENDS:
+            op.pause(min(self._poll_interval, 1.0))
+            op.check(f"moving vm {spec.name} ({move['id']}: {move['state']})")
+            move = self._reads(op.deadline)[1].get(move["id"])
+        if move["state"] != "done":
+            raise OperationFailed(f"moving sleeping vm {spec.name} from {vm['host']} to {move['to']} failed "
+                                  f"({move.get('reason') or 'no reason given'}); it is kept asleep on {vm['host']}")
+        op.host = move["to"]
+        op.check(f"waking vm {spec.name} on {move['to']}")
+        woke = self.client.vms.wake(spec.name, host=move["to"])
+        _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
+        return woke
 
     def _delete(self, name: str, host: str | None) -> None:
         try:
@@ -516,44 +645,58 @@ class FuseVMService(Service):
                 raise
 
     def _remove(self, op: Operation, name: str, host: str | None) -> dict:
-        op.check(f"looking up vm {name}")
-        vm = self._find(name, host)
-        if vm is None:
-            return {}  # already gone: what deprovision asks for
-        op.check(f"deleting vm {name} on {vm['host']}")
-        op.sent = True
-        self._delete(name, vm["host"])
-        op.check(f"checking vm {name} is gone")
-        if self._find(name, vm["host"]) is not None:
-            raise OperationFailed(f"vm {name} still exists on {vm['host']} after delete")
-        _LOG.info("fuse: deleted vm %s", name)
-        return {"host": vm["host"]}
+        """Delete the VM wherever it is, once any move of it has ended."""
+
+        def delete(vm: dict | None) -> dict:
+            if vm is None:
+                return {}  # already gone: what deprovision asks for
+            op.check(f"deleting vm {name} on {vm['host']}")
+            op.sent = True
+            self._delete(name, vm["host"])
+            op.check(f"checking vm {name} is gone")
+            if self._find(name, vm["host"], op.deadline) is not None:
+                raise OperationFailed(f"vm {name} still exists on {vm['host']} after delete")
+            _LOG.info("fuse: deleted vm %s on %s", name, vm["host"])
+            return {"host": vm["host"]}
+
+        # A VM stuck creating is deleted, not waited for; a move is waited out.
+        return self._outwaiting_moves(op, name, host, delete, passing=False)
 
     def _sleep(self, op: Operation, name: str, host: str | None) -> dict:
-        vm = self._settle(op, name, host)
-        if vm is None:
-            raise OperationFailed(f"vm {name} not found")
-        if vm["state"] == "running":
-            op.check(f"sleeping vm {name} on {vm['host']}")
-            op.sent = True
-            vm = self.client.vms.sleep(name, host=vm["host"])
-        if vm["state"] != "sleeping":
-            raise OperationFailed(f"vm {name} is {vm['state']}, not sleeping")
-        _LOG.info("fuse: vm %s sleeps on %s", name, vm["host"])
-        return vm
+        def sleep(vm: dict | None) -> dict:
+            if vm is None:
+                raise OperationFailed(f"vm {name} not found")
+            if vm["state"] == "running":
+                op.check(f"sleeping vm {name} on {vm['host']}")
+                op.sent = True
+                vm = self.client.vms.sleep(name, host=vm["host"])
+            if vm["state"] != "sleeping":
+                raise OperationFailed(f"vm {name} is {vm['state']}, not sleeping")
+            _LOG.info("fuse: vm %s sleeps on %s", name, vm["host"])
+            return vm
+
+        return self._outwaiting_moves(op, name, host, sleep)
 
     # ---- SupportsHostProvisioning -------------------------------------------
     def provision_host(self, params: dict) -> tuple[Status, dict]:
         """Check the VM is running with the trial's shape (SUCCEEDED, {});
-        create, wake or recreate it if not (PENDING with an operation handle)."""
+        create, wake or recreate it if not (PENDING with an operation handle).
+        The look is bounded by pollTimeout like the rest: a controller that
+        does not answer makes it PENDING, and its wait TIMED_OUT, by then."""
         try:
+            started = time.monotonic()
             spec = VmSpec.from_params(params, self.config)
             if not self._busy():  # nothing queued or in flight could change the answer: look now
-                vm = self._find(spec.name, spec.host)
-                if vm is not None and vm["state"] == "running" and not spec.differs(vm):
-                    _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
-                    return Status.SUCCEEDED, {}  # seed 002: the result is always {}
-            return self._submit("provision", spec.name, lambda op: self._converge(op, spec), params)
+                try:
+                    vm = self._lookup(spec.name, spec.host, started + self._poll_timeout)
+                except OperationTimedOut as err:
+                    _LOG.warning("fuse: provision of vm %s: %s", spec.name, err)
+                else:
+                    if vm is not None and vm["state"] == "running" and not spec.differs(vm):
+                        _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
+                        return Status.SUCCEEDED, {}  # seed 002: the result is always {}
+            # The operation's pollTimeout counts from this call, the look included.
+            return self._submit("provision", spec.name, lambda op: self._converge(op, spec), params, started)
         except Exception as err:
             return self._failed(f"provision of vm {_named(params)}", err)
 
@@ -589,8 +732,8 @@ class FuseVMService(Service):
         status, _ = self._await(op)
         if status != Status.TIMED_OUT:
             return status, {}
-        if op.sent:
-            return Status.PENDING, handle
+        if op.sent:  # where its call went, for a wait that no longer holds the operation
+            return Status.PENDING, {**handle, **({OP_HOST_KEY: op.host} if op.host else {})}
         _LOG.error("fuse: %s of vm %s failed: it timed out before asking the controller", kind, name)
         return Status.FAILED, {}
 
@@ -662,15 +805,25 @@ class FuseVMService(Service):
             spec = VmSpec.from_params(params, self.config)
         started = time.monotonic()
         deadline = started + self._poll_timeout
+        seen = params.get(OP_HOST_KEY) or None  # where the VM was last seen, for a deprovision's vmHost
+        looked, vm = False, None
         while True:
-            # Looked at before the VM: whatever ends after this look has
-            # already shown in the VM we then find.
-            under_way = self._busy() or self._moving(name)
-            vm = self._find(name, host)
+            try:
+                # Looked at before the VM: whatever ends after this look has
+                # already shown in the VM we then find.
+                under_way = self._busy() or self._moving(name, deadline)
+                vm = self._lookup(name, host, deadline)
+            except OperationTimedOut as err:  # the deadline came during (or before) this look
+                _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); %s", kind, name,
+                             self._poll_timeout, f"the vm is {self._described(vm, spec)}" if looked else err)
+                return Status.TIMED_OUT, {}
+            looked = True
+            if vm is not None and vm.get("host"):
+                seen = vm["host"]
             if kind == "provision" and vm is not None and vm["state"] == "running" and not (spec and spec.differs(vm)):
                 return Status.SUCCEEDED, self._info(kind, name, vm, started)
             if kind == "deprovision" and (vm is None or vm["state"] == "deleted"):
-                return Status.SUCCEEDED, self._info(kind, name, None, started)
+                return Status.SUCCEEDED, self._info(kind, name, None, started, seen)
             if kind == "deallocate" and vm is not None and vm["state"] == "sleeping":
                 return Status.SUCCEEDED, self._info(kind, name, vm, started)
             if not under_way and (vm is None or vm["state"] not in _PASSING_STATES):
@@ -682,11 +835,6 @@ class FuseVMService(Service):
                              self._poll_timeout, self._described(vm, spec))
                 return Status.TIMED_OUT, {}
             time.sleep(min(self._poll_interval, max(0.0, deadline - time.monotonic())))
-
-    def _moving(self, name: str) -> bool:
-        """A move of the VM is under way at the controller (it sleeps the VM
-        on its way to another host, then wakes it there)."""
-        return any(m.get("vm") == name and m.get("state") not in ("done", "failed") for m in self.client.moves.list())
 
     @staticmethod
     def _described(vm: dict | None, spec: VmSpec | None) -> str:
