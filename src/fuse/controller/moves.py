@@ -66,6 +66,23 @@ CHUNK = 4 * 1024 * 1024
 # Per-request limit while copying: a target whose network vanished must fail
 # the move (and bring the VM home) in bounded time, not hang it.
 IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
+# The limit for the calls on a moving VM's path that do little on the host: the
+# target beginning its incoming side (an admission check and a reservation) and
+# aborting one that was never woken (removing files). They answer in milliseconds;
+# one not answered in this long means a hung or cut-off host, and the VM, asleep
+# meanwhile, is better brought home than kept down for IO_TIMEOUT (or the 60 s a
+# begin used to have). A chunk, a verify (hashing every file) or a wake may take
+# long on a healthy host and keep their own limits.
+QUICK_TIMEOUT = float(os.environ.get("FUSE_MOVE_QUICK_TIMEOUT", "10"))
+# How a target says no to an arriving VM before taking anything (the agent's
+# ``POST /v1/host/incoming``): its admission (memory, its --max-vms VM-count policy,
+# pressure), a VM of that name already there, another bundle or platform. Nothing was
+# copied then, so a target chosen by best fit gives way to the next candidate.
+TARGET_REFUSALS = frozenset({"host_full", "vm_exists", "bundle_mismatch", "platform_mismatch"})
+# A drain that finds a VM in a move (the one a controller crash left, another
+# drain's, an operator's) waits this long at most for it to end before it reports
+# the VM stuck.
+DRAIN_MOVE_WAIT_S = 900.0
 # A chunk read changes nothing, so one that met a dropped connection (an agent
 # closes a kept-alive one after ~5 s idle, as slow chunks leave them) is sent
 # again this many times before it fails the move. Nothing else is retried.
@@ -102,6 +119,25 @@ def refuse(code: str, message: str) -> MoveRefused:
     return MoveRefused(message, code=code)
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a failed call ran out of time (a host that stopped answering), as
+    opposed to one that was refused or cut: httpx's timeouts, or a socket's
+    SO_RCVTIMEO/SO_SNDTIMEO (the bulk copy's), anywhere in the exception chain."""
+    import errno
+
+    import httpx
+
+    cur: BaseException | None = exc
+    for _ in range(8):
+        if cur is None:
+            return False
+        if isinstance(cur, (httpx.TimeoutException, TimeoutError)) or (
+                isinstance(cur, OSError) and cur.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT)):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def _crash_point(point: str) -> None:
     """Test hook: FUSE_TEST_CRASH_AT=<point> kills the controller right there
     (no clean-up), so tests can restart it at every step of a move."""
@@ -135,6 +171,7 @@ class MoveService:
         self._drains: dict[str, asyncio.Task] = {}  # per host: the drain in progress, which a second call joins
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
+        self._tidying: asyncio.Task | None = None
 
     @property
     def fleet(self):
@@ -257,6 +294,9 @@ class MoveService:
                     id=move_id, vm=name, source=source, target=target, state="starting", created_at=now, updated_at=now,
                     record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
                             "history": [{"state": "starting", "time": now}], "vm": vm,
+                            # chosen by best fit: a target refusing the VM at its arrival gives way
+                            # to the next candidate (`_begin`); a named one is the caller's choice
+                            "best_fit": to is None,
                             "owner": self.ctl.instance, "lease_until": now + LEASE_S}))
                 self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "starting", "target": target},
                                      host=source, conn=c)
@@ -354,38 +394,64 @@ class MoveService:
             if why := self.compatible(vm, source, to):
                 raise refuse("arch_mismatch", why)
             # The same filter an automatic target passes (memory, vm_count
-            # policy, memory pressure), so a target without room is refused
-            # now, with its reason, not by its admission halfway through.
-            fleet, reasons = self.ctl.vms.arrays(only=to)
+            # policy and its agent's own max_vms, memory pressure), so a target
+            # without room is refused now, with its reason, not by its admission
+            # halfway through.
+            fleet, reasons = self._arrays(only=to)
             decision = rank(fleet, ask, reasons)
             if to not in decision.order:
                 raise refuse("no_target", f"host {to} has no room for vm {name}: "
                                           f"{decision.reasons.get(to, 'not accepting placements')}")
             return to
-        fleet, reasons = self.ctl.vms.arrays()
-        decision = rank(fleet, ask, reasons)
-        passed: dict[str, str] = {}  # every other host -> why it is not the target (as fleet_full says)
-        for h in decision.order:
-            if h == source:
-                continue
-            if self._same_machine(source, h):
-                passed[h] = f"the same machine as {source} (the same agent under another id)"
-            elif self.fleet.views.get(h) is None:
-                passed[h] = "host is disconnected"
-            elif why := self.compatible(vm, source, h):
-                passed[h] = why
-            elif name_taken(h):
-                passed[h] = f"has room, but a vm named {name} already there"
-            elif h in (leftovers or {}):
-                passed[h] = leftovers[h]
-            else:
-                return h
-        passed |= {h: why for h, why in decision.reasons.items() if h != source}
+        host, passed = self._best_fit(name, source, vm, leftovers or {})
+        if host is not None:
+            return host
         if not passed:
             raise refuse("no_target", f"no other host can take vm {name}: {source} is the only host registered")
         raise MoveRefused(f"no other host can take vm {name}: "
                           + "; ".join(f"{h}: {why}" for h, why in sorted(passed.items())),
                           code="no_target", details={"hosts": dict(sorted(passed.items()))})
+
+    def _arrays(self, only: str | None = None):
+        """The fleet as placement sees it, each host's VM-count limit lowered to its
+        agent's own ``max_vms`` where its summary reports a lower one."""
+        from .placement import with_agent_limits
+        fleet, reasons = self.ctl.vms.arrays(only=only)
+        limits = {h: v.summary.get("max_vms") for h, v in self.fleet.views.items()}
+        return with_agent_limits(fleet, limits), reasons
+
+    def _best_fit(self, name: str, source: str, vm: dict, leftovers: dict[str, str],
+                  exclude: dict[str, str] | None = None) -> tuple[str | None, dict[str, str]]:
+        """The best-fit target for ``vm`` (None when no host can take it), and every
+        other host -> why it is not the target (as fleet_full says). ``exclude``:
+        hosts already out, with their reasons (targets that refused the VM)."""
+        from .placement import rank
+        from .resources import Resources
+        ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
+        named = {r["host"] for r in self.store.vms_named(name) if r["host"] != source}
+        exclude = exclude or {}
+        fleet, reasons = self._arrays()
+        decision = rank(fleet, ask, reasons)
+        passed: dict[str, str] = {}
+        for h in decision.order:
+            if h == source:
+                continue
+            if h in exclude:
+                passed[h] = exclude[h]
+            elif self._same_machine(source, h):
+                passed[h] = f"the same machine as {source} (the same agent under another id)"
+            elif self.fleet.views.get(h) is None:
+                passed[h] = "host is disconnected"
+            elif why := self.compatible(vm, source, h):
+                passed[h] = why
+            elif any(t == h or self._same_machine(t, h) for t in named):
+                passed[h] = f"has room, but a vm named {name} already there"
+            elif h in leftovers:
+                passed[h] = leftovers[h]
+            else:
+                return h, passed
+        passed |= {h: why for h, why in decision.reasons.items() if h != source}
+        return None, passed | {h: why for h, why in exclude.items() if h != source}
 
     def _same_machine(self, a: str, b: str) -> bool:
         """Whether two host ids reach one agent (its identity, as usage counts
@@ -403,7 +469,12 @@ class MoveService:
 
     # ---- the move ------------------------------------------------------------
     async def _host(self, host: str, method: str, path: str, ok=(200, 201, 204), **kw):
-        resp = await self.fleet.conn(host).request(method, path, **kw)
+        try:
+            resp = await self.fleet.conn(host).request(method, path, **kw)
+        except HostUnreachable as exc:
+            if _timed_out(exc) and kw.get("timeout"):
+                exc.hung = (host, kw["timeout"])  # (for the move's reason: `_failure`)
+            raise
         if resp.status_code == 404 and 404 in ok and not agent_not_found(resp):
             # a 404 read as "the host holds nothing" must be the agent's own word: a proxy or
             # gateway in the way (a cut link's traffic can end at one) answering 404 would have
@@ -420,16 +491,20 @@ class MoveService:
         row = self._row(move_id)
         if row["state"] not in ("starting", "pending"):
             return
+        step = "sleeping"
         try:
             row = self._set(move_id, "sleeping")
             _crash_point("sleeping")
             await self._sleep(row)
             _crash_point("slept")
+            await _pause_point("slept")
+            step = "copying"
             row = self._set(move_id, "copying")
             await self._copy(row)
             _crash_point("copied")
             await _pause_point("copied")
             _fail_point("copied")
+            step = "waking"
             row = self._set(move_id, "waking")
             await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
             _crash_point("installed")
@@ -443,10 +518,50 @@ class MoveService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reason = exc.message if isinstance(exc, FuseError) else f"{type(exc).__name__}: {exc}"
+            reason, target_hung = await self._failure(self._row(move_id), step, exc)
             log.warning("move %s failed: %s", move_id, reason)
-            self._set(move_id, reason=reason)
+            # (a target that hung before it was asked to wake holds no copy that could run:
+            # the VM goes home without waiting on it again, and the janitor aborts its side)
+            self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
         await self._recover(self._row(move_id))
+
+    async def _failure(self, row: dict, step: str, exc: Exception) -> tuple[str, bool]:
+        """The reason a move failed at ``step``, and whether it was the target that
+        stopped answering before it was asked to wake. A host that did not answer in
+        time is named with its role and the limit it had ("target host h2 did not
+        answer within 30 s during copying"), not with the OS error that ended the
+        wait: an operator reads which host to look at."""
+        if not isinstance(exc, FuseError):
+            return f"{type(exc).__name__}: {exc}", False
+        hung = getattr(exc, "hung", None)
+        if hung is None and step == "copying" and _timed_out(exc):
+            # The bulk copy's sockets ran out of time, which does not say which end stopped: a host
+            # whose poller is failing while the other's is not is the one; else both are asked.
+            ends = [row["target"], row["source"]]
+            quiet = [h for h in ends if (v := self.fleet.views.get(h)) is None or v.failures or not v.connected]
+            if len(quiet) != 1:
+                quiet = await self._not_answering(ends)
+            if not quiet:
+                return (f"the copy from {row['source']} to {row['target']} stalled: nothing moved for "
+                        f"{IO_TIMEOUT:g} s, though both hosts answer", False)
+            hung = (quiet[0], IO_TIMEOUT)
+        if hung is None:
+            return exc.message, False
+        host, secs = hung
+        role = "target" if host == row["target"] else "source"
+        return (f"{role} host {host} did not answer within {secs:g} s during {step}",
+                role == "target" and step in ("sleeping", "copying"))
+
+    async def _not_answering(self, hosts: list[str], timeout: float = 2.0) -> list[str]:
+        """Those of ``hosts`` that do not answer ``GET /v1/host`` within ``timeout``
+        (asked side by side, so this costs ``timeout`` at most)."""
+        async def answers(h: str) -> bool:
+            try:
+                return (await self.fleet.conn(h).request("GET", "/v1/host", timeout=timeout)).status_code == 200
+            except FuseError:
+                return False
+        ok = await asyncio.gather(*(answers(h) for h in hosts))
+        return [h for h, good in zip(hosts, ok) if not good]
 
     async def _sleep(self, row: dict) -> None:
         vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
@@ -461,12 +576,8 @@ class MoveService:
         (the bulk protocol where both hosts speak it, else HTTP), then have
         the target hash what it holds and check each SHA-256 against the
         source's."""
+        row = await self._begin(row)
         rec = row["record"]
-        vm = rec["vm"]
-        await self._host(row["target"], "POST", "/v1/host/incoming", timeout=60, json={
-            "move_id": row["id"], "platform": vm.get("platform") or {}, "files": rec["files"],
-            "vm": {"name": row["vm"], "shape": vm["shape"], "entry": vm["entry"], "bundle": vm["bundle"],
-                   "bundle_fingerprint": vm["bundle_fingerprint"], "created_at": vm.get("created_at")}})
         src, dst = self._bulk_endpoint(row["source"]), self._bulk_endpoint(row["target"])
         self._set(row["id"], copy_path="bulk" if src and dst else "http")
         t0 = time.monotonic()
@@ -485,6 +596,58 @@ class MoveService:
                                 f"sha256 {str(have.get('sha256'))[:12]}, the source's {f['size']} bytes "
                                 f"sha256 {f['sha256'][:12]}")
         self._set(row["id"], copy_secs=round(t1 - t0, 4), verify_secs=round(time.monotonic() - t1, 4))
+
+    async def _begin(self, row: dict) -> dict:
+        """Have the target begin its incoming side: its admission takes the VM and
+        reserves its room, or refuses before a byte is copied. A target chosen by
+        best fit that refuses (`TARGET_REFUSALS`: its --max-vms policy, memory, a VM
+        of the name) gives way to the next candidate, as a create does (seed 004: "a
+        refusal moves on to the next host"); the move's ``to`` becomes that host.
+        Only when no host accepts does the move fail, its reason naming each host's
+        answer, and the VM go home. A named target's refusal fails the move: the
+        caller chose that host. Returns the row (its target as it now is)."""
+        rec = row["record"]
+        vm = rec["vm"]
+        refused: dict[str, str] = {}
+        while True:
+            try:
+                await self._host(row["target"], "POST", "/v1/host/incoming", timeout=QUICK_TIMEOUT, json={
+                    "move_id": row["id"], "platform": vm.get("platform") or {}, "files": rec["files"],
+                    "vm": {"name": row["vm"], "shape": vm["shape"], "entry": vm["entry"], "bundle": vm["bundle"],
+                           "bundle_fingerprint": vm["bundle_fingerprint"], "created_at": vm.get("created_at")}})
+                return row
+            except FuseError as exc:
+                if not rec.get("best_fit") or exc.code not in TARGET_REFUSALS:
+                    raise
+                refused[row["target"]] = exc.message.removeprefix(f"host {row['target']}: ")
+            log.info("move %s: target %s refused vm %s (%s); trying the next host", row["id"], row["target"],
+                     row["vm"], refused[row["target"]])
+            async with self._lock:  # (as at the move's start: each choice sees the room the others hold)
+                host, passed = self._best_fit(row["vm"], row["source"], vm, {}, exclude=refused)
+                if host is None:
+                    others = {h: why for h, why in passed.items() if h not in refused}
+                    raise FuseError(f"no host accepted vm {row['vm']}: "
+                                    + "; ".join(f"{h}: {why}" for h, why in refused.items())
+                                    + (("; no other host can take it: " + "; ".join(
+                                        f"{h}: {why}" for h, why in sorted(others.items()))) if others else ""),
+                                    code="no_target")
+                row = self._retarget(row, host, refused)
+
+    def _retarget(self, row: dict, host: str, refused: dict[str, str]) -> dict:
+        """Point a move whose target refused the VM at ``host``, persisted (with the
+        refusals) before anything is asked of it: recovery after a crash settles the
+        move with the target it reads, and the room the move holds moves along."""
+        with self.store.tx() as c:
+            cur = dict(c.execute(select(moves_t).where(moves_t.c.id == row["id"])).mappings().one())
+            record = dict(cur["record"] or {}, refused=dict(refused))
+            c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(
+                target=host, record=record, updated_at=time.time()))
+            self.store.add_event("move_retargeted", {"move": row["id"], "vm": row["vm"], "from": cur["target"],
+                                                    "to": host, "refused": dict(refused)},
+                                 host=row["source"], conn=c)
+        if self.fleet:
+            self.fleet.changed.set()
+        return self._row(row["id"])
 
     def _bulk_endpoint(self, host: str):
         """Operators behind something that passes only HTTP can set
@@ -539,7 +702,11 @@ class MoveService:
                 done, _ = await asyncio.wait({job}, timeout=0.25)
                 self._set(row["id"], copied_bytes=count["bytes"])
                 if done:
-                    return job.result()
+                    try:
+                        return job.result()
+                    except OSError as exc:  # (one while a copy connection opens comes unwrapped)
+                        raise HostUnreachable(f"copying from {row['source']} to {row['target']} failed: "
+                                              f"{exc}") from exc
         except asyncio.CancelledError:
             stop.set()
             for sock in sockets:  # the copying thread's splice fails at once, so shutdown does not wait on it
@@ -639,8 +806,15 @@ class MoveService:
         if row["state"] != "rolling_back":
             row = self._set(move_id, "rolling_back", reason=reason)
         if not row["record"].get("target_clear"):
+            # Here the target was never asked to wake the VM (or, from `waking`, said above
+            # that it holds no copy): its side can only be removed, so it is not waited on
+            # long (QUICK_TIMEOUT), and not at all when it already failed to answer the move
+            # (`target_hung`): the VM wakes home first, the janitor aborts the target's side
+            # once it answers.
             try:
-                await self._abort_target(row)
+                if row["record"].get("target_hung"):
+                    raise HostUnreachable(f"host {row['target']} did not answer the move: {reason}")
+                await self._abort_target(row, timeout=QUICK_TIMEOUT)
                 row = self._set(move_id, target_clear=True, cleanup_pending=False)
             except FuseError as exc:  # the janitor retries once the target answers
                 row = self._set(move_id, cleanup_pending=True, cleanup_reason=exc.message)
@@ -689,8 +863,10 @@ class MoveService:
     # ---- after a restart -----------------------------------------------------
     async def resume(self) -> None:
         """Start renewing leases and recovering moves whose driver is gone
-        (a previous run of this controller, or a replica that died)."""
+        (a previous run of this controller, or a replica that died), and resume
+        the drain of every host left draining (`drain`)."""
         self._janitor = asyncio.create_task(self._janitor_loop())
+        self.resume_drains()
 
     def _claim(self, move_id: str) -> dict | None:
         """Take over an active move whose lease ran out (row-locked, so two
@@ -750,14 +926,18 @@ class MoveService:
                 log.exception("move leases")
             await asyncio.sleep(1)
             tick += 1
-            if tick % 2:
-                continue
-            try:
-                await self._tidy()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a store blip or an odd reply must not end the janitor
-                log.exception("move clean-up")
+            # The clean-up waits on hosts (a hung one for its whole timeout): it runs
+            # beside this loop, so the leases are renewed every second meanwhile.
+            if tick % 2 == 0 and (self._tidying is None or self._tidying.done()):
+                self._tidying = asyncio.create_task(self._tidy_safely())
+
+    async def _tidy_safely(self) -> None:
+        try:
+            await self._tidy()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a store blip or an odd reply must not end the clean-up
+            log.exception("move clean-up")
 
     async def _tidy(self) -> None:
         """Retry what a failed or finished move could not tidy at once."""
@@ -774,9 +954,11 @@ class MoveService:
                 pass
 
     async def close(self) -> None:
-        for t in [*self._tasks.values(), *([self._janitor] if self._janitor else [])]:
+        tasks = [*self._drains.values(), *self._tasks.values(),
+                 *(t for t in (self._janitor, self._tidying) if t is not None)]
+        for t in tasks:
             t.cancel()
-        for t in [*self._tasks.values(), *([self._janitor] if self._janitor else [])]:
+        for t in tasks:
             try:
                 await t
             except (asyncio.CancelledError, Exception):
@@ -789,13 +971,46 @@ class MoveService:
         (`FINISHED`: exited, failed) has nothing to move and needs nothing: it is
         reported in ``finished``, not ``stuck``, since it does not keep the host
         from being deregistered (it goes with the host). A drain of a host whose
-        drain is in progress joins it and answers its report (run side by side, each
-        refused the other's VMs as move_in_progress and reported them stuck)."""
+        drain is in progress joins it and answers its report. A VM found in a move
+        (one a crash interrupted, an operator's, a replica's drain's) is waited for:
+        moved, it is reported moved; back home, the drain moves it.
+
+        A drain outlives the controller that ran it: the host's ``draining`` state is
+        the record that it is wanted, and a controller that starts resumes the drain
+        of every draining host (`resume`), as an operator who drained a host expects
+        it to end empty, not half-drained because the controller restarted. The move
+        a crash interrupted is settled first (it rolls back, or finishes forward), and
+        its VM is then moved again. A resumed drain has no caller to answer: it emits
+        ``host_drain_resumed`` and, at the end, ``host_drain_report`` with its report;
+        a drain asked meanwhile joins it and answers that report. ``uncordon`` ends it
+        as it ends any drain."""
+        return await asyncio.shield(self._drain_task(host_id))
+
+    def _drain_task(self, host_id: str, resumed: bool = False) -> asyncio.Task:
         task = self._drains.get(host_id)
         if task is None or task.done():
-            task = self._drains[host_id] = asyncio.create_task(self._drain(host_id))
+            task = self._drains[host_id] = asyncio.create_task(
+                self._resumed_drain(host_id) if resumed else self._drain(host_id))
             task.add_done_callback(lambda t: self._drains.pop(host_id, None) if self._drains.get(host_id) is t else None)
-        return await asyncio.shield(task)
+        return task
+
+    def resume_drains(self) -> list[str]:
+        """Resume the drain of every host left ``draining`` (a controller's start)."""
+        hosts = sorted(r["id"] for r in self.store.list_hosts() if r["state"] == "draining")
+        for host_id in hosts:
+            log.warning("host %s is draining: resuming its drain", host_id)
+            self._drain_task(host_id, resumed=True)
+        return hosts
+
+    async def _resumed_drain(self, host_id: str) -> dict[str, Any]:
+        self.store.add_event("host_drain_resumed", {"id": host_id}, host=host_id)
+        report = await self._drain(host_id)
+        log.warning("host %s: resumed drain moved %d vm(s), %d stuck", host_id, len(report["moved"]),
+                    len(report["stuck"]))
+        self.store.add_event("host_drain_report", report | {"resumed": True}, host=host_id)
+        if self.fleet:
+            self.fleet.changed.set()
+        return report
 
     async def _drain(self, host_id: str) -> dict[str, Any]:
         moved, stuck, finished = [], [], []
@@ -816,16 +1031,22 @@ class MoveService:
                 why = f"the drain was stopped before it tried this vm: host {host_id} is {state} now"
                 stuck += [{"vm": v["name"], "code": "drain_stopped", "reason": why} for v in (vm, *left)]
                 break
-            try:
-                m = await self.create({"vm": vm["name"], "host": host_id})
-            except FuseError as exc:
-                if getattr(exc, "vm_state", None) in FINISHED:  # its run ended since the store last heard
-                    finished.append({"vm": vm["name"], "state": exc.vm_state})
-                else:
-                    stuck.append({"vm": vm["name"], "code": exc.code, "reason": exc.message})
+            if not any(r["host"] == host_id for r in self.store.vms_named(vm["name"])):
+                # gone since the list was read: moved by another drain (a replica's) or a move,
+                # or deleted (nothing to report then)
+                if (last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
+                    moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
                 continue
-            # One at a time, so each choice of target sees the room the last one took.
-            await asyncio.shield(self._tasks[m["id"]])
+            m, err = await self._drain_move(vm["name"], host_id)
+            if err is not None:
+                if getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
+                    finished.append({"vm": vm["name"], "state": err.vm_state})
+                else:
+                    stuck.append({"vm": vm["name"], "code": err.code, "reason": err.message})
+                continue
+            if m["id"] in self._tasks:
+                # One at a time, so each choice of target sees the room the last one took.
+                await asyncio.shield(self._tasks[m["id"]])
             m = self.get(m["id"])
             if m["state"] == "done":
                 moved.append({"vm": vm["name"], "move": m["id"], "to": m["to"]})
@@ -833,3 +1054,40 @@ class MoveService:
                 stuck.append({"vm": vm["name"], "code": "move_failed", "reason": m["reason"], "move": m["id"]})
         return {"host": host_id, "moved": moved, "stuck": stuck,
                 "finished": sorted(finished, key=lambda f: f["vm"])}
+
+    async def _drain_move(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None]:
+        """Start moving vm ``name`` off ``host_id``: (the move, None) or (None, the refusal).
+        A move of it already under way (the one a controller crash interrupted, which
+        recovery settles; another drain's; an operator's) is waited for: done, that is the
+        VM's move; failed, the VM is home again and this one starts."""
+        try:
+            return await self.create({"vm": name, "host": host_id}), None
+        except FuseError as exc:
+            if exc.code != "move_in_progress" or (last := await self._await_moves(name, host_id)) is None:
+                return None, exc
+        if last["state"] == "done":
+            return self.get(last["id"]), None
+        try:
+            return await self.create({"vm": name, "host": host_id}), None
+        except FuseError as exc:
+            return None, exc
+
+    def _last_move(self, name: str, host_id: str) -> dict | None:
+        with self.store.read() as c:
+            row = c.execute(select(moves_t).where(moves_t.c.vm == name, moves_t.c.source == host_id)
+                            .order_by(moves_t.c.created_at.desc())).mappings().first()
+        return dict(row) if row is not None else None
+
+    async def _await_moves(self, name: str, host_id: str) -> dict | None:
+        """Wait (DRAIN_MOVE_WAIT_S at most) until no move of vm ``name`` from ``host_id``
+        is under way, and return the last one; None when none was under way (the VM is
+        held otherwise) or the wait ran out."""
+        deadline = time.monotonic() + DRAIN_MOVE_WAIT_S
+        waited = False
+        while time.monotonic() < deadline:
+            last = self._last_move(name, host_id)
+            if last is None or last["state"] not in ACTIVE:
+                return last if waited else None
+            waited = True
+            await asyncio.sleep(0.5)
+        return None

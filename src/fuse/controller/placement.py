@@ -30,9 +30,9 @@ per-host `reasons` are computed only when a caller reads them — a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -53,6 +53,8 @@ class FleetArrays:
     vm_count: np.ndarray
     vm_limit: np.ndarray
     usable: np.ndarray  # connected, active, not under memory pressure (reasons kept separately)
+    # where the host agent's own VM-count limit (its --max-vms) is the lower one (`with_agent_limits`)
+    agent_limited: np.ndarray | None = None
 
     # Ask-independent work, done once per fleet snapshot and shared by every decision on it.
     @cached_property
@@ -195,9 +197,28 @@ class Decision:
                 out[hid] = self._unusable.get(hid, "not accepting placements")
             elif not self._fits_mem[i]:
                 out[hid] = f"needs {ask.mem_mib} MiB of memory, {int(f.free_mem[i])} MiB free"
+            elif f.agent_limited is not None and f.agent_limited[i]:
+                out[hid] = f"its agent's max_vms {int(f.vm_limit[i])} reached"
             else:
                 out[hid] = f"vm_count policy {int(f.vm_limit[i])} reached"
         return out
+
+
+def with_agent_limits(fleet: FleetArrays, max_vms: Mapping[str, int | None]) -> FleetArrays:
+    """``fleet`` with each host's VM-count limit lowered to its agent's own, where that
+    is lower: ``max_vms`` maps host id -> the ``max_vms`` its ``GET /v1/host`` summary
+    reports (the agent's ``--max-vms``; None: no limit of its own). The registered
+    ``vm_count`` is the operator's policy at the controller; the agent's admission
+    refuses past its own limit whatever that says, so a host the summary shows full
+    is left out here (with its reason) instead of being asked and refusing. The
+    summary may be a second old: the host's admission still has the final word."""
+    lim = fleet.vm_limit.copy()
+    by_agent = np.zeros(len(fleet.ids), dtype=bool)
+    for host, limit in max_vms.items():
+        i = fleet.index.get(host)
+        if i is not None and isinstance(limit, int) and limit < lim[i]:
+            lim[i], by_agent[i] = limit, True
+    return replace(fleet, vm_limit=lim, agent_limited=by_agent)
 
 
 def rank(fleet: FleetArrays, ask: Resources, unusable_reasons: dict[str, str] | None = None) -> Decision:

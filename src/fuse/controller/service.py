@@ -212,6 +212,8 @@ class Controller:
 
     async def drain(self, host_id: str) -> dict[str, Any]:
         """Stop placements on the host and move every VM away (the moves
-        service does the moving once present)."""
+        service does the moving once present). The host stays ``draining``
+        until an uncordon or its deregistration, and a controller that starts
+        resumes the drain of every draining host (`MoveService.drain`)."""
         self.hosts.set_state(host_id, "draining")
         return await self.moves.drain(host_id)
