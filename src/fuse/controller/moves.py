@@ -318,7 +318,10 @@ class MoveService:
         fps = {b.get("fingerprint") for b in t.get("bundles", [])}
         if vm.get("bundle_fingerprint") not in fps:
             return f"host {target} lacks bundle {vm.get('bundle')} with fingerprint {vm.get('bundle_fingerprint', '')[:12]}"
-        if s.get("firecracker", "") != t.get("firecracker", ""):
+        # (only a Firecracker VM's state depends on the release: seed 000 has it "" on qemu hosts,
+        # and a qemu agent that merely finds a firecracker binary on PATH must not block a move)
+        if ("firecracker" in (s.get("backend"), t.get("backend"))
+                and s.get("firecracker", "") != t.get("firecracker", "")):
             return f"firecracker release differs: {s.get('firecracker') or 'none'} vs {t.get('firecracker') or 'none'}"
         mine = vm.get("platform") or {}
         if t.get("accel") and mine.get("accel") and mine["accel"] != t["accel"]:
