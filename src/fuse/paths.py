@@ -45,3 +45,17 @@ def private_file(path: Path) -> None:
     umask, is tightened too)."""
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     os.chmod(path, 0o600)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """An `opener` for `open()` that creates the file owner-only (0600)
+    whatever the umask, and tightens one that exists: the agent's state files
+    (VM records, events, metering, its identity) are nobody else's to read.
+    `open(path, "w", opener=private_opener)`."""
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

@@ -117,6 +117,11 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         await asyncio.gather(*tasks, return_exceptions=True)
         if socket_path and Path(socket_path).exists():
             Path(socket_path).unlink()
+    # A server that failed to start (TLS files it cannot load, say) raised: say so, never a
+    # quiet return that exits 0 as if asked to stop.
+    for t in done:
+        if not t.cancelled() and (exc := t.exception()) is not None:
+            raise exc
 
 
 def tls_server_options(cert: str, key: str, ca: str) -> dict[str, Any]:

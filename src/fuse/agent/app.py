@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 
 from .. import http_errors
 from ..auth import BearerFirst
+from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
 
@@ -36,7 +37,8 @@ def agent_id(state_dir: Path) -> str:
     machine under two names can tell (usage counts it once)."""
     path = state_dir / "agent-id"
     if not path.exists():
-        path.write_text(uuid.uuid4().hex + "\n")
+        with open(path, "w", opener=private_opener) as f:  # owner-only, as every state file
+            f.write(uuid.uuid4().hex + "\n")
     return path.read_text().strip()
 
 
@@ -48,7 +50,7 @@ def _vm_manager(cfg: AgentConfig):
 
 
 def create_app(cfg: AgentConfig) -> FastAPI:
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cfg.state_dir)  # the dirs made for it 0700, whatever the umask (README: owner-only)
     if not cfg.facts:
         cfg.facts = probe_mod.probe(cfg.state_dir)
     ident = agent_id(cfg.state_dir)

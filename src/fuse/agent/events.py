@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..paths import private_dir, private_opener
 
 MAX_LIMIT = 500
 # The in-memory window; older events stay on disk but are not served (a
@@ -45,8 +46,8 @@ class EventLog:
             if self._events:
                 self._next = self._events[-1]["id"] + 1
             self._events = self._events[-KEEP:]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", buffering=1)
+        private_dir(path.parent)
+        self._file = open(path, "a", buffering=1, opener=private_opener)  # 0600 whatever the umask
 
     @property
     def last_id(self) -> int:

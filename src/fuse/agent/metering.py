@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..paths import private_opener
 from .backends.base import cpu_seconds
 
 _FIELDS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
@@ -79,7 +80,8 @@ class Metering:
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"segments": self.segments, "writes": self.writes}))
+        with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
+            f.write(json.dumps({"segments": self.segments, "writes": self.writes}))
         os.replace(tmp, self.path)
         self._dirty, self._saved_at = False, time.monotonic()
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
 from ..models.vm import ClaimRequest, CreateVmRequest, StateFile, Vm
+from ..paths import private_dir, private_opener
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
@@ -82,7 +83,9 @@ class VmManager:
         # absolute: QEMU runs daemonized (working dir /) and is handed paths under it
         self.state_dir = Path(state_dir).absolute()
         self.root = self.state_dir / "vms"
-        self.root.mkdir(parents=True, exist_ok=True)
+        # Owner-only whatever the umask (README: every directory fuse creates is 0700): a VM's
+        # dir holds its record, console, state files and QMP socket.
+        private_dir(self.root)
         self.backend = get_backend(backend, state_dir=self.state_dir)
         self.ram_mb, self.cpus = ram_mb, cpus
         self.max_vms, self.reserve_mib = max_vms, reserve_mib
@@ -90,6 +93,7 @@ class VmManager:
         self.events = EventLog(self.state_dir / "events.jsonl")
         self.metering = Metering(self.state_dir / "metering.json")
         self.incoming = IncomingMoves(self)
+        private_dir(self.incoming.dir)  # (before it makes it: its mkdir follows the umask)
         # Whether /dev/kvm answers; whether a guest boots under it is the
         # backend's to settle (``_settle_accel``), and ``kvm`` reports that.
         self.kvm_device = probe_mod.kvm_device_answers()
@@ -118,9 +122,10 @@ class VmManager:
     def save(self, vm: Vm) -> None:
         vm.updated_at = now()
         path = self.vm_dir(vm.name) / "vm.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(vm.model_dump_json(indent=1))
+        with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
+            f.write(vm.model_dump_json(indent=1))
         os.replace(tmp, path)
 
     def transition(self, vm: Vm, to: str, reason: str | None = None) -> None:

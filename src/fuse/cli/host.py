@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from .output import emit_json, table
+
+# The exit status of a listener that cannot start (uvicorn's, as for a port in use).
+STARTUP_FAILURE = 3
 
 app = typer.Typer(help="Run a host agent, probe this machine, and manage host certificates.", no_args_is_help=True)
 
@@ -46,6 +50,13 @@ def serve(
     if tls_cert or tls_key or tls_ca:
         if not (tls_cert and tls_key and tls_ca):
             raise typer.BadParameter("--tls-cert, --tls-key and --tls-ca go together")
+        from ..transport import IdentityError, tls_context
+        try:  # before the banner: files that cannot serve TLS are an error, not a listener that never starts
+            tls_context(ssl.Purpose.CLIENT_AUTH, str(tls_cert), str(tls_key), str(tls_ca),
+                        names=("--tls-cert", "--tls-key", "--tls-ca"))
+        except IdentityError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(STARTUP_FAILURE)
         ssl_opts = tls_server_options(str(tls_cert), str(tls_key), str(tls_ca))
     elif listen and not token:  # (as the controller's: no open TCP listener)
         raise typer.BadParameter("--listen needs --token (or mutual TLS: --tls-cert, --tls-key, --tls-ca): "

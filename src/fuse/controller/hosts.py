@@ -152,7 +152,9 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
     HostUnreachable; token refused: 502 `unauthorized` (the controller's
     request was fine; the agent behind it said no); any other answer without
     the probe's facts (another status, or a 200 that is not them): NotAnAgent."""
-    conn = HostConnection(url, token, tls)
+    # diagnose: what listens at an address that does not answer is looked at, so one speaking
+    # the wrong protocol (an sshd at an http:// address) is NotAnAgent, a mistake, not an outage
+    conn = HostConnection(url, token, tls, diagnose=True)
     try:
         resp = await conn.request("GET", "/v1/host")
     finally:
@@ -259,7 +261,10 @@ class HostRegistry:
             mistake = exc.code == "unauthorized" or isinstance(exc, (NotAnAgent, NotTrusted))
             if mistake or missing:
                 if not mistake:
-                    exc.message += f"; declare capacity {', '.join(missing)} explicitly to register without a probe"
+                    hint = f"declare capacity {', '.join(missing)} explicitly to register without a probe"
+                    # one sentence: a reason that ends in a question takes the hint inside it
+                    exc.message = (f"{exc.message[:-1]} (or {hint})?" if exc.message.endswith("?")
+                                   else f"{exc.message}; {hint}")
                     exc.args = (exc.message,)
                 raise
             probed = None

@@ -33,6 +33,7 @@ from sqlalchemy import select
 from ..agent.metering import window
 from ..errors import FuseError, HostUnreachable
 from .store import vms as vms_t
+from .vms import TOKEN_REJECTED
 
 # What a host's metering totals (fuse.agent.metering): seconds are exact
 # decimals, bytes are integers. Every report carries all four, zeros included.
@@ -66,6 +67,8 @@ class UsageService:
                 return host, None, exc.message
             if resp.status_code == 400:
                 raise FuseError(resp.json()["error"]["message"], code="invalid_argument").with_status(400)
+            if resp.status_code == 401:
+                return host, None, TOKEN_REJECTED
             if resp.status_code != 200:
                 return host, None, f"host answered {resp.status_code}"
             return host, json.loads(resp.content, parse_float=Decimal), ""

@@ -45,7 +45,11 @@ class ControllerCreateVm(CreateVmRequest):
 
 
 def host_error(resp, host: str) -> FuseError:
-    """Re-raise a host's error answer as ours, keeping its code."""
+    """Re-raise a host's error answer as ours, keeping its code; but the agent refusing
+    the controller's token (restarted with another --token) is 502 `unauthorized` naming
+    the host, as at registration: the caller's own credentials were fine."""
+    if resp.status_code == 401:
+        return HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
     try:
         err = resp.json()["error"]
         code, msg = err.get("code", "internal"), err.get("message", resp.text)
@@ -54,6 +58,11 @@ def host_error(resp, host: str) -> FuseError:
     e = FuseError(f"host {host}: {msg}", code=code)
     e.http_status = resp.status_code
     return e
+
+
+# Why a host's agent answered the controller 401 (vms, usage and the poller say it alike).
+TOKEN_REJECTED = ("its host agent rejected the controller's token (register the host again with the agent's "
+                  "current token)")
 
 
 def agent_not_found(resp) -> bool:

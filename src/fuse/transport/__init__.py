@@ -17,26 +17,70 @@ the same host API and turns every way of not getting there into
 `HostUnreachable` with a one-sentence reason; failed trust (a TLS certificate
 that does not verify, an https:// host's included, or the host refusing the
 controller's) is its subclass `NotTrusted`, which registration never goes
-around. An idempotent read may ask for `retries`: an agent closes a kept-alive
-connection after ~5 s idle, and a request that meets one as it closes is sent
-again on a new one.
+around, and so is a controller certificate, key or CA file that cannot be
+read or used (moved away since `PUT /v1/controller`): nothing is dialled, and
+the reason names the file. An address answered in another protocol (a TLS
+handshake met by plain HTTP or an sshd; with `diagnose`, an sshd at an
+http:// address or an HTTP server at an ssh:// one) is `NotAnAgent`: a wrong
+address, never an outage. An idempotent read may ask for `retries`: an agent
+closes a kept-alive connection after ~5 s idle, and a request that meets one
+as it closes is sent again on a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from ..errors import HostUnreachable, NotTrusted
+from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from ..paths import default_agent_socket
 from .address import Address, BadAddress, normalise_address, on_this_machine, parse_address, transport_kind
 
-__all__ = ["Address", "BadAddress", "HostConnection", "TlsSettings", "default_agent_socket", "normalise_address",
-           "on_this_machine", "parse_address", "transport_kind"]
+__all__ = ["Address", "BadAddress", "HostConnection", "IdentityError", "TlsSettings", "default_agent_socket",
+           "normalise_address", "on_this_machine", "parse_address", "tls_context", "transport_kind"]
+
+log = logging.getLogger("fuse.transport")
+
+
+class IdentityError(ValueError):
+    """A certificate, key or CA file that cannot be read or used; the message,
+    one sentence, names the file and why."""
+
+
+def tls_context(purpose: ssl.Purpose, cert: str, key: str, ca: str,
+                names: tuple[str, str, str] = ("certificate", "key", "CA file")) -> ssl.SSLContext:
+    """A context presenting `cert` (with `key`) and trusting only `ca` (server side:
+    `purpose` CLIENT_AUTH), or IdentityError naming the file at fault as `names` calls
+    them. Checked file by file first: OpenSSL's own error for a missing CA file names
+    no file at all ("[Errno 2] No such file or directory")."""
+    for name, path in zip(names, (cert, key, ca)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise IdentityError(f"{name} {path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        ctx = ssl.create_default_context(purpose, cafile=ca)
+    except ssl.SSLError as exc:
+        raise IdentityError(f"{names[2]} {ca} holds no usable PEM certificate ({_ssl_words(exc)})") from None
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise IdentityError(f"{names[1]} {key} is not the key of {names[0]} {cert}") from None
+        raise IdentityError(f"{names[0]} {cert} and {names[1]} {key} do not load as a PEM certificate and its key "
+                            f"({_ssl_words(exc)})") from None
+    return ctx
+
+
+def _ssl_words(exc: ssl.SSLError) -> str:
+    """OpenSSL's reason in words ("no certificate or crl found"), not its raw text."""
+    return (exc.reason or "").replace("_", " ").lower() or exc.strerror or str(exc)
 
 
 @dataclass(frozen=True)
@@ -47,12 +91,33 @@ class TlsSettings:
     ca: str
 
     def context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
-        ctx.load_cert_chain(self.cert, self.key)
+        """IdentityError (one sentence naming the file) when the files cannot be used."""
+        ctx = tls_context(ssl.Purpose.SERVER_AUTH, self.cert, self.key, self.ca,
+                          names=("the controller's certificate", "the controller's key", "the controller's CA file"))
         # a host's certificate must name the address it is dialled at (its IP or DNS name:
         # `fuse host cert issue --name`): any certificate the CA signed let one host stand in for another
         ctx.check_hostname = True
         return ctx
+
+
+# Identity failures already logged, so a poller meeting one every second logs it once.
+_told: set[str] = set()
+
+
+def _identity_context(tls: TlsSettings, addr: str) -> ssl.SSLContext:
+    """The controller's TLS context for `addr`, or NotTrusted (nothing was sent) saying
+    which of its files (set by PUT /v1/controller) cannot be used, e.g. moved away since."""
+    try:
+        ctx = tls.context()
+    except IdentityError as exc:
+        err = NotTrusted(f"TLS with {addr} cannot start: {exc}; PUT /v1/controller with a usable cert, key and ca")
+        err.maybe_sent = False  # (nothing went out: a create may try another host)
+        if str(exc) not in _told:
+            _told.add(str(exc))
+            log.warning("the controller's TLS identity cannot be used: %s", exc)
+        raise err from None
+    _told.clear()
+    return ctx
 
 
 RETRY_BACKOFF_S = 0.2  # the first pause before a retry; each next one doubles
@@ -69,10 +134,7 @@ def _describe(exc: Exception, address: Address, handshake: bool = False) -> tupl
     `handshake`: this request made a TLS handshake and got no answer after it."""
     addr = address.text
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
-    chain, cur = [], exc
-    while cur is not None and len(chain) < 8:
-        chain.append(cur)
-        cur = cur.__cause__ or cur.__context__
+    chain = _chain(exc)
     if isinstance(exc, httpx.TimeoutException):
         # Before the text checks: a timed-out handshake's chain mentions SSL, and an
         # exception's class name ("ConnectTimeout") is not a reason.
@@ -105,6 +167,53 @@ def _describe(exc: Exception, address: Address, handshake: bool = False) -> tupl
     if any(s in low for s in _HUNG_UP):
         return _dropped(addr, chain), False
     return f"cannot reach {addr}: {text}", False
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and len(chain) < 8:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return chain
+
+
+# OpenSSL's reasons for a handshake answered with bytes that are not TLS at all.
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG")
+
+
+def _not_tls(exc: BaseException, address: Address) -> str:
+    """Why `address` is a wrong address, when what answered its TLS handshake does
+    not speak TLS (a plain-HTTP agent, an sshd), or "" when that is not what failed."""
+    if not any(isinstance(c, ssl.SSLError) and c.reason in _NOT_TLS for c in _chain(exc)):
+        return ""
+    if address.kind == "tls":
+        return (f"{address.text} does not speak TLS, so it is not a host agent's mutual-TLS listener (an agent "
+                "serving plain HTTP is registered as http://HOST:PORT with its token)")
+    return (f"{address.text} does not speak TLS, so it is not an https:// address (an agent serving plain "
+            "HTTP is registered as http://HOST:PORT)")
+
+
+async def greeting(host: str, port: int, say: bytes = b"", timeout: float = 0.5) -> bytes:
+    """The first bytes a server at host:port sends (after `say`, if given) within
+    `timeout`, or b"": how a wrong address is told from an outage. An SSH server
+    announces itself unasked ("SSH-2.0-..."); an HTTP server answers an SSH
+    client's greeting with "HTTP/1.1 400"; a host agent says nothing unasked."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return b""
+    try:
+        if say:
+            writer.write(say)
+            await asyncio.wait_for(writer.drain(), max(deadline - loop.time(), 0.01))
+        return await asyncio.wait_for(reader.read(256), max(deadline - loop.time(), 0.01))
+    except (OSError, asyncio.TimeoutError):
+        return b""
+    finally:
+        writer.close()
 
 
 def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> tuple[str | None, bool]:
@@ -199,8 +308,13 @@ class HostConnection:
     """A connection to one host's API over the transport its address names."""
 
     def __init__(self, addr: str, token: str | None = None, tls: TlsSettings | None = None,
-                 timeout: float = 10.0):
+                 timeout: float = 10.0, diagnose: bool = False):
+        """`diagnose`: when an http:// or ssh:// host cannot be reached, look at what
+        listens there (`_wrong_protocol`), so an sshd at an http:// address, or an HTTP
+        server at an ssh:// one, is said to be a wrong address (`NotAnAgent`) rather
+        than an outage. For the registration probe, where that decides what is stored."""
         self.addr = addr
+        self.diagnose = diagnose
         self.address = parse_address(addr)  # BadAddress (400) before anything is dialled
         self.kind = self.address.kind
         self.token = token
@@ -218,7 +332,7 @@ class HostConnection:
                                  "certificate: PUT /v1/controller with cert, key and ca first")
                 err.maybe_sent = False  # (nothing went out: a create may try another host)
                 raise err
-            self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=tls.context(),
+            self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=_identity_context(tls, addr),
                                              headers=headers, timeout=timeout)
         else:
             from .ssh import SshTransport  # imported only where used: asyncssh is heavy
@@ -253,17 +367,43 @@ class HostConnection:
             shook.clear()
             try:
                 return await self._client.request(method, path, json=json, params=params, content=content, **kw)
-            except HostUnreachable:
+            except HostUnreachable as exc:  # (the SSH transport's own, already one sentence)
+                if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol()):
+                    err = NotAnAgent(wrong)
+                    err.maybe_sent = getattr(exc, "maybe_sent", True)
+                    raise err from exc
                 raise
             except (httpx.TransportError, OSError, ssl.SSLError) as exc:
                 if attempt == retries or isinstance(exc, httpx.TimeoutException):
                     why, untrusted = _describe(exc, self.address, handshake=shook == ["connection.start_tls.started"])
-                    err = (NotTrusted if untrusted else HostUnreachable)(why)
+                    kind = NotTrusted if untrusted else HostUnreachable
+                    # what answered speaks another protocol: a wrong address, not an outage
+                    if wrong := _not_tls(exc, self.address) or (kind is HostUnreachable and
+                                                                await self._wrong_protocol()):
+                        why, kind = wrong, NotAnAgent
+                    err = kind(why)
                     # whether the host may have got the request: a create it got may still land
                     err.maybe_sent = not _never_sent(exc)
                     raise err from exc
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             attempt += 1
+
+    async def _wrong_protocol(self) -> str:
+        """With `diagnose`, why an http:// or ssh:// address that could not be reached is a
+        wrong one (what listens there speaks the other protocol), or "". One more
+        connection, at most a second: a fuse agent says nothing unasked, an sshd greets
+        at once, and an HTTP server answers an SSH greeting with "HTTP/1.1 400"."""
+        a = self.address
+        if not self.diagnose or a.kind not in ("http", "ssh") or a.text.lower().startswith("https://"):
+            return ""
+        if a.kind == "http":
+            if (await greeting(a.host, a.port or 80)).startswith(b"SSH-"):
+                return (f"{a.text} is an SSH server, not a host agent's HTTP listener (a host reached over "
+                        "SSH is registered as ssh://USER@HOST:PORT)")
+        elif (await greeting(a.host, a.port or 22, say=b"SSH-2.0-fuse\r\n\r\n", timeout=1.0)).startswith(b"HTTP/"):
+            return (f"{a.text} speaks HTTP, not SSH, so it is not an ssh:// address (a host agent's HTTP "
+                    "listener is registered as http://HOST:PORT with its token)")
+        return ""
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from ...paths import private_dir, private_opener
 from .base import Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile
 
 SNAPSHOT, MEMORY = "snapshot.bin", "mem.bin"
@@ -127,22 +129,27 @@ class FirecrackerBackend(Backend):
     async def _spawn(self, spec: BootSpec) -> int:
         if shutil.which(self.binary) is None and not os.path.exists(self.binary):
             raise BackendError("no firecracker binary on PATH")
-        spec.vm_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.vm_dir)
         sock = api_socket(spec.vm_dir)
         sock.unlink(missing_ok=True)
-        with open(spec.console, "ab") as console, open(spec.vm_dir / "firecracker.err", "ab") as err:
-            # A new session: the VM must outlive the agent (adopted by pid).
+        with open(spec.console, "ab", opener=private_opener) as console, \
+                open(spec.vm_dir / "firecracker.err", "ab", opener=private_opener) as err:
+            # A new session: the VM must outlive the agent (adopted by pid). umask 077: its API
+            # socket and the snapshot files it writes are owner-only (README), whatever ours is.
             proc = subprocess.Popen([self.binary, "--api-sock", str(sock), "--id", _fc_id(spec.name)],
                                     stdin=subprocess.DEVNULL, stdout=console, stderr=err,
-                                    start_new_session=True)
+                                    start_new_session=True, umask=0o077)
         self._children[proc.pid] = proc
-        (spec.vm_dir / "firecracker.pid").write_text(f"{proc.pid}\n")
+        with open(spec.vm_dir / "firecracker.pid", "w", opener=private_opener) as f:
+            f.write(f"{proc.pid}\n")
         deadline = time.monotonic() + 5
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 await kill_and_wait(proc.pid, self._marker(spec))
                 raise BackendError(f"firecracker did not open its API socket {sock}")
             await asyncio.sleep(0.005)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(sock, 0o600)  # (umask 077 made it 0700: a socket needs no execute bit)
         return proc.pid
 
     async def start(self, spec: BootSpec) -> int:
@@ -176,7 +183,7 @@ class FirecrackerBackend(Backend):
     async def sleep(self, spec: BootSpec) -> list[str]:
         if self.pid(spec) is None:
             raise BackendError(f"vm {spec.name} has no running firecracker process")
-        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.state_dir)
         async with FirecrackerApi(api_socket(spec.vm_dir)) as api:
             await api.pause()
             try:

@@ -47,6 +47,7 @@ from typing import Any
 
 from qemu.qmp import QMPClient, QMPError
 
+from ...paths import private_dir, private_file, private_opener
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait,
                    process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
@@ -195,7 +196,8 @@ class QemuBackend(Backend):
             with contextlib.suppress(OSError):
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-                tmp.write_text(json.dumps({"key": key, "accel": self._accel}) + "\n")
+                with open(tmp, "w", opener=private_opener) as f:
+                    f.write(json.dumps({"key": key, "accel": self._accel}) + "\n")
                 tmp.replace(cache)
         return self._accel
 
@@ -245,11 +247,14 @@ class QemuBackend(Backend):
     # -- lifecycle -------------------------------------------------------------
 
     async def _launch(self, spec: BootSpec, incoming: Path | None = None) -> int:
-        spec.vm_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.vm_dir)
         (spec.vm_dir / "qemu.pid").unlink(missing_ok=True)
         qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        # QEMU daemonized sets its own umask (027), so what it creates is group-readable: the
+        # console it appends to is made owner-only first, and its sockets are tightened below.
+        private_file(spec.console)
         err_path = spec.vm_dir / "qemu.err"
-        with open(err_path, "wb") as err:
+        with open(err_path, "wb", opener=private_opener) as err:
             # With -daemonize this returns once QEMU is set up (QMP listening).
             proc = await asyncio.to_thread(subprocess.run, self.argv(spec, incoming=incoming),
                                            stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
@@ -258,6 +263,9 @@ class QemuBackend(Backend):
         if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
             detail = err_path.read_text(errors="replace").strip()[-500:]
             raise BackendError(f"qemu failed to start (exit {proc.returncode}): {detail}")
+        for sock in (qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
+            with contextlib.suppress(FileNotFoundError):  # (the entry socket: standby VMs only)
+                os.chmod(sock, 0o600)  # sockets are owner-only (README); QEMU made them 0750
         return pid
 
     async def start(self, spec: BootSpec) -> int:
@@ -308,8 +316,9 @@ class QemuBackend(Backend):
         pid = self.pid(spec)
         if pid is None:
             raise BackendError(f"vm {spec.name} has no running qemu process")
-        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(spec.state_dir)
         partial = spec.state_dir / (STATE_FILE + ".partial")
+        private_file(partial)  # QEMU's `cat >` keeps this mode; it would create it 0640
         async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
             # The default bandwidth cap (~128 MiB/s) would make sleep crawl.
             await qmp.execute("migrate-set-parameters", {"max-bandwidth": 10_000_000_000})

@@ -1,0 +1,221 @@
+"""What a reviewer confirmed against real processes: an agent refusing the
+controller's token is the host's 502, not the caller's 401; the controller's
+TLS files gone missing are a 502 naming the file (never a 500), on every
+surface and in the poller; an agent given TLS files it cannot serve with exits
+non-zero before its banner; an address that speaks the wrong protocol is a
+mistake, never stored as an outage; and a reason stays one sentence."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+
+import pytest
+from fastapi import FastAPI
+
+from fuse.serving import serve, tls_server_options
+from support import reap
+
+from .conftest import FUSE, free_port, start_agent, start_controller
+
+AGENT_TOKEN = "agent-secret-13aa"
+FULL = {"vm_count": 2, "cpus": 2, "ram_mb": 2048, "storage_gb": 10}  # all three declared: outages register
+
+
+def fake_agent(processes, tmp, **kw):
+    return start_agent(processes, tmp, backend="fake", **kw)
+
+
+def host_ids(http) -> list[str]:
+    return [h["id"] for h in http.get("/v1/hosts").json()["hosts"]]
+
+
+def wait_event(http, host: str, kind: str, timeout: float = 20.0) -> dict:
+    deadline, cursor = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        body = http.get("/v1/events", params={"since": cursor, "wait_s": 1, "limit": 500}).json()
+        cursor = body["next"]
+        for e in body["events"]:
+            if e["type"] == kind and e.get("host") == host:
+                return e
+    raise AssertionError(f"no {kind} event for {host} within {timeout} s")
+
+
+# ------------------------------------------------------------------ 1: the agent's 401 is the host's 502
+
+def test_an_agent_restarted_with_another_token_is_the_hosts_502_not_the_callers_401(processes, tmp_path):
+    port = free_port()
+    agent = fake_agent(processes, tmp_path / "agent", port=port, token=AGENT_TOKEN)
+    ctl = start_controller(processes, tmp_path / "ctl")
+    try:
+        http = ctl.http()
+        r = http.post("/v1/hosts", json={"id": "h1", "url": f"http://127.0.0.1:{port}", "token": AGENT_TOKEN,
+                                          "backend": "qemu", "capacity": {"vm_count": 2}})
+        assert r.status_code == 201, r.text
+        r = http.post("/v1/vms", json={"name": "v1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600",
+                                        "host": "h1"})
+        assert r.status_code == 201, r.text
+        agent.proc.stop()
+        fake_agent(processes, tmp_path / "agent", port=port, token="another-token-entirely")
+
+        for path in ("/v1/vms/v1", "/v1/vms/v1/console"):  # over the owner-only socket: no token of ours at all
+            r = http.get(path)
+            assert r.status_code == 502, r.text
+            err = r.json()["error"]
+            assert err["code"] == "unauthorized", err
+            assert err["message"].startswith("host h1: its host agent rejected the controller's token"), err
+            assert "bearer" not in err["message"], err
+        usage = http.get("/v1/usage").json()
+        assert usage["unreachable"] == ["h1"], usage
+        assert "rejected the controller's token" in usage["unreachable_reasons"]["h1"], usage
+    finally:
+        ctl.close()
+        reap(tmp_path)  # the fake VM's process (VMs outlive their agent)
+
+
+# ------------------------------------------------------------------ 2: the controller's TLS files go missing
+
+def test_the_controllers_tls_files_gone_missing_are_a_502_naming_the_file_everywhere(pki, processes, tmp_path):
+    tls_agent = fake_agent(processes, tmp_path / "tls-agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
+    ctl = start_controller(processes, tmp_path / "ctl")
+    http = ctl.http()
+    try:
+        def put_copy(name: str) -> str:
+            d = tmp_path / name
+            shutil.copytree(pki.controller, d)
+            r = http.put("/v1/controller", json={"cert": str(d / "controller.pem"), "key": str(d / "controller.key"),
+                                                 "ca": str(d / "ca.pem"), "placement": "best_fit"})
+            assert r.status_code == 200, r.text
+            return str(d / "ca.pem")
+
+        put_copy("identity-1")
+        r = http.post("/v1/hosts", json={"id": "tls", "url": tls_agent.tls_addr, "backend": "qemu",
+                                         "capacity": {"vm_count": 2}})
+        assert r.status_code == 201, r.text
+        r = http.post("/v1/vms", json={"name": "v1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600",
+                                        "host": "tls"})
+        assert r.status_code == 201, r.text
+        # A second identity (every connection is made anew for it), whose CA file then goes away.
+        ca = put_copy("identity-2")
+        (tmp_path / "identity-2" / "ca.pem").unlink()
+        said = f"the controller's CA file {ca} cannot be read (No such file or directory)"
+
+        for body in ({"id": "tls-2", "url": tls_agent.tls_addr, "backend": "qemu", "capacity": {"vm_count": 2}},
+                     {"id": "tls-3", "url": tls_agent.tls_addr, "backend": "qemu", "capacity": FULL}):
+            r = http.post("/v1/hosts", json=body)
+            assert r.status_code == 502, r.text
+            err = r.json()["error"]
+            assert err["code"] == "host_unreachable" and said in err["message"], err
+            assert "declare capacity" not in err["message"], err
+        assert "tls-2" not in host_ids(http) and "tls-3" not in host_ids(http)
+
+        r = http.get("/v1/vms/v1/console")
+        assert r.status_code == 502 and r.json()["error"]["code"] == "host_unreachable", r.text
+        assert said in r.json()["error"]["message"]
+
+        r = http.get("/v1/usage")
+        assert r.status_code == 200, r.text
+        assert r.json()["unreachable"] == ["tls"] and said in r.json()["unreachable_reasons"]["tls"], r.json()
+
+        event = wait_event(http, "tls", "host_disconnected")
+        assert said in event["reason"], event
+        time.sleep(2.5)  # more polls fail meanwhile: the log says it once, and no traceback
+        log = ctl.proc.text()
+        assert "Traceback" not in log and "internal" not in log, log[-3000:]
+        assert log.count("the controller's TLS identity cannot be used") == 1, log[-3000:]
+    finally:
+        ctl.close()
+        reap(tmp_path)  # the fake VM's process (VMs outlive their agent)
+
+
+# ------------------------------------------------------------------ 3: `fuse host serve` with unusable TLS files
+
+@pytest.mark.parametrize("broken, said", [
+    ("ca", "--tls-ca {missing} cannot be read (No such file or directory)"),
+    ("key", "--tls-key {other_key} is not the key of --tls-cert {cert}"),
+], ids=["a missing CA file", "a key that is not the certificate's"])
+def test_an_agent_given_tls_files_it_cannot_serve_with_exits_non_zero_before_its_banner(pki, tmp_path, broken, said):
+    cert, key, ca = pki.files(pki.host, "127.0.0.1")
+    other_key = str(pki.other_host / "127.0.0.1.key")
+    missing = str(tmp_path / "no-such-ca.pem")
+    if broken == "ca":
+        ca = missing
+    else:
+        key = other_key
+    proc = subprocess.run([FUSE, "host", "serve", "--listen", f"127.0.0.1:{free_port()}", "--backend", "fake",
+                           "--state-dir", str(tmp_path / "state"), "--tls-cert", cert, "--tls-key", key,
+                           "--tls-ca", ca], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == "", proc.stdout  # no "listen" banner for a listener that never was
+    assert proc.stderr.strip() == "error: " + said.format(missing=missing, other_key=other_key, cert=cert), proc.stderr
+
+
+async def test_a_listener_that_fails_to_start_is_an_error_not_a_quiet_return(tmp_path):
+    """Past the command's own check (a file removed in between), uvicorn's failure to
+    load them comes out of `serve` instead of a return that exits 0."""
+    opts = tls_server_options(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), str(tmp_path / "ca.pem"))
+    with pytest.raises(OSError):
+        await asyncio.wait_for(serve(FastAPI(), listen=f"127.0.0.1:{free_port()}", ssl_options=opts,
+                                     socket_path=tmp_path / "run" / "agent.sock"), 30)
+
+
+# ------------------------------------------------------------------ 5 and 6: mistakes, and one sentence
+
+@pytest.fixture(scope="module")
+def wrong(pki, processes, sshd, tmp_path_factory):
+    """A controller with a TLS identity, a plain-HTTP agent and an sshd to point it at."""
+    root = tmp_path_factory.mktemp("wrong-protocol")
+    agent = fake_agent(processes, root / "plain", port=free_port(), token=AGENT_TOKEN)
+    env = dict(sshd.env("true"), FUSE_SSH_CONNECT_TIMEOUT="2")
+    ctl = start_controller(processes, root / "ctl", env=env)
+    cert, key, ca = pki.files(pki.controller, "controller")
+    assert ctl.http().put("/v1/controller", json={"cert": cert, "key": key, "ca": ca}).status_code == 200
+    yield ctl, agent, sshd
+    ctl.close()
+
+
+WRONG = {
+    "a mutual-TLS address at a plain-HTTP agent": (
+        lambda a, s: f"127.0.0.1:{a.port}",
+        "127.0.0.1:{a} does not speak TLS, so it is not a host agent's mutual-TLS listener"),
+    "an https:// address at a plain-HTTP agent": (
+        lambda a, s: f"https://127.0.0.1:{a.port}",
+        "https://127.0.0.1:{a} does not speak TLS, so it is not an https:// address"),
+    "an http:// address at an sshd": (
+        lambda a, s: f"http://127.0.0.1:{s.port}",
+        "http://127.0.0.1:{s} is an SSH server, not a host agent's HTTP listener"),
+    "an ssh:// address at an HTTP agent": (
+        lambda a, s: f"ssh://root@127.0.0.1:{a.port}",
+        "ssh://root@127.0.0.1:{a} speaks HTTP, not SSH, so it is not an ssh:// address"),
+}
+
+
+@pytest.mark.parametrize("declared", ["nothing declared", "all three declared"])
+@pytest.mark.parametrize("what", WRONG)
+def test_an_address_that_speaks_the_wrong_protocol_is_a_mistake_and_nothing_is_stored(wrong, what, declared):
+    ctl, agent, sshd = wrong
+    http = ctl.http()
+    addr, said = WRONG[what][0](agent, sshd), WRONG[what][1].format(a=agent.port, s=sshd.port)
+    host_id = f"wrong-{list(WRONG).index(what)}-{declared.split()[0]}"
+    cap = FULL if declared.startswith("all") else {"vm_count": 2}
+    r = http.post("/v1/hosts", json={"id": host_id, "url": addr, "token": AGENT_TOKEN, "backend": "qemu",
+                                     "capacity": cap})
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert err["code"] == "host_unreachable" and err["message"].startswith(said), err
+    for raw in ("WRONG_VERSION_NUMBER", "_ssl.c", "declare capacity", "Connection lost"):
+        assert raw not in err["message"], err
+    assert host_id not in host_ids(http)
+
+
+def test_an_unreachable_hosts_reason_and_the_hint_to_declare_are_one_sentence(wrong):
+    ctl, _, _ = wrong
+    port = free_port()  # nothing listens there
+    r = ctl.http().post("/v1/hosts", json={"id": "refused", "url": f"http://127.0.0.1:{port}", "backend": "qemu",
+                                           "capacity": {"vm_count": 2, "cpus": 2}})
+    assert r.status_code == 502, r.text
+    assert r.json()["error"]["message"] == (
+        f"connection to http://127.0.0.1:{port} was refused: is the host agent running (or declare capacity "
+        "ram_mb, storage_gb explicitly to register without a probe)?")
