@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
 from ..models.vm import CreateVmRequest
-from .placement import FleetArrays, rank
+from .placement import FleetArrays, rank, with_agent_limits
 from .resources import Resources
 from .store import vms as vms_t
 
@@ -108,6 +108,7 @@ class VmService:
         cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
         usable = np.zeros(n, dtype=bool)
         reasons: dict[str, str] = {}
+        agent_limits: dict[str, int | None] = {}  # the agents' own --max-vms, from their summaries
         for i, r in enumerate(rows):
             cap = r["capacity"]
             a = alloc.get(r["id"], {})
@@ -120,6 +121,7 @@ class VmService:
             cols["fm"][i] = min(s.get("free_mem_mib", 0), cap.get("ram_mb", 0) - a.get("ram_mb", 0)) - p.mem_mib
             cols["cnt"][i] = max(s.get("vm_count", 0), a.get("vm_count", 0)) + p.count
             cols["lim"][i] = cap.get("vm_count", 0)
+            agent_limits[r["id"]] = s.get("max_vms")
             if r["state"] != "active":
                 reasons[r["id"]] = f"host is {r['state']}"
             elif view is None or not view.connected:
@@ -130,8 +132,11 @@ class VmService:
                 reasons[r["id"]] = f"host has no bundle {bundle}"
             else:
                 usable[i] = True
-        return FleetArrays([r["id"] for r in rows], cols["cv"], cols["cm"], cols["fv"], cols["fm"], cols["cnt"],
-                           cols["lim"], usable), reasons
+        fleet = FleetArrays([r["id"] for r in rows], cols["cv"], cols["cm"], cols["fv"], cols["fm"], cols["cnt"],
+                            cols["lim"], usable)
+        # a host whose agent's own VM-count limit is reached is left out with that reason
+        # rather than asked and refusing (its admission still has the final word)
+        return with_agent_limits(fleet, agent_limits), reasons
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
