@@ -1,0 +1,276 @@
+"""The fuse controller calls behind `FuseVMService`'s operations.
+
+`ControllerCalls` is what an operation does at the controller: converge a VM
+to a trial's spec (create, wake, move asleep, or delete and recreate it),
+remove it, or sleep it, each once any move of the VM has ended, plus the
+bounded reads (`lookup`, `moving`) that the service's own waits share. It
+lives apart from the mlos_bench service so that the seed 002 surface
+(statuses, handles, waits) and the fleet mechanics (moves, sleeping VMs,
+ambiguous names) can be read and changed one at a time; nothing here needs
+mlos_bench.
+
+Steps run on the service's worker thread. Each checks its `Operation` before
+a call (stopping at the deadline or an abandon) and marks `op.sent` before a
+call that changes the VM, since such a call goes on at the controller even
+if the service stops waiting for it. Reads are cut short at a deadline;
+calls that change a VM never are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import httpx
+
+import fuse
+from fuse.client._core import Call
+from fuse.client.moves import MovesAPI
+from fuse.client.vms import VmsAPI
+
+from ._mlos_operations import Operation, OperationFailed, OperationTimedOut
+from ._mlos_params import VmSpec
+
+# The service's logger, not this module's: its log lines are one stream that
+# users filter on "fuse.integrations.mlos", wherever in the code they start.
+_LOG = logging.getLogger("fuse.integrations.mlos")
+
+_GONE_STATES = ("exited", "failed", "deleted")
+_MOVE_ENDS = ("done", "failed")
+_PASSING_STATES = ("creating", "incoming")  # a VM leaves these by itself
+
+
+def _reason(err: fuse.ApiError) -> str:
+    """The controller's refusal in one line, with each host's reason when it gave them."""
+    hosts = err.details.get("hosts")
+    return f"{err.code}: {err.message}" + (f" (hosts: {hosts})" if hosts else "")
+
+
+class ControllerCalls:
+    """The controller calls one `FuseVMService` makes, on its client.
+
+    `client` is the service's (built on first use, dropped at its exit), so
+    it is asked for on each call rather than held. The times are the
+    service config's pollInterval, pollTimeout and requestTimeout."""
+
+    def __init__(self, client: Callable[[], fuse.Client], poll_interval: float, poll_timeout: float,
+                 request_timeout: float):
+        self._client = client
+        self._poll_interval, self._poll_timeout, self._request_timeout = poll_interval, poll_timeout, request_timeout
+
+    @property
+    def client(self) -> fuse.Client:
+        return self._client()
+
+    # ---- reads (bounded by a deadline) ---------------------------------------
+    def _reads(self, until: float) -> tuple[VmsAPI, MovesAPI]:
+        """The client's vms and moves, for reads whose answer must come by
+        `until` (an operation's or a wait's deadline): a controller that hangs
+        ends them there as OperationTimedOut, not requestTimeout later. Only
+        reads: a call that changes a VM is never cut short by the deadline,
+        since it would go on at the controller while the next operation acts."""
+
+        def send(call: Call) -> Any:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise OperationTimedOut(f"no time left for {call.method} {call.path} before pollTimeout")
+            limit = call.timeout if call.timeout is not None else self._request_timeout
+            try:
+                return self.client._send(replace(call, timeout=min(limit, left)))
+            except fuse.ApiError as err:
+                if left < limit and isinstance(err.__cause__, httpx.TimeoutException):
+                    raise OperationTimedOut(f"the controller did not answer {call.method} {call.path} "
+                                            f"within pollTimeout ({self._poll_timeout:g} s)") from err
+                raise
+
+        return VmsAPI(send), MovesAPI(send)
+
+    def _find(self, name: str, host: str | None, until: float) -> dict | None:
+        """The VM `name` on `host` (None: wherever it is), None if there is none."""
+        try:
+            return self._reads(until)[0].get(name, host=host)
+        except fuse.ApiError as err:
+            if err.code == "not_found":
+                return None
+            raise
+
+    def lookup(self, name: str, host: str | None, until: float) -> dict | None:
+        """The VM named `name`, looked up fleet-wide: the service keeps one VM
+        per name, and a trial that changes vmHost must find the previous
+        trial's VM on its old host (to replace it there), not miss it and
+        leave it running. vmHost only picks one when the name is on several
+        (none of them there: still ambiguous, never a third copy)."""
+        try:
+            return self._find(name, None, until)
+        except fuse.ApiError as err:
+            if err.code != "ambiguous_vm" or not host:
+                raise
+            vm = self._find(name, host, until)
+            if vm is None:
+                raise
+            return vm
+
+    def moving(self, name: str, until: float) -> bool:
+        """A move of the VM is under way at the controller (it sleeps the VM
+        on its way to another host, then wakes it there)."""
+        return any(m.get("vm") == name and m.get("state") not in _MOVE_ENDS for m in self._reads(until)[1].list())
+
+    def _settle(self, op: Operation, name: str, host: str | None, passing: bool = True) -> dict | None:
+        """The VM once nothing else is changing it: no move of it under way
+        and (with `passing`) out of a passing state (creating, incoming). A
+        move holds the VM until it is done or home again; waking, deleting or
+        recreating it meanwhile could lose it or leave it on two hosts."""
+        op.check(f"looking up vm {name}")
+        while True:
+            # Moves first: a move that ends after this look shows in the VM found next.
+            moving = self.moving(name, op.deadline)
+            vm = self.lookup(name, host, op.deadline)
+            if vm is not None:
+                op.host = vm["host"]
+            if not moving and (vm is None or not passing or vm["state"] not in _PASSING_STATES):
+                return vm
+            op.pause(self._poll_interval)
+            op.check(f"waiting for a move of vm {name} to end" if moving
+                     else f"waiting for vm {name} to leave {vm['state']}")
+
+    def _outwaiting_moves(self, op: Operation, name: str, host: str | None,
+                          act: Callable[[dict | None], dict], passing: bool = True) -> dict:
+        """`act` on the settled VM; when the controller answers that a move
+        holds it (409 move_in_progress: one started since the look), wait for
+        the move to end and act again on the VM as it is then."""
+        while True:
+            vm = self._settle(op, name, host, passing)
+            try:
+                return act(vm)
+            except fuse.ApiError as err:
+                if err.code != "move_in_progress":
+                    raise
+                _LOG.info("fuse: vm %s is held by a move (%s); waiting for it to end", name, err.message)
+            op.pause(self._poll_interval)
+
+    # ---- operations (on the worker thread) -----------------------------------
+    def converge(self, op: Operation, spec: VmSpec) -> dict:
+        """Make the VM `spec` names exist, running, with its shape (on
+        spec.host when the trial pins one), once any move of it has ended."""
+        return self._outwaiting_moves(op, spec.name, spec.host, lambda vm: self._converge_vm(op, spec, vm))
+
+    def _converge_vm(self, op: Operation, spec: VmSpec, vm: dict | None) -> dict:
+        if vm is not None:
+            changes = spec.differs(vm)
+            if vm["state"] == "sleeping" and not spec.differs(vm, host=False):
+                # Asleep with the trial's shape: wake it, wherever that takes,
+                # or fail keeping it: deleting it would lose its saved state.
+                vm, changes = self._wake(op, spec, vm), []
+            elif vm["state"] in _GONE_STATES:
+                changes = [f"state {vm['state']}"]
+            if changes:
+                _LOG.info("fuse: recreating vm %s on %s: %s", spec.name, vm["host"], "; ".join(changes))
+                op.check(f"deleting vm {spec.name} on {vm['host']} to recreate it")
+                op.sent = True
+                self._delete(spec.name, vm["host"])
+                vm = None
+        if vm is None:
+            op.check(f"creating vm {spec.name}")
+            op.sent = True
+            vm = self.client.vms.create(spec.body())
+            _LOG.info("fuse: created vm %s (%d vCPUs, %d MiB) on %s", spec.name, spec.vcpus, spec.mem_mib,
+                      vm["host"])
+        op.host = vm["host"]
+        if vm["state"] != "running":
+            raise OperationFailed(f"vm {spec.name} is {vm['state']} on {vm['host']}: {vm.get('reason') or ''}")
+        return vm
+
+    def _wake(self, op: Operation, spec: VmSpec, vm: dict) -> dict:
+        """Wake the sleeping VM: on its own host; on the pinned host when the
+        trial pins another (moved there asleep first); unpinned with no room
+        left on its host, on the best host with room (moved likewise). A VM
+        that can wake nowhere is FAILED and kept asleep where it is, its saved
+        state with it, for a later provision to wake once room frees."""
+        if spec.host and spec.host != vm["host"]:
+            return self._move_and_wake(op, spec, vm, spec.host)
+        op.check(f"waking vm {spec.name} on {vm['host']}")
+        op.sent = True
+        try:
+            woke = self.client.vms.wake(spec.name, host=vm["host"])
+        except fuse.ApiError as err:
+            if err.code in ("unreachable", "move_in_progress"):
+                raise  # no answer: it may have woken; a move: waited out by the caller
+            if err.code != "host_full" or spec.host:  # pinned: waking it elsewhere is not what was asked
+                raise OperationFailed(f"vm {spec.name} did not wake on {vm['host']} ({_reason(err)}); "
+                                      "it is kept asleep there") from err
+            _LOG.info("fuse: vm %s cannot wake on %s (%s); moving it to a host with room", spec.name, vm["host"],
+                      err.message)
+            return self._move_and_wake(op, spec, vm, None)
+        _LOG.info("fuse: woke vm %s on %s", spec.name, woke["host"])
+        return woke
+
+    def _move_and_wake(self, op: Operation, spec: VmSpec, vm: dict, to: str | None) -> dict:
+        """Move the sleeping VM (it stays asleep) to `to`, or the best host
+        with room, and wake it there. A refused or failed move leaves it
+        asleep on its host: FAILED, never recreated."""
+        op.check(f"moving sleeping vm {spec.name} off {vm['host']}")
+        op.sent = True
+        try:
+            move = self.client.moves.create(spec.name, to=to, host=vm["host"])
+        except fuse.ApiError as err:
+            if err.code in ("unreachable", "move_in_progress"):
+                raise
+            raise OperationFailed(f"vm {spec.name} sleeps on {vm['host']} and cannot wake "
+                                  f"{'on ' + to if to else 'anywhere'} ({_reason(err)}); it is kept asleep there, "
+                                  "and a later provision wakes it once there is room") from err
+        while move["state"] not in _MOVE_ENDS:
+            op.pause(min(self._poll_interval, 1.0))
+            op.check(f"moving vm {spec.name} ({move['id']}: {move['state']})")
+            move = self._reads(op.deadline)[1].get(move["id"])
+        if move["state"] != "done":
+            raise OperationFailed(f"moving sleeping vm {spec.name} from {vm['host']} to {move['to']} failed "
+                                  f"({move.get('reason') or 'no reason given'}); it is kept asleep on {vm['host']}")
+        op.host = move["to"]
+        op.check(f"waking vm {spec.name} on {move['to']}")
+        woke = self.client.vms.wake(spec.name, host=move["to"])
+        _LOG.info("fuse: vm %s woke on %s after moving from %s", spec.name, move["to"], vm["host"])
+        return woke
+
+    def _delete(self, name: str, host: str | None) -> None:
+        try:
+            self.client.vms.delete(name, host=host)
+        except fuse.ApiError as err:
+            if err.code != "not_found":
+                raise
+
+    def remove(self, op: Operation, name: str, host: str | None) -> dict:
+        """Delete the VM wherever it is, once any move of it has ended."""
+
+        def delete(vm: dict | None) -> dict:
+            if vm is None:
+                return {}  # already gone: what deprovision asks for
+            op.check(f"deleting vm {name} on {vm['host']}")
+            op.sent = True
+            self._delete(name, vm["host"])
+            op.check(f"checking vm {name} is gone")
+            if self._find(name, vm["host"], op.deadline) is not None:
+                raise OperationFailed(f"vm {name} still exists on {vm['host']} after delete")
+            _LOG.info("fuse: deleted vm %s on %s", name, vm["host"])
+            return {"host": vm["host"]}
+
+        # A VM stuck creating is deleted, not waited for; a move is waited out.
+        return self._outwaiting_moves(op, name, host, delete, passing=False)
+
+    def sleep(self, op: Operation, name: str, host: str | None) -> dict:
+        """Sleep the VM (asleep already is fine), once any move of it has ended."""
+
+        def sleep(vm: dict | None) -> dict:
+            if vm is None:
+                raise OperationFailed(f"vm {name} not found")
+            if vm["state"] == "running":
+                op.check(f"sleeping vm {name} on {vm['host']}")
+                op.sent = True
+                vm = self.client.vms.sleep(name, host=vm["host"])
+            if vm["state"] != "sleeping":
+                raise OperationFailed(f"vm {name} is {vm['state']}, not sleeping")
+            _LOG.info("fuse: vm %s sleeps on %s", name, vm["host"])
+            return vm
+
+        return self._outwaiting_moves(op, name, host, sleep)
