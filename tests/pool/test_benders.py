@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pool_builders import brute_force, offer, small_models
 
-from fuse.controller.pool import benders, patterns, search
+from fuse.controller.pool import benders, column_generation, highs, pattern_pricing, patterns, search
 from fuse.controller.pool import formulation as F
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import DemandGroup, PlanModel
+from fuse.controller.pool.pattern_master import Master
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.solution import Solution, cost_usd, violations
 
@@ -31,7 +32,7 @@ SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCh
 def best_values(m: PlanModel, ty: patterns.MachineType, pi: np.ndarray) -> list[float]:
     """Each class's best pattern value by the column generation's own pricing DP."""
     out = [0.0] * len(ty.deltas)
-    for _, k, counts in patterns._price(m, ty, pi, [-kap - 1e6 for kap in ty.kappa]):  # every class prices out
+    for _, k, counts in pattern_pricing._price(m, ty, pi, [-kap - 1e6 for kap in ty.kappa]):  # every class prices out
         out[k] = sum(pi[g] * n for g, n in counts.items())
     return out
 
@@ -112,7 +113,7 @@ def test_proofs_on_machine_counts_agree_with_brute_force(model):
     if best_placed == 0 or sum(base.placed(len(m.groups))) < best_placed or m.constraints.exact_new_hosts is not None:
         return
     types = patterns.machine_types(m, F.undominated_offers(m))
-    root = patterns.Master(m, types, best_placed)
+    root = Master(m, types, best_placed)
     pool: list = []
     for ty in types:
         for g in ty.groups:
@@ -120,7 +121,7 @@ def test_proofs_on_machine_counts_agree_with_brute_force(model):
             counts = {g: grp.count if grp.together else min(grp.count, ty.q[g])}
             if root.add_pattern(ty, ty.cls[g], counts):
                 pool.append((ty, ty.cls[g], counts))
-    res, _, converged = patterns.generate(m, root, types, pool, time.monotonic() + 10)
+    res, _, converged = column_generation.generate(m, root, types, pool, time.monotonic() + 10)
     if res is None or not converged:
         return
     y = np.minimum(res.ineqlin.marginals, 0.0)
@@ -155,8 +156,8 @@ def test_the_lean_master_saves_the_points_it_passed_and_finds_the_same_optimum()
     n, rows = 12, 6
     cost, a = rng.uniform(1, 2, n), rng.uniform(0, 3, (rows, n))
     args = (cost, np.ones(n), np.zeros(n), np.full(n, 10.0), a, np.full(rows, 20.0), np.full(rows, np.inf))
-    full = patterns.highs_mip(*args, gap=0.0, time_limit=10)
-    lean = patterns.highs_mip(*args, gap=0.0, time_limit=10, lean=True, save=True)
+    full = highs.highs_mip(*args, gap=0.0, time_limit=10)
+    lean = highs.highs_mip(*args, gap=0.0, time_limit=10, lean=True, save=True)
     assert full.status == lean.status == 0
     assert abs(cost @ full.x - cost @ lean.x) < 1e-6
     assert lean.saved and min(obj for obj, _ in lean.saved) == pytest.approx(cost @ lean.x)
@@ -174,7 +175,7 @@ def test_a_master_starts_from_the_cheapest_earlier_point_no_cut_removes(monkeypa
               np.array([0.0, 1.0, 1.0]),  # 5 USD
               np.array([1.0, 1.0, 0.0])]  # 3 USD: the start
     seen = {}
-    real = patterns.highs_mip
+    real = highs.highs_mip
 
     def spy(*args, **kwargs):
         seen["start"] = kwargs.get("start")
@@ -233,7 +234,7 @@ def test_the_cuts_go_on_while_the_plan_in_hand_is_far_from_their_bound(monkeypat
     # plan in hand 1 % above their bound unless the counts MIP found a better one; when it did
     # not, branch-and-price ran the whole limit out unproven. Here the counts MIP finds nothing:
     # the rounds themselves repair their proposals into plans and prove the optimum.
-    monkeypatch.setattr(patterns.Master, "counts_mip", lambda self, *a, **k: None)
+    monkeypatch.setattr(Master, "counts_mip", lambda self, *a, **k: None)
     m = random_model(2, 1000, 20, 40, 10).model_copy(update={"time_limit_secs": 20.0})
     t0 = time.monotonic()
     p = plan(m)

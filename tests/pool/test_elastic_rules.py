@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fuse.controller.pool.elastic import (TRANSITIONS, billed_secs, committed_usd, ends_on_its_own, month_usd,
-                                          paid_until, to_record)
+from fuse.controller.pool.elastic_host import (TRANSITIONS, billed_secs, committed_usd, ends_on_its_own, month_usd,
+                                               paid_until, to_record)
 from fuse.controller.pool.reconcile import Load, decide
 
 NOW = datetime(2026, 12, 15, 12, 0, tzinfo=timezone.utc).timestamp()

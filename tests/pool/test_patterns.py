@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from pool_builders import brute_force, offer, small_models
 
 from fuse.controller.pool import formulation as F
-from fuse.controller.pool import pack, patterns, search
+from fuse.controller.pool import column_generation, highs, pack, patterns, search
 from fuse.controller.pool.catalogue import default_catalogue
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import Constraints, DemandGroup, PlanModel, PoolHost
+from fuse.controller.pool.pattern_master import Master
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.solution import cost_usd, violations
 
@@ -80,12 +81,12 @@ def test_each_existing_host_is_one_machine_with_its_own_patterns():
 def _root(m: PlanModel, target: int):
     """The root LP of the pattern model, solved to convergence: (types, master, LP result)."""
     types = patterns.machine_types(m, F.undominated_offers(m))
-    master = patterns.Master(m, types, target)
+    master = Master(m, types, target)
     for ty in types:
         for g in ty.groups:
             grp = m.groups[g]
             master.add_pattern(ty, ty.cls[g], {g: grp.count if grp.together else min(grp.count, ty.q[g])})
-    res, _, converged = patterns.generate(m, master, types, [], time.monotonic() + 30)
+    res, _, converged = column_generation.generate(m, master, types, [], time.monotonic() + 30)
     assert converged
     return types, master, res
 
@@ -140,7 +141,7 @@ def test_microvm_work_on_the_one_kvm_type_is_proven_optimal_with_the_shipped_cat
 def test_solver_output_from_c_never_reaches_stdout(capfd):
     # HiGHS's MIP can print a debug line from C++ whatever scipy's disp says; stdout is
     # where ``fuse pool plan --json`` writes its answer, so a solve writes it to stderr
-    with patterns.stdout_to_stderr():
+    with highs.stdout_to_stderr():
         os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
     os.write(1, b"after\n")
     out, err = capfd.readouterr()
@@ -157,7 +158,7 @@ def test_reduced_cost_fixing_keeps_every_optimal_plan():
         assert proven
         target = sum(sol.placed(len(m.groups)))
         types, master, _ = _root(m, target)
-        limits = patterns.class_limits(master, cost_usd(m, sol) + 1e-6)
+        limits = column_generation.class_limits(master, cost_usd(m, sol) + 1e-6)
         assert limits  # some classes are priced out of any plan this cheap
         by_key = {ty.key: ty for ty in types}
         used: dict[tuple, int] = {}

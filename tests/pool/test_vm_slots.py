@@ -13,7 +13,8 @@ from fuse.controller.pool import search
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import DemandGroup, PlanModel, PoolHost, host_reject
 from fuse.controller.pool.pack import pack, pack_partial
-from fuse.controller.pool.patterns import _price, machine_types, prefer_existing
+from fuse.controller.pool.pattern_pricing import _price
+from fuse.controller.pool.patterns import machine_types, prefer_existing
 from fuse.controller.pool.planner import plan, realise
 from fuse.controller.pool.request import model_from_request
 from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations

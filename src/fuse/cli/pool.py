@@ -269,7 +269,7 @@ def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest
 def solve_plan(model: PlanModel) -> ElasticPlan:
     """The planner, offline, with file descriptor 1 on stderr while it runs: the solvers'
     C++ code may print a debug line on stdout, where ``--json`` writes the answer."""
-    from fuse.controller.pool.patterns import stdout_to_stderr  # (HiGHS: only when a plan is solved here)
+    from fuse.controller.pool.highs import stdout_to_stderr  # (HiGHS: only when a plan is solved here)
 
     with stdout_to_stderr():
         return _plan(model)

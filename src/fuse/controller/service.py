@@ -12,7 +12,7 @@ from typing import Any
 from ..paths import private_dir
 from ..transport import TlsSettings
 from .hosts import HostRegistry
-from .pool.elastic import committed_until
+from .pool.elastic_host import committed_until
 from .store import Store, engine_url
 
 

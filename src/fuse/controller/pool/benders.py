@@ -34,7 +34,7 @@ that cost exactly the LP bound but hold nothing like the work; so do up to
 ``KELLEY_ROUNDS`` proposals of the master's LP relaxation (cheap: an LP, not a
 branch and bound) checked the same way before the integer master (cuts only:
 first fit on fractional counts never beat the plan in hand; they stop when the
-LP answers the same counts again). Reduced-cost fixing (``patterns.class_limits``)
+LP answers the same counts again). Reduced-cost fixing (``column_generation.class_limits``)
 bounds each N_tk, and a type fixed at 0 machines drops out of the cuts' DPs.
 The master is solved to a 0.01 % gap while it only proposes counts, to none once
 its bound is that close to the plan; one solve may take half the time left, so a
@@ -69,21 +69,12 @@ import highspy
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint
 
+from fuse.controller.pool.column_generation import class_limits
+from fuse.controller.pool.highs import _new_highs, highs_mip, milp
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.patterns import (
-    MAX_CELLS,
-    MachineType,
-    Master,
-    TooBig,
-    _new_highs,
-    class_limits,
-    highs_mip,
-    knapsack_items,
-    milp,
-    price_all,
-    split,
-    take_pattern,
-)
+from fuse.controller.pool.pattern_master import Master
+from fuse.controller.pool.pattern_pricing import MAX_CELLS, TooBig, knapsack_items, price_all, split
+from fuse.controller.pool.patterns import MachineType, take_pattern
 from fuse.controller.pool.solution import Solution, cost_usd
 
 EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's exactness)

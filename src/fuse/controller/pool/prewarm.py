@@ -54,7 +54,7 @@ from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmP
 from ...models.vm import VmShape
 from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
-from .elastic import BudgetExceeded
+from .elastic_budget import BudgetExceeded
 from .request import kind_of_image, learned_shape, history_from_vms
 
 log = logging.getLogger("fuse.controller.pool")

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...models.pool import ElasticDecision
-from .elastic import paid_until
+from .elastic_host import paid_until
 
 HORIZON_SECS = 120  # an idle host this close to its next billing step goes now
 

@@ -14,7 +14,7 @@
                                     (best bound first, with depth-first dives
                                     that end in a fill of whole machine counts;
                                     reduced-cost fixing limits each child's
-                                    counts, ``patterns.class_limits``)
+                                    counts, ``column_generation.class_limits``)
 
 Every plan here packs by construction; the bound is the larger of the Benders
 master's (HiGHS's dual bound on a relaxation of every plan) and the least bound
@@ -30,18 +30,11 @@ import time
 import numpy as np
 
 from fuse.controller.pool.benders import prove
+from fuse.controller.pool.column_generation import class_limits, generate
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.patterns import (
-    MachineType,
-    Master,
-    Node,
-    TooBig,
-    class_limits,
-    extract,
-    generate,
-    machine_types,
-    take_pattern,
-)
+from fuse.controller.pool.pattern_master import Master, Node, extract
+from fuse.controller.pool.pattern_pricing import TooBig
+from fuse.controller.pool.patterns import MachineType, machine_types, take_pattern
 from fuse.controller.pool.solution import Solution, cost_usd, violations
 
 

@@ -165,7 +165,7 @@ def better(model: PlanModel, a: Solution, b: Solution) -> bool:
 
 def _caps(model: PlanModel) -> list[str]:
     """The model's caps on new machines, as an operator reads them. A cap of the budget is
-    what it leaves after the hosts running (``elastic.constraints``): 0 left reads
+    what it leaves after the hosts running (``ElasticPool.constraints``): 0 left reads
     "reached", never ``=0`` (which the budget's API reads as no cap)."""
     c = model.constraints
     out = []
