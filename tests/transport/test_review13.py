@@ -70,6 +70,16 @@ def test_an_agent_restarted_with_another_token_is_the_hosts_502_not_the_callers_
         usage = http.get("/v1/usage").json()
         assert usage["unreachable"] == ["h1"], usage
         assert "rejected the controller's token" in usage["unreachable_reasons"]["h1"], usage
+        # the poller says so too: placement's reason for the host names the rejected token, not "answered 401"
+        def refused():
+            r = http.post("/v1/vms", json={"name": "v2", "shape": {"vcpus": 1, "mem_mib": 128},
+                                           "entry": "sleep 600", "host": "h1"})
+            assert r.status_code == 409, r.text
+            return "rejected the controller's token" in r.json()["error"]["details"]["hosts"]["h1"] and r
+        deadline = time.monotonic() + 15
+        while not refused():
+            assert time.monotonic() < deadline, "the poller's reason never named the rejected token"
+            time.sleep(0.5)
     finally:
         ctl.close()
         reap(tmp_path)  # the fake VM's process (VMs outlive their agent)

@@ -182,6 +182,9 @@ class Fleet:
         try:
             conn = self.conn(host_id)
             resp = await conn.request("GET", "/v1/host", timeout=5)
+            if resp.status_code == 401:  # the host_disconnected event and views say why, as vms and usage do
+                from .vms import TOKEN_REJECTED
+                raise HostUnreachable(TOKEN_REJECTED, code="unauthorized")
             if resp.status_code != 200:
                 raise HostUnreachable(f"host answered {resp.status_code}")
             summary = resp.json()
