@@ -71,8 +71,23 @@ def test_an_agent_under_umask_000_keeps_its_vm_dirs_sockets_and_state_files_owne
 
         r = c.post("/v1/host/vms/m1/wake")
         assert r.status_code == 200, r.text
-        wait_vm(c, "m1", "running")
+        vm = wait_vm(c, "m1", "running")
         assert mode(qmp_path(vm_dir)) == 0o600, oct(mode(qmp_path(vm_dir)))
+
+        # the receiving side of a move: its record, the VM's directory and what it receives
+        r = c.post("/v1/host/incoming", json={
+            "move_id": "mv1", "platform": vm["platform"],
+            "vm": {"name": "in1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER, "bundle": vm["bundle"],
+                   "bundle_fingerprint": vm["bundle_fingerprint"]},
+            "files": [{"name": "state.bin", "size": 4, "sha256": "0" * 64}]})
+        assert r.status_code == 201, r.text
+        r = c.put("/v1/host/incoming/mv1/files/state.bin", params={"offset": 0}, content=b"abcd")
+        assert r.status_code in (200, 204), r.text
+        assert mode(state / "incoming" / "mv1.json") == 0o600
+        for d in (state / "vms" / "in1", state / "vms" / "in1" / "state"):
+            assert mode(d) == 0o700, (d, oct(mode(d)))
+        assert mode(state / "vms" / "in1" / "state" / "state.bin") == 0o600
+        assert c.delete("/v1/host/incoming/mv1").status_code == 204
     finally:
         try:
             c.delete("/v1/host/vms/m1")  # (204; best effort when an assertion failed first)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Conflict, InvalidArgument, NotFound, VmExists
 from ..models.vm import IncomingRequest, StateFile, Vm
+from ..paths import private_dir, private_opener
 from . import bundle as bundles
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class IncomingMoves:
         self.entries: dict[str, dict[str, Any]] = {}
 
     def load(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         for path in sorted(self.dir.glob("*.json")):
             entry = json.loads(path.read_text())
             vm = self.mgr.vms.get(entry["name"])
@@ -57,8 +58,9 @@ class IncomingMoves:
                 path.unlink()  # its VM was installed or removed before a crash
 
     def _persist(self, entry: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / f"{entry['move_id']}.json").write_text(json.dumps(entry))
+        private_dir(self.dir)  # (owner-only whatever the umask, as every agent state file)
+        with open(self.dir / f"{entry['move_id']}.json", "w", opener=private_opener) as f:
+            f.write(json.dumps(entry))
 
     def _entry(self, move_id: str) -> dict[str, Any]:
         entry = self.entries.get(move_id)
@@ -98,7 +100,7 @@ class IncomingMoves:
                     bundle_fingerprint=b.fingerprint, created_at=created, platform=req.platform,
                     move_id=req.move_id, move_role="target", files=req.files,
                     history=[{"state": "incoming", "time": _now().isoformat(), "move_id": req.move_id}])
-            (mgr.vm_dir(name) / "state").mkdir(parents=True, exist_ok=True)
+            private_dir(mgr.vm_dir(name) / "state")
             mgr.vms[name] = vm
             mgr.save(vm)
             entry = {"move_id": req.move_id, "name": name, "created_at": _now().isoformat(),
