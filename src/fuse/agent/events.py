@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ..errors import InvalidArgument
 from ..paths import private_dir, private_opener
 
 MAX_LIMIT = 500
+MAX_WAIT_S = 60.0  # a long poll's wait, at most (a longer one is cut to this, a negative one is none)
 # The in-memory window; older events stay on disk but are not served (a
 # controller polls every second, far behind this).
 KEEP = 20_000
@@ -91,11 +93,16 @@ class EventLog:
 
     async def page(self, since: int = 0, limit: int = 100, wait_s: float = 0) -> dict[str, Any]:
         """Events after ``since`` (waiting up to ``wait_s`` seconds for one
-        when there are none) and the cursor to pass next; see the module doc."""
+        when there are none, at most MAX_WAIT_S) and the cursor to pass next;
+        see the module doc. A wait that is no number of seconds (NaN,
+        infinity) is refused, as the controller's merged stream refuses it."""
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
         if since < 0:
             raise InvalidArgument("since must be >= 0")
+        if not math.isfinite(wait_s):
+            raise InvalidArgument("wait_s must be a number of seconds")
+        wait_s = min(max(wait_s, 0.0), MAX_WAIT_S)
         since = min(since, self.last_id)  # a cursor from beyond: the newest
         await self.wait(since, wait_s)
         items = self.list(since, limit)

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from ..client import ApiError
+from ..client.events import RECONNECT_S, Reconnect
 from .output import api_errors, emit_json, table
 
 vms_app = typer.Typer(help="VMs placed by the controller (no sub-command: list them).")
@@ -118,11 +120,24 @@ for _act in ("sleep", "wake"):
 
 
 def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help="Keep following the stream."),
-           json_: bool = typer.Option(False, "--json"), wait_s: float = typer.Option(30)) -> None:
+           json_: bool = typer.Option(False, "--json"), wait_s: float = typer.Option(30),
+           reconnect_s: float = typer.Option(RECONNECT_S, help=(
+               "Following, keep trying a controller that does not answer (restarted, say) this many seconds "
+               "in a row, from the last cursor, before giving up."))) -> None:
     """The merged event stream (follows by default; Ctrl-C stops)."""
+    # The reconnect rule is `client.events.follow`'s: no event is printed twice or
+    # skipped across a controller restart (issue 4).
+    retry = Reconnect(reconnect_s)
     with api_errors(json_), _client() as c:
         while True:
-            page = c.events.list(since, wait_s if follow else 0, 500)
+            try:
+                page = c.events.list(since, wait_s if follow else 0, 500)
+            except ApiError as err:
+                if not follow or (pause := retry.pause(err)) is None:
+                    raise
+                time.sleep(pause)
+                continue
+            retry.answered()
             for e in page["events"]:
                 if json_:
                     typer.echo(json.dumps(e, sort_keys=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -18,9 +19,10 @@ def _cursor(page: dict, since: int) -> int:
     return page.get("next_cursor", page.get("next", since))
 
 
-class _Reconnect:
+class Reconnect:
     """When a follow that lost the controller tries again: after pauses that
-    double, for as long as the failures in a row last under `limit_s`."""
+    double, for as long as the failures in a row last under `limit_s`
+    (`follow`, and `fuse controller events`, keep this one rule)."""
 
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
@@ -50,8 +52,11 @@ class EventsAPI:
     def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict:
         """`{"events": [...], "next_cursor": cursor, "next": cursor}` (the same
         cursor under both names); waits up to `wait_s` for news."""
+        # (a wait_s that is no number, NaN say, is the controller's to refuse, with its 400:
+        # it must not become a timeout that is no number either)
+        wait = wait_s if math.isfinite(wait_s) else 0
         return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
-                               timeout=wait_s + 30))
+                               timeout=max(wait, 0) + 30))
 
     def follow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                reconnect_s: float = RECONNECT_S) -> Iterator[dict]:
@@ -59,7 +64,7 @@ class EventsAPI:
         A controller that stops answering (restarted, say) is tried again,
         from the last cursor, until it has failed for `reconnect_s` seconds
         in a row; then its `ApiError` (code "unreachable") is raised."""
-        n, retry = 0, _Reconnect(reconnect_s)
+        n, retry = 0, Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             try:
                 page = self.list(since, wait_s)
@@ -79,7 +84,7 @@ class EventsAPI:
     async def afollow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                       reconnect_s: float = RECONNECT_S) -> AsyncIterator[dict]:
         """`follow` for the async client."""
-        n, retry = 0, _Reconnect(reconnect_s)
+        n, retry = 0, Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             try:
                 page = await self.list(since, wait_s)

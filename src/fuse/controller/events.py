@@ -10,6 +10,7 @@ other for events after it, and the cursor handed back is a real one.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -37,8 +38,9 @@ class EventService:
             raise InvalidArgument("since must be >= 0")
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
-        if wait_s < 0:
-            raise InvalidArgument("wait_s must be >= 0")
+        if not math.isfinite(wait_s) or wait_s < 0:
+            # (a NaN deadline is never reached: the poll would spin on the store forever)
+            raise InvalidArgument("wait_s must be a number of seconds >= 0")
         deadline = time.monotonic() + min(wait_s, MAX_WAIT_S)
         store = self.ctl.store
         newest = store.last_event_id()

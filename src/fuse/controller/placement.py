@@ -196,7 +196,9 @@ class Decision:
             if not f.usable[i]:
                 out[hid] = self._unusable.get(hid, "not accepting placements")
             elif not self._fits_mem[i]:
-                out[hid] = f"needs {ask.mem_mib} MiB of memory, {int(f.free_mem[i])} MiB free"
+                # (free room below 0 — more assigned than declared, reserved or not — reads as none,
+                # as GET /v1/hosts shows it)
+                out[hid] = f"needs {ask.mem_mib} MiB of memory, {max(int(f.free_mem[i]), 0)} MiB free"
             elif f.agent_limited is not None and f.agent_limited[i]:
                 out[hid] = f"its agent's max_vms {int(f.vm_limit[i])} reached"
             else:

@@ -75,6 +75,16 @@ def agent_not_found(resp) -> bool:
     return isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("code") == "not_found"
 
 
+def _machines(hosts: list[dict]) -> dict[str, list[str]]:
+    """Host id -> every name its machine is registered under (itself included): the
+    hosts that share its agent identity, or just itself when it has none recorded."""
+    by_agent: dict[str, list[str]] = {}
+    for r in hosts:
+        if r.get("agent_id"):
+            by_agent.setdefault(r["agent_id"], []).append(r["id"])
+    return {r["id"]: by_agent[r["agent_id"]] if r.get("agent_id") else [r["id"]] for r in hosts}
+
+
 class VmService:
     def __init__(self, ctl):
         self.ctl = ctl
@@ -98,12 +108,14 @@ class VmService:
     # ---- placement -----------------------------------------------------------
     def arrays(self, only: str | None = None, bundle: str | None = None,
                among: set[str] | None = None) -> tuple[FleetArrays, dict[str, str]]:
-        rows = self.store.list_hosts()
+        every = self.store.list_hosts()
+        rows = every
         if only is not None:
             rows = [r for r in rows if r["id"] == only]
         if among is not None:
             rows = [r for r in rows if r["id"] in among]
         alloc = self.store.allocated()
+        machine = _machines(every)
         n = len(rows)
         cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
         usable = np.zeros(n, dtype=bool)
@@ -111,8 +123,13 @@ class VmService:
         agent_limits: dict[str, int | None] = {}  # the agents' own --max-vms, from their summaries
         for i, r in enumerate(rows):
             cap = r["capacity"]
-            a = alloc.get(r["id"], {})
-            p = self._pending.get(r["id"], Resources())
+            # One machine under several names (one agent identity): what any of its names
+            # holds or is placing takes room from every name's declared capacity, so that
+            # each name's capacity is not room on top of the others' (seed 004: a host's
+            # figures are believed only within its declared capacity).
+            names = machine[r["id"]]
+            a = {k: sum(alloc.get(h, {}).get(k, 0) for h in names) for k in ("cpus", "ram_mb", "vm_count")}
+            p = sum((self._pending.get(h, Resources()) for h in names), Resources())
             view = self.fleet.views.get(r["id"]) if self.fleet else None
             s = view.summary if view else {}
             cols["cv"][i], cols["cm"][i] = cap.get("cpus", 0), cap.get("ram_mb", 0)
@@ -495,6 +512,7 @@ class VmService:
         with self.store.tx() as c:
             c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
         self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host)
+        await self._refresh_room(host)
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
@@ -506,7 +524,21 @@ class VmService:
                 self._release(host, ask)
                 self._waking.discard((host, name))
         self.fleet.upsert_vms(host, [vm])
+        await self._refresh_room(host)  # (a sleep gave room back, a wake took it)
         return vm | {"host": host}
+
+    async def _refresh_room(self, host: str) -> None:
+        """Read the summary of ``host`` (and of its machine's other names) again after a
+        delete, sleep or wake of ours changed its room, before answering: the poller's
+        may be a second old, and a create right after would be refused for room the
+        host has again (its VM count, its memory), or weigh room a wake took back as
+        free. A host that does not answer keeps the figures it had: its poller's next
+        answer brings them."""
+        for h in _machines(self.store.list_hosts()).get(host, [host]):
+            try:
+                await self.fleet.refresh(h)
+            except Exception as exc:  # (the action is done: only the figures wait for the next poll)
+                log.info("host %s: no fresh summary after an action there: %s", h, exc)
 
     async def _wake_room(self, name: str, host: str) -> Resources:
         """Reserve on ``host`` the memory a sleeping VM takes back when it wakes, or

@@ -12,7 +12,8 @@ router = APIRouter(tags=["events"])
 
 
 @router.get("/v1/events", response_model=EventPage,
-            responses=responses(s400="invalid_argument: since or wait_s below 0, or limit outside 1..500"),
+            responses=responses(s400="invalid_argument: since or wait_s below 0, wait_s NaN or infinite, "
+                                     "or limit outside 1..500"),
             summary="listEvents: events after `since`; waits up to `wait_s` when there are none.")
 async def list_events(request: Request,
                       since: int = Query(0, description="next_cursor of the previous page; 0: from the start."),

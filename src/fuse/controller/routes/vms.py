@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import NotFound
@@ -106,8 +106,11 @@ async def wake_vm(request: Request, name: str, host: Optional[str] = None) -> JS
 
 
 @router.get("/v1/vms/{name}/console",
-            responses=responses(s400="invalid_argument: offset below 0", s404=NOT_FOUND, s409=AMBIGUOUS,
-                                s502=UNREACHABLE),
+            responses=responses(s400="invalid_argument: offset below 0, or not an integer", s404=NOT_FOUND,
+                                s409=AMBIGUOUS, s502=UNREACHABLE),
             summary="getVmConsole: the serial log from a byte offset.")
-async def vm_console(request: Request, name: str, offset: int = 0, host: Optional[str] = None) -> dict:
+async def vm_console(request: Request, name: str,
+                     offset: int = Query(0, description="The byte to read from (a reply's next_offset); one past "
+                                                        "the log's end, however far, reads from the end."),
+                     host: Optional[str] = None) -> dict:
     return await _vms(request).console(name, offset, host)
