@@ -311,3 +311,20 @@ def test_the_prewarms_table_says_when_a_refill_buys_again_and_why(capsys):
     assert _time.strftime("%H:%M:%S", _time.localtime(later)) in line1 and "the cloud ended" in out
     line2 = next(ln for ln in out.splitlines() if "pw-2" in ln)
     assert line2.strip("│ ").split("│")[-1].strip() == "-"
+
+
+def test_an_edited_model_with_a_nan_or_infinite_number_is_refused_with_the_field(tmp_path):
+    """`fuse pool plan --model FILE.json` re-solves an edited model: a NaN price (JSON's
+    NaN literal, which Python reads) would make every cost comparison false; it is an
+    error naming the field, exit 2, not a plan."""
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    data = json.loads(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json())
+    assert data["offers"], "the default model offers the shipped catalogue"
+    for bad in ("NaN", "Infinity"):
+        data["offers"][0]["usd_per_hour"] = "__BAD__"
+        (model := tmp_path / "model.json").write_text(json.dumps(data).replace('"__BAD__"', bad))
+        r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model)], env={"FUSE_URL": ""})
+        assert r.exit_code == 2, r.output
+        assert "usd_per_hour" in r.output and "finite" in r.output, r.output

@@ -419,7 +419,7 @@ class VmManager:
         size = 0
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(offset)
+            f.seek(min(offset, size))  # (seeking far past the end fails or overflows on some file systems)
             data = f.read(limit)
         # an offset past the end (a stale one) continues from the end, not beyond it,
         # so the output still to come is not skipped

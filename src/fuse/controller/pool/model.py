@@ -28,7 +28,8 @@ KINDS = frozenset({"container", "vm", "microvm"})
 
 
 class _Data(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # (a NaN or infinite price or capacity in an edited model would make every comparison false)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DemandGroup(_Data):
