@@ -166,3 +166,19 @@ def test_an_event_already_stored_under_the_other_name_is_not_stored_again(store_
     # another replica, which saw cc connected, read the same part of the log
     store_fleet._store_events("cc", AGENT, 0, [{"id": 1, "time": 1.0, "type": "x"}, {"id": 2, "time": 2.0, "type": "y"}])
     assert [(e["host_event_id"], e["host"]) for e in store_fleet.store.events_after(0)] == [(1, "h0"), (2, "cc")]
+
+
+def test_events_of_a_create_through_the_other_name_awaiting_its_reply_carry_that_name_at_once(store_fleet):
+    """A follower reads each event once, so its tag must not change after it is stored: the
+    agent's first events of a VM whose create through h0 has not had its reply yet are read
+    by cc's poller, and are h0's from the start (they had been cc's until the reply's retag)."""
+    vms = store_fleet.ctl.vms
+    vms._name("h0", "v5", +1)  # the create through h0 is under way
+    store_fleet._store_events("cc", AGENT, 0, [{"id": 1, "time": time.time(), "type": "vm_state", "vm": "v5",
+                                                "to": "creating"},
+                                               {"id": 2, "time": time.time(), "type": "vm_state", "vm": "v6",
+                                                "to": "creating"}])
+    assert tags(store_fleet) == [(1, "v5", "h0"), (2, "v6", "cc")]
+    vms._name("h0", "v5", -1)
+    store_fleet.upsert_vms("h0", [record("v5", time.time() - 1)])  # the reply: nothing left to move
+    assert tags(store_fleet) == [(1, "v5", "h0"), (2, "v6", "cc")]

@@ -326,7 +326,17 @@ class Fleet:
             stored = set(c.execute(select(events_t.c.host_event_id).where(
                 events_t.c.host.in_(names), events_t.c.agent_id == agent_id,
                 events_t.c.host_event_id.in_([e["id"] for e in batch]))).scalars()) if len(names) > 1 else set()
-            owner = _owners(c, {e["vm"] for e in batch if isinstance(e.get("vm"), str)}, names)
+            vms = {e["vm"] for e in batch if isinstance(e.get("vm"), str)}
+            owner = _owners(c, vms, names)
+            if len(names) > 1:
+                # a create through another name of the machine that has not had its reply yet: its
+                # VM's first events are that name's already, as the store will record it (tagged with
+                # the reading name and moved afterwards by ``_retag``, a follower would have seen them
+                # under the name that read them: the same event id with two tags)
+                placing = getattr(getattr(self.ctl, "vms", None), "_naming", {})
+                for h, vm in sorted(placing):
+                    if vm in vms and vm not in owner and h in names:
+                        owner[vm] = h
             for e in batch:
                 if e["id"] in stored:
                     continue
