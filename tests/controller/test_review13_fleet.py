@@ -134,8 +134,10 @@ def test_a_console_offset_far_past_the_end_reads_from_the_end(fleet, offset):
                                     {"from": "0", "to": "253402300800"}],
                          ids=["to 1e20", "to 1e30", "from -1e20", "to the year 10000"])
 def test_a_usage_window_beyond_the_years_1_to_9999_is_refused(fleet, params):
-    with ctl_http(fleet) as c:
+    a = fleet.agent("a1")
+    with ctl_http(fleet) as c, agent_http(a) as agent:  # the controller and a host alike
         assert "years 1 to 9999" in refused(c.get("/v1/usage", params=params))
+        assert "years 1 to 9999" in refused(agent.get("/v1/host/usage", params=params))
 
 
 def test_a_usage_window_up_to_the_year_9999_is_echoed_exactly(fleet):

@@ -245,7 +245,15 @@ def instant(value: str | None, what: str) -> float | None:
             t = math.nan
     if not math.isfinite(t):
         raise InvalidArgument(f"{what} must be unix seconds or an ISO 8601 time")
+    if not EARLIEST <= t < END:
+        raise InvalidArgument(f"{what} must be a time in the years 1 to 9999 (unix seconds from {EARLIEST}, "
+                              f"before {END})")
     return t
+
+
+# The times ISO 8601 can write (years 1 to 9999), as unix seconds [EARLIEST, END): the
+# window is echoed as given, and a time far beyond them would come back rounded through a float.
+EARLIEST, END = -62135596800, 253402300800
 
 
 def window(start: str | None, end: str | None, now: float | None = None) -> tuple[int | float, int | float]:
