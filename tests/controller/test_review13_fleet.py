@@ -102,6 +102,10 @@ def test_one_machine_under_two_names_holds_no_more_than_one_names_capacity(fleet
     assert {e.code for e in refusals} == {"fleet_full"}
     # and a name's reason counts what the other name holds
     assert "0 MiB free" in str(refusals[0].details["hosts"]["h1"]), refusals[0].details
+    # so does the host listing: each name's free room is the machine's, not its own share
+    free = {h.id: h.free_mem_mib for h in fleet.client.hosts.list()}
+    assert free == {"h1": 0, "h1u": 0}, free
+    assert fleet.client.hosts.get("h1u").free_mem_mib == 0
 
 
 def test_a_fleet_full_reason_never_shows_free_memory_below_zero():

@@ -309,16 +309,18 @@ class HostRegistry:
                         "register again with the backend named if the host runs qemu")
         return "firecracker"
 
-    def _to_host(self, row: dict, alloc: dict[str, dict[str, int]]) -> Host:
+    def _to_host(self, row: dict, alloc: dict[str, dict[str, int]], names: list[str] | None = None) -> Host:
         a = alloc.get(row["id"], {})
         cap = HostCapacity.model_validate(row["capacity"])
         live = dict(self._live(row["id"]))
         # Free room as placement believes it: what the agent reports, within what the
-        # declared capacity leaves once the controller's allocations are counted.
+        # declared capacity leaves once the controller's allocations are counted, on every
+        # name of the machine (``names``: one agent registered under several ids is one room).
+        held = {k: sum(alloc.get(h, {}).get(k, 0) for h in (names or [row["id"]])) for k in ("ram_mb", "cpus")}
         if "free_mem_mib" in live:
-            live["free_mem_mib"] = max(0, min(live["free_mem_mib"], cap.ram_mb - a.get("ram_mb", 0)))
+            live["free_mem_mib"] = max(0, min(live["free_mem_mib"], cap.ram_mb - held["ram_mb"]))
         if "free_vcpus" in live:
-            live["free_vcpus"] = max(0, min(live["free_vcpus"], cap.cpus - a.get("cpus", 0)))
+            live["free_vcpus"] = max(0, min(live["free_vcpus"], cap.cpus - held["cpus"]))
         return Host(
             id=row["id"], url=row["url"], region=row["region"], state=row["state"], backend=row["backend"],
             labels=row["labels"] or {}, capacity=cap,
@@ -330,7 +332,8 @@ class HostRegistry:
         row = self.store.get_host(host_id)
         if row is None:
             raise NotFound(f"host {host_id} not found")
-        return self._to_host(row, self.store.allocated())
+        rows = self.store.list_hosts() if row["agent_id"] else [row]
+        return self._to_host(row, self.store.allocated(), machine_names(rows).get(host_id))
 
     def list(self) -> list[Host]:
         """Every host, by id in Python's (code point) order: the store's ORDER
@@ -338,7 +341,8 @@ class HostRegistry:
         the order the list cursor compares ids in."""
         alloc = self.store.allocated()
         rows = sorted(self.store.list_hosts(), key=lambda r: r["id"])
-        return [self._to_host(r, alloc) for r in rows]
+        names = machine_names(rows)
+        return [self._to_host(r, alloc, names[r["id"]]) for r in rows]
 
     def set_state(self, host_id: str, state: str) -> None:
         if not self.store.set_host_state(host_id, state):
@@ -413,3 +417,14 @@ def _move_holds(conn, host_id: str) -> str | None:
         if m["state"] == "done" and not rec.get("source_removed") and m["source"] == host_id:
             return f"still holds the source copy of move {m['id']} (removal pending)"
     return None
+
+
+
+def machine_names(hosts: list[dict]) -> dict[str, list[str]]:
+    """Host id -> every name its machine is registered under (itself included): the
+    hosts that share its agent identity, or just itself when it has none recorded."""
+    by_agent: dict[str, list[str]] = {}
+    for r in hosts:
+        if r.get("agent_id"):
+            by_agent.setdefault(r["agent_id"], []).append(r["id"])
+    return {r["id"]: by_agent[r["agent_id"]] if r.get("agent_id") else [r["id"]] for r in hosts}

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
 from ..models.vm import CreateVmRequest
+from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .resources import Resources
 from .store import vms as vms_t
@@ -75,16 +76,6 @@ def agent_not_found(resp) -> bool:
     return isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("code") == "not_found"
 
 
-def _machines(hosts: list[dict]) -> dict[str, list[str]]:
-    """Host id -> every name its machine is registered under (itself included): the
-    hosts that share its agent identity, or just itself when it has none recorded."""
-    by_agent: dict[str, list[str]] = {}
-    for r in hosts:
-        if r.get("agent_id"):
-            by_agent.setdefault(r["agent_id"], []).append(r["id"])
-    return {r["id"]: by_agent[r["agent_id"]] if r.get("agent_id") else [r["id"]] for r in hosts}
-
-
 class VmService:
     def __init__(self, ctl):
         self.ctl = ctl
@@ -115,7 +106,7 @@ class VmService:
         if among is not None:
             rows = [r for r in rows if r["id"] in among]
         alloc = self.store.allocated()
-        machine = _machines(every)
+        machine = machine_names(every)
         n = len(rows)
         cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
         usable = np.zeros(n, dtype=bool)
@@ -534,7 +525,7 @@ class VmService:
         host has again (its VM count, its memory), or weigh room a wake took back as
         free. A host that does not answer keeps the figures it had: its poller's next
         answer brings them."""
-        for h in _machines(self.store.list_hosts()).get(host, [host]):
+        for h in machine_names(self.store.list_hosts()).get(host, [host]):
             try:
                 await self.fleet.refresh(h)
             except Exception as exc:  # (the action is done: only the figures wait for the next poll)
