@@ -1,0 +1,156 @@
+"""Draining a host: every VM on it moved off, one after another, by best fit.
+
+A drain is a sequence of ordinary moves (`MoveService.create`), so it has no
+states of its own: the host's ``draining`` state is its record, which is why a
+controller that starts resumes the drain of every draining host. One drain runs
+per host; a second call joins it. See `MoveDrains.drain` for what it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sqlalchemy import select
+
+from ...errors import FuseError
+from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
+from ..store import moves as moves_t
+from .records import ACTIVE, MoveRecords, log
+
+# A drain that finds a VM in a move (the one a controller crash left, another
+# drain's, an operator's) waits this long at most for it to end before it reports
+# the VM stuck.
+DRAIN_MOVE_WAIT_S = 900.0
+
+
+class MoveDrains(MoveRecords):
+    """Draining hosts, and resuming the drains a controller restart left."""
+
+    async def drain(self, host_id: str) -> dict[str, Any]:
+        """Move every VM off a draining host, one after another, by best fit.
+        VMs that cannot move are reported, never killed. A VM whose run is over
+        (`FINISHED`: exited, failed) has nothing to move and needs nothing: it is
+        reported in ``finished``, not ``stuck``, since it does not keep the host
+        from being deregistered (it goes with the host). A drain of a host whose
+        drain is in progress joins it and answers its report. A VM found in a move
+        (one a crash interrupted, an operator's, a replica's drain's) is waited for:
+        moved, it is reported moved; back home, the drain moves it.
+
+        A drain outlives the controller that ran it: the host's ``draining`` state is
+        the record that it is wanted, and a controller that starts resumes the drain
+        of every draining host (`resume`), as an operator who drained a host expects
+        it to end empty, not half-drained because the controller restarted. The move
+        a crash interrupted is settled first (it rolls back, or finishes forward), and
+        its VM is then moved again. A resumed drain has no caller to answer: it emits
+        ``host_drain_resumed`` and, at the end, ``host_drain_report`` with its report;
+        a drain asked meanwhile joins it and answers that report. ``uncordon`` ends it
+        as it ends any drain."""
+        return await asyncio.shield(self._drain_task(host_id))
+
+    def _drain_task(self, host_id: str, resumed: bool = False) -> asyncio.Task:
+        task = self._drains.get(host_id)
+        if task is None or task.done():
+            task = self._drains[host_id] = asyncio.create_task(
+                self._resumed_drain(host_id) if resumed else self._drain(host_id))
+            task.add_done_callback(lambda t: self._drains.pop(host_id, None) if self._drains.get(host_id) is t else None)
+        return task
+
+    def resume_drains(self) -> list[str]:
+        """Resume the drain of every host left ``draining`` (a controller's start)."""
+        hosts = sorted(r["id"] for r in self.store.list_hosts() if r["state"] == "draining")
+        for host_id in hosts:
+            log.warning("host %s is draining: resuming its drain", host_id)
+            self._drain_task(host_id, resumed=True)
+        return hosts
+
+    async def _resumed_drain(self, host_id: str) -> dict[str, Any]:
+        self.store.add_event("host_drain_resumed", {"id": host_id}, host=host_id)
+        report = await self._drain(host_id)
+        log.warning("host %s: resumed drain moved %d vm(s), %d stuck", host_id, len(report["moved"]),
+                    len(report["stuck"]))
+        self.store.add_event("host_drain_report", report | {"resumed": True}, host=host_id)
+        if self.fleet:
+            self.fleet.changed.set()
+        return report
+
+    async def _drain(self, host_id: str) -> dict[str, Any]:
+        moved, stuck, finished = [], [], []
+        left = []
+        for vm in self.ctl.vms.list(host_id):
+            if vm["state"] in FINISHED:
+                finished.append({"vm": vm["name"], "state": vm["state"]})
+            else:
+                left.append(vm)
+        while left:
+            vm = left.pop(0)
+            host = self.store.get_host(host_id)
+            if host is None or host["state"] != "draining":
+                # Uncordoned (or cordoned, or deregistered) meanwhile: the drain ends, and
+                # every VM it did not try is reported stuck, so the report still accounts
+                # for each VM the host had (the operator drains again to move them).
+                state = "deregistered" if host is None else host["state"]
+                why = f"the drain was stopped before it tried this vm: host {host_id} is {state} now"
+                stuck += [{"vm": v["name"], "code": "drain_stopped", "reason": why} for v in (vm, *left)]
+                break
+            if not any(r["host"] == host_id for r in self.store.vms_named(vm["name"])):
+                # gone since the list was read: moved by another drain (a replica's) or a move,
+                # or deleted (nothing to report then)
+                if (last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
+                    moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
+                continue
+            m, err = await self._drain_move(vm["name"], host_id)
+            if err is not None:
+                if getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
+                    finished.append({"vm": vm["name"], "state": err.vm_state})
+                else:
+                    stuck.append({"vm": vm["name"], "code": err.code, "reason": err.message})
+                continue
+            if m["id"] in self._tasks:
+                # One at a time, so each choice of target sees the room the last one took.
+                await asyncio.shield(self._tasks[m["id"]])
+            m = self.get(m["id"])
+            if m["state"] == "done":
+                moved.append({"vm": vm["name"], "move": m["id"], "to": m["to"]})
+            else:
+                stuck.append({"vm": vm["name"], "code": "move_failed", "reason": m["reason"], "move": m["id"]})
+        return {"host": host_id, "moved": moved, "stuck": stuck,
+                "finished": sorted(finished, key=lambda f: f["vm"])}
+
+    async def _drain_move(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None]:
+        """Start moving vm ``name`` off ``host_id``: (the move, None) or (None, the refusal).
+        A move of it already under way (the one a controller crash interrupted, which
+        recovery settles; another drain's; an operator's) is waited for: done, that is the
+        VM's move; failed, the VM is home again and this one starts."""
+        try:
+            return await self.create({"vm": name, "host": host_id}), None
+        except FuseError as exc:
+            if exc.code != "move_in_progress" or (last := await self._await_moves(name, host_id)) is None:
+                return None, exc
+        if last["state"] == "done":
+            return self.get(last["id"]), None
+        try:
+            return await self.create({"vm": name, "host": host_id}), None
+        except FuseError as exc:
+            return None, exc
+
+    def _last_move(self, name: str, host_id: str) -> dict | None:
+        with self.store.read() as c:
+            row = c.execute(select(moves_t).where(moves_t.c.vm == name, moves_t.c.source == host_id)
+                            .order_by(moves_t.c.created_at.desc())).mappings().first()
+        return dict(row) if row is not None else None
+
+    async def _await_moves(self, name: str, host_id: str) -> dict | None:
+        """Wait (DRAIN_MOVE_WAIT_S at most) until no move of vm ``name`` from ``host_id``
+        is under way, and return the last one; None when none was under way (the VM is
+        held otherwise) or the wait ran out."""
+        deadline = time.monotonic() + DRAIN_MOVE_WAIT_S
+        waited = False
+        while time.monotonic() < deadline:
+            last = self._last_move(name, host_id)
+            if last is None or last["state"] not in ACTIVE:
+                return last if waited else None
+            waited = True
+            await asyncio.sleep(0.5)
+        return None

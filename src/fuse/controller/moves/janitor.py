@@ -1,0 +1,138 @@
+"""The janitor: move leases across controller replicas, taking over the moves a
+dead driver left, and removing what failed or finished moves left on hosts.
+
+Several replicas may share one store. Each move names its driver (``owner``),
+which renews a lease every second (`LEASE_S`); a move whose lease ran out is
+claimed under a row lock, so a live replica's move is never rolled back by
+another, and settled (`MoveRollback._recover`). The same loop retries, every 2 s
+and beside the lease renewal, the tidying a move could not do at once: aborting a
+target's incoming copy (``cleanup_pending``) and removing a done move's source
+copy (``source_removed`` false). A new move of a VM does the first at once for
+its own leftovers (`_clear_leftovers`) before it puts the VM to sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy import select, update
+
+from ...errors import FuseError, HostUnreachable
+from ..store import moves as moves_t
+from .records import ACTIVE, LEASE_S, MoveRecords, log
+
+# A new move removes what a failed move of the same VM left on a host (its
+# abort did not get through) before it starts; it waits this long for the host,
+# holding up other moves' starts meanwhile.
+LEFTOVER_TIMEOUT = 10.0
+
+
+class MoveJanitor(MoveRecords):
+    """Leases, take-over of orphaned moves, and clean-up of leftovers."""
+
+    def _claim(self, move_id: str) -> dict | None:
+        """Take over an active move whose lease ran out (row-locked, so two
+        replicas never both take it). Returns the row, or None."""
+        with self.store.tx() as c:
+            q = select(moves_t).where(moves_t.c.id == move_id)
+            if not self.store.is_sqlite:
+                q = q.with_for_update()
+            row = c.execute(q).mappings().first()
+            if row is None or row["state"] not in ACTIVE:
+                return None
+            rec = dict(row["record"] or {})
+            if rec.get("owner") != self.ctl.instance and rec.get("lease_until", 0) > time.time():
+                return None
+            rec.update(owner=self.ctl.instance, lease_until=time.time() + LEASE_S)
+            c.execute(update(moves_t).where(moves_t.c.id == move_id).values(record=rec))
+            return dict(row, record=rec)
+
+    def _renew_and_recover(self) -> None:
+        with self.store.read() as c:
+            rows = [dict(r) for r in c.execute(select(moves_t).where(moves_t.c.state.in_(ACTIVE))).mappings()]
+        now = time.time()
+        for row in rows:
+            mine = (row["record"] or {}).get("owner") == self.ctl.instance
+            running = row["id"] in self._tasks and not self._tasks[row["id"]].done()
+            if mine and running:
+                with self.store.tx() as c:  # renew
+                    rec = dict(row["record"], lease_until=now + LEASE_S)
+                    c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
+            elif not running and (claimed := self._claim(row["id"])) is not None:
+                log.warning("move %s: taking over from %s", row["id"], (row["record"] or {}).get("owner"))
+                self._tasks[row["id"]] = asyncio.create_task(self._recover(claimed))
+
+    async def _janitor_loop(self) -> None:
+        """Renew leases, recover orphaned moves, and retry what a failed or
+        finished move could not tidy at once."""
+        tick = 0
+        while True:
+            try:
+                self._renew_and_recover()
+            except Exception:  # the store may blip; try again next second
+                log.exception("move leases")
+            await asyncio.sleep(1)
+            tick += 1
+            # The clean-up waits on hosts (a hung one for its whole timeout): it runs
+            # beside this loop, so the leases are renewed every second meanwhile.
+            if tick % 2 == 0 and (self._tidying is None or self._tidying.done()):
+                self._tidying = asyncio.create_task(self._tidy_safely())
+
+    async def _tidy_safely(self) -> None:
+        try:
+            await self._tidy()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a store blip or an odd reply must not end the clean-up
+            log.exception("move clean-up")
+
+    async def _tidy(self) -> None:
+        """Retry what a failed or finished move could not tidy at once."""
+        for m in self.list():
+            row = self._row(m["id"])
+            rec = row["record"] or {}
+            try:
+                if row["state"] == "failed" and rec.get("cleanup_pending"):
+                    await self._abort_target(row)
+                    self._set(row["id"], cleanup_pending=False, target_clear=True)
+                elif row["state"] == "done" and not rec.get("source_removed") and await self._remove_source(row):
+                    self._set(row["id"], source_removed=True)
+            except FuseError:
+                pass
+
+    async def _clear_leftovers(self, name: str, source: str, to: str | None) -> dict[str, str]:
+        """Remove now what failed moves of vm ``name`` left on their targets (an
+        incoming copy whose abort did not get through: ``cleanup_pending``), on
+        ``to`` or, for best fit, on any host; the janitor would do the same within
+        2 s. Returns each host whose copy is still there -> why, so that host is
+        refused before the VM is put to sleep (its arrival there would fail with
+        "already exists" and bring the VM home again).
+
+        Removing it here rather than refusing at once: the usual cause is a target
+        that was unreachable while the move failed, and a move asked again once it
+        answers should just go. Refusing when the removal fails keeps the VM
+        running and untouched; the move can be asked again once the host answers."""
+        with self.store.read() as c:
+            rows = [dict(r) for r in c.execute(select(moves_t).where(
+                moves_t.c.vm == name, moves_t.c.state == "failed", moves_t.c.target != source)).mappings()]
+        left: dict[str, str] = {}
+        for row in sorted(rows, key=lambda r: r["created_at"]):
+            if not (row["record"] or {}).get("cleanup_pending") or (to is not None and row["target"] != to):
+                continue
+            target = row["target"]
+            if target in left:
+                continue  # (a host that did not clear one copy is not waited on again for the next)
+            view = self.fleet.views.get(target)
+            try:
+                if view is None or not view.connected:
+                    raise HostUnreachable(f"host {target} is not connected")
+                await self._abort_target(row, timeout=LEFTOVER_TIMEOUT)
+            except FuseError as exc:
+                left[target] = (f"still holds the incoming copy of vm {name} that failed move {row['id']} left "
+                                f"there, not removed yet ({exc.message}); the controller retries the removal "
+                                "every 2 s: move the vm again once it is gone")
+                continue
+            log.info("move %s: removed its leftover copy of vm %s from %s", row["id"], name, target)
+            self._set(row["id"], cleanup_pending=False, target_clear=True)
+        return left

@@ -1,0 +1,111 @@
+"""Bringing a move that cannot go on to rest: forward when the target already
+runs the VM, else home, with ``failed`` set only once the VM is back.
+
+The one-place rule decides the order: once the target may have been asked to
+wake the VM, only its own answer counts (its incoming side is aborted first, which
+waits for a wake under way and never touches a woken VM), and the source wakes
+only when the target holds no copy. A host that does not answer is retried
+(`MoveRollback._recover`), never guessed; a target that cannot be reached to
+remove an unwoken copy is left to the janitor (``cleanup_pending``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from ...errors import FuseError, HostUnreachable, NotFound
+from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, log
+
+
+class MoveRollback(MoveRecords):
+    """Settling a failed or orphaned move, and the target/source calls it needs."""
+
+    async def _settle(self, row: dict) -> None:
+        """Bring a move that cannot go on to rest: forward when the target
+        already runs the VM, else home. Raises when a host must answer first
+        (the caller retries): the source never wakes while the target might
+        run the VM, and `failed` is set only once the VM is home."""
+        move_id = row["id"]
+        reason = row["record"].get("reason") or (
+            f"the controller driving the move stopped (restarted or died) during {row['state']}")
+        if row["state"] == "waking":
+            # The target may have been asked to wake. Aborting its incoming
+            # side waits for a wake under way and never touches a woken VM;
+            # then the target's own answer decides.
+            await self._abort_target(row)
+            if vm := await self._on_target(row):
+                self._reassign(row, vm)
+                await self._finish(row)
+                return
+        if row["state"] != "rolling_back":
+            row = self._set(move_id, "rolling_back", reason=reason)
+        if not row["record"].get("target_clear"):
+            # Here the target was never asked to wake the VM (or, from `waking`, said above
+            # that it holds no copy): its side can only be removed, so it is not waited on
+            # long (QUICK_TIMEOUT), and not at all when it already failed to answer the move
+            # (`target_hung`): the VM wakes home first, the janitor aborts the target's side
+            # once it answers.
+            try:
+                if row["record"].get("target_hung"):
+                    raise HostUnreachable(f"host {row['target']} did not answer the move: {reason}")
+                await self._abort_target(row, timeout=QUICK_TIMEOUT)
+                row = self._set(move_id, target_clear=True, cleanup_pending=False)
+            except FuseError as exc:  # the janitor retries once the target answers
+                row = self._set(move_id, cleanup_pending=True, cleanup_reason=exc.message)
+        try:
+            await self._wake_source(row)
+        except NotFound as exc:  # nothing left to wake: say so, do not retry forever
+            reason += f"; the vm is not on {row['source']} any more: {exc.message}"
+        except FuseError as exc:
+            tries = row["record"].get("source_wake_tries", 0) + 1
+            self._set(move_id, source_wake_tries=tries, source_wake_error=exc.message)
+            if isinstance(exc, HostUnreachable) or tries < 3:
+                raise
+            # The source answers but cannot wake it: leave it asleep, unmarked,
+            # for the operator (nothing else could wake a VM held by a dead move).
+            with contextlib.suppress(FuseError):
+                await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                 json={"move_id": move_id, "clear_mark": True}, timeout=30)
+            reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
+        self._set(move_id, "failed", reason=reason)
+
+    async def _abort_target(self, row: dict, timeout: float = IO_TIMEOUT) -> None:
+        await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=timeout)
+
+    async def _on_target(self, row: dict) -> dict | None:
+        """The VM as the target holds it once the move is through (running, or
+        asleep and unmarked for a sleeping VM's move), or None."""
+        resp = await self._host(row["target"], "GET", f"/v1/host/vms/{row['vm']}", ok=(200, 404), timeout=30)
+        if resp.status_code == 404:
+            return None
+        vm = resp.json()
+        want = "running" if row["record"].get("was_running", True) else "sleeping"
+        return vm if vm["state"] == want and not vm.get("move_id") else None
+
+    async def _wake_source(self, row: dict) -> None:
+        """Wake the source copy if this move holds it. The agent takes the VM's
+        lock, so a sleep still being written finishes first; an unmarked VM
+        (the sleep never happened) is left as it is."""
+        src = row["source"]
+        clear = not row["record"].get("was_running", True)
+        resp = await self._host(src, "POST", f"/v1/host/vms/{row['vm']}/wake", ok=(200, 404), timeout=120,
+                                json={"move_id": row["id"], "clear_mark": clear, "if_marked": True})
+        if resp.status_code == 404:
+            raise NotFound(f"vm {row['vm']} not found on {src}")
+        self.fleet.upsert_vms(src, [resp.json()])
+
+    async def _recover(self, row: dict) -> None:
+        """Settle a move, retrying while a host it needs does not answer
+        (bounded here; the janitor takes the move up again after that)."""
+        move_id = row["id"]
+        for _ in range(600):  # ~10 minutes
+            try:
+                await self._settle(row)
+                return
+            except FuseError as exc:
+                log.warning("move %s: settling waits for a host: %s", move_id, exc.message)
+            await asyncio.sleep(1)
+            row = self._row(move_id)
+            if row["state"] not in ACTIVE:
+                return

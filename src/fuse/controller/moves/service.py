@@ -1,0 +1,136 @@
+"""`MoveService`: the move service the controller holds (``ctl.moves``), put together.
+
+It composes the parts, each in its own module and each a `MoveRecords`:
+`MoveTargets` (where to), `MoveSteps` and `MoveCopy` (the move), `MoveRollback`
+(forward or home), `MoveJanitor` (leases, take-over, clean-up) and `MoveDrains`.
+What stays here is what ties them together: starting a move (checks, target,
+the persisted row, the task that drives it) and the service's lifecycle
+(`resume` at the controller's start, `close` at its end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import insert, select
+
+from ...errors import FuseError, HostUnreachable, InvalidArgument, NotFound
+from ...models.moves import MoveRequest
+from ..store import moves as moves_t
+from .copying import MoveCopy
+from .drain import MoveDrains
+from .janitor import MoveJanitor
+from .records import ACTIVE, LEASE_S
+from .rollback import MoveRollback
+from .steps import MoveSteps
+from .targets import MoveTargets, refuse
+
+
+class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, MoveTargets):
+    """Moves and drains for one controller: start them, follow them, and settle
+    the ones a crash or a dead replica left."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.store = ctl.store
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._drains: dict[str, asyncio.Task] = {}  # per host: the drain in progress, which a second call joins
+        self._lock = asyncio.Lock()
+        self._janitor: asyncio.Task | None = None
+        self._tidying: asyncio.Task | None = None
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise InvalidArgument("body needs vm: the name of the VM to move")
+        try:  # (the route has checked it already; other callers, the drain, the MCP tool, have not)
+            req = MoveRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise InvalidArgument(f"{where}: {first['msg'].removeprefix('Value error, ')}" if where
+                                  else first["msg"]) from None
+        name = req.vm or req.flashvm
+        if name is None:
+            raise InvalidArgument("body needs vm: the name of the VM to move")
+        to, pin = req.to, req.host
+        async with self._lock:
+            try:
+                source = self.ctl.vms.locate(name, pin)
+            except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
+                raise refuse("not_movable", exc.message) from None
+            if self._active_for(name, source):
+                raise refuse("move_in_progress", f"vm {name} is already moving")
+            await self.fleet.first_poll(source)
+            src_view = self.fleet.views.get(source)
+            if src_view is None or not src_view.connected:
+                raise refuse("host_unreachable", f"source host {source} is not connected")
+            try:
+                vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
+            except HostUnreachable as exc:
+                raise refuse("host_unreachable", f"source host {source} did not answer: {exc.message}") from None
+            except FuseError as exc:
+                if exc.code == "not_found":  # gone from its host since the last poll
+                    raise refuse("not_movable", f"vm {name} not found on host {source}") from None
+                raise
+            if vm.get("move_id"):
+                raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
+            if vm["state"] not in ("running", "sleeping"):
+                err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+                err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
+                raise err
+            # just after a start the pollers have not answered yet: the target's (or, for
+            # best fit, every host's) first poll decides whether it is connected
+            await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
+                                                                         else [r["id"] for r in self.store.list_hosts()])))
+            # Before anything touches the VM: a copy of it an earlier failed move left on a
+            # host (cleanup pending) would fail this move's arrival there after the sleep.
+            leftovers = await self._clear_leftovers(name, source, to)
+            target = self._target(name, source, vm, to, leftovers)
+            move_id = f"mv-{secrets.token_hex(6)}"
+            now = time.time()
+            with self.store.tx() as c:
+                c.execute(insert(moves_t).values(
+                    id=move_id, vm=name, source=source, target=target, state="starting", created_at=now, updated_at=now,
+                    record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
+                            "history": [{"state": "starting", "time": now}], "vm": vm,
+                            # chosen by best fit: a target refusing the VM at its arrival gives way
+                            # to the next candidate (`_begin`); a named one is the caller's choice
+                            "best_fit": to is None,
+                            "owner": self.ctl.instance, "lease_until": now + LEASE_S}))
+                self.store.add_event("move_state", {"move": move_id, "vm": name, "to": "starting", "target": target},
+                                     host=source, conn=c)
+            self.fleet.changed.set()
+        self._spawn(move_id)
+        return self.get(move_id)
+
+    def _active_for(self, name: str, host: str) -> bool:
+        with self.store.read() as c:
+            return c.execute(select(moves_t.c.id).where(moves_t.c.vm == name, moves_t.c.source == host,
+                                                        moves_t.c.state.in_(ACTIVE))).first() is not None
+
+    def _spawn(self, move_id: str) -> None:
+        if move_id in self._tasks and not self._tasks[move_id].done():
+            return
+        self._tasks[move_id] = asyncio.create_task(self._run(move_id))
+
+    async def resume(self) -> None:
+        """Start renewing leases and recovering moves whose driver is gone
+        (a previous run of this controller, or a replica that died), and resume
+        the drain of every host left draining (`drain`)."""
+        self._janitor = asyncio.create_task(self._janitor_loop())
+        self.resume_drains()
+
+    async def close(self) -> None:
+        tasks = [*self._drains.values(), *self._tasks.values(),
+                 *(t for t in (self._janitor, self._tidying) if t is not None)]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass

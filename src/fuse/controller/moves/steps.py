@@ -1,0 +1,142 @@
+"""The move itself: sleep on the source, copy, install and wake on the target,
+remove the source copy.
+
+`MoveSteps._run` drives one move through its states (see the package docstring
+for the table), persisting each before its step runs. Any failure is turned into
+a reason an operator can act on (`_failure`: which host did not answer, in what
+limit) and handed to rollback (`MoveRollback._recover`), which brings the VM home
+or, when the target already runs it, finishes the move forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ...errors import FuseError
+from ..store import vms as vms_t
+from . import hooks
+from .records import IO_TIMEOUT, MoveRecords, log, timed_out
+
+
+class MoveSteps(MoveRecords):
+    """The steps of a move, in the order `_run` takes them."""
+
+    async def _run(self, move_id: str) -> None:
+        row = self._row(move_id)
+        if row["state"] not in ("starting", "pending"):
+            return
+        step = "sleeping"
+        try:
+            row = self._set(move_id, "sleeping")
+            hooks.crash_point("sleeping")
+            await self._sleep(row)
+            hooks.crash_point("slept")
+            await hooks.pause_point("slept")
+            step = "copying"
+            row = self._set(move_id, "copying")
+            await self._copy(row)
+            hooks.crash_point("copied")
+            await hooks.pause_point("copied")
+            hooks.fail_point("copied")
+            step = "waking"
+            row = self._set(move_id, "waking")
+            await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+            hooks.crash_point("installed")
+            hooks.fail_point("installed")
+            await self._wake_target(row)
+            hooks.crash_point("woke")
+            hooks.fail_point("woke")
+            await hooks.pause_point("woke")
+            await self._finish(row)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason, target_hung = await self._failure(self._row(move_id), step, exc)
+            log.warning("move %s failed: %s", move_id, reason)
+            # (a target that hung before it was asked to wake holds no copy that could run:
+            # the VM goes home without waiting on it again, and the janitor aborts its side)
+            self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
+        await self._recover(self._row(move_id))
+
+    async def _failure(self, row: dict, step: str, exc: Exception) -> tuple[str, bool]:
+        """The reason a move failed at ``step``, and whether it was the target that
+        stopped answering before it was asked to wake. A host that did not answer in
+        time is named with its role and the limit it had ("target host h2 did not
+        answer within 30 s during copying"), not with the OS error that ended the
+        wait: an operator reads which host to look at."""
+        if not isinstance(exc, FuseError):
+            return f"{type(exc).__name__}: {exc}", False
+        hung = getattr(exc, "hung", None)
+        if hung is None and step == "copying" and timed_out(exc):
+            # The bulk copy's sockets ran out of time, which does not say which end stopped: a host
+            # whose poller is failing while the other's is not is the one; else both are asked.
+            ends = [row["target"], row["source"]]
+            quiet = [h for h in ends if (v := self.fleet.views.get(h)) is None or v.failures or not v.connected]
+            if len(quiet) != 1:
+                quiet = await self._not_answering(ends)
+            if not quiet:
+                return (f"the copy from {row['source']} to {row['target']} stalled: nothing moved for "
+                        f"{IO_TIMEOUT:g} s, though both hosts answer", False)
+            hung = (quiet[0], IO_TIMEOUT)
+        if hung is None:
+            return exc.message, False
+        host, secs = hung
+        role = "target" if host == row["target"] else "source"
+        return (f"{role} host {host} did not answer within {secs:g} s during {step}",
+                role == "target" and step in ("sleeping", "copying"))
+
+    async def _not_answering(self, hosts: list[str], timeout: float = 2.0) -> list[str]:
+        """Those of ``hosts`` that do not answer ``GET /v1/host`` within ``timeout``
+        (asked side by side, so this costs ``timeout`` at most)."""
+        async def answers(h: str) -> bool:
+            try:
+                return (await self.fleet.conn(h).request("GET", "/v1/host", timeout=timeout)).status_code == 200
+            except FuseError:
+                return False
+        ok = await asyncio.gather(*(answers(h) for h in hosts))
+        return [h for h, good in zip(hosts, ok) if not good]
+
+    async def _sleep(self, row: dict) -> None:
+        vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
+                              timeout=120)
+        files = vm.json().get("files", [])
+        if not files:
+            raise FuseError(f"vm {row['vm']} slept without state files")
+        self._set(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=vm.json())
+
+    async def _wake_target(self, row: dict) -> None:
+        if row["record"].get("was_running", True):
+            vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                  json={"move_id": row["id"]}, timeout=120)
+        else:  # a sleeping VM stays asleep, now on the target and unmarked
+            vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                  json={"move_id": row["id"], "clear_mark": True}, timeout=60)
+        self._reassign(row, vm.json())
+
+    def _reassign(self, row: dict, vm: dict) -> None:
+        with self.store.tx() as c:
+            c.execute(vms_t.delete().where(vms_t.c.host == row["source"], vms_t.c.name == row["vm"]))
+        self.fleet.upsert_vms(row["target"], [vm])
+
+    async def _finish(self, row: dict) -> None:
+        """The target runs the VM: remove the source copy while the move is
+        still `waking`, then record `done` (seed 004: "done: the source copy
+        is removed"). A source that does not answer does not hold the move
+        up: it is `done` with `source_removed` false, and the janitor removes
+        the copy once the source answers. A crash before `done` is settled
+        from `waking`: the target runs the VM, so the move finishes forward
+        (the removal answers 404 if it had happened)."""
+        removed = await self._remove_source(row)
+        hooks.crash_point("removed")
+        self._set(row["id"], "done", source_removed=removed)
+
+    async def _remove_source(self, row: dict) -> bool:
+        """Delete the source copy this move holds; False if the source did not answer."""
+        try:
+            await self._host(row["source"], "DELETE", f"/v1/host/vms/{row['vm']}", ok=(204, 404),
+                             params={"move_id": row["id"]}, timeout=60)
+            return True
+        except FuseError as exc:
+            log.warning("move %s: source copy not removed yet: %s", row["id"], exc.message)
+            return False
