@@ -19,7 +19,7 @@ import time
 
 from sqlalchemy import select, update
 
-from ...errors import Conflict, FuseError
+from ...errors import FuseError, MoveRefused
 from ..store import moves as moves_t
 from .records import QUICK_TIMEOUT, MoveRecords, log
 
@@ -28,10 +28,6 @@ from .records import QUICK_TIMEOUT, MoveRecords, log
 # pressure), a VM of that name already there, another bundle or platform. Nothing was
 # copied then, so a target chosen by best fit gives way to the next candidate.
 TARGET_REFUSALS = frozenset({"host_full", "vm_exists", "bundle_mismatch", "platform_mismatch"})
-
-
-class MoveRefused(Conflict):
-    pass
 
 
 def refuse(code: str, message: str) -> MoveRefused:
