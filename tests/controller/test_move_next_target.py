@@ -168,4 +168,4 @@ def test_a_target_that_hangs_before_the_copy_fails_the_move_within_the_quick_lim
                     lambda m, src: agent_states(src).get("job1") == "sleeping")
     assert m["state"] == "failed" and m["copied_bytes"] == 0, m
     assert m["reason"] == "target host dst did not answer within 2 s during copying", m["reason"]
-    assert took < 3 + 2 + 3, took  # (the pause, the begin's limit, slack: not the 60 s a begin had)
+    assert took < 20, took  # (the pause 3 s and the begin's 2 s limit, with slack for a loaded machine: not the 60 s a begin had)
