@@ -316,3 +316,28 @@ def test_on_host_with_no_machine_is_400_invalid_argument_on_a_prewarm_as_on_a_cr
 def test_a_prewarm_ttl_below_1_is_400_as_its_schema_says(ctl, ttl, status):
     r = client(ctl).post("/v1/prewarms", json={"image": "linux", "ttl_secs": ttl})
     assert r.status_code == status and "ttl_secs" in r.json()["error"]["message"], r.text
+
+
+def test_a_machine_under_two_names_is_offered_to_the_planner_once(ctl):
+    """One agent registered as 'own' and 'own2' is one machine's room: the plan may not put
+    16 GiB of work on each name of a 16 GiB machine. It is offered under its first name
+    that takes work (a cordoned first name gives way to the other)."""
+    now = time.time()
+    with ctl.store.tx() as c:
+        for host_id, state in (("own", "active"), ("own2", "active")):
+            ctl.store.put_host(c, dict(id=host_id, url=f"http://127.0.0.1:{1 + len(host_id)}", token="",
+                                       region="home", backend="fake", labels={},
+                                       capacity={"cpus": 8, "ram_mb": 16384, "vm_count": 16}, state=state,
+                                       agent_id="agent-one", last_seen=now, created_at=now, updated_at=now))
+    summary = {"free_vcpus": 8, "free_mem_mib": 16384, "vm_count": 0, "kvm": True}
+    view = SimpleNamespace(summary=summary, connected=True, error="")
+    ctl.fleet = SimpleNamespace(views={"own": view, "own2": view})
+    try:
+        assert [h["name"] for h in ctl.pool_snapshot()] == ["own"]
+        r = post(client(ctl), {"count": 32, "cpus": 1, "memory_mb": 1024, "kind": "container", "devices_only": True})
+        p = ElasticPlan.model_validate(r.json())
+        assert sum(a.count for a in p.assignments) < 32 and p.unplaced, p.assignments
+        ctl.hosts.set_state("own", "cordoned")
+        assert [h["name"] for h in ctl.pool_snapshot()] == ["own2"]
+    finally:
+        ctl.fleet = None

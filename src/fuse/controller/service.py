@@ -11,7 +11,7 @@ from typing import Any
 
 from ..paths import private_dir
 from ..transport import TlsSettings
-from .hosts import HostRegistry
+from .hosts import HostRegistry, machine_names
 from .pool.elastic_host import committed_until
 from .store import Store, engine_url
 
@@ -112,9 +112,21 @@ class Controller:
         elastic = self.pool.live_rows()
         now = time.time()
         reopens = scaler_cordoned(self.pool, now)
+        rows = {r["id"]: r for r in self.store.list_hosts()}
+        # one machine registered under several names (one agent) is one room: it is offered
+        # once, under its first name that takes work (else its first), not once per name
+        machines = machine_names(list(rows.values()))
+        index = {h: i for i, h in enumerate(fleet.ids)}
+
+        def offered(host_id: str) -> str:
+            names = sorted(h for h in machines.get(host_id, [host_id]) if h in index)
+            return next((h for h in names if fleet.usable[index[h]]), names[0] if names else host_id)
+
         out = []
         for i, host_id in enumerate(fleet.ids):
-            row = self.store.get_host(host_id) or {}
+            if offered(host_id) != host_id:
+                continue
+            row = rows.get(host_id) or {}
             cap = row.get("capacity", {})
             view = self.fleet.views.get(host_id) if self.fleet else None
             e = elastic.get(host_id)
