@@ -328,3 +328,28 @@ def test_an_edited_model_with_a_nan_or_infinite_number_is_refused_with_the_field
         r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model)], env={"FUSE_URL": ""})
         assert r.exit_code == 2, r.output
         assert "usd_per_hour" in r.output and "finite" in r.output, r.output
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda m: m["groups"].append(dict(m["groups"][0])), "group names must be unique: request-0 given twice"),
+    (lambda m: m["groups"][0].update(count=10_000_000), "10000000 VMs in all: a plan takes at most 100000"),
+], ids=["a group named twice", "past the 100,000-VM cap"])
+def test_an_edited_model_is_held_to_what_a_request_could_ask(tmp_path, edit, says):
+    """A re-solved model answers by group and host name and is bounded as a request is: two
+    groups of one name, or 10 million VMs (which ran on past a minute at 4 GB), are refused."""
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    data = json.loads(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json())
+    edit(data)
+    (model := tmp_path / "model.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model)], env={"FUSE_URL": ""})
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "()" not in r.output, r.output
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "nan"])
+def test_a_bad_time_limit_names_the_option(limit):
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "10", "--time-limit", limit], env={"FUSE_URL": ""})
+    assert r.exit_code == 2, r.output
+    assert "--time-limit must be seconds above 0" in r.output and "None" not in r.output, r.output

@@ -341,3 +341,16 @@ def test_a_machine_under_two_names_is_offered_to_the_planner_once(ctl):
         assert [h["name"] for h in ctl.pool_snapshot()] == ["own2"]
     finally:
         ctl.fleet = None
+
+
+@pytest.mark.parametrize("body,field", [({"count": "2"}, "count"), ({"count": True}, "count"),
+                                        ({"cpus": "1"}, "cpus"), ({"memory_mb": 512.0}, "memory_mb"),
+                                        ({"duration_secs": "60"}, "duration_secs"), ({"hosts": False}, "hosts"),
+                                        ({"no_scale": "yes"}, "no_scale"), ({"devices_only": 1}, "devices_only"),
+                                        ({"together": "true"}, "together"), ({"max_usd_per_hour": "0"}, "max_usd_per_hour")])
+def test_plan_numbers_and_switches_are_json_numbers_and_booleans(ctl, body, field):
+    """As the seed types them and as a create takes its shape: "2" or true for a count, 1 or
+    "yes" for a switch are 400 naming the field, never read as 2, 1 or true."""
+    r = post(client(ctl, []), body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_argument" and field in r.json()["error"]["message"], r.text

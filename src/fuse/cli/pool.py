@@ -212,6 +212,8 @@ def plan_cmd(
                  instance_type=instance_type, hosts=hosts, no_scale=no_scale or None,
                  devices_only=devices_only or None, max_usd_per_hour=max_usd_per_hour)
     try:
+        if time_limit is not None and not time_limit > 0:  # (NaN too)
+            raise InvalidArgument(f"--time-limit must be seconds above 0, not {time_limit}")
         if apply and model is not None:
             raise InvalidArgument("--apply buys machines in the linked clouds, so it needs a controller and the "
                                   "request flags, not --model; an offline plan only shows what it would do")
@@ -233,7 +235,8 @@ def plan_cmd(
     except FuseError as e:
         _fail(e.code, e.message, json_=as_json)
     except ValidationError as e:  # a --model file that is not a model
-        _fail("invalid_argument", f"{model}: not a plan model: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}",
+        where = ".".join(map(str, e.errors()[0]["loc"]))
+        _fail("invalid_argument", f"{model}: not a plan model: {where + ': ' if where else ''}{e.errors()[0]['msg']}",
               json_=as_json)
     except (ValueError, OSError) as e:  # the --model file: not JSON, or unreadable
         _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}", json_=as_json)

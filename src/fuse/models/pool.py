@@ -69,21 +69,23 @@ class ElasticPlanRequest(_Record):
     the default shape): a 400 ``invalid_argument`` naming the field."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Numbers and switches are JSON numbers and booleans, as the seed types them: "2", true for a
+    # count or 1 for a switch are 400 naming the field, never read as 2, 1 or true (strict=True).
 
-    count: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS,
+    count: int | None = Field(default=None, strict=True, ge=0, le=MAX_PLAN_VMS,
                               description="How many VMs (default 1; at most 100,000 in one plan).")
     image: str | None = Field(default=None, description="Image (default linux).")
     kind: str | None = Field(default=None, description=(
         "`container`, `vm` or `microvm` (default: from the image: windows*/macos* are vm, an OCI reference "
         "or container* is container, anything else microvm)."))
-    cpus: int | None = Field(default=None, ge=1, le=U32, description=(
+    cpus: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
         "vCPUs each (default: learned from earlier VMs of the image, their most common shape; else 1)."))
-    memory_mb: int | None = Field(default=None, ge=1, le=U32, description=(
+    memory_mb: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
         "MiB each (default: learned with cpus from earlier VMs of the image; else 1024)."))
-    together: bool | None = Field(default=None, description="Keep them on one machine (forks of one checkpoint).")
+    together: bool | None = Field(default=None, strict=True, description="Keep them on one machine (forks of one checkpoint).")
     caller: str | None = Field(default=None, description=(
         "`interactive`, `batch`, `compat` or `persistent_agent`: sets the default duration_secs."))
-    duration_secs: int | None = Field(default=None, ge=0, le=U32, description=(
+    duration_secs: int | None = Field(default=None, strict=True, ge=0, le=U32, description=(
         "Expected lifetime, seconds (default by caller: interactive 3600, batch 14400, compat 3600, "
         "persistent_agent 86400; no caller 3600)."))
     provider: str | None = Field(default=None, description="Only this cloud (your own devices are in none).")
@@ -91,13 +93,13 @@ class ElasticPlanRequest(_Record):
         "Only this region (new machines, running cloud hosts, and your own devices registered in it)."))
     instance_type: str | None = Field(default=None, description=(
         "Only this machine type (new machines and running cloud hosts of it; your own devices are of none)."))
-    hosts: int | None = Field(default=None, ge=0, le=MAX_PLAN_VMS, description=(
+    hosts: int | None = Field(default=None, strict=True, ge=0, le=MAX_PLAN_VMS, description=(
         "Exactly this many new machines (hosts; a Modal sandbox holds one VM and is not a host: not counted)."))
-    no_scale: bool | None = Field(default=None, description="Add no machines.")
-    devices_only: bool | None = Field(default=None, description="Only your own devices.")
-    max_usd_per_hour: float | None = Field(default=None, ge=0, description=(
+    no_scale: bool | None = Field(default=None, strict=True, description="Add no machines.")
+    devices_only: bool | None = Field(default=None, strict=True, description="Only your own devices.")
+    max_usd_per_hour: float | None = Field(default=None, strict=True, ge=0, description=(
         "A $/hour cap for this plan (the lower of it and the pool budget's cap applies)."))
-    apply: bool = Field(default=False, description=(
+    apply: bool = Field(default=False, strict=True, description=(
         "Add the machines the plan needs in the linked clouds (they show in `added`; create the VMs with on auto)."))
 
     @model_validator(mode="before")
@@ -291,7 +293,7 @@ class PrewarmOptions(_Record):
         "`auto` (default), `local`, a linked cloud or `host:<machine>`."))
     kind: str | None = Field(default=None, description=(
         "`container`, `vm` or `microvm` (default: the image's). Every kind runs as a VM here: "
-        "`microvm` needs a KVM host, `container` and `vm` go anywhere."))
+        "`microvm` and `vm` need a KVM host (a bought machine: metal), `container` goes anywhere, as in a plan."))
     # Integers only (``true``, ``"2"``, ``128.0`` are refused), as a VM create's shape. The shape itself
     # (with the one left out learned from earlier VMs of the image) is checked by the controller against
     # the create shape (``VmShape``: its bounds and memory floor), not here: one source of that rule.

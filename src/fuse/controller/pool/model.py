@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KVM_KINDS = frozenset({"vm", "microvm"})
 KINDS = frozenset({"container", "vm", "microvm"})
@@ -123,6 +123,22 @@ class PlanModel(_Data):
     constraints: Constraints = Field(default_factory=Constraints)
     time_limit_secs: float = Field(default=5.0, gt=0)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_meaning(self) -> PlanModel:
+        """A model as a request would build it (an edited ``--model`` file is checked here):
+        each group and host named once (an answer names them: two of one name could not be
+        told apart) and at most 100,000 VMs in all (a plan lists every machine; a request
+        is refused past that too)."""
+        from fuse.models.pool import MAX_PLAN_VMS
+
+        for what, names in (("group", [g.name for g in self.groups]), ("host", [h.name for h in self.hosts])):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{what} names must be unique: {', '.join(twice)} given twice")
+        if (vms := sum(g.count for g in self.groups)) > MAX_PLAN_VMS:
+            raise ValueError(f"{vms} VMs in all: a plan takes at most {MAX_PLAN_VMS}")
+        return self
 
     def sorted(self) -> PlanModel:
         """The same model with inputs in canonical order, so plans are reproducible."""
