@@ -38,7 +38,10 @@ Objective, lexicographic:
   Own devices cost 0, running hosts cost only their extra billed time, new
   machines always cost > 0; so cost alone orders devices < running < new
   whenever prices differ, and TIE orders them (and then prefers the faster
-  boot) when they do not.
+  boot) when they do not. TIE is a stage of the aggregate model only; every
+  answer then passes ``prefer.prefer_order``, which moves work, at no more cost
+  and breaking no constraint, onto own hosts with room and off new machines a
+  running host can take as cheaply: the same order on the pattern model's plans.
 
 The capacity sums over N identical machines are a relaxation (a VM cannot
 straddle two machines), so the optimum of this model is a lower bound on the
@@ -92,6 +95,7 @@ from fuse.controller.pool import formulation as F
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.pack import pack, pack_partial
+from fuse.controller.pool.prefer import prefer_order
 from fuse.controller.pool.solution import Machine, Solution, better, cost_usd, to_plan, violations
 from fuse.models.pool import ElasticPlan
 
@@ -101,6 +105,8 @@ def plan(model: PlanModel) -> ElasticPlan:
     warm()  # once per process, before the clock starts: the limit is the solve's
     model = model.sorted()
     sol, solver, lb, notes = solve(model)
+    # the preference order among plans of equal cost (own, running, new), on every path
+    sol = prefer_order(model, sol, exact=solver == "exact")
     return to_plan(model, sol, solver=solver, lower_bound_usd=lb, notes=notes)
 
 

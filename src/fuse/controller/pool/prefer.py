@@ -1,0 +1,165 @@
+"""The preference order among plans of equal cost, applied to a chosen plan.
+
+Issue 6 puts VMs on "the operator's own hosts first, then running cloud hosts with
+room, then new cloud machines". The solvers' cost objective orders these whenever
+prices differ; TIE (``planner``'s docstring) orders them when they do not, but only
+the aggregate model's stage 3 applies it. ``prefer_order`` is a last, cheap and
+deterministic pass on whichever plan was chosen:
+
+  (a) VMs on running cloud hosts and new machines move onto own devices with room
+      (the rules of ``host_reject``: KVM, arch, pins, devices_only; capacity and
+      VM slots). Work taken off a machine only lowers what it bills.
+  (b) A new machine whose VMs all fit on existing hosts with room is emptied and
+      dropped when the plan's cost does not rise: a running host's extra billed
+      time may equal the machine's price, and then the plan is ready sooner.
+
+``together`` groups stay where they are (they must share one machine), and a
+``hosts`` pin (``exact_new_hosts``) keeps every new machine. The pass never raises
+``cost_usd`` and never breaks a constraint: when its plan does (``violations``),
+places a different number of VMs, or costs more, the original is returned.
+"""
+
+from __future__ import annotations
+
+from fuse.controller.pool.model import PlanModel, billed_secs, extra_secs, host_reject, host_slots, host_vcpus
+from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations
+
+EPS = 1e-9
+
+
+class _Room:
+    """Free vCPUs, MiB, VM slots and longest work duration of every existing host under ``sol``."""
+
+    def __init__(self, model: PlanModel, on_hosts: dict[tuple[int, int], int]):
+        c = model.constraints
+        self.cpu = [host_vcpus(h, c) for h in model.hosts]
+        self.mem = [h.mem_mib for h in model.hosts]
+        self.slots = [host_slots(h) for h in model.hosts]
+        self.dur = [0] * len(model.hosts)
+        for (g, h), k in on_hosts.items():
+            if k > 0:
+                self.add(model, g, h, k)
+
+    def fits(self, model: PlanModel, g: int, h: int) -> int:
+        grp = model.groups[g]
+        return max(0, min(self.cpu[h] // grp.cpus, self.mem[h] // grp.mem_mib, self.slots[h]))
+
+    def add(self, model: PlanModel, g: int, h: int, k: int) -> None:
+        grp = model.groups[g]
+        self.cpu[h] -= k * grp.cpus
+        self.mem[h] -= k * grp.mem_mib
+        self.slots[h] -= k
+        self.dur[h] = max(self.dur[h], grp.duration_secs)
+
+
+def _allowed(model: PlanModel) -> list[list[bool]]:
+    """allowed[g][h]: group g may use host h by the rules (size is checked against the room)."""
+    c = model.constraints
+    return [[not grp.together and host_reject(grp, host, c, size=False) is None for host in model.hosts]
+            for grp in model.groups]
+
+
+def _move(model: PlanModel, room: _Room, allowed: list[list[bool]], on_hosts: dict[tuple[int, int], int],
+          g: int, k: int, targets: list[int]) -> int:
+    """Put up to ``k`` VMs of g on ``targets`` in order (first fit); returns how many were put."""
+    left = k
+    for h in targets:
+        if left == 0:
+            break
+        if not allowed[g][h]:
+            continue
+        n = min(left, room.fits(model, g, h))
+        if n > 0:
+            room.add(model, g, h, n)
+            on_hosts[g, h] = on_hosts.get((g, h), 0) + n
+            left -= n
+    return k - left
+
+
+def _to_own(model: PlanModel, sol: Solution, allowed: list[list[bool]]) -> Solution:
+    """(a): VMs of new machines, then of running cloud hosts, onto own devices with room."""
+    hosts, c = model.hosts, model.constraints
+    own = [h for h in range(len(hosts)) if hosts[h].own]
+    on_hosts = {gh: k for gh, k in sol.on_hosts.items() if k > 0}
+    machines = [Machine(offer=m.offer, counts={g: k for g, k in m.counts.items() if k > 0}) for m in sol.machines]
+    if not own:
+        return Solution(on_hosts=on_hosts, machines=machines)
+    room = _Room(model, on_hosts)
+    if c.exact_new_hosts is None:  # (the hosts pin keeps every machine: leave them whole)
+        # the machines holding least first: those are the likeliest to empty
+        for m in sorted(machines, key=lambda m: sum(m.counts.values())):
+            own = [h for h in own if room.cpu[h] > 0 and room.mem[h] > 0 and room.slots[h] > 0]
+            if not own:
+                break  # (the own devices are full)
+            for g in sorted(m.counts):
+                m.counts[g] -= _move(model, room, allowed, on_hosts, g, m.counts[g], own)
+                if m.counts[g] == 0:
+                    del m.counts[g]
+    own = [h for h in own if room.cpu[h] > 0 and room.mem[h] > 0 and room.slots[h] > 0]
+    for (g, h) in sorted(on_hosts) if own else ():
+        if hosts[h].own or not allowed[g][h]:
+            continue  # (a rule-breaking or together entry stays: violations judges the plan)
+        k = on_hosts[g, h]
+        moved = _move(model, room, allowed, on_hosts, g, k, own)
+        if moved:
+            on_hosts[g, h] = k - moved
+            if on_hosts[g, h] == 0:
+                del on_hosts[g, h]
+    return Solution(on_hosts=on_hosts, machines=[m for m in machines if m.counts])
+
+
+def _empty_new(model: PlanModel, sol: Solution, allowed: list[list[bool]]) -> Solution:
+    """(b): drop each new machine whose VMs all fit on existing hosts, when the cost does not rise.
+    The room is kept across machines and each try is priced by what it changes (the machine's
+    bill against the extra billed time of the hosts it touches), so the pass stays linear."""
+    hosts = model.hosts
+    if model.constraints.exact_new_hosts is not None or not hosts or not sol.machines:
+        return sol
+    on_hosts = dict(sol.on_hosts)
+    room = _Room(model, on_hosts)
+    kept = []
+    for m in sol.machines:
+        if any(model.groups[g].together for g in m.counts):
+            kept.append(m)
+            continue
+        if any(sum(room.fits(model, g, h) for h in range(len(hosts)) if allowed[g][h]) < k
+               for g, k in m.counts.items()):
+            kept.append(m)  # (not room enough for it: the common case, decided without a try)
+            continue
+        d = max(model.groups[g].duration_secs for g in m.counts)
+        # own devices first (free), then the running hosts this work adds the least to
+        targets = sorted(range(len(hosts)), key=lambda h: (
+            not hosts[h].own, hosts[h].usd_per_hour * extra_secs(hosts[h], max(room.dur[h], d)), h))
+        saved = (room.cpu[:], room.mem[:], room.slots[:], room.dur[:])
+        trial: dict[tuple[int, int], int] = {}
+        whole = all(_move(model, room, allowed, trial, g, k, targets) == k for g, k in sorted(m.counts.items()))
+        touched = {h for _, h in trial}
+        o = model.offers[m.offer]
+        delta = sum(hosts[h].usd_per_hour * (extra_secs(hosts[h], room.dur[h]) - extra_secs(hosts[h], saved[3][h]))
+                    for h in touched) - o.usd_per_hour * billed_secs(o, d)
+        if whole and delta <= EPS * 3600:
+            for gh, n in trial.items():
+                on_hosts[gh] = on_hosts.get(gh, 0) + n
+        else:
+            room.cpu, room.mem, room.slots, room.dur = saved
+            kept.append(m)
+    return Solution(on_hosts=on_hosts, machines=kept)
+
+
+def prefer_order(model: PlanModel, sol: Solution, *, exact: bool = False) -> Solution:
+    """``sol`` with its VMs moved up the preference order at no extra cost; ``sol`` itself
+    when the result would break a constraint, place a different number of VMs, cost more,
+    or (``exact``: ``sol`` was proven least-cost) cost less, which would mean a wrong proof."""
+    if not model.hosts:
+        return sol
+    allowed = _allowed(model)
+    try:
+        out = _empty_new(model, _to_own(model, sol, allowed), allowed)
+    except (ArithmeticError, IndexError, KeyError, ValueError):  # a guard: the plan stands as it is
+        return sol
+    before, after = cost_usd(model, sol), cost_usd(model, out)
+    n = len(model.groups)
+    if (after > before + EPS or (exact and after < before - EPS) or out.placed(n) != sol.placed(n)
+            or violations(model, out)):
+        return sol
+    return out
