@@ -215,9 +215,7 @@ def with_agent_limits(fleet: FleetArrays, max_vms: Mapping[str, int | None]) -> 
     is left out here (with its reason) instead of being asked and refusing. The
     summary may be a second old: the host's admission still has the final word."""
     lim = fleet.vm_limit.copy()
-    # (applied twice, the second pass keeps what the first found)
-    by_agent = (fleet.agent_limited.copy() if fleet.agent_limited is not None
-                else np.zeros(len(fleet.ids), dtype=bool))
+    by_agent = np.zeros(len(fleet.ids), dtype=bool)
     for host, limit in max_vms.items():
         i = fleet.index.get(host)
         if i is not None and isinstance(limit, int) and limit < lim[i]:

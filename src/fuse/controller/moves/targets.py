@@ -92,7 +92,7 @@ class MoveTargets(MoveRecords):
             # policy and its agent's own max_vms, memory pressure), so a target
             # without room is refused now, with its reason, not by its admission
             # halfway through.
-            fleet, reasons = self._arrays(only=to)
+            fleet, reasons = self.ctl.vms.arrays(only=to)
             decision = rank(fleet, ask, reasons)
             if to not in decision.order:
                 raise refuse("no_target", f"host {to} has no room for vm {name}: "
@@ -107,14 +107,6 @@ class MoveTargets(MoveRecords):
                           + "; ".join(f"{h}: {why}" for h, why in sorted(passed.items())),
                           code="no_target", details={"hosts": dict(sorted(passed.items()))})
 
-    def _arrays(self, only: str | None = None):
-        """The fleet as placement sees it, each host's VM-count limit lowered to its
-        agent's own ``max_vms`` where its summary reports a lower one."""
-        from ..placement import with_agent_limits
-        fleet, reasons = self.ctl.vms.arrays(only=only)
-        limits = {h: v.summary.get("max_vms") for h, v in self.fleet.views.items()}
-        return with_agent_limits(fleet, limits), reasons
-
     def _best_fit(self, name: str, source: str, vm: dict, leftovers: dict[str, str],
                   exclude: dict[str, str] | None = None) -> tuple[str | None, dict[str, str]]:
         """The best-fit target for ``vm`` (None when no host can take it), and every
@@ -125,7 +117,7 @@ class MoveTargets(MoveRecords):
         ask = Resources.vm(vm["shape"]["vcpus"], vm["shape"]["mem_mib"])
         named = {r["host"] for r in self.store.vms_named(name) if r["host"] != source}
         exclude = exclude or {}
-        fleet, reasons = self._arrays()
+        fleet, reasons = self.ctl.vms.arrays()
         decision = rank(fleet, ask, reasons)
         passed: dict[str, str] = {}
         for h in decision.order:
