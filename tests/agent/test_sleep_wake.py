@@ -77,12 +77,7 @@ async def test_a_state_dir_given_relative_still_sleeps_and_wakes(make_host, tmp_
     monkeypatch.chdir(tmp_path)
     host = await make_host("rel", relative=True)
     assert host.vms.state_dir.is_absolute()
-    await _counting(host, upto=2)
-    r = await host.client.post("/v1/host/vms/counter/sleep")
-    assert r.status_code == 200 and r.json()["state"] == "sleeping", r.text
-    before = len(counted(await host.console("counter")))
-    assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
-    _continues(await host.wait_console("counter", lambda t: len(counted(t)) >= before + 3), before)
+    await _sleeps_and_wakes_counting(host)
 
 
 async def test_a_marked_vm_wakes_only_for_its_move(make_host):
@@ -290,16 +285,21 @@ async def test_a_qmp_session_whose_qemu_dies_raises_a_backend_error(make_host):
             await asyncio.wait_for(qmp.execute("query-status"), 10)
 
 
-async def test_a_state_dir_with_a_comma_in_its_path_boots_sleeps_and_wakes(make_host):
-    # QEMU splits its option strings at commas: the state dir goes in with each doubled
-    host = await make_host("c,d")
-    assert "," in str(host.vms.state_dir)
+async def _sleeps_and_wakes_counting(host) -> None:
+    """A counting guest sleeps, wakes and counts on from where it slept."""
     await _counting(host, upto=2)
     r = await host.client.post("/v1/host/vms/counter/sleep")
     assert r.status_code == 200 and r.json()["state"] == "sleeping", r.text
     before = len(counted(await host.console("counter")))
     assert (await host.client.post("/v1/host/vms/counter/wake")).json()["state"] == "running"
     _continues(await host.wait_console("counter", lambda t: len(counted(t)) >= before + 3), before)
+
+
+async def test_a_state_dir_with_a_comma_in_its_path_boots_sleeps_and_wakes(make_host):
+    # QEMU splits its option strings at commas: the state dir goes in with each doubled
+    host = await make_host("c,d")
+    assert "," in str(host.vms.state_dir)
+    await _sleeps_and_wakes_counting(host)
 
     # Every option string naming a path under it, a standby VM's entry socket included.
     from dataclasses import replace
