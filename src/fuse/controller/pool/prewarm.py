@@ -468,8 +468,7 @@ class PrewarmService:
         args = (rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"], n,
                 max(1, int(rec["expires_at"] - time.time())), opts)
         try:
-            # (``buy`` given only when off: a stand-in for the solve that lacks it still serves the default)
-            where, bought = await (self._place(*args) if buy else self._place(*args, buy=False))
+            where, bought = await self._place(*args, buy=buy)
         except FuseError as exc:
             if buy and exc.code == "cloud_error" and (stored := self._get(rec["id"])) is not None:
                 # the cloud refused the machine: as one it ended at once (the next pass would ask again)
