@@ -333,8 +333,8 @@ class Fleet:
                 # VM's first events are that name's already, as the store will record it (tagged with
                 # the reading name and moved afterwards by ``_retag``, a follower would have seen them
                 # under the name that read them: the same event id with two tags)
-                placing = getattr(getattr(self.ctl, "vms", None), "_naming", {})
-                for h, vm in sorted(placing):
+                vms_service = getattr(self.ctl, "vms", None)
+                for h, vm in sorted(vms_service.placing() if vms_service is not None else ()):
                     if vm in vms and vm not in owner and h in names:
                         owner[vm] = h
             for e in batch:

@@ -431,6 +431,10 @@ class VmService:
         if name is not None:
             self._name(host, name, -1)
 
+    def placing(self) -> list[tuple[str, str]]:
+        """(host, vm name) of every create under way that has not had the host's reply."""
+        return list(self._naming)
+
     def _name(self, host: str, name: str, step: int) -> None:
         """Count a create placing vm ``name`` on ``host`` in (+1) or out (-1)."""
         n = self._naming.get((host, name), 0) + step
