@@ -8,6 +8,7 @@ import contextlib
 import pytest
 
 from fuse.cli import fleet
+from fuse.client.events import EventsAPI
 
 REPORT = {"from": 0.0, "to": 1761958800.0, "vms": [], "hosts": ["h1", "h2"], "aliases": {},
           "totals": {"cpu_seconds": 0.0, "mem_mib_seconds": 0.0, "wall_seconds": 0.0, "state_bytes_written": 0},
@@ -29,11 +30,15 @@ class StandIn:
     def usage(self, from_, to):
         return REPORT
 
-    def list(self, since, wait_s, limit):
+    def list(self, since, wait_s, limit=100):
         self.asked.append(since)
         if not self.pages:
             raise OutOfPages
         return self.pages.pop(0)
+
+
+    def follow(self, since, wait_s, reconnect_s):  # the SDK's own follow, over these pages
+        return EventsAPI.follow(self, since, wait_s, reconnect_s=reconnect_s)
 
 
 def stand_in(monkeypatch, client):

@@ -8,8 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..client import ApiError
-from ..client.events import RECONNECT_S, Reconnect
+from ..client.events import RECONNECT_S
 from .output import api_errors, emit_json, table
 
 vms_app = typer.Typer(help="VMs placed by the controller (no sub-command: list them).")
@@ -124,30 +123,19 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
            reconnect_s: float = typer.Option(RECONNECT_S, help=(
                "Following, keep trying a controller that does not answer (restarted, say) this many seconds "
                "in a row, from the last cursor, before giving up."))) -> None:
-    """The merged event stream (follows by default; Ctrl-C stops)."""
-    # The reconnect rule is `client.events.follow`'s: no event is printed twice or
-    # skipped across a controller restart (issue 4).
-    retry = Reconnect(reconnect_s)
+    """The merged event stream (follows by default; Ctrl-C stops). Following is
+    `client.events.follow`: across a controller restart it tries again from the last
+    cursor for `--reconnect-s` seconds, so no event is printed twice or skipped (issue 4)."""
     with api_errors(json_), _client() as c:
-        while True:
-            try:
-                page = c.events.list(since, wait_s if follow else 0, 500)
-            except ApiError as err:
-                if not follow or (pause := retry.pause(err)) is None:
-                    raise
-                time.sleep(pause)
-                continue
-            retry.answered()
-            for e in page["events"]:
-                if json_:
-                    typer.echo(json.dumps(e, sort_keys=True))
-                else:
-                    rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
-                    stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-                    typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
-            since = page.get("next_cursor", page.get("next", since))
-            if not follow:
-                return
+        stream = (c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow
+                  else c.events.list(since, 0, 500)["events"])
+        for e in stream:
+            if json_:
+                typer.echo(json.dumps(e, sort_keys=True))
+            else:
+                rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
+                stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
 
 
 def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds or ISO time."),

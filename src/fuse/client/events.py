@@ -19,10 +19,10 @@ def _cursor(page: dict, since: int) -> int:
     return page.get("next_cursor", page.get("next", since))
 
 
-class Reconnect:
+class _Reconnect:
     """When a follow that lost the controller tries again: after pauses that
     double, for as long as the failures in a row last under `limit_s`
-    (`follow`, and `fuse controller events`, keep this one rule)."""
+    (`follow`, which `fuse controller events` uses)."""
 
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
@@ -64,7 +64,7 @@ class EventsAPI:
         A controller that stops answering (restarted, say) is tried again,
         from the last cursor, until it has failed for `reconnect_s` seconds
         in a row; then its `ApiError` (code "unreachable") is raised."""
-        n, retry = 0, Reconnect(reconnect_s)
+        n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             try:
                 page = self.list(since, wait_s)
@@ -84,7 +84,7 @@ class EventsAPI:
     async def afollow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                       reconnect_s: float = RECONNECT_S) -> AsyncIterator[dict]:
         """`follow` for the async client."""
-        n, retry = 0, Reconnect(reconnect_s)
+        n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             try:
                 page = await self.list(since, wait_s)
