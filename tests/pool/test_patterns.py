@@ -105,6 +105,46 @@ def test_fill_puts_the_work_on_the_lp_machines_rounded_up_and_costs_no_more():
         assert res.fun - 1e-6 <= cost_usd(m, sol) <= rounded_up + 1e-6
 
 
+def test_a_fill_that_any_full_placement_will_do_places_everything_within_the_machines():
+    # the counts a Benders master proposes: any placement of all the work proves them, so first
+    # fit's answer is taken when it places everything and CP-SAT stops at its first such answer
+    for m in (random_model(1, 100, 5, 20, 4).sorted(), random_model(2, 300, 8, 20, 0).sorted()):
+        target = sum(greedy(m).placed(len(m.groups)))
+        types, master, res = _root(m, target)
+        n, _, _ = search._counts(master, res.x)
+        kappa = {ty.key: ty.kappa for ty in types}
+        rounded_up = sum(kappa[key][k] * math.ceil(v - 1e-6) for (key, k), v in n.items())
+        for loosen in (0, 1):
+            sol = search._fill(m, types, master.kind, res.x, target, time.monotonic() + 5, loosen=loosen, any_full=True)
+            assert sol is not None and violations(m, sol) == []
+            assert sum(sol.placed(len(m.groups))) >= target
+            assert cost_usd(m, sol) <= rounded_up + 1e-6
+
+
+def test_first_fit_of_a_fills_rest_keeps_room_class_slots_and_together_groups():
+    m = PlanModel(groups=[DemandGroup(name="big", count=3, cpus=4, mem_mib=4096, kind="container", duration_secs=3600),
+                          DemandGroup(name="pair", count=2, cpus=1, mem_mib=1024, kind="container", together=True, duration_secs=600),
+                          DemandGroup(name="long", count=2, cpus=1, mem_mib=512, kind="container", duration_secs=14400)],
+                  offers=[offer("o", 8, 8192, 0.1)], constraints=Constraints()).sorted()
+    ty = patterns.machine_types(m, [0])[0]
+    short, long_ = 0, len(ty.deltas) - 1  # classes: 1 h (the pair, the big VMs) and 4 h
+    bins = [(ty, short), (ty, long_), (ty, long_)]
+    left = [g.count for g in m.groups]
+    got = dict(search._first_fit_rest(m, bins, left, [0, 1, 2]))
+    by = {m.groups[g].name: g for g in range(3)}
+    placed = {name: sum(c.get(g, 0) for c in got.values()) for name, g in by.items()}
+    assert placed == {"big": 3, "pair": 2, "long": 2}
+    assert all(c.get(by["long"], 0) == 0 for b, c in got.items() if bins[b][1] == short)  # 4-h work on 1-h machines: no
+    for b, c in got.items():
+        assert sum(m.groups[g].cpus * v for g, v in c.items()) <= 8
+        assert sum(m.groups[g].mem_mib * v for g, v in c.items()) <= ty.cap_mem
+        assert c.get(by["pair"], 0) in (0, 2)  # together: both VMs on one machine or none
+    # a VM-count limit: one slot per machine leaves the rest out, never over it
+    ty.slots = 1
+    got = dict(search._first_fit_rest(m, bins, left, [0, 1, 2]))
+    assert all(sum(c.values()) <= 1 for c in got.values())
+
+
 def test_first_fit_tries_more_than_one_order():
     # by memory first, the 4-vCPU VM opens the first machine and one 4-vCPU VM is left out;
     # by the larger share of a machine (or by vCPUs) all five fit on the two machines exactly

@@ -284,7 +284,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                     continue
                 filled.add(tuple(other))  # (no cut removes it: the next masters may pass it again)
                 sol = _fill(model, types, [("p", g) for g in range(G)] + got[1],
-                            np.concatenate([ou.astype(float), got[2]]), target, deadline)
+                            np.concatenate([ou.astype(float), got[2]]), target, deadline, any_full=True)
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                     best, best_cost = sol, cost_usd(model, sol)
             n, u = x[:nk].astype(int), x[nk:].astype(int)
@@ -307,7 +307,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             kinds, x = [("p", g) for g in range(G)] + kinds, np.concatenate([u.astype(float), lam])
             sol = None
             if not again:
-                sol = _fill(model, types, kinds, x, target, deadline)
+                sol = _fill(model, types, kinds, x, target, deadline, any_full=True)
                 # a rough master's counts go to the exact master at once (its least counts
                 # may pack where these did not: retrying these took 1.2 s of a 1,000-VM proof)
                 for loosen in LOOSEN if gap == 0.0 else ():
@@ -317,7 +317,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                     # whole patterns left a rest that does not fit: again with more time and more
                     # of the work free (the master would propose N* again)
                     sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
-                                secs=FILL_RETRY * (deadline - time.monotonic()))
+                                secs=FILL_RETRY * (deadline - time.monotonic()), any_full=True)
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
                 # the counts hold the work fractionally, but it did not pack on them: counts
                 # a rough master proposed need not be its least, so the exact master goes on
@@ -325,7 +325,7 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
                     # the exact master's least counts: no cut removes them, so the proof ends
                     # here unless they pack; a last try with half the time left
                     sol = _fill(model, types, kinds, x, target, deadline,
-                                secs=FILL_LAST * (deadline - time.monotonic()))
+                                secs=FILL_LAST * (deadline - time.monotonic()), any_full=True)
                     if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
                         break
                     best, best_cost = sol, cost_usd(model, sol)

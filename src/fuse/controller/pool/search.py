@@ -321,6 +321,7 @@ def _score(costs: dict, what: tuple, f: float) -> float:
 
 
 FILL_MIN_SECS = 0.05  # CP-SAT's least time for placing the rest in a fill
+FILL_FULL_SECS = 0.15  # its least time when any full placement will do (it stops at one)
 MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
@@ -378,7 +379,7 @@ def _residual(model: PlanModel, master: Master, x: np.ndarray, target: int) -> S
 
 
 def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.ndarray, target: int,
-          deadline: float, secs: float | None = None, loosen: int = 0) -> Solution | None:
+          deadline: float, secs: float | None = None, loosen: int = 0, any_full: bool = False) -> Solution | None:
     """A plan on the machines of an LP answer ``x`` over columns ``kinds`` (a master's
     ``kind``: placed counts ("p", g) and patterns): the whole machines ⌊λ_j⌋ of each
     pattern as they are, then the work the fractional patterns share placed on the
@@ -388,7 +389,10 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
     not fit is completed by first fit. A feasible plan placing ``target`` VMs, or None.
     ``secs``: CP-SAT's time for the rest, instead of its share of what is left. ``loosen``:
     that many machines fewer of each pattern are taken whole (their work joins the rest,
-    their machines the bins), for counts whose whole patterns leave a rest that does not fit."""
+    their machines the bins), for counts whose whole patterns leave a rest that does not fit.
+    ``any_full``: any placement of all of it will do (whole counts a master proposed: the
+    plan then costs at most their Σ κ N, which is what the proof asks), so first fit's
+    answer is taken when it places everything, and CP-SAT stops at its first such answer."""
     from fuse.controller.pool.greedy import greedy
     from fuse.controller.pool.solution import Machine
 
@@ -423,7 +427,7 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
         for k in ks:
             room[key, k] = 1 if k == ks[-1] and key not in taken else 0
     bins = [(by_key[key], k) for (key, k), r in sorted(room.items()) for _ in range(max(r, 0))]
-    for b, counts in _place_rest(model, bins, left, deadline, secs):
+    for b, counts in _place_rest(model, bins, left, deadline, secs, any_full):
         ty = bins[b][0]
         for g, a in counts.items():
             left[g] -= a
@@ -440,7 +444,7 @@ def _fill(model: PlanModel, types: list[MachineType], kinds: list[tuple], x: np.
 
 
 def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: list[int],
-                deadline: float, secs: float | None = None) -> list[tuple[int, dict[int, int]]]:
+                deadline: float, secs: float | None = None, any_full: bool = False) -> list[tuple[int, dict[int, int]]]:
     """Place what ``left`` still wants on ``bins`` (one per machine: its type and class),
     exactly: one CP-SAT variable per (group, machine), most VMs first, then the least
     cost of the machines used. [(bin, {group: VMs})], empty when nothing is placed."""
@@ -450,6 +454,9 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
     need = [g for g in range(len(groups)) if left[g] > 0]
     if not bins or not need:
         return []
+    first = _first_fit_rest(model, bins, left, need)
+    if any_full and sum(sum(c.values()) for _, c in first) == sum(left[g] for g in need):
+        return first  # all of it on the bins: a plan costing at most the bins' Σ κ
     m = cp_model.CpModel()
     xs: dict[tuple[int, int], cp_model.IntVar] = {}
     of_group: dict[int, list] = {g: [] for g in need}
@@ -491,10 +498,24 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
     solver = cp_model.CpSolver()
     left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
     share = max(FILL_MIN_SECS, min(0.5, 0.05 * left_secs)) if secs is None else secs
+    if any_full:  # it stops once all is placed: more time costs only when it does not pack
+        share = max(share, FILL_FULL_SECS)
     solver.parameters.max_time_in_seconds = max(0.01, min(share, left_secs))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = model.seed
-    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    # first fit's partial placement as the hint; with ``any_full`` the search stops at the
+    # first answer placing everything
+    hint = {(g, b): a // (groups[g].count if groups[g].together else 1) for b, counts in first for g, a in counts.items()}
+    for key, v in xs.items():
+        m.add_hint(v, hint.get(key, 0))
+    total = sum(left[g] for g in need)
+
+    class _AllPlaced(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            if any_full and sum(self.value(v) * (groups[g].count if groups[g].together else 1) for (g, _), v in xs.items()) >= total:
+                self.stop_search()
+
+    if solver.solve(m, _AllPlaced()) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return []
     filled: dict[int, dict[int, int]] = {}
     for (g, b), v in xs.items():
@@ -502,3 +523,35 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
         if got:
             filled.setdefault(b, {})[g] = got
     return sorted(filled.items())
+
+
+def _first_fit_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: list[int],
+                    need: list[int]) -> list[tuple[int, dict[int, int]]]:
+    """First fit decreasing of what ``left`` wants onto ``bins`` (largest VMs first, a
+    together group as one item, each machine's class, VMs per machine and room kept):
+    [(bin, {group: VMs})], as ``_place_rest`` answers; what does not fit is left out."""
+    groups = model.groups
+    room = [[ty.cap_cpu, ty.cap_mem, 1 if ty.one_space(model) else ty.slots] for ty, _ in bins]
+    out: dict[int, dict[int, int]] = {}
+    for g in sorted(need, key=lambda g: (-groups[g].cpus * groups[g].mem_mib, g)):
+        grp = groups[g]
+        unit = grp.count if grp.together else 1
+        items = 1 if grp.together else left[g]
+        for b, (ty, k) in enumerate(bins):
+            if not items:
+                break
+            if g not in ty.cls or ty.cls[g] > k or ty.q[g] <= 0:
+                continue
+            cpu, mem, slots = room[b]
+            fit = min(items, ty.q[g] if not grp.together else 1, cpu // (grp.cpus * unit), mem // (grp.mem_mib * unit))
+            if slots is not None:
+                fit = min(fit, slots // unit)
+            if fit <= 0:
+                continue
+            room[b][0] -= fit * unit * grp.cpus
+            room[b][1] -= fit * unit * grp.mem_mib
+            if slots is not None:
+                room[b][2] -= fit * unit
+            out.setdefault(b, {})[g] = fit * unit
+            items -= fit
+    return sorted(out.items())
