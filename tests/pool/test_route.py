@@ -163,6 +163,26 @@ def test_the_shape_is_learned_from_the_vms_the_controller_records(ctl):
     assert (g["cpus"], g["mem_mib"]) == (2, 8192)  # what the request gives wins
 
 
+def test_the_shape_is_learned_from_vms_deleted_since_by_their_placed_events(ctl):
+    # issue 6: "a shape learned from earlier VMs of the image": a VM the controller placed and
+    # deleted since still teaches (its placed event); one still listed counts once, as listed
+    for i in range(3):
+        ctl.store.add_event("placed", {"vm": f"gone-{i}", "id": "h1", "vcpus": 2, "mem_mib": 3072, "bundle": "linux"},
+                            host="h1")
+    for i in range(2):
+        _record_vm(ctl, f"big-{i}", "linux", 4, 8192)
+        ctl.store.add_event("placed", {"vm": f"big-{i}", "id": "h1", "vcpus": 4, "mem_mib": 8192, "bundle": "linux"},
+                            host="h1")
+    ctl.store.add_event("placed", {"vm": "old", "id": "h1", "vcpus": 1, "mem_mib": 512}, host="h1")  # no bundle: skipped
+    c = client(ctl)
+    g = model_of(post(c, {"kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (2, 3072)  # three deleted VMs against two listed ones
+    _record_vm(ctl, "big-2", "linux", 4, 8192)
+    _record_vm(ctl, "big-3", "linux", 4, 8192)
+    g = model_of(post(c, {"kind": "container"}))["groups"][0]
+    assert (g["cpus"], g["mem_mib"]) == (4, 8192)  # four listed now
+
+
 def _own_host(ctl, vm_count: int = 8, connected: bool = True, backend: str = "fake", kvm: bool = True) -> None:
     """A registered host 'own' (8 vCPUs, 16 GiB, room all free) and a stand-in for its poller."""
     now = time.time()

@@ -18,10 +18,12 @@ from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, Hos
 from ..models.vm import CreateVmRequest
 from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
+from .pool.request import history_from_vms
 from .resources import Resources
 from .store import vms as vms_t
 
 log = logging.getLogger("fuse.controller.vms")
+SHAPE_HISTORY = 1000  # placed events a VM shape is learned from (``shape_history``)
 JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 # A create its host may have got but did not answer keeps the host tied (no
 # deregister, no new url) until the host says whether the VM is there: at most
@@ -241,7 +243,8 @@ class VmService:
                     vm = resp.json()
                     self._record(host, vm)
                     self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
-                                                    "mem_mib": ask.mem_mib}, host=host)
+                                                    "mem_mib": ask.mem_mib, "bundle": vm.get("bundle") or req.bundle},
+                                         host=host)
                     self.fleet.changed.set()
                     return vm | {"host": host}
                 err = host_error(resp, host)
@@ -353,7 +356,8 @@ class VmService:
             finally:
                 self._name(host, name, -1)  # (claimed: the store has the name from here)
             self.store.add_event("placed", {"vm": name, "id": host, "vcpus": req.shape.vcpus,
-                                            "mem_mib": req.shape.mem_mib, "prewarmed": v["name"]}, host=host)
+                                            "mem_mib": req.shape.mem_mib, "prewarmed": v["name"],
+                                            "bundle": vm.get("bundle") or req.bundle}, host=host)
             self.fleet.changed.set()
             asyncio.get_running_loop().create_task(prewarm.fill())  # refill it in the background
             return vm | {"host": host}
@@ -477,6 +481,12 @@ class VmService:
             raise AmbiguousVm(f"vm {name} is on several hosts ({', '.join(sorted(r['host'] for r in rows))}); "
                               "pick one with host", details={"hosts": sorted(r["host"] for r in rows)})
         return rows[0]["host"]
+
+    def shape_history(self) -> list[dict]:
+        """What the planner and prewarm learn a VM's shape from (``request.learned_shape``):
+        the VMs listed now and those placed through this controller since (its ``placed``
+        events, the newest ``SHAPE_HISTORY`` of them), so a deleted VM still teaches."""
+        return history_from_vms(self.list(), self.store.events_of("placed", SHAPE_HISTORY))
 
     def list(self, host: str | None = None) -> list[dict]:
         out = []

@@ -55,7 +55,7 @@ from ...models.vm import VmShape
 from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
 from .elastic_budget import BudgetExceeded
-from .request import kind_of_image, learned_shape, history_from_vms
+from .request import kind_of_image, learned_shape
 
 log = logging.getLogger("fuse.controller.pool")
 DEFAULT_TTL_SECS = 3600
@@ -199,7 +199,7 @@ class PrewarmService:
         if image not in images:  # no VM of it could ever get ready: refused before anything is bought
             raise InvalidArgument(f"no host or linked cloud has image {image!r} (a guest bundle; there are: "
                                   f"{', '.join(sorted(images)) or 'none'})")
-        shape = learned_shape(image, history_from_vms(self.ctl.vms.list()))
+        shape = learned_shape(image, self.ctl.vms.shape_history())
         cpus = opts.cpus or (shape[0] if shape else 1)
         mem = opts.memory_mb or (shape[1] if shape else 1024)
         # before anything is bought: hosts would refuse every standby create of another shape

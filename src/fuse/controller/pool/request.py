@@ -62,15 +62,24 @@ def learned_shape(image: str, history: Iterable[Mapping[str, Any]] | None) -> tu
     return max(sorted(shapes), key=lambda s: shapes[s]) if shapes else None
 
 
-def history_from_vms(vms: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def history_from_vms(vms: Iterable[Mapping[str, Any]],
+                     placed: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """``history`` rows (image, cpus, memory_mb) from VM records as the controller keeps
-    them (``VmService.list``): a VM's image is its ``bundle``, its shape ``shape``.
-    Records without a bundle or a shape teach nothing and are skipped."""
-    out = []
+    them (``VmService.list``): a VM's image is its ``bundle``, its shape ``shape``; and
+    from the data of ``placed`` events (vm, id: its host, bundle, vcpus, mem_mib), one row
+    per VM the controller placed that is not listed under that name and host now (a VM
+    deleted since; a listed one counts once, as listed). Records without a bundle or a
+    shape teach nothing and are skipped."""
+    out, listed = [], set()
     for v in vms:
+        listed.add((v.get("name"), v.get("host")))
         shape = v.get("shape") or {}
         if v.get("bundle") and shape.get("vcpus") and shape.get("mem_mib"):
             out.append({"image": v["bundle"], "cpus": shape["vcpus"], "memory_mb": shape["mem_mib"]})
+    for e in placed:
+        if (e.get("vm"), e.get("id")) not in listed and e.get("bundle") and e.get("vcpus") and e.get("mem_mib"):
+            listed.add((e.get("vm"), e.get("id")))  # a name reused on a host: its last placement
+            out.append({"image": e["bundle"], "cpus": e["vcpus"], "memory_mb": e["mem_mib"]})
     return out
 
 

@@ -14,7 +14,6 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
-from fuse.controller.pool.request import history_from_vms
 from fuse.models.base import Record
 from fuse.models.errors import responses
 from fuse.errors import NotFound
@@ -93,7 +92,7 @@ async def plan_pool(body: ElasticPlanRequest, request: Request) -> ElasticPlan:
     snapshot = request.app.state.pool_snapshot()  # the app's seam: tests give the planner a pool
     if hasattr(snapshot, "__await__"):
         snapshot = await snapshot
-    return await _pool(request).plan(body, snapshot, history=history_from_vms(request.app.state.ctl.vms.list()))
+    return await _pool(request).plan(body, snapshot, history=request.app.state.ctl.vms.shape_history())
 
 
 @router.get("/v1/pool/clouds", response_model=CloudList, summary="listClouds: the linked clouds (no secrets).")

@@ -327,6 +327,12 @@ class Store:
         with self.read() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
+    def events_of(self, type_: str, limit: int) -> list[dict]:
+        """The data of the newest ``limit`` events of ``type_``, newest first."""
+        q = select(events.c.data).where(events.c.type == type_).order_by(events.c.id.desc()).limit(limit)
+        with self.read() as c:
+            return [dict(r) for r in c.execute(q).scalars()]
+
     def last_event_id(self) -> int:
         with self.read() as c:
             return int(c.execute(select(func.coalesce(func.max(events.c.id), 0))).scalar_one())
