@@ -178,6 +178,7 @@ def wrong(pki, processes, sshd, tmp_path_factory):
     """A controller with a TLS identity, a plain-HTTP agent and an sshd to point it at."""
     root = tmp_path_factory.mktemp("wrong-protocol")
     agent = fake_agent(processes, root / "plain", port=free_port(), token=AGENT_TOKEN)
+    agent.tls = fake_agent(processes, root / "tls", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
     env = dict(sshd.env("true"), FUSE_SSH_CONNECT_TIMEOUT="2")
     ctl = start_controller(processes, root / "ctl", env=env)
     cert, key, ca = pki.files(pki.controller, "controller")
@@ -196,6 +197,9 @@ WRONG = {
     "an http:// address at an sshd": (
         lambda a, s: f"http://127.0.0.1:{s.port}",
         "http://127.0.0.1:{s} is an SSH server, not a host agent's HTTP listener"),
+    "an http:// address at a mutual-TLS agent": (
+        lambda a, s: f"http://127.0.0.1:{a.tls.port}",
+        "http://127.0.0.1:{t} speaks TLS, not plain HTTP, so it is not an http:// address"),
     "an ssh:// address at an HTTP agent": (
         lambda a, s: f"ssh://root@127.0.0.1:{a.port}",
         "ssh://root@127.0.0.1:{a} speaks HTTP, not SSH, so it is not an ssh:// address"),
@@ -207,7 +211,7 @@ WRONG = {
 def test_an_address_that_speaks_the_wrong_protocol_is_a_mistake_and_nothing_is_stored(wrong, what, declared):
     ctl, agent, sshd = wrong
     http = ctl.http()
-    addr, said = WRONG[what][0](agent, sshd), WRONG[what][1].format(a=agent.port, s=sshd.port)
+    addr, said = WRONG[what][0](agent, sshd), WRONG[what][1].format(a=agent.port, s=sshd.port, t=agent.tls.port)
     host_id = f"wrong-{list(WRONG).index(what)}-{declared.split()[0]}"
     cap = FULL if declared.startswith("all") else {"vm_count": 2}
     r = http.post("/v1/hosts", json={"id": host_id, "url": addr, "token": AGENT_TOKEN, "backend": "qemu",

@@ -216,6 +216,23 @@ async def greeting(host: str, port: int, say: bytes = b"", timeout: float = 0.5)
         writer.close()
 
 
+async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether what listens at host:port answers a TLS handshake as TLS (finishing it,
+    or refusing it with an alert, as a mutual-TLS listener does a client without a
+    certificate); False when it answers with something else, hangs up, or says nothing
+    within `timeout`. Nothing is verified: it only tells a protocol from another."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout)
+    except ssl.SSLError as exc:
+        return exc.reason not in _NOT_TLS and "EOF" not in str(exc)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
 def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> tuple[str | None, bool]:
     """Say which side of a mutual-TLS handshake said no (and that it is a matter of
     trust). Only the handshake can refuse the controller's certificate: a connection
@@ -400,6 +417,9 @@ class HostConnection:
             if (await greeting(a.host, a.port or 80)).startswith(b"SSH-"):
                 return (f"{a.text} is an SSH server, not a host agent's HTTP listener (a host reached over "
                         "SSH is registered as ssh://USER@HOST:PORT)")
+            if await speaks_tls(a.host, a.port or 80):
+                return (f"{a.text} speaks TLS, not plain HTTP, so it is not an http:// address (a host agent's "
+                        "mutual-TLS listener is registered as HOST:PORT, with no scheme)")
         elif (await greeting(a.host, a.port or 22, say=b"SSH-2.0-fuse\r\n\r\n", timeout=1.0)).startswith(b"HTTP/"):
             return (f"{a.text} speaks HTTP, not SSH, so it is not an ssh:// address (a host agent's HTTP "
                     "listener is registered as http://HOST:PORT with its token)")
