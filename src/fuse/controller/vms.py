@@ -23,6 +23,8 @@ from .resources import Resources
 from .store import vms as vms_t
 
 log = logging.getLogger("fuse.controller.vms")
+CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
+CREATE_WATCH_SECS = 1.0  # how often a create waiting on its host checks the poller's verdict on it
 SHAPE_HISTORY = 1000  # placed events a VM shape is learned from (``shape_history``)
 JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 # A create its host may have got but did not answer keeps the host tied (no
@@ -224,7 +226,7 @@ class VmService:
             tried.add(host)
             try:  # (the reservation and the name go back on every way out, in the finally)
                 try:
-                    resp = await self.fleet.conn(host).request("POST", "/v1/host/vms", json=host_body, timeout=180)
+                    resp = await self._create_on(host, host_body)
                 except HostUnreachable as exc:
                     if getattr(exc, "maybe_sent", True):
                         # the request may have reached the host, which may still carry it out: a try on
@@ -481,6 +483,29 @@ class VmService:
             raise AmbiguousVm(f"vm {name} is on several hosts ({', '.join(sorted(r['host'] for r in rows))}); "
                               "pick one with host", details={"hosts": sorted(r["host"] for r in rows)})
         return rows[0]["host"]
+
+    async def _create_on(self, host: str, body: dict):
+        """POST the create to ``host``, waiting up to ``CREATE_TIMEOUT_SECS`` for its answer
+        (a boot may be slow) unless the poller finds the host gone first: an agent that
+        stopped answering (frozen, or its machine lost) fails the create as soon as its polls
+        do (~``DISCONNECT_AFTER`` polls), not after the whole wait. Either way the host may
+        have the request: HostUnreachable with ``maybe_sent``."""
+        call = asyncio.ensure_future(self.fleet.conn(host).request("POST", "/v1/host/vms", json=body,
+                                                                   timeout=CREATE_TIMEOUT_SECS))
+        view = self.fleet.views.get(host)
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=CREATE_WATCH_SECS)
+                if done:
+                    return call.result()
+                if view is not None and not view.connected and view.failures:
+                    err = HostUnreachable(f"host {host} stopped answering while it was asked to create the vm "
+                                          f"({view.error or 'its polls failed'})", details={"host": host})
+                    err.maybe_sent = True
+                    raise err
+        finally:
+            if not call.done():
+                call.cancel()
 
     def shape_history(self) -> list[dict]:
         """What the planner and prewarm learn a VM's shape from (``request.learned_shape``):
