@@ -47,8 +47,10 @@ of them are checked like N* at once (the next masters would propose them). From 
 round the capacity cuts' sets join again as value cuts, their V by the DP (whole VMs: a
 machine of 15 GiB holds 12 GiB of 4 GiB VMs, not 15). Counts a rough master proposed that
 hold the work but do not pack give way to the exact master's at once (its least counts need
-not be those); the exact master's are filled again with more time and more of the work free
-(``LOOSEN``), and when they still do not pack they end the proof unproven. A point beside a
+not be those); the exact master's are filled again with more of the work free (``LOOSEN``:
+1, 2, 4 machines of each LP pattern, then all of them; a fill of counts asks CP-SAT only for a
+packing of everything, which it finds or refutes in milliseconds where optimising the rest's
+cost took seconds), and when they still do not pack they end the proof unproven. A point beside a
 master's answer that holds the work is filled once (later masters pass it again). The rounds go on however
 far the plan in hand is from the bound (handing over to branch-and-price there, which proves
 these models far more slowly, ran a 1,000-VM model's 3-s proof out of its 10 s); while it is
@@ -81,7 +83,8 @@ EPS_USD = 1e-6  # plans within this of each other cost the same (the answer's ex
 PROVEN_GAP = 0.9 * EPS_USD  # what a proof leaves between the plan and its bound
 MASTER_GAP = 1e-4  # relative, while the master proposes counts; the proof step solves to 0
 MASTER_SHARE = 0.5  # of the time left, for one solve of the master
-LOOSEN = (0, 1)  # retries of a fill that did not pack: machines per pattern freed for CP-SAT
+LOOSEN = (1, 2, 4)  # retries of a fill that did not pack: machines per pattern freed for CP-SAT
+ALL_FREE = 10 ** 9  # the last retry: no machine's pattern kept, all of the work placed by CP-SAT
 FILL_RETRY = 0.1  # of the time left, for packing a proposal's machines once more
 FILL_LAST = 0.5  # of the time left, for packing the exact master's counts, which no cut removes
 # while the plan in hand is this far (relative) above the bound, a proposal the cuts remove is
@@ -308,28 +311,21 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             sol = None
             if not again:
                 sol = _fill(model, types, kinds, x, target, deadline, any_full=True)
-                # a rough master's counts go to the exact master at once (its least counts
-                # may pack where these did not: retrying these took 1.2 s of a 1,000-VM proof)
-                for loosen in LOOSEN if gap == 0.0 else ():
-                    if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
-                        break
-                    # CP-SAT's short share may not have packed them (a loaded machine), or the
-                    # whole patterns left a rest that does not fit: again with more time and more
-                    # of the work free (the master would propose N* again)
-                    sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
-                                secs=FILL_RETRY * (deadline - time.monotonic()), any_full=True)
+            # a rough master's counts go to the exact master at once (its least counts may
+            # pack where these did not: retrying these took 1.2 s of a 1,000-VM proof). The
+            # exact master's least counts, which no cut removes, end the proof unless they
+            # pack: when the LP's whole patterns leave a rest that does not (CP-SAT proves
+            # that in milliseconds), again with more of the work free, at last all of it
+            for loosen in LOOSEN + (ALL_FREE,) if gap == 0.0 else ():
+                if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
+                    break
+                share = FILL_LAST if loosen == ALL_FREE else FILL_RETRY
+                sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
+                            secs=share * (deadline - time.monotonic()), any_full=True)
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
-                # the counts hold the work fractionally, but it did not pack on them: counts
-                # a rough master proposed need not be its least, so the exact master goes on
                 if gap == 0.0:
-                    # the exact master's least counts: no cut removes them, so the proof ends
-                    # here unless they pack; a last try with half the time left
-                    sol = _fill(model, types, kinds, x, target, deadline,
-                                secs=FILL_LAST * (deadline - time.monotonic()), any_full=True)
-                    if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
-                        break
-                    best, best_cost = sol, cost_usd(model, sol)
-                    continue
+                    break  # the exact master's counts hold the work fractionally but do not pack
+                # a rough master's: they need not be its least, so the exact master goes on
                 unpacked.add(tuple(int(v) for v in np.concatenate([n, u])))
                 exact_next = True
                 continue

@@ -321,7 +321,6 @@ def _score(costs: dict, what: tuple, f: float) -> float:
 
 
 FILL_MIN_SECS = 0.05  # CP-SAT's least time for placing the rest in a fill
-FILL_FULL_SECS = 0.15  # its least time when any full placement will do (it stops at one)
 MIN_STEP_SECS = 0.05  # a search step (a dive, the integer master) starts only with this much time left
 COUNTS_SHARE, COUNTS_SECS = 0.35, 1.0  # the counts MIP's time: a share of the search's, at most this (s)
 BENDERS_SHARE = 0.8  # of what is left then, for the Benders proof (``benders``) before branch-and-price
@@ -447,14 +446,20 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
                 deadline: float, secs: float | None = None, any_full: bool = False) -> list[tuple[int, dict[int, int]]]:
     """Place what ``left`` still wants on ``bins`` (one per machine: its type and class),
     exactly: one CP-SAT variable per (group, machine), most VMs first, then the least
-    cost of the machines used. [(bin, {group: VMs})], empty when nothing is placed."""
+    cost of the machines used. [(bin, {group: VMs})], empty when nothing is placed.
+
+    ``any_full``: only a placement of all of it is wanted. First fit's, when it places
+    everything; else CP-SAT on the feasibility model alone (every VM placed, no cost, no
+    machine-use switches): it finds such a packing or proves there is none in a fraction
+    of the time the optimisation takes (25 ms against 1.2 s on a 1,000-VM model's rest of
+    26 machines). When there is none, first fit's partial placement is the answer."""
     from ortools.sat.python import cp_model
 
     groups = model.groups
     need = [g for g in range(len(groups)) if left[g] > 0]
     if not bins or not need:
         return []
-    first = _first_fit_rest(model, bins, left, need)
+    first = _first_fit_rest(model, bins, left, need) if any_full else []
     if any_full and sum(sum(c.values()) for _, c in first) == sum(left[g] for g in need):
         return first  # all of it on the bins: a plan costing at most the bins' Σ κ
     m = cp_model.CpModel()
@@ -479,44 +484,43 @@ def _place_rest(model: PlanModel, bins: list[tuple[MachineType, int]], left: lis
         per = 1 if ty.one_space(model) else ty.slots
         if per is not None:
             m.add(sum(v * u for v, u, _ in load) <= per)
+        if any_full:
+            continue
         on = m.new_bool_var(f"u{b}")
         for v, _, _ in load:
             m.add(v == 0).only_enforce_if(on.Not())
         if b and used[-1] is not None and bins[b - 1][0] is ty and bins[b - 1][1] == k:
             m.add_implication(on, used[-1])  # identical machines: the used ones first
         used.append(on)
-    placed = [sum(col) for g, col in of_group.items() if col]
-    if not placed:
-        return []
-    for g, col in of_group.items():
-        if col:
-            m.add(sum(col) <= left[g])
-    # most VMs first, then the least cost of the machines used (micro-USD)
-    price = [(on, round(1e6 * bins[b][0].kappa[bins[b][1]])) for b, on in enumerate(used) if on is not None]
-    scale = 1 + sum(c for _, c in price)
-    m.maximize(scale * sum(placed) - sum(c * on for on, c in price))
+    if any_full:
+        if any(not col for col in of_group.values()):
+            return first  # a group no machine here takes
+        for g, col in of_group.items():
+            m.add(sum(col) == left[g])
+        hint = {(g, b): a // (groups[g].count if groups[g].together else 1) for b, counts in first for g, a in counts.items()}
+        for key, v in xs.items():
+            m.add_hint(v, hint.get(key, 0))
+    else:
+        placed = [sum(col) for g, col in of_group.items() if col]
+        if not placed:
+            return []
+        for g, col in of_group.items():
+            if col:
+                m.add(sum(col) <= left[g])
+        # most VMs first, then the least cost of the machines used (micro-USD)
+        price = [(on, round(1e6 * bins[b][0].kappa[bins[b][1]])) for b, on in enumerate(used) if on is not None]
+        scale = 1 + sum(c for _, c in price)
+        m.maximize(scale * sum(placed) - sum(c * on for on, c in price))
     solver = cp_model.CpSolver()
     left_secs = deadline - time.monotonic()  # up to 0.5 s early in a long search, 0.1 s late or in a short one
     share = max(FILL_MIN_SECS, min(0.5, 0.05 * left_secs)) if secs is None else secs
-    if any_full:  # it stops once all is placed: more time costs only when it does not pack
-        share = max(share, FILL_FULL_SECS)
     solver.parameters.max_time_in_seconds = max(0.01, min(share, left_secs))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = model.seed
-    # first fit's partial placement as the hint; with ``any_full`` the search stops at the
-    # first answer placing everything
-    hint = {(g, b): a // (groups[g].count if groups[g].together else 1) for b, counts in first for g, a in counts.items()}
-    for key, v in xs.items():
-        m.add_hint(v, hint.get(key, 0))
-    total = sum(left[g] for g in need)
-
-    class _AllPlaced(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            if any_full and sum(self.value(v) * (groups[g].count if groups[g].together else 1) for (g, _), v in xs.items()) >= total:
-                self.stop_search()
-
-    if solver.solve(m, _AllPlaced()) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return []
+    if any_full:
+        solver.parameters.linearization_level = 2  # the LP in the search: ~5× faster on the larger rests
+    if solver.solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return first
     filled: dict[int, dict[int, int]] = {}
     for (g, b), v in xs.items():
         got = solver.value(v) * (groups[g].count if groups[g].together else 1)
