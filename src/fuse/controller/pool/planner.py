@@ -64,7 +64,7 @@ search ran to the time limit the aggregate model (a weaker bound) is skipped;
 else the better plan of the two is kept and the bound is the larger of the two
 (each bounds every plan placing the target). Offers are first pruned by
 dominance (``formulation.dominators``). The searches end 10% of the time limit
-(at most 0.25 s) and 10 µs per VM before it (at most 30% in all), so the answer,
+(at most 0.25 s) and 20 µs per VM before it (at most 30% in all), so the answer,
 checked and explained, is back within it.
 
 Labels (``solver``): ``exact`` when the plan is proven optimal — stage 1 proved
@@ -141,7 +141,7 @@ PATTERN_LP_SHARE = 0.8  # of the time left, by which the pattern model's LP must
 AGGREGATE_MIN_SHARE = 0.25  # of the time limit: with less left, the aggregate model is not started
 # kept of the time limit for finishing the answer: a share (at most TAIL_SECS) and, since
 # checking and explaining a plan grows with it, a little per VM (at most 30% in all)
-TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.1, 0.25, 1e-5
+TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.1, 0.25, 2e-5
 NO_PLAN_MEETS_PINS = "no plan meets the pins and caps together (proven): nothing is placed or bought"
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")

@@ -118,18 +118,29 @@ def _empty_new(model: PlanModel, sol: Solution, allowed: list[list[bool]]) -> So
     on_hosts = dict(sol.on_hosts)
     room = _Room(model, on_hosts)
     kept = []
-    for m in sol.machines:
+    order: dict[int, list[int]] = {}  # work duration -> the hosts in the order tried (until room changes)
+    can: dict[int, int] = {}  # group -> VMs of it the hosts' room holds in all (until room changes)
+    smallest = (min(g.cpus for g in model.groups), min(g.mem_mib for g in model.groups))
+    for i, m in enumerate(sol.machines):
+        if not any(room.cpu[h] >= smallest[0] and room.mem[h] >= smallest[1] and room.slots[h] > 0
+                   for h in range(len(hosts))):
+            kept.extend(sol.machines[i:])  # (no host has room for any VM: the rest stay as they are)
+            break
         if any(model.groups[g].together for g in m.counts):
             kept.append(m)
             continue
-        if any(sum(room.fits(model, g, h) for h in range(len(hosts)) if allowed[g][h]) < k
-               for g, k in m.counts.items()):
+        for g in m.counts:
+            if g not in can:
+                can[g] = sum(room.fits(model, g, h) for h in range(len(hosts)) if allowed[g][h])
+        if any(can[g] < k for g, k in m.counts.items()):
             kept.append(m)  # (not room enough for it: the common case, decided without a try)
             continue
         d = max(model.groups[g].duration_secs for g in m.counts)
         # own devices first (free), then the running hosts this work adds the least to
-        targets = sorted(range(len(hosts)), key=lambda h: (
-            not hosts[h].own, hosts[h].usd_per_hour * extra_secs(hosts[h], max(room.dur[h], d)), h))
+        if d not in order:
+            order[d] = sorted(range(len(hosts)), key=lambda h: (
+                not hosts[h].own, hosts[h].usd_per_hour * extra_secs(hosts[h], max(room.dur[h], d)), h))
+        targets = order[d]
         saved = (room.cpu[:], room.mem[:], room.slots[:], room.dur[:])
         trial: dict[tuple[int, int], int] = {}
         whole = all(_move(model, room, allowed, trial, g, k, targets) == k for g, k in sorted(m.counts.items()))
@@ -140,6 +151,8 @@ def _empty_new(model: PlanModel, sol: Solution, allowed: list[list[bool]]) -> So
         if whole and delta <= EPS * 3600:
             for gh, n in trial.items():
                 on_hosts[gh] = on_hosts.get(gh, 0) + n
+            order.clear()  # (the hosts' room and longest work changed: so may these)
+            can.clear()
         else:
             room.cpu, room.mem, room.slots, room.dur = saved
             kept.append(m)
