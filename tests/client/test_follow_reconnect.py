@@ -161,3 +161,36 @@ async def test_an_ordinary_async_call_to_a_controller_that_is_not_there_is_an_ap
             await c.vms.list()
     assert (info.value.status, info.value.code) == (0, "unreachable")
     assert isinstance(info.value.__cause__, httpx.TransportError)
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_controller_that_hangs_ends_the_follow_reconnect_s_after_its_answer_was_due(tmp_path, side):
+    """A frozen controller (SIGSTOP) takes the connection but never answers: the follow's
+    failure is counted from when the long poll's answer was due (wait_s past its start),
+    and the tries after it are short, so it ends about GRACE_S + reconnect_s after that,
+    not after a second long poll's full timeout (it had taken 62 s for wait_s 1,
+    reconnect_s 5; ~120 s with the defaults)."""
+    import os
+    import signal
+
+    from fuse.client.events import GRACE_S
+
+    ctl = start_controller(tmp_path)
+    os.kill(ctl.popen.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(fuse.ApiError) as info:
+            if side == "sync":
+                with fuse.Client(ctl.url) as c:
+                    next(c.events.follow(10 ** 9, wait_s=1, reconnect_s=5))
+            else:
+                async def go():
+                    async with fuse.AsyncClient(ctl.url) as c:
+                        await c.events.follow(10 ** 9, wait_s=1, reconnect_s=5).__anext__()
+                asyncio.run(go())
+        took = time.monotonic() - t0
+    finally:
+        os.kill(ctl.popen.pid, signal.SIGCONT)
+        ctl.stop()
+    assert (info.value.status, info.value.code) == (0, "unreachable")
+    assert 1 + GRACE_S - 1 <= took < 1 + GRACE_S + 5 + 3, took

@@ -11,6 +11,7 @@ from ._core import UNREACHABLE, ApiError, Call
 
 RECONNECT_S = 30.0  # how long `follow` keeps trying a controller that does not answer
 FIRST_PAUSE_S, LAST_PAUSE_S = 0.25, 2.0  # its pauses between tries double from the first to the last
+GRACE_S = 10.0  # how long past its wait_s `follow` waits for a long poll's answer
 
 
 def _cursor(page: dict, since: int) -> int:
@@ -29,17 +30,28 @@ class _Reconnect:
         self.failing_since: float | None = None
         self.pause_s = FIRST_PAUSE_S
 
-    def pause(self, err: ApiError) -> float | None:
-        """Seconds to wait before the next try, or None: give `err` up."""
+    def pause(self, err: ApiError, due: float) -> float | None:
+        """Seconds to wait before the next try, or None: give `err` up. `due`: when the
+        failed try's answer was due (a long poll's start plus its wait_s): a controller
+        that stopped answering has failed since then, not since the try timed out."""
         if err.code != UNREACHABLE:
             return None
         now = time.monotonic()
-        self.failing_since = self.failing_since if self.failing_since is not None else now
+        if self.failing_since is None:
+            self.failing_since = min(due, now)
         left = self.limit_s - (now - self.failing_since)
         if left <= 0:
             return None
         pause, self.pause_s = min(self.pause_s, left), min(self.pause_s * 2, LAST_PAUSE_S)
         return pause
+
+    def next_try(self, wait_s: float) -> tuple[float, float]:
+        """(wait_s, timeout) for the next try: the long poll while the controller answers;
+        while it does not, a short one bounded by what is left of `limit_s`."""
+        if self.failing_since is None:
+            return wait_s, max(wait_s if math.isfinite(wait_s) else 0, 0) + GRACE_S
+        left = self.limit_s - (time.monotonic() - self.failing_since)
+        return 0, max(min(GRACE_S, left), 0.5)
 
     def answered(self) -> None:
         self.failing_since, self.pause_s = None, FIRST_PAUSE_S
@@ -49,27 +61,32 @@ class EventsAPI:
     def __init__(self, send: Callable[[Call], Any]):
         self._send = send
 
-    def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict:
+    def list(self, since: int = 0, wait_s: float = 0, limit: int = 100, timeout: float | None = None) -> dict:
         """`{"events": [...], "next_cursor": cursor, "next": cursor}` (the same
-        cursor under both names); waits up to `wait_s` for news."""
+        cursor under both names); waits up to `wait_s` for news, and for the answer
+        up to `timeout` seconds (default: wait_s + 30)."""
         # (a wait_s that is no number, NaN say, is the controller's to refuse, with its 400:
         # it must not become a timeout that is no number either)
         wait = wait_s if math.isfinite(wait_s) else 0
         return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
-                               timeout=max(wait, 0) + 30))
+                               timeout=max(wait, 0) + 30 if timeout is None else timeout))
 
     def follow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                reconnect_s: float = RECONNECT_S) -> Iterator[dict]:
         """Yield events as they come, resuming from the cursor (sync client).
-        A controller that stops answering (restarted, say) is tried again,
+        A controller that stops answering (restarted, or hung) is tried again,
         from the last cursor, until it has failed for `reconnect_s` seconds
-        in a row; then its `ApiError` (code "unreachable") is raised."""
+        in a row, counted from when an answer was due (a long poll's wait_s
+        past its start; it is given `GRACE_S` more to answer); then its
+        `ApiError` (code "unreachable") is raised."""
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
+            wait, limit = retry.next_try(wait_s)
+            due = time.monotonic() + (wait if math.isfinite(wait) else 0)
             try:
-                page = self.list(since, wait_s)
+                page = self.list(since, wait, timeout=limit)
             except ApiError as err:
-                if (pause := retry.pause(err)) is None:
+                if (pause := retry.pause(err, due)) is None:
                     raise
                 time.sleep(pause)
                 continue
@@ -86,10 +103,12 @@ class EventsAPI:
         """`follow` for the async client."""
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
+            wait, limit = retry.next_try(wait_s)
+            due = time.monotonic() + (wait if math.isfinite(wait) else 0)
             try:
-                page = await self.list(since, wait_s)
+                page = await self.list(since, wait, timeout=limit)
             except ApiError as err:
-                if (pause := retry.pause(err)) is None:
+                if (pause := retry.pause(err, due)) is None:
                     raise
                 await asyncio.sleep(pause)
                 continue
