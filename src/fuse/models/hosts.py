@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from .base import Record
 
@@ -56,6 +57,15 @@ class HostCapacity(Record):
     # Probed at registration only; a declared value is ignored.
     firecracker: str = ""
     firecracker_pinned: str = ""
+
+    @field_validator("cpus", "ram_mb", "storage_gb", "vm_count", "gpus", mode="before")
+    @classmethod
+    def _a_number(cls, v):
+        """A figure is a number: `True` or "3" is refused where the record is made (the
+        SDK's, before anything is sent), as the REST API refuses them, never read as 1 or 3."""
+        if isinstance(v, (bool, str)):
+            raise PydanticCustomError("int_type", "Input should be a valid integer")  # (the REST API's words)
+        return v
 
 
 class RegisterHostRequest(Record):
