@@ -6,7 +6,7 @@ summary's `last_event_id` is past the stored cursor (nothing is asked while
 it is not), else (an agent that does not report it) after 1 s, doubling to
 EVENT_BACKOFF_MAX while the answers are empty; a host that fails backs off
 from 1 s to 30 s. Events are stored with the host's own event id
-under a unique (host, host_event_id) key, in the same transaction that moves
+under a unique (host, agent, host_event_id) key, in the same transaction that moves
 the host's cursor, so across reconnects and controller restarts no event is
 stored twice or skipped. A host that stops answering is marked disconnected
 (no placements) and comes back by itself.
@@ -15,7 +15,10 @@ One machine may be registered under several names (hosts sharing an agent
 identity). Its log is read once, by the first of its names that is connected,
 and every read moves the cursor of all its names together: when a name is
 deregistered (its cursor row goes with it), or the controller restarts, the
-names left carry on from the furthest any of them had read. An event of a VM
+names left carry on from the furthest any of them had read; a name that reads
+an agent identity it has no cursor for starts after the newest event the store
+holds of that agent (its old names all gone, the machine registered again under
+a new one: its log is not delivered a second time). An event of a VM
 is tagged with the name the store records the VM under (the one it was created
 or moved through), any other with the name that read it.
 """
@@ -277,11 +280,17 @@ class Fleet:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
             shared = c.execute(select(func.max(host_cursors.c.cursor)).where(
                 host_cursors.c.agent_id == agent_id, host_cursors.c.host.in_(alias))).scalar() if alias else None
+            fresh = bool(agent_id) and (cur is None or cur["agent_id"] != agent_id)
+            # An agent this name has no cursor for, whose log the store holds events of: read
+            # under a name since deregistered (its cursor went with it). Its ids go on.
+            stored = c.execute(select(func.max(events_t.c.host_event_id)).where(
+                events_t.c.agent_id == agent_id)).scalar() if fresh else None
         own = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
-        cursor = max(own, shared or 0)
-        if cursor > own:
+        cursor = max(own, shared or 0, stored or 0)
+        if cursor > own or fresh:
             # A name that joined after the others had read: it starts where they got to, kept
-            # in the store, so that it neither replays the log when they go nor after a restart.
+            # in the store, so that it neither replays the log when they go nor after a restart
+            # (and the store's events are looked through once per name and agent, not each poll).
             self._advance(host_id, agent_id, cursor)
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
             return

@@ -173,7 +173,20 @@ class Store:
         # SQLite allows one writer; serialise writes in-process rather than
         # collecting "database is locked" errors under concurrent creates.
         self._write_lock = threading.Lock() if self.is_sqlite else None
-        metadata.create_all(self.engine)
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        """Create the tables a new database lacks. On PostgreSQL, replicas started together
+        on an empty database would each see no table and each create it, and all but one
+        fail on PostgreSQL's catalog (a duplicate ``pg_type`` row): the creation is one
+        transaction behind the write lock, so the second replica waits, then finds the
+        tables there (each statement of the transaction reads what has committed)."""
+        if self._write_lock is not None:
+            metadata.create_all(self.engine)
+            return
+        with self.engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY})
+            metadata.create_all(conn)
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
