@@ -2,7 +2,10 @@
 
 We bind the unix socket ourselves rather than letting uvicorn do it: uvicorn
 chmods its sockets 0666, and a control socket must be owner-only (0600, in a
-0700 directory when fuse creates the directory).
+0700 directory when fuse creates the directory). A socket file a live server
+still answers on is never taken over (`SocketInUse`): that server would run on
+unreachable, its VMs beyond control. One nothing listens on (its server died)
+is removed and bound again.
 """
 
 from __future__ import annotations
@@ -22,10 +25,36 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from .paths import private_dir
 
 
+class SocketInUse(OSError):
+    """A running server answers on the socket path we were to bind."""
+
+
+def socket_in_use(path: Path) -> bool:
+    """Whether a server accepts connections on unix socket ``path``. A file
+    whose connect is refused (its server died and left it) or that is missing
+    is not in use; any other answer (one that accepts, a full backlog, no
+    permission to try) is, since only a refusal proves nothing listens."""
+    if not (path.exists() or path.is_symlink()):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
+
+
 def owner_only_socket(path: Path) -> socket.socket:
     private_dir(path.parent)  # every directory made for it 0700, whatever the umask
     if path.exists() or path.is_symlink():
-        path.unlink()
+        if socket_in_use(path):
+            raise SocketInUse(f"socket {path} is in use by a running server")
+        path.unlink()  # stale: left by a server that died
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is born 0600: no window where others may connect
     try:

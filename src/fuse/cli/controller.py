@@ -49,17 +49,30 @@ def serve(
     """Serve the controller API."""
     from ..controller.app import create_app
     from ..controller.service import Controller, default_controller_socket
-    from ..serving import serve as run
+    from .. import statelock
+    from ..serving import SocketInUse, serve as run, socket_in_use
+    from .host import STARTUP_FAILURE, exit_socket_in_use
 
     if listen and not token:
         raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
     if no_socket and not listen:
         raise typer.BadParameter("--no-socket needs --listen: there would be nothing to serve on")
     state_dir = state_dir or default_state_dir()
-    ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
     sock = None if no_socket else (socket or default_controller_socket())
+    # The embedded store is one process's: a second controller on it would place on the
+    # same room twice. A shared --db is meant for several replicas, and what they keep in
+    # the state dir then (linked clouds' machine dirs) is shared by design: no lock.
+    if not db and not statelock.hold(state_dir):
+        typer.echo(f"error: state dir {state_dir} is in use by a running controller", err=True)
+        raise typer.Exit(STARTUP_FAILURE)
+    if sock and socket_in_use(sock):  # (taking it over would leave that one running unreachable)
+        exit_socket_in_use(sock, "controller")
+    ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
     typer.echo(f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}".strip())
-    asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock))
+    try:
+        asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock))
+    except SocketInUse:  # (one bound it since the check above)
+        exit_socket_in_use(sock, "controller")
 
 
 def _masked(url: str) -> str:

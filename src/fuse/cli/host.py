@@ -38,7 +38,8 @@ def serve(
 ) -> None:
     """Serve the public host API."""
     from ..agent.app import AgentConfig, create_app
-    from ..serving import serve as run, tls_server_options
+    from .. import statelock
+    from ..serving import SocketInUse, serve as run, socket_in_use, tls_server_options
     from ..transport import default_agent_socket
 
     if backend not in ("qemu", "firecracker", "fake"):
@@ -61,12 +62,30 @@ def serve(
     elif listen and not token:  # (as the controller's: no open TCP listener)
         raise typer.BadParameter("--listen needs --token (or mutual TLS: --tls-cert, --tls-key, --tls-ca): "
                                  "the TCP listener requires it on every route")
+    # One agent per state dir (two would boot its VMs twice and repeat event ids) and
+    # per socket (the second would leave the first running unreachable): refuse, before
+    # anything of the dir is read or the socket touched.
+    if not statelock.hold(state_dir):
+        typer.echo(f"error: state dir {state_dir} is in use by a running host agent", err=True)
+        raise typer.Exit(STARTUP_FAILURE)
+    if socket and socket_in_use(socket):
+        exit_socket_in_use(socket, "host agent")
     from ..agent.backends.base import become_subreaper
     become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
                                   reserve_mib=reserve_mib))
     typer.echo(f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}".strip())
-    asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts))
+    try:
+        asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts))
+    except SocketInUse:  # (one bound it since the check above)
+        exit_socket_in_use(socket, "host agent")
+
+
+def exit_socket_in_use(path: Path, what: str) -> None:
+    """Exit as a listener that cannot start (a port in use): a server answers on ``path``."""
+    typer.echo(f"error: socket {path} is in use by a running process (another {what}?): "
+               "stop it, or serve on another --socket", err=True)
+    raise typer.Exit(STARTUP_FAILURE)
 
 
 @app.command()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import typer
 
+from .. import statelock
 from ..agent.backends.base import pids_mentioning
 
 from .output import console, table
@@ -52,12 +53,24 @@ def up(
     import httpx
 
     import fuse
+    from ..serving import socket_in_use
     from .host import default_state_dir  # noqa: F401  (documents the agent's own default)
 
     state_dir = state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    # Ctrl-C's clean-up for SIGTERM too (`timeout N fuse up`, a service manager), from
+    # the start: the agent, controller and QEMU run in their own sessions and would
+    # outlive a plain kill.
+    signal.signal(signal.SIGTERM, _interrupt)
+    # One run per dir, before anything else: a second one would be answered by the first
+    # one's sockets and its clean-up would remove the first one's VM.
+    if not statelock.hold(state_dir):
+        raise SystemExit(f"error: fuse up is already running in {state_dir}")
     ctl_sock, agent_sock = state_dir / "run" / "controller.sock", state_dir / "run" / "agent.sock"
     (state_dir / "run").mkdir(mode=0o700, exist_ok=True)
+    for sock in (agent_sock, ctl_sock):
+        if socket_in_use(sock):  # (an agent or controller of a run that was killed outright)
+            raise SystemExit(f"error: {sock} is in use by a running process (left by an earlier fuse up?): "
+                             "stop it first")
     agent_log, ctl_log = state_dir / "agent.log", state_dir / "controller.log"
     # The bundle first: it is the long step (a kernel download on first run), and the
     # agent then offers it from its first summary.
@@ -65,15 +78,20 @@ def up(
     console.print("building the guest bundle (Debian kernel + busybox initramfs)...")
     b = build_bundle(state_dir / "agent", name="linux", progress=lambda msg: console.print(f"  {msg}"))
     console.print(f"bundle linux {b['fingerprint'][:16]}")
-    agent = _spawn(["host", "serve", "--state-dir", str(state_dir / "agent"), "--socket", str(agent_sock)], agent_log)
-    ctl = _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"), "--socket", str(ctl_sock)], ctl_log)
-    procs = [agent, ctl]
+    procs: list[subprocess.Popen] = []
     client = None
+    agent_ready = False  # then its VMs (all QEMUs under state_dir/agent/) are this run's to stop
     try:
+        procs.append(agent := _spawn(["host", "serve", "--state-dir", str(state_dir / "agent"),
+                                      "--socket", str(agent_sock)], agent_log))
+        procs.append(ctl := _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"),
+                                    "--socket", str(ctl_sock)], ctl_log))
+
         def ok(sock: Path, path: str) -> bool:
             with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
                 return c.get(path, timeout=2).status_code == 200
         _wait(lambda: ok(agent_sock, "/v1/host"), "host agent", agent, agent_log)
+        agent_ready = True
         _wait(lambda: ok(ctl_sock, "/v1/healthz"), "controller", ctl, ctl_log)
         console.print(f"controller on unix://{ctl_sock}, host agent on unix://{agent_sock}")
         client = fuse.Client(f"unix://{ctl_sock}")
@@ -91,9 +109,10 @@ def up(
             return
         console.print("serving; Ctrl-C stops the VM, the agent and the controller")
         # Blocked, then waited for: SIGTERM as well as Ctrl-C runs the clean-up below.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        _block()
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
+        _block()  # a second Ctrl-C or SIGTERM does not cut the clean-up short
         if client is not None:
             if hasattr(client, "vms"):
                 try:
@@ -110,14 +129,34 @@ def up(
             except subprocess.TimeoutExpired:
                 p.kill()
         # VMs outlive their agent by design; `up` started them, so `up` makes sure none is left.
-        for pid in pids_mentioning(state_dir, b"qemu-system"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Only once its own agent answered: before, the dir's agent (and QEMUs) may be another's.
+        if agent_ready:
+            for pid in pids_mentioning(f"{state_dir / 'agent'}{os.sep}", b"qemu-system"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM handled as Ctrl-C: the same clean-up runs."""
+    raise KeyboardInterrupt
+
+
+def _block() -> None:
+    """Hold SIGINT and SIGTERM back (pending, for `sigwait`) rather than handle them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _run_vm(client, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
     import fuse
+    # A VM of that name left in this dir by an earlier run (stopped while its create was
+    # in flight, so its clean-up's delete came first) would make the create vm_exists. The
+    # dir is this run's (its lock), and so is every VM its agent keeps.
+    try:
+        client.vms.delete(name)
+        console.print(f"removed vm {name} left by an earlier run")
+    except fuse.ApiError as err:
+        if err.code != "not_found":
+            raise
     try:
         vm = client.vms.create({"name": name, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry})
     except fuse.ApiError as err:

@@ -1,0 +1,127 @@
+"""One server per unix socket and per state dir: a second `fuse host serve` or
+`fuse controller serve` on a socket a running one answers on, or on a state dir a
+running one holds, exits 3 (as for a TCP port in use) with one line naming it, and
+the first keeps serving. A socket file nothing listens on, or a dir whose holder
+died (even by SIGKILL), is taken as before."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import httpx
+
+from support import FUSE, fake_bundle, start_agent, start_controller, wait_until
+
+STARTUP_FAILURE = 3
+
+
+def second(args: list[str], timeout: float = 30) -> tuple[int | None, str]:
+    """Run a second server; its exit status and stderr, or (None, stderr) when it was
+    still serving after ``timeout`` seconds (it is stopped then)."""
+    p = subprocess.Popen(FUSE + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=timeout)
+        return p.returncode, err
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        try:
+            _, err = p.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate(timeout=5)
+        return None, err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def agent_id_on(sock) -> str:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
+        return c.get("/v1/host", timeout=5).json()["agent_id"]
+
+
+def healthy(sock) -> bool:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
+        return c.get("/v1/healthz", timeout=5).status_code == 200
+
+
+def agent_args(state, sock) -> list[str]:
+    fake_bundle(state)
+    return ["host", "serve", "--backend", "fake", "--state-dir", str(state), "--socket", str(sock)]
+
+
+def test_a_second_agent_on_a_running_agents_socket_exits_3_and_takes_it_once_that_one_died(tmp_path):
+    sock = tmp_path / "agent.sock"
+    first = start_agent(tmp_path, backend="fake", name="a", socket_path=sock)
+    try:
+        ident = agent_id_on(sock)
+        rc, err = second(agent_args(tmp_path / "b", sock))
+        assert rc == STARTUP_FAILURE, err
+        line = one_line(err)
+        assert f"socket {sock} is in use by a running" in line, line
+        assert agent_id_on(sock) == ident and first.popen.poll() is None
+    finally:
+        first.kill()  # SIGKILL: its socket file stays, nothing listening on it
+    assert sock.exists()
+    p = subprocess.Popen(FUSE + agent_args(tmp_path / "b", sock), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_until(lambda: p.poll() is None and agent_id_on(sock) != ident, timeout=30,
+                          what="the second agent on the stale socket")
+    finally:
+        p.terminate()
+        p.wait(15)
+
+
+def test_a_second_controller_on_a_running_controllers_socket_exits_3_and_the_first_keeps_it(tmp_path):
+    first = start_controller(tmp_path, name="c1")
+    try:
+        rc, err = second(["controller", "serve", "--state-dir", str(tmp_path / "c2"), "--socket", str(first.socket)])
+        assert rc == STARTUP_FAILURE, err
+        assert f"socket {first.socket} is in use by a running" in one_line(err)
+        assert healthy(first.socket) and first.popen.poll() is None
+    finally:
+        first.stop()
+
+
+def test_a_second_agent_on_a_held_state_dir_exits_3_and_one_may_start_once_the_holder_died(tmp_path):
+    first = start_agent(tmp_path, backend="fake", name="a")
+    try:
+        rc, err = second(agent_args(first.state_dir, tmp_path / "other.sock"))
+        assert rc == STARTUP_FAILURE, err
+        assert f"state dir {first.state_dir} is in use by a running host agent" in one_line(err)
+    finally:
+        first.kill()  # SIGKILL: the kernel drops the lock with the process
+    again = start_agent(tmp_path, backend="fake", name="a")
+    again.stop()
+
+
+def test_a_second_controller_on_an_embedded_store_exits_3_but_replicas_share_a_db_and_its_state_dir(
+        tmp_path, postgres):
+    first = start_controller(tmp_path, name="c1")
+    try:
+        rc, err = second(["controller", "serve", "--state-dir", str(first.state_dir),
+                          "--socket", str(tmp_path / "other.sock")])
+        assert rc == STARTUP_FAILURE, err
+        assert f"state dir {first.state_dir} is in use by a running controller" in one_line(err)
+    finally:
+        first.stop()
+    db = postgres.create_db("single_instance")
+    replicas = [start_controller(tmp_path, name="shared", db=db)]
+    try:
+        # (start_controller puts each on <tmp>/<name>: the second replica's state dir is the first's)
+        sock = tmp_path / "replica2.sock"
+        replicas.append(p := subprocess.Popen(
+            FUSE + ["controller", "serve", "--state-dir", str(tmp_path / "shared"), "--socket", str(sock),
+                    "--db", db], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        assert wait_until(lambda: p.poll() is None and healthy(sock), timeout=30, what="the second replica")
+    finally:
+        replicas[0].stop()
+        if replicas[1:]:
+            replicas[1].terminate()
+            replicas[1].wait(15)
