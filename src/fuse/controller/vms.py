@@ -226,6 +226,7 @@ class VmService:
             tried.add(host)
             try:  # (the reservation and the name go back on every way out, in the finally)
                 try:
+                    read = self._summary(host)  # (the host's figures before it got the create)
                     resp = await self._create_on(host, host_body)
                 except HostUnreachable as exc:
                     if getattr(exc, "maybe_sent", True):
@@ -244,6 +245,7 @@ class VmService:
                 if resp.status_code == 201:
                     vm = resp.json()
                     self._record(host, vm)
+                    self._take_room(host, vm, read)
                     self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
                                                     "mem_mib": ask.mem_mib, "bundle": vm.get("bundle") or req.bundle},
                                          host=host)
@@ -463,10 +465,26 @@ class VmService:
             raise VmExists(f"a vm named {name} is already being created on host {mine[0]} (another create of "
                            "that name waits on the host's answer, or on the host saying whether it landed)")
 
-    def _record(self, host: str, vm: dict) -> None:
-        self.fleet.upsert_vms(host, [vm])
+    def _summary(self, host: str) -> dict | None:
+        """The summary the poller last read of ``host`` (each poll stores a new one)."""
         view = self.fleet.views.get(host)
-        if view is not None:  # until the next poll says otherwise
+        return view.summary if view is not None else None
+
+    def _record(self, host: str, vm: dict) -> None:
+        """Store a VM ``host`` just created."""
+        self.fleet.upsert_vms(host, [vm])
+
+    def _take_room(self, host: str, vm: dict, read: dict | None) -> None:
+        """Take the room of a VM ``host`` just created off the host's last summary until
+        the next poll says otherwise: only off ``read``, the summary the poller had read
+        before the create was sent. One the poller read since, while the host made
+        the VM, counts it already, and taking it off again counted it twice (a back-to-back
+        create was refused by the vm_count policy with a slot free, and a prewarm bought a
+        machine for it). One read since that does not count it yet is believed until the
+        next poll: the stored VM counts toward the vm_count policy and the declared capacity
+        all the same (``arrays``), and the host's own admission has the last word."""
+        view = self.fleet.views.get(host)
+        if view is not None and view.summary is read:  # until the next poll says otherwise
             s = view.summary
             s["free_mem_mib"] = s.get("free_mem_mib", 0) - vm["shape"]["mem_mib"]
             s["free_vcpus"] = s.get("free_vcpus", 0) - vm["shape"]["vcpus"]

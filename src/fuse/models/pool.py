@@ -226,12 +226,14 @@ class ElasticBudgetUpdate(_Record):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    max_usd_per_hour: float | None = Field(default=None, ge=0)
-    monthly_usd: float | None = Field(default=None, ge=0)
-    autoscale: bool | None = None
-    max_new_hosts: int | None = Field(default=None, ge=0, le=U32)
-    warm: bool | None = None
-    allow_metal: bool | None = None
+    # Numbers and switches as such (``true`` for a cap, ``"yes"`` or 1 for a switch are 400
+    # naming the field, never read as 1 or true), as in a plan (strict=True).
+    max_usd_per_hour: float | None = Field(default=None, strict=True, ge=0)
+    monthly_usd: float | None = Field(default=None, strict=True, ge=0)
+    autoscale: bool | None = Field(default=None, strict=True)
+    max_new_hosts: int | None = Field(default=None, strict=True, ge=0, le=U32)
+    warm: bool | None = Field(default=None, strict=True)
+    allow_metal: bool | None = Field(default=None, strict=True)
 
 
 class ElasticDecision(_Record):
@@ -288,7 +290,8 @@ class PrewarmOptions(_Record):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int | None = Field(default=None, ge=1, le=256, description="How many, 1 to 256 (default 1).")
+    # Integers only (``true``, ``"2"``, ``2.0`` are refused, never read as 1 or 2), as a plan's count.
+    count: int | None = Field(default=None, strict=True, ge=1, le=256, description="How many, 1 to 256 (default 1).")
     on: str | None = Field(default=None, description=(
         "`auto` (default), `local`, a linked cloud or `host:<machine>`."))
     kind: str | None = Field(default=None, description=(
@@ -302,6 +305,7 @@ class PrewarmOptions(_Record):
     memory_mb: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
         f"MiB each, as a VM create takes them: at least {MIN_MEM_MIB}, and {MEM_BASE_MIB} + {MEM_PER_VCPU_MIB} per "
         "vCPU when that is more; less is 400 invalid_argument (default: learned with cpus; else 1024)."))
-    ttl_secs: int | None = Field(default=None, ge=1, le=U32, description="Seconds to keep them (default 3600).")
+    ttl_secs: int | None = Field(default=None, strict=True, ge=1, le=U32,
+                                 description="Seconds to keep them (default 3600).")
     instance_type: str | None = None
     region: str | None = None

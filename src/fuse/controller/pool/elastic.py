@@ -286,6 +286,15 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             prewarm = getattr(self.ctl, "prewarm", None)
             if prewarm is not None:  # its standby VMs went with it: their prewarms place them again
                 await prewarm.release_host(name, gone=True)
+            if self.store.get_host(name) is not None:
+                # its host is no more, as on every other way to gone (a cordoned, disconnected host
+                # left registered would stay for good, there being no machine to answer); a VM with
+                # work that was there, or a create waiting on its answer, still holds it: say so
+                try:
+                    await self.ctl.deregister_host(name)
+                except FuseError as exc:
+                    log.warning("elastic host %s: the cloud ended the machine; its host stays registered: %s",
+                                name, exc.message)
             return
         view = self.ctl.fleet.views.get(name) if self.ctl.fleet else None
         if state == "booting":

@@ -59,6 +59,7 @@ class ScaleOutMixin:
         snapshot = self.ctl.pool_snapshot() if snapshot is None else snapshot
         image = body.image or DEFAULT_IMAGE
         offers = self.offers(image)
+        self._check_cloud_has(body, image, offers, snapshot)
         # (``unbounded``: without the budget's caps, to tell whether they are in the way; the
         # clouds' quotas are no budget and hold either way)
         model = model_from_request(body, snapshot, offers=offers, history=history, constraints=(
@@ -77,6 +78,21 @@ class ScaleOutMixin:
             result.added = await self.buy(result.new_hosts)
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
         return result
+
+    def _check_cloud_has(self, body, image: str, offers: list, snapshot: list[dict]) -> None:
+        """400 naming the image when the plan is pinned to a linked cloud (``provider``) whose
+        machines do not get it, and no host of that cloud already there runs it: only clouds
+        whose machines get the image offer machines, so the pin would otherwise read as
+        naming no linked cloud at all (the cloud is linked: it lacks the image)."""
+        cloud = body.provider
+        if not cloud or body.devices_only or cloud not in self.cloud_names():
+            return
+        if any(o.provider == cloud for o in offers) or any(
+                h.get("provider") == cloud and (h.get("bundles") is None or image in h["bundles"]) for h in snapshot):
+            return
+        has = sorted(self.provider(cloud).images())
+        raise InvalidArgument(f"cloud {cloud!r} is linked, but its machines do not get image {image!r} (a guest "
+                              f"bundle; they get: {', '.join(has) or 'none'}), so nothing of it can go there")
 
     def joining(self, snapshot: list[dict]) -> dict[str, int]:
         """The hosts of ``snapshot`` bought and not joined yet -> seconds until they are expected to."""

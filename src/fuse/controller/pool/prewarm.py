@@ -509,8 +509,12 @@ class PrewarmService:
 
     # ---- claiming ------------------------------------------------------------------
     def candidates(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None) -> list[dict]:
-        """Standby VMs of a live prewarm with this shape (controller store rows), ready ones first."""
+        """Standby VMs of a live prewarm with this shape (controller store rows), ready ones first,
+        on hosts placement may use: a claim is a placement, so a host cordoned or draining (by
+        the operator, a drain or scale-in) gives none of its standby VMs to a create, which takes
+        one elsewhere or boots one anew."""
         live = {r["id"] for r in self._records() if r["expires_at"] > time.time()}
+        active = {h["id"] for h in self.store.list_hosts() if h["state"] == "active"}
         answers: dict[str, bool] = {}  # (a host away or lost would leave the create waiting on it)
         out = []
         for v in self.store.list_vms():
@@ -518,7 +522,7 @@ class PrewarmService:
             pw = v["name"].rsplit("-", 1)[0]
             if (rec.get("standby") and v["state"] == "running" and pw in live and v["vcpus"] == vcpus
                     and v["mem_mib"] == mem_mib and rec.get("bundle", "linux") == bundle
-                    and (among is None or v["host"] in among)
+                    and (among is None or v["host"] in among) and v["host"] in active
                     and answers.setdefault(v["host"], self._answers(v["host"]))):
                 out.append(v)
         return sorted(out, key=lambda v: not _ready(v))  # a booting one makes its claim wait for the boot

@@ -39,8 +39,9 @@ class AddHostsRequest(SeedRecord):
     provider: str
     instance_type: str
     region: Optional[str] = None
-    count: Optional[int] = Field(default=None, description="1 to 20 (default 1).")
-    ttl_hours: Optional[int] = Field(default=None, le=U32,
+    # integers only (``true`` or ``"2"`` is 400 naming the field, never 1 or 2), as a plan's count
+    count: Optional[int] = Field(default=None, strict=True, description="1 to 20 (default 1).")
+    ttl_hours: Optional[int] = Field(default=None, strict=True, le=U32,
                                      description="Hours until it ends on its own (default 24).")
 
     @model_validator(mode="before")
