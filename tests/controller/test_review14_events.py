@@ -24,12 +24,18 @@ def vm_deleted(client, vm: str) -> bool:
     return any(e.get("vm") == vm and e.get("to") == "deleted" for e in host_events(client))
 
 
-def test_an_agent_registered_again_under_a_new_name_does_not_replay_its_log(fleet):
+def agent_with_history(fleet):
+    """Agent a1 registered as h3, with VM x1 created and deleted there (its events read)."""
     a = fleet.agent("a1")
     fleet.add("h3", a)
     fleet.client.vms.create(shape("x1"))
     fleet.client.vms.delete("x1")
     wait_until(lambda: vm_deleted(fleet.client, "x1"), what="x1's events")
+    return a
+
+
+def test_an_agent_registered_again_under_a_new_name_does_not_replay_its_log(fleet):
+    a = agent_with_history(fleet)
     before = [(e["host"], e["host_event_id"]) for e in host_events(fleet.client)]
     assert {h for h, _ in before} == {"h3"}
     fleet.client.hosts.deregister("h3")
@@ -48,11 +54,7 @@ def test_an_agent_registered_again_under_a_new_name_does_not_replay_its_log(flee
 
 def test_a_new_name_reads_what_the_agent_logged_while_it_had_no_name(fleet):
     # the cursor starts where the stored events end, not at the agent's newest event
-    a = fleet.agent("a1")
-    fleet.add("h3", a)
-    fleet.client.vms.create(shape("x1"))
-    fleet.client.vms.delete("x1")
-    wait_until(lambda: vm_deleted(fleet.client, "x1"), what="x1's events")
+    a = agent_with_history(fleet)
     fleet.client.hosts.deregister("h3")
     before = [e["host_event_id"] for e in host_events(fleet.client)]
     with httpx.Client(base_url=a.url, headers={"Authorization": f"Bearer {a.token}"}, timeout=10) as agent:

@@ -12,6 +12,14 @@ from fuse.controller.store import Store, engine_url, metadata
 from support import reap, start_controller
 
 
+def at_once(threads: list[threading.Thread]) -> None:
+    """Start ``threads`` together and wait for each (a minute at most)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def test_two_controllers_started_together_on_an_empty_database_both_come_up(tmp_path, agent, postgres):
     url = postgres.create_db("fuse_r14_together")
     started, errors = {}, []
@@ -23,12 +31,8 @@ def test_two_controllers_started_together_on_an_empty_database_both_come_up(tmp_
             log = tmp_path / f"{name}.log"
             errors.append(f"{name}: {exc}: {log.read_text()[-800:] if log.exists() else ''}")
 
-    threads = [threading.Thread(target=start, args=(n,)) for n in ("ctl-a", "ctl-b")]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        at_once([threading.Thread(target=start, args=(n,)) for n in ("ctl-a", "ctl-b")])
         assert not errors, errors
         assert sorted(started) == ["ctl-a", "ctl-b"]
         with fuse.Client(started["ctl-a"].url) as ca, fuse.Client(started["ctl-b"].url) as cb:
@@ -53,12 +57,8 @@ def test_stores_opened_at_once_on_an_empty_database_all_open(tmp_path, postgres)
         except Exception as exc:
             errors.append(repr(exc))
 
-    threads = [threading.Thread(target=open_store) for _ in range(6)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        at_once([threading.Thread(target=open_store) for _ in range(6)])
         assert not errors, errors
         assert len(opened) == 6
         with opened[0].read() as c:
