@@ -30,7 +30,7 @@ class StandIn:
     def usage(self, from_, to):
         return REPORT
 
-    def list(self, since, wait_s, limit=100):
+    def list(self, since, wait_s, limit=100, timeout=None):
         self.asked.append(since)
         if not self.pages:
             raise OutOfPages
