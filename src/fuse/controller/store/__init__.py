@@ -181,7 +181,7 @@ class Store:
         fail on PostgreSQL's catalog (a duplicate ``pg_type`` row): the creation is one
         transaction behind the write lock, so the second replica waits, then finds the
         tables there (each statement of the transaction reads what has committed)."""
-        if self._write_lock is not None:
+        if self.is_sqlite:
             metadata.create_all(self.engine)
             return
         with self.engine.begin() as conn:
