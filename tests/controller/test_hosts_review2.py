@@ -19,7 +19,7 @@ import fuse
 from support import FUSE, free_port, start_agent, start_controller
 from transport.https_host import KINDS, VERIFY_MESSAGE, certificate, https_host
 
-DECLARED = {"vm_count": 2, "cpus": 2, "ram_mb": 1024, "storage_gb": 5}
+DECLARED = {"vm_count": 2, "cpus": 1, "ram_mb": 1024, "storage_gb": 5}  # within any machine: 1 CPU
 
 
 def post_host(controller, body: dict) -> httpx.Response:
