@@ -71,6 +71,7 @@ import highspy
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint
 
+from fuse.controller.pool import knapsack
 from fuse.controller.pool.column_generation import class_limits
 from fuse.controller.pool.highs import _new_highs, highs_mip, milp
 from fuse.controller.pool.model import PlanModel
@@ -134,12 +135,8 @@ def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> 
         f = np.zeros((C + 1, M + 1, S + 1))
         after: dict[int, np.ndarray] = {}  # duration -> the table's last VM layer after its groups
         for d in sorted({groups[g].duration_secs for g in gs}):
-            for g, v, wc, wm, u, per in items:
-                if groups[g].duration_secs != d:
-                    continue
-                for n, cw, mw, sw in split(u, wc, wm // unit, per if own is not None else 0, C, M, S):
-                    sub = f[cw:, mw:, sw:]
-                    np.maximum(sub, f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n, out=sub)
+            knapsack.run(f, [(cw, mw, sw, v * n) for g, v, wc, wm, u, per in items if groups[g].duration_secs == d
+                             for n, cw, mw, sw in split(u, wc, wm // unit, per if own is not None else 0, C, M, S)])
             after[d] = f[:, :, S].copy()
         durations = sorted(after)
         for ty in tys:

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from fuse.controller.pool import knapsack
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.patterns import MachineType
 
@@ -86,7 +87,7 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
     if (C + 1) * (M + 1) * (S + 1) > MAX_CELLS:
         raise TooBig
     f = np.zeros((C + 1, M + 1, S + 1))
-    copies: list[tuple[int, int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, ws, taken mask)
+    copies: list[tuple[int, int, int, int, int, float]] = []  # (g, VMs, wc, wm, ws, value)
     stage_end = {}
     last_k = max(promising)
     for k, delta in enumerate(ty.deltas):
@@ -96,15 +97,11 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
             if ty.cls[g] != k:
                 continue
             for n, cw, mw, sw in split(u, wc, wm // unit, mult if ty.slots is not None else 0, C, M, S):
-                cand = f[:C + 1 - cw, :M + 1 - mw, :S + 1 - sw] + v * n
-                mask = np.zeros(f.shape, dtype=bool)
-                sub = f[cw:, mw:, sw:]
-                mask[cw:, mw:, sw:] = cand > sub + 1e-12
-                np.maximum(sub, cand, out=sub)
-                copies.append((g, n * mult, cw, mw, sw, mask))
+                copies.append((g, n * mult, cw, mw, sw, v * n))
         stage_end[k] = len(copies)
+    masks = knapsack.run(f, [c[2:] for c in copies], record=True)
     for k in promising:
-        counts = _backtrack(copies[:stage_end[k]], C, M, S)
+        counts = _backtrack(copies[:stage_end[k]], masks, C, M, S)
         val = sum(pi[g] * n for g, n in counts.items())
         rc = ty.kappa[k] + mu[k] - val
         floor[k] = max(floor[k], rc)  # the DP's optimum: exact
@@ -168,26 +165,24 @@ def _price_shared(model: PlanModel, ruled: tuple[int, ...], tys: list[tuple[Mach
     if (C + 1) * (M + 1) > MAX_CELLS:
         raise TooBig
     last = max(ty.deltas[k] for ty, _, _, k in promising)
-    f = np.zeros((C + 1, M + 1))
-    copies: list[tuple[int, int, int, int, np.ndarray]] = []  # (g, VMs, wc, wm, improved cells from (wc, wm))
+    f = np.zeros((C + 1, M + 1, 1))
+    copies: list[tuple[int, int, int, int, float]] = []  # (g, VMs, wc, wm, value)
     ends: dict[int, int] = {}  # duration -> copies after its groups
     for g, v, wc, wm, u, mult in items:
         d = groups[g].duration_secs
         if d > last:
             break
         for n, cw, mw, _ in split(u, wc, wm // unit, 0, C, M, 0):
-            cand = f[:C + 1 - cw, :M + 1 - mw] + v * n
-            sub = f[cw:, mw:]
-            improved = cand > sub + 1e-12
-            np.maximum(sub, cand, out=sub)
-            copies.append((g, n * mult, cw, mw, improved))
+            copies.append((g, n * mult, cw, mw, v * n))
         ends[d] = len(copies)
+    masks = knapsack.run(f, [(cw, mw, 0, v) for _, _, cw, mw, v in copies], record=True)
     out = []
     for ty, mu, floor, k in promising:
         stage = max((n for d, n in ends.items() if d <= ty.deltas[k]), default=0)
         c, m, counts = ty.cap_cpu, ty.cap_mem // unit, {}
-        for g, n, cw, mw, improved in reversed(copies[:stage]):
-            if c >= cw and m >= mw and improved[c - cw, m - mw]:
+        for p in range(stage - 1, -1, -1):
+            g, n, cw, mw, _ = copies[p]
+            if masks[p, c, m, 0]:  # (false below the copy's weight)
                 counts[g] = counts.get(g, 0) + n
                 c -= cw
                 m -= mw
@@ -231,14 +226,15 @@ def split(u: int, wc: int, wm: int, ws: int, C: int, M: int, S: int):
         yield n, wc * n, wm * n, ws * n
 
 
-def _backtrack(copies, C: int, M: int, S: int) -> dict[int, int]:
+def _backtrack(copies, masks: np.ndarray, C: int, M: int, S: int) -> dict[int, int]:
     """The pattern the DP took at (C, M, S) using the first ``len(copies)`` item copies.
 
-    mask_i marks the states where copy i improved the table at its stage; walking
+    masks[i] marks the states where copy i improved the table at its stage; walking
     the copies backwards from the full machine replays those choices."""
     c, m, s, counts = C, M, S, {}
-    for g, n, cw, mw, sw, mask in reversed(copies):
-        if mask[c, m, s]:
+    for p in range(len(copies) - 1, -1, -1):
+        g, n, cw, mw, sw, _ = copies[p]
+        if masks[p, c, m, s]:
             counts[g] = counts.get(g, 0) + n
             c -= cw
             m -= mw

@@ -129,7 +129,9 @@ def warm() -> None:
         import ortools.sat.python.cp_model  # noqa: F401
         import scipy.optimize  # noqa: F401
 
-        from fuse.controller.pool import benders, patterns, search  # noqa: F401
+        from fuse.controller.pool import benders, knapsack, patterns, search  # noqa: F401
+
+        knapsack.warm()  # compiled once per machine (numba's cache), loaded once per process
 
         gc.collect()
         gc.freeze()
