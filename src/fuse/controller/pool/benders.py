@@ -87,6 +87,8 @@ MASTER_SHARE = 0.5  # of the time left, for one solve of the master
 LOOSEN = (1, 2, 4)  # retries of a fill that did not pack: machines per pattern freed for CP-SAT
 ALL_FREE = 10 ** 9  # the last retry: no machine's pattern kept, all of the work placed by CP-SAT
 FILL_RETRY = 0.1  # of the time left, for packing a proposal's machines once more
+RETRY_SECS = 0.1  # ... and at least this (half the time left at most): a 1 s limit left ~20 ms, and
+# the first retry of a 1,000-VM model's counts, which packs in ~70 ms, gave up
 FILL_LAST = 0.5  # of the time left, for packing the exact master's counts, which no cut removes
 # while the plan in hand is this far (relative) above the bound, a proposal the cuts remove is
 # repaired by a fill of its feasibility LP's machines (~35 ms: a plan ~1 % above the optimum on
@@ -316,9 +318,9 @@ def prove(model: PlanModel, types: list[MachineType], target: int, pool: list, r
             for loosen in LOOSEN + (ALL_FREE,) if gap == 0.0 else ():
                 if sol is not None and cost_usd(model, sol) < best_cost - EPS_USD:
                     break
-                share = FILL_LAST if loosen == ALL_FREE else FILL_RETRY
-                sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen,
-                            secs=share * (deadline - time.monotonic()), any_full=True)
+                left = deadline - time.monotonic()
+                secs = FILL_LAST * left if loosen == ALL_FREE else max(FILL_RETRY * left, min(RETRY_SECS, left / 2))
+                sol = _fill(model, types, kinds, x, target, deadline, loosen=loosen, secs=secs, any_full=True)
             if sol is None or cost_usd(model, sol) >= best_cost - EPS_USD:
                 if gap == 0.0:
                     break  # the exact master's counts hold the work fractionally but do not pack
