@@ -96,7 +96,10 @@ FILL_LAST = 0.5  # of the time left, for packing the exact master's counts, whic
 FAR_GAP = 0.01
 DP_CAPS_ROUND = 3  # the master round from which the capacity cuts join with their V from the DP
 EXTRA_POINTS = 2  # of the points a master passed on the way to its answer, checked beside it
-KELLEY_ROUNDS, KELLEY_SHARE = 15, 0.3  # proposals of the LP master before the integer one, and their time
+KELLEY_ROUNDS, KELLEY_SHARE = 60, 0.5  # proposals of the LP master before the integer one, and their time
+# (15 and 0.3 while the DPs were numpy: rounds of ~16 ms now; 60 took the 1,000-VM models proven
+# at 1 s from 17 to 19 of 24, 100 no further: from the first round the LP sits at the root LP
+# bound and the rounds only cut off the points of its optimal face that do not hold the work)
 REPAIR_SECS = 0.03  # CP-SAT's time for the rest of a cut proposal's repair (``_fill``) while the plan is far
 GUESS_GROW = 4
 GUESS = 5e-4  # relative: a master is first cut off this far above the last one's optimum (``_guessed``)
