@@ -87,7 +87,8 @@ class DecisionList(Record):
              summary="Plan where VMs go and what it costs; with apply, add the machines it needs",
              responses=responses(
                  s400="invalid_argument: a bad request (an unknown field, a value out of range, an unknown "
-                      "kind, caller, provider, region or instance_type), or apply with no linked cloud",
+                      "kind, caller, provider, region or instance_type), a pin to a linked cloud whose "
+                      "machines do not get the image, or apply with no linked cloud",
                  s409=BUDGET, s502=CLOUD))
 async def plan_pool(body: ElasticPlanRequest, request: Request) -> ElasticPlan:
     snapshot = request.app.state.pool_snapshot()  # the app's seam: tests give the planner a pool
