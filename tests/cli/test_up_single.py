@@ -111,3 +111,16 @@ def test_a_vm_left_by_a_run_that_never_cleaned_up_does_not_stop_the_next(state):
     second = Up(state.parent, "--once")
     assert second.wait(240) == 0, second.output()[-3000:]
     assert "vm hello placed on local" in second.output()
+
+
+def test_a_run_killed_outright_takes_its_agent_and_controller_with_it(state):
+    first = Up(state.parent)
+    first.wait_for("vm hello placed on")
+    first.proc.kill()  # no clean-up of its own: its agent and controller stop with it (the VM stays)
+    first.wait()
+    wait_until(lambda: not [c for c in left(state) if "fuse.cli" in c], timeout=30,
+               what=f"the first run's agent and controller gone: {left(state)}")
+    second = Up(state.parent, "--once")  # not refused for a busy socket
+    assert second.wait(240) == 0, second.output()[-3000:]
+    assert "vm hello placed on local" in second.output()
+    wait_until(lambda: not left(state), timeout=30, what=f"nothing of either run left: {left(state)}")

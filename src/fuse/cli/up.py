@@ -24,8 +24,23 @@ ENTRY_START = "FUSE-ENTRY-START"  # what the guest's init prints before running 
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    parent = os.getpid()
     return subprocess.Popen([sys.executable, "-m", "fuse.cli", *args], stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: _die_with(parent))
+
+
+def _die_with(parent: int) -> None:
+    """In the child, before exec: SIGTERM when `fuse up` dies, however it dies. A run killed
+    outright (SIGKILL, the OOM killer) had left its agent and controller serving on the
+    dir's sockets, and every later run refused until they were stopped by hand; now they
+    stop as on Ctrl-C (the VM stays, as VMs outlive their agent: the next run replaces it)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # (it died before the request took hold)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _wait(pred, what: str, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
