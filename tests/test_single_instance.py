@@ -125,3 +125,35 @@ def test_a_second_controller_on_an_embedded_store_exits_3_but_replicas_share_a_d
         if replicas[1:]:
             replicas[1].terminate()
             replicas[1].wait(15)
+
+
+def test_a_server_starting_on_a_stale_socket_keeps_it_from_a_second_one_starting_at_the_same_time(tmp_path):
+    # two servers at one instant on one stale socket: both saw nothing listening, and the
+    # second's unlink removed the first's fresh socket (the first then ran unreachable).
+    # Each now holds <socket>.lock from before its check; here the test holds it, as a
+    # server between its check and its bind would.
+    import fcntl
+    import os
+    import socket
+
+    sock = tmp_path / "agent.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))  # a socket file nothing listens on
+    stale.close()
+    inode = sock.stat().st_ino
+    fd = os.open(f"{sock}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        rc, err = second(agent_args(tmp_path / "b", sock))
+        assert rc == STARTUP_FAILURE, err
+        assert f"socket {sock} is in use by a running" in one_line(err)
+        assert sock.stat().st_ino == inode  # the starting one's file is left alone
+    finally:
+        os.close(fd)
+    p = subprocess.Popen(FUSE + agent_args(tmp_path / "b", sock), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_until(lambda: p.poll() is None and agent_id_on(sock), timeout=30, what="the agent once the lock is free")
+    finally:
+        p.terminate()
+        p.wait(15)

@@ -5,13 +5,17 @@ chmods its sockets 0666, and a control socket must be owner-only (0600, in a
 0700 directory when fuse creates the directory). A socket file a live server
 still answers on is never taken over (`SocketInUse`): that server would run on
 unreachable, its VMs beyond control. One nothing listens on (its server died)
-is removed and bound again.
+is removed and bound again. A server holds an ``flock`` on ``<socket>.lock`` from
+before that check until it exits, so two servers starting at once on one stale
+socket cannot both judge it stale (the second would unlink the first's fresh
+socket and bind its own): the second finds the lock held and stops as for a live one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -49,8 +53,34 @@ def socket_in_use(path: Path) -> bool:
     return True
 
 
+_socket_locks: dict[str, int] = {}  # socket path -> its held lock file's descriptor, for the process's life
+
+
+def _lock_socket(path: Path) -> bool:
+    """Hold ``<path>.lock`` for the rest of this process's life; False when another process holds it."""
+    key = str(path.absolute())
+    if key in _socket_locks:
+        return True
+    fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _socket_locks[key] = fd
+    return True
+
+
+def _unlock_socket(path: Path) -> None:
+    fd = _socket_locks.pop(str(path.absolute()), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def owner_only_socket(path: Path) -> socket.socket:
     private_dir(path.parent)  # every directory made for it 0700, whatever the umask
+    if not _lock_socket(path):
+        raise SocketInUse(f"socket {path} is in use by a running server (it holds {path}.lock)")
     if path.exists() or path.is_symlink():
         if socket_in_use(path):
             raise SocketInUse(f"socket {path} is in use by a running server")
@@ -146,6 +176,8 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         await asyncio.gather(*tasks, return_exceptions=True)
         if socket_path and Path(socket_path).exists():
             Path(socket_path).unlink()
+        if socket_path:
+            _unlock_socket(Path(socket_path))  # (after the unlink: a successor binds a fresh file)
     # A server that failed to start (TLS files it cannot load, say) raised: say so, never a
     # quiet return that exits 0 as if asked to stop.
     for t in done:
