@@ -271,6 +271,22 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 except FuseError as exc:
                     log.warning("elastic host %s: %s", r["name"], exc.message)
 
+    def _lose_vms(self, host: str, why: str) -> None:
+        """Mark every VM of ``host`` whose run was not over ``failed`` (its machine is gone),
+        one ``vm_lost`` event each."""
+        from ..hosts import FINISHED
+        from ..store import vms as vms_t
+
+        with self.store.tx() as c:
+            for v in self.store.vms_on(host, c):
+                if v["state"] in FINISHED:
+                    continue
+                record = dict(v["record"] or {}) | {"state": "failed", "error": why}
+                c.execute(update(vms_t).where(vms_t.c.host == host, vms_t.c.name == v["name"])
+                          .values(state="failed", record=record))
+                self.store.add_event("vm_lost", {"vm": v["name"], "id": host, "was": v["state"], "reason": why},
+                                     host=host, conn=c)
+
     async def _follow(self, r: dict, m, provider, now: float) -> None:
         name, state = r["name"], r["state"]
         if m is None or m.state == "terminated":
@@ -288,8 +304,11 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 await prewarm.release_host(name, gone=True)
             if self.store.get_host(name) is not None:
                 # its host is no more, as on every other way to gone (a cordoned, disconnected host
-                # left registered would stay for good, there being no machine to answer); a VM with
-                # work that was there, or a create waiting on its answer, still holds it: say so
+                # left registered would stay for good, there being no machine to answer). The VMs
+                # that ran there went with the machine: each is failed (``vm_lost``), and goes
+                # with the host as a finished VM does. A create waiting on the machine's answer or
+                # a move through it still holds it: say so
+                self._lose_vms(name, "the cloud ended its machine")
                 try:
                     await self.ctl.deregister_host(name)
                 except FuseError as exc:
