@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import signal
 import socket
@@ -58,14 +57,13 @@ _socket_locks: dict[str, int] = {}  # socket path -> its held lock file's descri
 
 def _lock_socket(path: Path) -> bool:
     """Hold ``<path>.lock`` for the rest of this process's life; False when another process holds it."""
+    from .statelock import lock_file
+
     key = str(path.absolute())
     if key in _socket_locks:
         return True
-    fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = lock_file(f"{key}.lock")
+    if fd is None:
         return False
     _socket_locks[key] = fd
     return True

@@ -33,11 +33,20 @@ def hold(state_dir: Path) -> bool:
     if state_dir in _held:
         return True
     private_dir(state_dir)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = lock_file(state_dir / LOCK_FILE)
+    if fd is None:
+        return False
+    _held[state_dir] = fd
+    return True
+
+
+def lock_file(path: Path | str) -> int | None:
+    """An exclusive ``flock`` on ``path`` (created owner-only): the open descriptor that
+    holds it until closed (or the process ends), or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return False
-    _held[state_dir] = fd
-    return True
+        return None
+    return fd
