@@ -19,10 +19,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+def _compiled(f):
+    """``f`` compiled on first call, kept in numba's cache (beside this file, else the user's
+    cache dir) so that later processes load it; compiled per process when neither is writable."""
+    try:
+        return njit(cache=True, nogil=True, boundscheck=False)(f)
+    except RuntimeError:  # (numba: "cannot cache function ...: no locator available")
+        return njit(nogil=True, boundscheck=False)(f)
+
+
 NO_MASKS2, NO_MASKS3 = np.zeros((0, 1, 1), dtype=np.bool_), np.zeros((0, 1, 1, 1), dtype=np.bool_)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@_compiled
 def _passes2(f, cws, mws, vals, masks):  # pragma: no cover - compiled; run() is the entry
     rows, cols = f.shape
     record = masks.shape[0] > 0
@@ -42,7 +51,7 @@ def _passes2(f, cws, mws, vals, masks):  # pragma: no cover - compiled; run() is
                     dst[j] = c if c > o else o
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@_compiled
 def _passes3(f, cws, mws, sws, vals, masks):  # pragma: no cover - compiled; run() is the entry
     rows, cols, depth = f.shape
     record = masks.shape[0] > 0
