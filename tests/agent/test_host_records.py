@@ -101,6 +101,48 @@ def test_event_ids_increase_across_restarts_and_pages_are_bounded(tmp_path):
     again.close()
 
 
+def test_events_older_than_the_memory_window_are_served_from_disk_before_and_after_a_restart(tmp_path, monkeypatch):
+    # a controller away while more than KEEP events happened (or the agent restarted since)
+    # had the oldest ones skipped: the page started at the window's first id
+    from fuse.agent import events
+
+    monkeypatch.setattr(events, "KEEP", 7)
+    monkeypatch.setattr(events, "BLOCK", 4)
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    for i in range(40):
+        log.emit("tick", n=i)
+
+    def read_all(log):
+        got, since = [], 0
+        while page := log.list(since=since, limit=5):
+            got += page
+            since = page[-1]["id"]
+        return got
+
+    assert [e["id"] for e in read_all(log)] == list(range(1, 41))
+    assert [e["n"] for e in log.list(since=2, limit=3)] == [2, 3, 4]
+    log.close()
+    again = EventLog(path)  # keeps only the last KEEP in memory
+    assert [e["id"] for e in read_all(again)] == list(range(1, 41))
+    again.close()
+
+
+def test_an_event_after_a_torn_last_line_is_kept(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.emit("tick")
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"id":2,"ti')  # a crash mid-write
+    again = EventLog(path)
+    assert again.emit("tock")["id"] == 2
+    again.close()
+    third = EventLog(path)  # the torn text did not take the next event's line with it
+    assert [(e["id"], e["type"]) for e in third.list(limit=10)] == [(1, "tick"), (2, "tock")]
+    third.close()
+
+
 async def test_events_over_http_reject_a_page_over_500(make_host):
     host = await make_host(bundle=False)
     r = await host.client.get("/v1/host/events", params={"limit": 501})

@@ -24,9 +24,11 @@ from ..paths import private_dir, private_opener
 
 MAX_LIMIT = 500
 MAX_WAIT_S = 60.0  # a long poll's wait, at most (a longer one is cut to this, a negative one is none)
-# The in-memory window; older events stay on disk but are not served (a
-# controller polls every second, far behind this).
+# The in-memory window; older events are served from the file on disk (a controller
+# that was away while more than this many happened, or an agent restarted since,
+# reads them from there), found through a byte offset kept every BLOCK ids.
 KEEP = 20_000
+BLOCK = 1_000
 
 
 class EventLog:
@@ -37,19 +39,33 @@ class EventLog:
         self.path = path
         self._events: list[dict[str, Any]] = []
         self._next = 1
+        self._marks: list[tuple[int, int]] = []  # (id, byte offset of its line), every BLOCK ids
+        self._size = 0  # bytes in the file
         # Python >= 3.10 events bind to a loop only when awaited.
         self._changed = asyncio.Event()
         if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    self._events.append(json.loads(line))
-                except ValueError:
-                    continue  # a torn last line from a crash
+            with open(path, "rb") as f:
+                for line in f:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        event = None  # a torn line from a crash
+                    if event is not None:
+                        self._mark(event["id"])
+                        self._events.append(event)
+                    self._size += len(line)
             if self._events:
                 self._next = self._events[-1]["id"] + 1
             self._events = self._events[-KEEP:]
         private_dir(path.parent)
-        self._file = open(path, "a", buffering=1, opener=private_opener)  # 0600 whatever the umask
+        self._file = open(path, "ab", buffering=0, opener=private_opener)  # 0600 whatever the umask
+        if self._size and not _ends_line(path):
+            self._file.write(b"\n")  # (after a torn last line: the next event starts a line of its own)
+            self._size += 1
+
+    def _mark(self, event_id: int) -> None:
+        if event_id % BLOCK == 0 or not self._marks:
+            self._marks.append((event_id, self._size))
 
     @property
     def last_id(self) -> int:
@@ -65,7 +81,10 @@ class EventLog:
         self._events.append(event)
         if len(self._events) > 2 * KEEP:
             del self._events[:-KEEP]
-        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+        line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+        self._mark(event["id"])
+        self._file.write(line)
+        self._size += len(line)
         self._changed.set()
         self._changed = asyncio.Event()
         return event
@@ -78,8 +97,32 @@ class EventLog:
             raise InvalidArgument("since must be >= 0")
         # ids are dense and increasing: find the start by offset, not a scan.
         first = self._events[0]["id"] if self._events else self._next
-        start = max(0, since + 1 - first)
+        if since + 1 < first:
+            return self._from_disk(since, limit)
+        start = since + 1 - first
         return self._events[start:start + limit]
+
+    def _from_disk(self, since: int, limit: int) -> list[dict[str, Any]]:
+        """Events older than the in-memory window, read from the file: from the last mark
+        at or before ``since + 1``, at most ``limit``."""
+        at = 0
+        for event_id, offset in self._marks:
+            if event_id > since + 1:
+                break
+            at = offset
+        out: list[dict[str, Any]] = []
+        with open(self.path, "rb") as f:
+            f.seek(at)
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event["id"] > since:
+                    out.append(event)
+                    if len(out) == limit:
+                        break
+        return out
 
     async def wait(self, since: int, timeout: float) -> None:
         """Return when an event newer than ``since`` exists, or after
@@ -110,4 +153,10 @@ class EventLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _ends_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
 
