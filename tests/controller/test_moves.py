@@ -542,6 +542,47 @@ def test_a_source_that_stopped_answering_is_409_host_unreachable(fleet):
     assert fleet.client.moves.list() == []
 
 
+def test_a_named_target_that_just_died_is_409_host_unreachable_and_the_vm_is_never_slept(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.agents["dst"].kill()  # at once: its poller still says connected for a few seconds
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("job1", to="dst")
+    assert (info.value.status, info.value.code) == (409, "host_unreachable"), info.value
+    assert "target host dst did not answer" in info.value.message
+    assert fleet.client.moves.list() == []
+    assert [e["type"] for e in fleet.host_events("src") if e.get("vm") == "job1" and "sleep" in e["type"]] == []
+    assert fleet.host_vms("src")["job1"]["state"] == "running"
+
+
+def test_best_fit_passes_over_a_host_that_just_died(fleet):
+    fleet.add("src")
+    fleet.add("dead", vm_count=10)
+    fleet.add("alive", vm_count=10)
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.client.vms.create(vm_body("other", host="alive", mem=256))  # "dead" scores first, had it answered
+    fleet.agents["dead"].kill()
+    m = fleet.client.moves.create("job1")
+    assert m["to"] == "alive", m
+    assert fleet.wait_move(m["id"])["state"] == "done"
+
+
+def test_a_target_gone_before_the_install_reached_it_sends_the_vm_home_at_once(fleet):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "copied:4"})  # the copy is in; the install not sent
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: (g := fleet.client.moves.get(m["id"]))["copied_bytes"] == g["total_bytes"] > 0,
+               timeout=30, what="copied")
+    fleet.agents["dst"].kill()  # for good: the VM had stayed asleep on src until dst answered again
+    m = fleet.wait_move(m["id"], timeout=45)
+    assert m["state"] == "failed" and "could not be asked to install" in m["reason"], m
+    assert fleet.host_vms("src")["job1"]["state"] == "running"
+    assert any(e["type"] == "move_rolling_back" for e in fleet.client.events.list(0, limit=500)["events"])
+
+
 def test_a_host_in_a_move_cannot_be_deregistered(fleet):
     fleet.add("src")
     fleet.add("dst")

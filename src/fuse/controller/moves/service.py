@@ -82,6 +82,8 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
                 err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
                 raise err
+            if to is not None and self.store.get_host(to) is None:  # (no poller to wait on: 6 s under the lock)
+                raise refuse("unknown_host", f"host {to} is not registered")
             # just after a start the pollers have not answered yet: the target's (or, for
             # best fit, every host's) first poll decides whether it is connected
             await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
@@ -89,7 +91,8 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             # Before anything touches the VM: a copy of it an earlier failed move left on a
             # host (cleanup pending) would fail this move's arrival there after the sleep.
             leftovers = await self._clear_leftovers(name, source, to)
-            target = self._target(name, source, vm, to, leftovers)
+            target = await self._answering(name, source, vm, to, self._target(name, source, vm, to, leftovers),
+                                           leftovers)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
             with self.store.tx() as c:

@@ -11,11 +11,24 @@ or, when the target already runs it, finishes the move forward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from ...errors import FuseError
+from ...errors import FuseError, HostUnreachable
 from ..store import vms as vms_t
 from . import hooks
 from .records import IO_TIMEOUT, MoveRecords, log, timed_out
+
+
+@contextlib.asynccontextmanager
+async def _unsent(call: str):
+    """Mark a HostUnreachable whose request provably never reached the host (``maybe_sent``
+    false: the connection was refused, no socket) with the ``call`` it was."""
+    try:
+        yield
+    except HostUnreachable as exc:
+        if not getattr(exc, "maybe_sent", True):
+            exc.unsent = call
+        raise
 
 
 class MoveSteps(MoveRecords):
@@ -40,10 +53,12 @@ class MoveSteps(MoveRecords):
             hooks.fail_point("copied")
             step = "waking"
             row = self._set(move_id, "waking")
-            await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+            async with _unsent("install"):
+                await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
             hooks.crash_point("installed")
             hooks.fail_point("installed")
-            await self._wake_target(row)
+            async with _unsent("wake"):
+                await self._wake_target(row)
             hooks.crash_point("woke")
             hooks.fail_point("woke")
             await hooks.pause_point("woke")
@@ -57,6 +72,13 @@ class MoveSteps(MoveRecords):
             # (a target that hung before it was asked to wake holds no copy that could run:
             # the VM goes home without waiting on it again, and the janitor aborts its side)
             self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
+            if unsent := getattr(exc, "unsent", None):
+                # the target's install or wake never left this controller (its agent refused
+                # the connection: it had died): it never ran the VM, so the VM goes home now
+                # instead of asleep until that target answers again (maybe never)
+                self._set(move_id, "rolling_back", target_hung=True,
+                          reason=f"target host {self._row(move_id)['target']} could not be asked to {unsent} the "
+                                 f"vm: {reason}")
         await self._recover(self._row(move_id))
 
     async def _failure(self, row: dict, step: str, exc: Exception) -> tuple[str, bool]:

@@ -23,6 +23,8 @@ from ...errors import FuseError, MoveRefused
 from ..store import moves as moves_t
 from .records import QUICK_TIMEOUT, MoveRecords, log
 
+ANSWER_TIMEOUT = 5.0  # s: a move's target must answer GET /v1/host within this before the VM sleeps
+
 # How a target says no to an arriving VM before taking anything (the agent's
 # ``POST /v1/host/incoming``): its admission (memory, its --max-vms VM-count policy,
 # pressure), a VM of that name already there, another bundle or platform. Nothing was
@@ -101,11 +103,26 @@ class MoveTargets(MoveRecords):
         host, passed = self._best_fit(name, source, vm, leftovers or {})
         if host is not None:
             return host
-        if not passed:
-            raise refuse("no_target", f"no other host can take vm {name}: {source} is the only host registered")
-        raise MoveRefused(f"no other host can take vm {name}: "
-                          + "; ".join(f"{h}: {why}" for h, why in sorted(passed.items())),
-                          code="no_target", details={"hosts": dict(sorted(passed.items()))})
+        raise _no_target(name, source, passed)
+
+    async def _answering(self, name: str, source: str, vm: dict, to: str | None, target: str,
+                         leftovers: dict[str, str] | None = None) -> str:
+        """``target`` once its agent answers now, before anything touches the VM: a poller
+        takes a few seconds to see an agent die, and a move to it had slept the VM for
+        nothing (202, then failed). A named target that does not answer is refused
+        (host_unreachable); for best fit the next host is asked."""
+        out: dict[str, str] = {}
+        while True:
+            try:
+                await self._host(target, "GET", "/v1/host", timeout=ANSWER_TIMEOUT)
+                return target
+            except FuseError as exc:
+                if to is not None:
+                    raise refuse("host_unreachable", f"target host {target} did not answer: {exc.message}") from None
+                out[target] = f"did not answer: {exc.message}"
+            target, passed = self._best_fit(name, source, vm, leftovers or {}, exclude=out)
+            if target is None:
+                raise _no_target(name, source, passed)
 
     def _best_fit(self, name: str, source: str, vm: dict, leftovers: dict[str, str],
                   exclude: dict[str, str] | None = None) -> tuple[str | None, dict[str, str]]:
@@ -200,3 +217,11 @@ class MoveTargets(MoveRecords):
         if self.fleet:
             self.fleet.changed.set()
         return self._row(row["id"])
+
+
+def _no_target(name: str, source: str, passed: dict[str, str]) -> MoveRefused:
+    """409 no_target with every other host's reason (as fleet_full says them)."""
+    if not passed:
+        return refuse("no_target", f"no other host can take vm {name}: {source} is the only host registered")
+    return MoveRefused(f"no other host can take vm {name}: " + "; ".join(f"{h}: {why}" for h, why in sorted(passed.items())),
+                       code="no_target", details={"hosts": dict(sorted(passed.items()))})
