@@ -58,3 +58,21 @@ def test_events_follow_from_next_cursor(monkeypatch, capsys):
     with pytest.raises(OutOfPages):
         fleet.events(since=0, follow=True, json_=True, wait_s=0)
     assert '"vm": "a"' in capsys.readouterr().out and client.asked == [0, 7]
+
+
+def test_events_without_follow_prints_every_stored_event_page_by_page(monkeypatch, capsys):
+    # it had printed the first page (500) and exited 0, saying nothing of the rest
+    ev = [{"id": i, "time": 0.0, "type": "placed", "host": "h1", "vm": f"v{i}"} for i in range(1, 504)]
+    client = StandIn([{"events": ev[:500], "next_cursor": 500}, {"events": ev[500:], "next_cursor": 503}])
+    stand_in(monkeypatch, client)
+    fleet.events(since=0, follow=False, json_=True, wait_s=30)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 503 and '"v503"' in lines[-1] and client.asked == [0, 500]
+
+
+def test_events_refuses_a_wait_that_is_no_number_of_seconds(monkeypatch):
+    import typer
+
+    stand_in(monkeypatch, StandIn())
+    with pytest.raises(typer.BadParameter):
+        fleet.events(since=0, follow=False, json_=True, wait_s=float("nan"))

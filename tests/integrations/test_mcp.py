@@ -243,3 +243,13 @@ def test_the_pool_and_prewarm_calls_are_described_and_answer_through_the_tool(tm
     finally:
         ctl.stop()
         reap(tmp_path)
+
+
+def test_a_malformed_controller_url_is_one_line_and_exit_1():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "fuse.cli", "mcp"], env={**os.environ, "FUSE_URL": "ftp://x"},
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.strip().splitlines() == [
+        "error: invalid_argument: url 'ftp://x' must be unix:///path or http(s)://host:port"], r.stderr

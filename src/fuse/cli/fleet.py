@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Optional
 
@@ -126,9 +127,10 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
     """The merged event stream (follows by default; Ctrl-C stops). Following is
     `client.events.follow`: across a controller restart it tries again from the last
     cursor for `--reconnect-s` seconds, so no event is printed twice or skipped (issue 4)."""
+    if not math.isfinite(wait_s):  # (following, the controller refuses it; not following, it is not sent)
+        raise typer.BadParameter("must be a number of seconds", param_hint="'--wait-s'")
     with api_errors(json_), _client() as c:
-        stream = (c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow
-                  else c.events.list(since, 0, 500)["events"])
+        stream = c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow else _caught_up(c, since)
         for e in stream:
             if json_:
                 typer.echo(json.dumps(e, sort_keys=True))
@@ -136,6 +138,16 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
                 rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
                 stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
                 typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
+
+
+def _caught_up(c, since: int):
+    """Every event after ``since`` stored now, page by page (a page holds at most 500)."""
+    while True:
+        page = c.events.list(since, 0, 500)
+        yield from page["events"]
+        if len(page["events"]) < 500:
+            return
+        since = page["next_cursor"]
 
 
 def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds or ISO time."),

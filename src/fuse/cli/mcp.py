@@ -13,8 +13,13 @@ def mcp(
 ) -> None:
     """Run an MCP server on stdin/stdout exposing the fuse_controller tool."""
     # stdout is the MCP channel: nothing else may print to it.
-    from ..mcp.server import serve
-    serve(url, token)
+    from ..mcp.server import build_server
+    try:
+        server = build_server(url, token)
+    except ValueError as err:  # a malformed --url / $FUSE_URL: one line, as every command says it
+        typer.echo(f"error: invalid_argument: {err}", err=True)
+        raise typer.Exit(1) from None
+    server.run("stdio")
 
 
 def mount(app: typer.Typer) -> None:
