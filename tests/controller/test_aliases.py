@@ -101,6 +101,25 @@ def test_usage_and_events_name_the_alias_a_vm_was_created_through(fleet):
     assert sorted((r["vm"], r["host"]) for r in u["vms"]) == [("v2", "cc"), ("v3", "cc")]
 
 
+@pytest.mark.parametrize("settled", [True, False], ids=["deleted once it ran", "created and deleted at once"])
+def test_a_deleted_vms_last_events_keep_the_name_it_was_created_through(fleet, settled):
+    # its "deleted" event (read after its row had gone) was tagged with the name that reads
+    # the machine's log; a VM created and deleted within a poll had every event so tagged
+    a = fleet.agent("a1")
+    fleet.add("h0", a)
+    fleet.add("cc", a)  # sorts first: reads the machine's log
+    fleet.client.vms.create(shape("v2", host="h0"))
+    if settled:
+        wait_until(lambda: vm_ran(fleet.client, "v2"), what="v2's events")
+    fleet.client.vms.delete("v2")
+    wait_until(lambda: any(e.get("vm") == "v2" and e.get("to") == "deleted" for e in agent_events(fleet.client)),
+               what="v2's delete")
+    tags = [(e["type"], e.get("to"), e["host"]) for e in fleet.client.events.list(0, limit=500)["events"]
+            if e.get("vm") == "v2"]
+    assert {host for _, _, host in tags} == {"h0"}, tags
+    stored_once(fleet.client)
+
+
 def test_usage_asks_a_machine_through_a_name_that_answers(fleet):
     a = fleet.agent("a1")
     fleet.add("h0", a)

@@ -338,6 +338,8 @@ class Fleet:
             vms = {e["vm"] for e in batch if isinstance(e.get("vm"), str)}
             owner = _owners(c, vms, names)
             if len(names) > 1:
+                owner |= _last_tagged(c, vms - owner.keys(), names)
+            if len(names) > 1:
                 # a create through another name of the machine that has not had its reply yet: its
                 # VM's first events are that name's already, as the store will record it (tagged with
                 # the reading name and moved afterwards by ``_retag``, a follower would have seen them
@@ -386,6 +388,20 @@ def _owners(c: Connection, vms: set[str], names: list[str]) -> dict[str, str]:
     for name, host in sorted(c.execute(select(vms_t.c.name, vms_t.c.host).where(
             vms_t.c.name.in_(sorted(vms)), vms_t.c.host.in_(names)))):
         out.setdefault(name, host)
+    return out
+
+
+def _last_tagged(c: Connection, vms: set[str], names: list[str]) -> dict[str, str]:
+    """For VMs of a machine under several names that the store no longer lists (deleted
+    before their last events were read): the name their newest stored event carries (the
+    controller's ``placed``/``vm_removed`` included), so a VM's events keep one name."""
+    out: dict[str, str] = {}
+    for vm in sorted(vms):
+        host = c.execute(select(events_t.c.host).where(
+            events_t.c.host.in_(names), events_t.c.data["vm"].as_string() == vm)
+            .order_by(events_t.c.id.desc()).limit(1)).scalar()
+        if host is not None:
+            out[vm] = host
     return out
 
 
