@@ -57,8 +57,7 @@ class MoveSteps(MoveRecords):
                 await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
             hooks.crash_point("installed")
             hooks.fail_point("installed")
-            async with _unsent("wake"):
-                await self._wake_target(row)
+            await self._wake_target(row)  # (refused too, it leaves an installed copy: the target's answer decides)
             hooks.crash_point("woke")
             hooks.fail_point("woke")
             await hooks.pause_point("woke")
@@ -73,9 +72,10 @@ class MoveSteps(MoveRecords):
             # the VM goes home without waiting on it again, and the janitor aborts its side)
             self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
             if unsent := getattr(exc, "unsent", None):
-                # the target's install or wake never left this controller (its agent refused
-                # the connection: it had died): it never ran the VM, so the VM goes home now
-                # instead of asleep until that target answers again (maybe never)
+                # the target's install never left this controller (its agent refused the
+                # connection: it had died): it holds only the copied files, never a VM that
+                # could run, so the VM goes home now instead of asleep until that target
+                # answers again (maybe never); the janitor removes the files then
                 self._set(move_id, "rolling_back", target_hung=True,
                           reason=f"target host {self._row(move_id)['target']} could not be asked to {unsent} the "
                                  f"vm: {reason}")
