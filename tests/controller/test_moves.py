@@ -568,7 +568,7 @@ def test_best_fit_passes_over_a_host_that_just_died(fleet):
     assert fleet.wait_move(m["id"])["state"] == "done"
 
 
-def test_a_target_gone_before_the_install_reached_it_sends_the_vm_home_at_once(fleet):
+def test_a_target_gone_before_it_was_asked_to_wake_sends_the_vm_home_at_once(fleet):
     fleet.add("src")
     fleet.add("dst")
     fleet.client.vms.create(vm_body("job1", host="src"))
@@ -578,7 +578,8 @@ def test_a_target_gone_before_the_install_reached_it_sends_the_vm_home_at_once(f
                timeout=30, what="copied")
     fleet.agents["dst"].kill()  # for good: the VM had stayed asleep on src until dst answered again
     m = fleet.wait_move(m["id"], timeout=45)
-    assert m["state"] == "failed" and "could not be asked to install" in m["reason"], m
+    # (refused at a fresh connection, or dropped on one kept from before: either way it never woke there)
+    assert m["state"] == "failed" and ("dst" in m["reason"] or "127.0.0.1" in m["reason"]), m
     assert fleet.host_vms("src")["job1"]["state"] == "running"
     assert any(e["type"] == "move_rolling_back" for e in fleet.client.events.list(0, limit=500)["events"])
 

@@ -11,24 +11,11 @@ or, when the target already runs it, finishes the move forward.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-from ...errors import FuseError, HostUnreachable
+from ...errors import FuseError
 from ..store import vms as vms_t
 from . import hooks
 from .records import IO_TIMEOUT, MoveRecords, log, timed_out
-
-
-@contextlib.asynccontextmanager
-async def _unsent(call: str):
-    """Mark a HostUnreachable whose request provably never reached the host (``maybe_sent``
-    false: the connection was refused, no socket) with the ``call`` it was."""
-    try:
-        yield
-    except HostUnreachable as exc:
-        if not getattr(exc, "maybe_sent", True):
-            exc.unsent = call
-        raise
 
 
 class MoveSteps(MoveRecords):
@@ -39,6 +26,7 @@ class MoveSteps(MoveRecords):
         if row["state"] not in ("starting", "pending"):
             return
         step = "sleeping"
+        woken = False  # whether the target has been asked to wake the VM
         try:
             row = self._set(move_id, "sleeping")
             hooks.crash_point("sleeping")
@@ -53,11 +41,11 @@ class MoveSteps(MoveRecords):
             hooks.fail_point("copied")
             step = "waking"
             row = self._set(move_id, "waking")
-            async with _unsent("install"):
-                await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+            await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
             hooks.crash_point("installed")
             hooks.fail_point("installed")
-            await self._wake_target(row)  # (refused too, it leaves an installed copy: the target's answer decides)
+            woken = True
+            await self._wake_target(row)
             hooks.crash_point("woke")
             hooks.fail_point("woke")
             await hooks.pause_point("woke")
@@ -71,14 +59,13 @@ class MoveSteps(MoveRecords):
             # (a target that hung before it was asked to wake holds no copy that could run:
             # the VM goes home without waiting on it again, and the janitor aborts its side)
             self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
-            if unsent := getattr(exc, "unsent", None):
-                # the target's install never left this controller (its agent refused the
-                # connection: it had died): it holds only the copied files, never a VM that
-                # could run, so the VM goes home now instead of asleep until that target
-                # answers again (maybe never); the janitor removes the files then
-                self._set(move_id, "rolling_back", target_hung=True,
-                          reason=f"target host {self._row(move_id)['target']} could not be asked to {unsent} the "
-                                 f"vm: {reason}")
+            if step == "waking" and not woken:
+                # the install failed (or its answer was lost) and the target was never asked to
+                # wake: whatever it took in cannot run (only this move's wake runs it), so the
+                # VM goes home now, as after a failed copy, instead of asleep on its source
+                # until that target answers again (maybe never); its side is aborted, now or by
+                # the janitor once it answers
+                self._set(move_id, "rolling_back")
         await self._recover(self._row(move_id))
 
     async def _failure(self, row: dict, step: str, exc: Exception) -> tuple[str, bool]:
