@@ -26,6 +26,7 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .paths import private_dir
+from .statelock import lock_file
 
 
 class SocketInUse(OSError):
@@ -57,8 +58,6 @@ _socket_locks: dict[str, int] = {}  # socket path -> its held lock file's descri
 
 def _lock_socket(path: Path) -> bool:
     """Hold ``<path>.lock`` for the rest of this process's life; False when another process holds it."""
-    from .statelock import lock_file
-
     key = str(path.absolute())
     if key in _socket_locks:
         return True
