@@ -89,7 +89,7 @@ def test_only_standby_vms_on_a_host_that_answers_count_as_ready_or_are_claimed(c
 async def test_a_refill_places_the_vms_of_lost_hosts_again_through_the_prewarms_solve(ctl, monkeypatch):
     solved, created = [], []
 
-    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True):
+    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None):
         solved.append((on, count))
         return {"up": count}, []
 

@@ -175,8 +175,8 @@ class VmService:
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
         self._check_naming(name, req.host)
-        if req.host is None and not req.standby:
-            vm = await self._claim(req, name, among)
+        if not req.standby:  # (pinned: a standby VM on that host, as placement would put it there)
+            vm = await self._claim(req, name, among if req.host is None else {req.host})
             if vm is not None:
                 return vm
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
@@ -344,7 +344,7 @@ class VmService:
             host = v["host"]
             if any(r["host"] == host for r in self.store.vms_named(name)):
                 continue
-            self._check_naming(name)  # (one began while this one claimed another that failed)
+            self._check_naming(name, req.host)  # (one began while this one claimed another that failed)
             self._name(host, name, +1)  # a claim names the VM as a create's reservation does
             try:
                 resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",

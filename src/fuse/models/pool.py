@@ -235,6 +235,11 @@ class ElasticBudgetUpdate(_Record):
     warm: bool | None = Field(default=None, strict=True)
     allow_metal: bool | None = Field(default=None, strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        return one_spelling(cls, data)
+
 
 class ElasticDecision(_Record):
     """One scale-in decision (``keep``, ``cordon`` or ``remove``)."""
@@ -309,3 +314,8 @@ class PrewarmOptions(_Record):
                                  description="Seconds to keep them (default 3600).")
     instance_type: str | None = None
     region: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        return one_spelling(cls, data)

@@ -79,8 +79,9 @@ class BudgetMixin:
                                  f"running; the budget allows ${b.max_usd_per_hour:.4f}/h (max_usd_per_hour)")
         spent, cost = b.month_usd + self._committed(), sum(u for _, u in machines)
         if b.monthly_usd and spent + cost > b.monthly_usd + 1e-9:
-            raise BudgetExceeded(f"{count} × {what} would cost ${cost:.2f} with ${spent:.2f} spent or committed "
-                                 f"this month; the budget allows ${b.monthly_usd:.2f} (monthly_usd)")
+            raise BudgetExceeded(f"{count} × {what} would cost ${cost:.4f} with ${spent:.4f} spent or committed "
+                                 f"this month, ${spent + cost:.4f} in all; the budget allows ${b.monthly_usd:.4f} "
+                                 "(monthly_usd)")
         self._check_cloud_caps(machines)
 
     def _check_cloud_caps(self, machines: list[tuple[Offer, float]]) -> None:

@@ -60,10 +60,12 @@ class ScaleOutMixin:
         image = body.image or DEFAULT_IMAGE
         offers = self.offers(image)
         self._check_cloud_has(body, image, offers, snapshot)
-        # (``unbounded``: without the budget's caps, to tell whether they are in the way; the
-        # clouds' quotas are no budget and hold either way)
+        # (``unbounded``: without the budget's caps nor the clouds' quotas and type limits, to
+        # tell whether they are in the way: a purchase past any of them is budget_exceeded)
+        if unbounded:
+            offers = [o.model_copy(update={"limit": None}) for o in offers]
         model = model_from_request(body, snapshot, offers=offers, history=history, constraints=(
-            Constraints(quotas=self.quotas_left()) if unbounded else self.constraints()))
+            Constraints() if unbounded else self.constraints()))
         result = await run_in_threadpool(plan, model)
         _wait_for_joins(result, snapshot)
         # what was ruled out before the solve, for want of the image: say so

@@ -13,9 +13,16 @@ guest its entry), and the pool refills the prewarm in the background while
 the budget's ``warm`` switch is on. Standby VMs are named ``<prewarm id>-<n>``;
 a prewarm ends at its TTL or when removed, and its standby VMs go with it.
 
-Only a standby VM on a host that answers counts as ready (and is claimed): one
-on a host that stopped answering may be there again in a moment, so its
-placement stays and waits (nothing is bought for a blip). A host that will not
+Only a standby VM on a host that answers and takes work counts as ready (and
+is claimed): one on a host that stopped answering may be there again in a
+moment, so its placement stays and waits (nothing is bought for a blip). A
+host cordoned (by the operator or scale-in) gives its standby VMs to no
+create: the refill places them again on hosts that take work (never that
+one; buying nothing for a host scale-in cordoned, which it did as the other
+hosts have room for them) and only then deletes them there; while nothing
+has room for them they stay, ready again should the host be uncordoned. (A
+placement on a host scale-in cordoned whose VMs are still to be created is
+room like any, as for a create: creating them there uncordons it.) A host that will not
 come back — removed, its TTL ended, its machine ended by the cloud, or no longer
 registered — is *lost*: its standby VMs go (forgotten, when its machine went
 with them) and its placements are dropped, and the refill places the VMs again
@@ -143,11 +150,23 @@ class PrewarmService:
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
         return view is not None and view.connected and not self._lost(host)
 
+    def _claimable(self, host: str) -> bool:
+        """Its standby VMs are there to claim: it answers and takes work (a claim is a
+        placement, which a cordoned or draining host takes none of: ``candidates``)."""
+        row = self.store.get_host(host)
+        return row is not None and row["state"] == "active" and self._answers(host)
+
+    def _cordoned(self, host: str) -> bool:
+        """Registered and cordoned: nobody moves its standby VMs off but the refill (a
+        draining host's drain moves them itself)."""
+        row = self.store.get_host(host)
+        return row is not None and row["state"] == "cordoned"
+
     def view(self, rec: dict[str, Any]) -> Prewarm:
         vms = self._standby(rec["id"])
         placements = []
         for host, want in rec["placements"].items():
-            on = [v for v in vms if v["host"] == host] if self._answers(host) else []
+            on = [v for v in vms if v["host"] == host] if self._claimable(host) else []
             placements.append(PrewarmPlacement(host=host, machine=self._machine(host), count=want,
                                                ready=sum(_ready(v) for v in on)))
         backoff = rec.get("buy_after", 0) > time.time()
@@ -221,9 +240,10 @@ class PrewarmService:
         return self.view(rec)
 
     async def _place(self, on: str, image: str, kind: str, cpus: int, mem: int, count: int, ttl: int,
-                     opts: PrewarmOptions, buy: bool = True) -> tuple[dict[str, int], list[str]]:
+                     opts: PrewarmOptions, buy: bool = True, exclude: str | None = None
+                     ) -> tuple[dict[str, int], list[str]]:
         """Where the standby VMs go (host -> count), and the hosts bought for them
-        (``buy`` False: none, only hosts already there)."""
+        (``buy`` False: none, only hosts already there; ``exclude``: a host they leave)."""
         target = parse_on(on)
         if target.kind == "host":
             host = target.name
@@ -248,13 +268,13 @@ class PrewarmService:
                                  provider=on if on not in ("auto", "local") else None)
         if on not in ("auto", "local"):
             pool.provider(on)  # a linked cloud, or 400
-        snapshot = self._unreserved(self.ctl.pool_snapshot())
+        snapshot = [h for h in self._unreserved(self.ctl.pool_snapshot()) if h["name"] != exclude]
         if on not in ("auto", "local"):  # on a cloud: only its hosts count as already there
             snapshot = [h for h in snapshot if h.get("provider") == on]
         plan = await pool.plan(req, snapshot)
         if plan.unplaced:
             why = "; ".join(f"{u.count} VMs: {u.reason}" for u in plan.unplaced)
-            # the budget's fault when the same solve without its caps places them all
+            # the budget's fault (or a cloud quota's or type limit's) when the same solve without them places them all
             free = await pool.plan(req, snapshot, unbounded=True)
             cls = BudgetExceeded if not free.unplaced else FleetFull
             b = pool.budget()  # the caps as the operator set them, and what runs against them
@@ -330,11 +350,45 @@ class PrewarmService:
                         continue  # it ended meanwhile
                     rec = placed[0] if placed is not None else rec
                 have = self._standby(rec["id"])
+                pinned = parse_on(rec["on"]).kind == "host"  # (its VMs go nowhere else: they wait there)
+                for host in [h for h in rec["placements"] if not pinned and self._cordoned(h)
+                             and any(v["host"] == h for v in have)]:
+                    rec = await self._leave(rec, host)
+                    if rec is None:
+                        break
+                if rec is None:
+                    continue  # it ended meanwhile
+                have = self._standby(rec["id"])
                 for host, want in list(rec["placements"].items()):
                     short = want - sum(v["host"] == host for v in have)
                     for _ in range(max(0, short)):
                         if not await self._create_one(rec, host):
                             break
+
+    async def _leave(self, rec: dict, host: str) -> dict | None:
+        """Place prewarm ``rec``'s VMs on cordoned ``host`` again elsewhere (its own solve,
+        within its ``on``, never ``host``), then delete its standby VMs there. The record as
+        stored then (unchanged when nothing has room: they stay), None when the prewarm
+        ended meanwhile."""
+        from .reconcile import scaler_cordoned
+
+        n = rec["placements"].get(host, 0)
+        if n <= 0:
+            return rec
+        # scale-in cordoned it as the other hosts have room for them: nothing is bought for them
+        placed = await self._place_again(rec, n, off=host, buy=host not in scaler_cordoned(self.ctl.pool, time.time()))
+        if placed is None:
+            return rec  # no room: they stay, and the next pass tries again
+        if placed[0] is None:
+            return None
+        rec = placed[0]
+        for v in [v for v in self._standby(rec["id"]) if v["host"] == host][:n]:
+            try:
+                await self.ctl.vms.delete(v["name"], host)
+            except FuseError as exc:
+                log.warning("prewarm %s: removing %s from cordoned %s: %s", rec["id"], v["name"], host, exc.message)
+        log.info("prewarm %s: %d VMs leave cordoned host %s for %s", rec["id"], n, host, ", ".join(placed[1]) or "-")
+        return rec
 
     def _drop_lost(self, rec: dict) -> dict:
         """``rec`` with no placement on a lost host (stored so): the VMs it held are
@@ -433,13 +487,19 @@ class PrewarmService:
                 "shape": {"vcpus": rec["cpus"], "mem_mib": rec["memory_mb"]}}
         try:
             await self.ctl.vms.create(body | {"host": host})
+            self._no_room.pop(rec["id"], None)
             return not await self._unless_removed(rec["id"], body["name"], host)
         except FuseError as exc:
-            if rec["on"] != "auto" or exc.code not in ("fleet_full", "host_full"):
-                log.warning("prewarm %s on %s: %s", rec["id"], host, exc.message)
+            if parse_on(rec["on"]).kind == "host" or exc.code not in ("fleet_full", "host_full"):
+                # (said once for the same reason: every pass asks again)
+                why = f"on {host}: {exc.message}"
+                if self._no_room.get(rec["id"]) != why:
+                    log.warning("prewarm %s %s", rec["id"], why)
+                    self._no_room[rec["id"]] = why
                 return False
         # a claim left its VM running where the standby one was: the refill goes where
-        # the same solve as the prewarm's puts it, and the placement follows it
+        # the same solve as the prewarm's puts it (within its ``on``: auto, local, a
+        # cloud), and the placement follows it
         placed = await self._place_again(rec, 1, off=host)
         if placed is None or placed[0] is None:
             return False
@@ -454,21 +514,22 @@ class PrewarmService:
             return False
         return not await self._unless_removed(rec["id"], body["name"], to)
 
-    async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True
+    async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True, buy: bool = True
                            ) -> tuple[dict | None, dict[str, int], list[str]] | None:
         """Place ``n`` VMs of prewarm ``rec`` where its own solve puts them (buying under
-        the budget and pins when no host has room), taking them off host ``off`` (None:
-        VMs no placement holds, their host lost). The record as stored then, where the
+        the budget and pins when no host has room, unless ``buy`` is False), taking them
+        off host ``off``, which the solve leaves out (None: VMs no placement holds, their
+        host lost). The record as stored then, where the
         VMs go and the machines bought; None when there is no room (``say``: logged,
         once for the same reason, as every pass retries), the record None when the
         prewarm ended meanwhile."""
         opts = PrewarmOptions(on=rec["on"], instance_type=rec.get("instance_type"), region=rec.get("region"))
         stored = self._get(rec["id"]) or rec  # (as stored: a loss noted since rec was read sets a backoff)
-        buy = time.time() >= stored.get("buy_after", 0)  # backing off: hosts already there only
+        buy = buy and time.time() >= stored.get("buy_after", 0)  # backing off: hosts already there only
         args = (rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"], n,
                 max(1, int(rec["expires_at"] - time.time())), opts)
         try:
-            where, bought = await self._place(*args, buy=buy)
+            where, bought = await self._place(*args, buy=buy, exclude=off)
         except FuseError as exc:
             if buy and exc.code == "cloud_error" and (stored := self._get(rec["id"])) is not None:
                 # the cloud refused the machine: as one it ended at once (the next pass would ask again)

@@ -20,7 +20,10 @@
    TTL): first fit of all those VMs, largest first, into the free memory and
    VM slots of the hosts that take work. A cordoned host is not room. One
    host per pass, and the room counted is not promised twice: each earlier
-   cordon holds the room its VMs need until they are gone.
+   cordon holds the room its VMs need until they are gone. The standby VMs
+   of a live prewarm count here as VMs (use, and room wanted elsewhere): a
+   cordoned host's are no longer claimed, and the prewarm places them again
+   on a host that takes work (``PrewarmService.fill``).
 4. Anything else is kept, and says why.
 
 A host scale-in cordoned (not for its TTL; ``scaler_cordoned``) is still a
@@ -44,6 +47,12 @@ class Load:
     vms: tuple[int, ...] = ()  # MiB of each VM (not prewarmed)
     prewarmed: int = 0
     mem_mib: int = 0  # its memory capacity
+    standby: tuple[int, ...] = ()  # MiB of each prewarmed VM (of a live prewarm)
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """MiB of every VM that needs room elsewhere should the host be cordoned."""
+        return self.vms + self.standby
 
 
 def _clock(t: float) -> str:
@@ -104,7 +113,7 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
                 out[name] = ElasticDecision(host=name, action="keep", until=int(end - horizon),
                                             reason=f"idle; paid until {_clock(end)}, removed then")
     busy = sorted((r for r in live if r["name"] not in out and r["state"] == "joined"),
-                  key=lambda r: (sum(loads[r["name"]].vms) / max(loads[r["name"]].mem_mib, 1), r["name"]))
+                  key=lambda r: (sum(loads[r["name"]].held) / max(loads[r["name"]].mem_mib, 1), r["name"]))
     if len(busy) > 0:
         r = busy[0]
         load = loads[r["name"]]
@@ -113,23 +122,23 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         # them, not to this host's VMs (two hosts were cordoned against the same free MiB).
         cordoned = {x["name"] for x in live if x["state"] == "cordoned"
                     or (x["name"] in out and out[x["name"]].action == "cordon")}
-        held = sorted(h for h in cordoned if loads.get(h, Load()).vms)
-        owed = tuple(mem for h in held for mem in loads[h].vms)
+        held = sorted(h for h in cordoned if loads.get(h, Load()).held)
+        owed = tuple(mem for h in held for mem in loads[h].held)
         # (nor the hosts this pass removes: they take nothing either)
         leaving = cordoned | {h for h, d in out.items() if d.action == "remove"}
         others = [v for h, v in room.items() if h != r["name"] and h not in leaving]
-        share = sum(load.vms) / max(load.mem_mib, 1)
-        if _fits(load.vms + owed, others):
+        share = sum(load.held) / max(load.mem_mib, 1)
+        mine = f"{len(load.vms)} VMs" + (f" and {len(load.standby)} prewarmed" if load.standby else "")
+        if _fits(load.held + owed, others):
             also = f" and the {len(owed)} VMs of {', '.join(held)} (cordoned)" if held else ""
             out[r["name"]] = ElasticDecision(
                 host=r["name"], action="cordon", until=int(paid_until(r, now)),
-                reason=f"least used ({share:.0%} of its memory); the other hosts have room for its "
-                       f"{len(load.vms)} VMs{also}")
-        elif held and _fits(load.vms, others):
+                reason=f"least used ({share:.0%} of its memory); the other hosts have room for its {mine}{also}")
+        elif held and _fits(load.held, others):
             out[r["name"]] = ElasticDecision(
                 host=r["name"], action="keep", until=int(paid_until(r, now)),
                 reason=f"least used ({share:.0%} of its memory), but the room on the other hosts is held for the "
-                       f"{len(owed)} VMs of {', '.join(held)} (cordoned): {len(load.vms)} VMs on it")
+                       f"{len(owed)} VMs of {', '.join(held)} (cordoned): {mine} on it")
     for r in live:
         if r["name"] not in out:
             n = len(loads.get(r["name"], Load()).vms)
@@ -171,10 +180,11 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
         host = pool.store.get_host(r["name"]) or {}
         pending = pool.ctl.vms.pending_on(r["name"])
         work = [v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
+        standby = [v["mem_mib"] for v in vms if (v["record"] or {}).get("standby")
+                   and v["name"].rsplit("-", 1)[0] in live]
         out[r["name"]] = Load(
             vms=tuple(work + ([pending.mem_mib] if pending.count > 0 else [])),
-            prewarmed=sum(1 for v in vms if (v["record"] or {}).get("standby")
-                          and v["name"].rsplit("-", 1)[0] in live),
+            prewarmed=len(standby), standby=tuple(standby),
             mem_mib=int((host.get("capacity") or {}).get("ram_mb", 0)))
     return out
 
