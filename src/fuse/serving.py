@@ -123,9 +123,12 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None = None,
-                ssl_options: dict[str, Any] | None = None, ready: asyncio.Event | None = None) -> None:
+                ssl_options: dict[str, Any] | None = None, ready: asyncio.Event | None = None,
+                banner: str | None = None) -> None:
     """Serve until cancelled or signalled. The first server runs the app's
-    lifespan; the second (if any) shares it."""
+    lifespan; the second (if any) shares it. ``banner`` is printed once every
+    listener accepts (after the app's startup, which may take seconds: an agent
+    settles its accelerator), so a script that waits for it can connect at once."""
     servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = []
     lifespan = "on"
     # An app with a bulk server (the agent's) speaks its copy protocol on
@@ -161,6 +164,8 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     async def _ready():
         while not all(s.started for s, _ in servers):
             await asyncio.sleep(0.02)
+        if banner:
+            print(banner, flush=True)
         if ready:
             ready.set()
 

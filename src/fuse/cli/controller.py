@@ -68,9 +68,9 @@ def serve(
     if sock and socket_in_use(sock):  # (taking it over would leave that one running unreachable)
         exit_socket_in_use(sock, "controller")
     ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
-    typer.echo(f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}".strip())
-    try:
-        asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock))
+    banner = f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}"
+    try:  # (the banner once it accepts)
+        asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner.strip()))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(sock, "controller")
 

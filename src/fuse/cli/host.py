@@ -74,9 +74,9 @@ def serve(
     become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
                                   reserve_mib=reserve_mib))
-    typer.echo(f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}".strip())
-    try:
-        asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts))
+    banner = f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}"
+    try:  # (the banner once it accepts: its startup settles the accelerator, up to ~10 s)
+        asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts, banner=banner.strip()))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(socket, "host agent")
 
