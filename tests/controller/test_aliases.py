@@ -95,10 +95,13 @@ def test_usage_and_events_name_the_alias_a_vm_was_created_through(fleet):
     assert ("placed", "v2", "h0") in tags and ("placed", "v3", "cc") in tags
     assert {(vm, host) for _, vm, host in tags} == {("v2", "h0"), ("v3", "cc")}, sorted(tags)
     stored_once(fleet.client)
-    # a VM the store no longer knows (deleted, still metered) falls back to the name asked
+    # a VM the store no longer lists (deleted, still metered) keeps the name it ran under, as its
+    # events do (it was reported under the name asked, cc: one it never ran under)
     fleet.client.vms.delete("v2")
+    wait_until(lambda: any(e.get("vm") == "v2" and e.get("to") == "deleted" for e in agent_events(fleet.client)),
+               what="v2's delete read")
     u = fleet.client.usage()
-    assert sorted((r["vm"], r["host"]) for r in u["vms"]) == [("v2", "cc"), ("v3", "cc")]
+    assert sorted((r["vm"], r["host"]) for r in u["vms"]) == [("v2", "h0"), ("v3", "cc")]
 
 
 @pytest.mark.parametrize("settled", [True, False], ids=["deleted once it ran", "created and deleted at once"])

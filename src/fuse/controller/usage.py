@@ -6,8 +6,9 @@ not answer listed by name in `unreachable` (why, in `unreachable_reasons`).
 A machine under several names is asked once, through the first of them that is
 connected (the first at all when none is), and each of its VMs is reported
 under the name the store records it under — the one it was created or moved
-through, as `GET /v1/vms` lists it — or, for a VM the store does not know (one
-deleted since, say), under the name asked.
+through, as `GET /v1/vms` lists it — or, for a VM the store no longer lists
+there (deleted since, or moved away), under the name its newest event on the
+machine carries (the name it ran under there), else the name asked.
 
 A row is one VM, as a host reports it: its name and its `created_at`, so a VM
 deleted and another created under its name are two rows, and only the row of
@@ -80,13 +81,15 @@ class UsageService:
         reasons: dict[str, str] = {}
         totals: dict[str, Decimal | int] = {k: Decimal(0) for k in DECIMAL_TOTALS} | {k: 0 for k in INTEGER_TOTALS}
         aliases = {g[0]: g[1:] for g in groups if len(g) > 1}
+        last = self._last_tagged(results, names, recorded)
         for host, data, err in sorted(results, key=lambda x: x[0]):
             if data is None:
                 reasons[host] = err
                 continue
             group = names[host]
             for row in data.get("vms", []):
-                vms.append({"host": _tag(recorded.get((group[0], row.get("vm"))), row, host), **row})
+                vm = row.get("vm")
+                vms.append({"host": _tag(recorded.get((group[0], vm)), row, last.get((group[0], vm), host)), **row})
             for k, v in (data.get("totals") or {}).items():
                 if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
                     continue
@@ -103,6 +106,25 @@ class UsageService:
         """The name to ask a machine under ``names`` (sorted) through: the first connected."""
         views = getattr(self.ctl.fleet, "views", {})
         return next((h for h in names if (v := views.get(h)) is not None and v.connected), names[0])
+
+    def _last_tagged(self, results, names: dict[str, list[str]],
+                     recorded: dict[tuple[str, str], tuple[str, str | None]]) -> dict[tuple[str, str], str]:
+        """(the machine's first name, VM) -> the name the newest stored event of the VM on
+        that machine carries, for the VMs of machines under several names that the store no
+        longer lists there (deleted, or moved away): the name it ran under there, as its
+        events keep it (``fleet._last_tagged``), not the name the machine was asked through."""
+        from .fleet import _last_tagged
+
+        out: dict[tuple[str, str], str] = {}
+        with self.ctl.store.read() as c:
+            for host, data, _ in results:
+                group = names[host]
+                if data is None or len(group) < 2:
+                    continue
+                gone = {row.get("vm") for row in data.get("vms", []) if isinstance(row.get("vm"), str)
+                        and (group[0], row.get("vm")) not in recorded}
+                out.update({(group[0], vm): h for vm, h in _last_tagged(c, gone, group).items()})
+        return out
 
     def _recorded(self, groups: list[list[str]]) -> dict[tuple[str, str], tuple[str, str | None]]:
         """(the machine's first name, VM) -> (the machine's name the store records the VM under,
