@@ -231,5 +231,5 @@ def test_an_unreachable_hosts_reason_and_the_hint_to_declare_are_one_sentence(wr
                                            "capacity": {"vm_count": 2, "cpus": 2}})
     assert r.status_code == 502, r.text
     assert r.json()["error"]["message"] == (
-        f"connection to http://127.0.0.1:{port} was refused: is the host agent running (or declare capacity "
-        "ram_mb, storage_gb explicitly to register without a probe)?")
+        f"connection to http://127.0.0.1:{port} was refused: is the host agent running (or declare "
+        "capacity.ram_mb, capacity.storage_gb explicitly to register without a probe)?")

@@ -9,22 +9,31 @@ request, re-probed, and last_seen is set again because this is a
 registration. Moving an id to another url while VMs are assigned to it, or
 while a create placed there waits on the host's answer, is a 409 conflict:
 those VMs live (or are landing) on the old machine. Deregistering is refused
-for the same reasons, except that a VM whose run is over (`FINISHED`) does not
-hold it: drain cannot move such a VM, so it would hold the host for good. It
-goes with the host (its row leaves the controller's store; its record stays on
-the agent). Deregistering is also refused while a move still needs the host.
+for the same reasons. In both, a VM whose run is over (`FINISHED`) does not
+hold the host: drain cannot move such a VM, so it would hold the host for
+good. A deregister takes it along (its row leaves the controller's store; its
+record stays on the agent). A move leaves its row to the host's poller, which
+reads the VM list of whatever agent answers at the new url, as it does for an
+agent replaced at an address: the same agent still lists it, another does
+not and the row goes; its events stay the id's either way. Deregistering is
+also refused while a move still needs the host.
+
+Nothing is stored that a read of it would fail on: the probe's reply is held
+to the bounds a declared capacity is (a reply past them is not an agent's),
+and the record a read makes of the new row is made before the row is written.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import Field, StrictInt, StrictStr, ValidationError
 
 from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, NotFound, NotTrusted
 from ..models.base import Record
-from ..models.hosts import BACKENDS, GPUDevice, Host, HostCapacity, RegisterHostRequest
+from ..models.hosts import BACKENDS, MAX_AMOUNT, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
 from ..transport import HostConnection, TlsSettings, normalise_address, parse_address
 from .resources import Resources
@@ -82,24 +91,32 @@ def validate(req: RegisterHostRequest) -> str:
         if backend != "qemu":
             raise InvalidArgument(f"only qemu hosts may declare capacity.mig_profiles (backend is {backend})")
         for name, count in cap.mig_profiles.items():
-            if why := mig_profile_problem(name):
-                raise InvalidArgument(f"capacity.mig_profiles: {name!r} is not a MIG profile name "
-                                      f"in mig-parted form such as 1g.10gb or 1g.10gb+me: {why}")
-            if count <= 0:
-                raise InvalidArgument(f"capacity.mig_profiles[{name!r}] must be greater than 0, not {count}")
+            if why := mig_entry_problem(name, count):
+                raise InvalidArgument(f"capacity.mig_profiles: {why}")
     return backend
+
+
+def mig_entry_problem(name: str, count: int) -> str | None:
+    """Why ``name: count`` cannot be an entry of a host's mig_profiles, or None. One rule
+    for the declared entries (refused, 400) and the probed ones (dropped, with a warning)."""
+    if why := mig_profile_problem(name):
+        return f"{name!r} is not a MIG profile name in mig-parted form such as 1g.10gb or 1g.10gb+me: {why}"
+    if count <= 0:
+        return f"the count of {name!r} must be greater than 0, not {count}"
+    return None
 
 
 class ProbedFacts(Record):
     """The part of an agent's GET /v1/host the registry stores. Strict types:
     a reply that does not carry these is not a fuse agent's, and nothing of
-    it may reach the store."""
+    it may reach the store. Figures are bounded as a declared one is
+    (`HostCapacity`, at most 2^53): a larger one is not a machine's either."""
 
-    cpus: StrictInt = Field(ge=0)
-    ram_mb: StrictInt = Field(ge=0)
-    storage_gb: StrictInt = Field(ge=0)
+    cpus: StrictInt = Field(ge=0, le=MAX_AMOUNT)
+    ram_mb: StrictInt = Field(ge=0, le=MAX_AMOUNT)
+    storage_gb: StrictInt = Field(ge=0, le=MAX_AMOUNT)
     arch: StrictStr
-    gpus: StrictInt = Field(0, ge=0)
+    gpus: StrictInt = Field(0, ge=0, le=MAX_AMOUNT)
     gpu_kind: StrictStr = ""
     gpu_devices: list[GPUDevice] = Field(default_factory=list)
     mig_profiles: dict[str, StrictInt] = Field(default_factory=dict)
@@ -199,7 +216,7 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         warnings.append(f"capacity.gpu_kind: declared {cap.gpu_kind!r} differs from probed "
                         f"{probed_as}; keeping the declared value")
     if backend == "qemu":
-        real_gpus, real_mig = int(probed.get("gpus", 0)), dict(probed.get("mig_profiles") or {})
+        real_gpus, real_mig = int(probed.get("gpus", 0)), _valid_mig(probed.get("mig_profiles") or {}, warnings)
         if cap.gpus == 0:
             out.gpus = real_gpus
         else:
@@ -216,6 +233,19 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         out.firecracker_pinned = probed.get("firecracker_pinned", "") or ""
     if probed.get("backend") and probed["backend"] != backend:
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
+    return out
+
+
+def _valid_mig(probed: dict[str, int], warnings: list[str]) -> dict[str, int]:
+    """The probe's mig_profiles entries that a declared one could be; each other is
+    dropped with a warning (the host's other facts stand: one bad entry is not a
+    wrong address)."""
+    out = {}
+    for name, count in sorted(probed.items()):
+        if why := mig_entry_problem(name, count):
+            warnings.append(f"mig_profiles: dropped the probed entry {name!r}: {count} ({why})")
+        else:
+            out[name] = count
     return out
 
 
@@ -239,10 +269,16 @@ class HostRegistry:
         # the ledger is per process).
         self.placing = placing
 
-    async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False) -> tuple[Host, bool]:
+    async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False,
+                       then: Callable[[str], Awaitable[None]] | None = None) -> tuple[Host, bool]:
         """``backend_from_probe``: a request that names no backend takes the one the agent
         runs (seed 004's ``{name, addr}``, which has no backend field) instead of seed 000's
-        default, firecracker; when the probe cannot say, see `_backend_from_probe`."""
+        default, firecracker; when the probe cannot say, see `_backend_from_probe`.
+
+        The reply is the host as this call wrote it, with its warnings: not read back from
+        the store, where a registration of the same id running beside it may have written
+        its own since. Its allocated and live figures are those after ``then`` (awaited with
+        the id once the row is stored: the controller polls the host there)."""
         # (the agent's own backend is known after the probe: check against qemu's rules first,
         # the most permissive, then against the backend it runs)
         from_probe = backend_from_probe and not req.backend
@@ -261,7 +297,9 @@ class HostRegistry:
             mistake = exc.code == "unauthorized" or isinstance(exc, (NotAnAgent, NotTrusted))
             if mistake or missing:
                 if not mistake:
-                    hint = f"declare capacity {', '.join(missing)} explicitly to register without a probe"
+                    # (named where the body takes them: in its capacity object, the short form's too)
+                    hint = (f"declare {', '.join('capacity.' + f for f in missing)} explicitly to register "
+                            "without a probe")
                     # one sentence: a reason that ends in a question takes the hint inside it
                     exc.message = (f"{exc.message[:-1]} (or {hint})?" if exc.message.endswith("?")
                                    else f"{exc.message}; {hint}")
@@ -277,6 +315,7 @@ class HostRegistry:
         with self.store.tx() as conn:
             old = self.store.get_host(req.id, conn)
             if old and _same_address(old["url"]) != req.url:
+                # (a finished VM does not hold it, as for deregister: module docstring)
                 if why := self._holds(conn, req.id):
                     raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}")
             row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
@@ -284,10 +323,16 @@ class HostRegistry:
                        state=old["state"] if old else "active",
                        agent_id=(probed or {}).get("agent_id", "") or (old or {}).get("agent_id", ""),
                        last_seen=now, created_at=old["created_at"] if old else now, updated_at=now)
+            # The record as every read will make it, made before anything is stored: a row
+            # that does not make one would fail each GET /v1/hosts until it was deleted.
+            self._to_host(row, {})
             self.store.put_host(conn, row)
             self.store.add_event("host_added", {"id": req.id, "url": req.url, "reregistered": bool(old)},
                                  host=req.id, conn=conn)
-        host = self.get(req.id)
+        if then is not None:
+            await then(req.id)
+        others = [r for r in self.store.list_hosts() if r["id"] != req.id]
+        host = self._to_host(row, self.store.allocated(), machine_names([*others, row])[req.id])
         host.warnings = warnings
         return host, old is None
 
@@ -359,7 +404,7 @@ class HostRegistry:
         with self.store.tx() as conn:
             if self.store.get_host(host_id, conn) is None:
                 raise NotFound(f"host {host_id} not found")
-            if why := self._holds(conn, host_id, finished_go=True):
+            if why := self._holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}")
             if why := _move_holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}", code="move_in_progress")
@@ -369,13 +414,11 @@ class HostRegistry:
             self.store.add_event("host_removed", {"id": host_id, **({"finished_vms": finished} if finished else {})},
                                  host=host_id, conn=conn)
 
-    def _holds(self, conn, host_id: str, finished_go: bool = False) -> str | None:
-        """Why VMs tie ``host_id`` to its machine (one assigned, or a create
-        waiting on the host's answer, which may yet land one), or None.
-        ``finished_go``: a `FINISHED` VM does not tie it (deregistering; a url
-        move keeps refusing for any VM, whose record is on the old machine)."""
-        assigned = [v for v in self.store.vms_on(host_id, conn)
-                    if not (finished_go and v["state"] in FINISHED)]
+    def _holds(self, conn, host_id: str) -> str | None:
+        """Why VMs tie ``host_id`` to its machine (one assigned that is not
+        `FINISHED`, or a create waiting on the host's answer, which may yet land
+        one), or None: what refuses a deregister and a move to another url alike."""
+        assigned = [v for v in self.store.vms_on(host_id, conn) if v["state"] not in FINISHED]
         if assigned:
             return f"still has vm {assigned[0]['name']} assigned"
         placing = self.placing(host_id).count

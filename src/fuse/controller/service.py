@@ -205,17 +205,17 @@ class Controller:
 
     async def register_host(self, req, backend_from_probe: bool = False):
         """Register, then poll the host at once so it is connected (and its
-        VMs adopted) when the reply goes out."""
-        host, created = await self.hosts.register(req, backend_from_probe)
-        if self.fleet is not None:
+        VMs adopted) when the reply goes out. The reply is the host as this
+        request wrote it (`HostRegistry.register`), never a concurrent one's."""
+        async def poll(host_id: str) -> None:
+            if self.fleet is None:
+                return
             try:
-                await self.fleet.refresh(req.id)
+                await self.fleet.refresh(host_id)
             except Exception:  # unreachable now: the poller keeps trying
                 pass
-            warnings = host.warnings
-            host = self.hosts.get(req.id)
-            host.warnings = warnings
-        return host, created
+
+        return await self.hosts.register(req, backend_from_probe, then=poll)
 
     async def deregister_host(self, host_id: str) -> None:
         self.hosts.deregister(host_id)

@@ -2,14 +2,19 @@
 
     local                  this machine's agent socket
     unix://PATH            an agent socket at a given path
-    http(s)://HOST[:PORT]  TCP with the agent's bearer token (a path is a prefix)
+    http(s)://HOST[:PORT]  TCP with the agent's bearer token (a path is a prefix;
+                           no user, password, query or fragment)
     ssh://[USER@]HOST[:PORT]
     HOST:PORT              the agent's mutual-TLS listener
 
 `parse_address` either returns an `Address` or raises `BadAddress` (400
 `invalid_argument`) naming the address and what is wrong with it: a port
 outside 1-65535 or not a number, an IP literal that is not one (999.1.1.1,
-an unclosed `[::1`), no host, no socket path. It is called before anything
+an unclosed `[::1`), no host, no socket path, an http(s) address with a user
+or password (the agent's token is the credential: userinfo would be sent in
+its place) or with a query or fragment (the address is stored and shown as
+given, and a request path is appended to it). A password is never repeated
+in a message. It is called before anything
 is stored or dialled, so a typo never reaches a socket library, whose
 complaints (OverflowError, httpx's InvalidURL) would otherwise surface as
 500s. An address that parses but cannot be reached is not decided here: that
@@ -68,6 +73,12 @@ def parse_address(addr: str) -> Address:
         return Address(addr, "local", path=rest)
     cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
+    if kind == "http":
+        if "@" in authority:
+            raise _bad(addr, f"{scheme}:// addresses take no user or password: the host agent's token "
+                             "is the credential (give it as token)")
+        if "?" in tail or "#" in tail:
+            raise _bad(addr, f"an {scheme}:// address has no query or fragment (only a path, as a prefix)")
     user, password, host, port = _authority(addr, authority)
     if kind == "ssh":
         if password is not None:
@@ -87,16 +98,13 @@ def normalise_address(addr: str) -> str:
     """`addr` as the registry stores and compares it (`BadAddress` when it is
     not one): an http(s) or ssh address without trailing slashes, which name
     nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is `/p`).
-    Anything else as given."""
+    Anything else as given. (Neither has a query or fragment: `parse_address`.)"""
     a = parse_address(addr)
     if a.kind not in ("http", "ssh"):
         return addr
     scheme, _, rest = addr.partition("://")
-    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority, tail = rest[:cut], rest[cut:]
-    if "?" in tail or "#" in tail:
-        return addr
-    return f"{scheme}://{authority}{tail.rstrip('/')}"
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority}{(slash + path).rstrip('/')}"
 
 
 def transport_kind(addr: str) -> str:
@@ -185,11 +193,23 @@ def _port(addr: str, text: str | None) -> int | None:
 
 
 def _bad(addr: str, problem: str) -> BadAddress:
-    return BadAddress(f"address {_shown(addr)} is not valid: {problem}")
+    return BadAddress(f"address {_shown(_no_password(addr))} is not valid: {problem}")
 
 
 def _not_a_form(addr: str) -> str:
-    return f"address {_shown(addr)} is not {FORMS}"
+    return f"address {_shown(_no_password(addr))} is not {FORMS}"
+
+
+def _no_password(addr: str) -> str:
+    """`addr` with the password of its SCHEME://USER:PASSWORD@ part, if any, as ***:
+    what a message may repeat (errors are logged and shown to whoever asked)."""
+    scheme, sep, rest = addr.partition("://")
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    info, at, host = rest[:cut].rpartition("@")
+    user, colon, _ = info.partition(":")
+    if not (sep and at and colon):
+        return addr
+    return f"{scheme}://{user}:***@{host}{rest[cut:]}"
 
 
 def _shown(text: str, limit: int = 100) -> str:
