@@ -4,6 +4,7 @@ and what the controller says when it cannot."""
 
 from __future__ import annotations
 
+import shutil
 import ssl
 import stat
 
@@ -183,9 +184,14 @@ def test_a_host_certificate_must_name_the_address_it_is_registered_at(controller
 
 
 @pytest.mark.parametrize("identity", ["another CA's client certificate", "an expired client certificate"])
-def test_the_host_refusing_the_controllers_certificate_is_a_clear_502(controller, agent, pki, identity):
-    d = pki.other_controller if identity.startswith("another") else pki.expired
-    put_identity(controller, d, ca=str(pki.ca / "ca.pem"))
+def test_the_host_refusing_the_controllers_certificate_is_a_clear_502(controller, agent, pki, identity, tmp_path):
+    if identity.startswith("another"):
+        put_identity(controller, pki.other_controller, ca=str(pki.ca / "ca.pem"))
+    else:  # PUT refuses an expired one: this one expired after it was put (its files replaced, as time does)
+        shutil.copytree(pki.controller, tmp_path / "ctl")
+        put_identity(controller, tmp_path / "ctl")
+        for f in ("controller.pem", "controller.key"):
+            shutil.copyfile(pki.expired / f, tmp_path / "ctl" / f)
     try:
         err = register_error(controller, "refused", agent.tls_addr)
         assert (err.status, err.code) == (502, "host_unreachable")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .base import Record
 
@@ -31,7 +31,9 @@ class MoveRequest(Record):
     """``POST /v1/moves``: the VM (``vm``, or the seed's ``flashvm``), an
     optional target (default: best fit) and, when the name is on several
     hosts, the one it is on. A field given names something: an empty or
-    blank one is a 400 ``invalid_argument`` (leave an optional one out)."""
+    blank one is a 400 ``invalid_argument`` (leave an optional one out), and
+    so are ``vm`` and ``flashvm`` naming two different VMs (the same name in
+    both is one VM)."""
 
     vm: Optional[str] = Field(None, description="the VM to move (required, as vm or flashvm)")
     flashvm: Optional[str] = Field(None, description="seed 004's name for vm")
@@ -44,6 +46,15 @@ class MoveRequest(Record):
         if value is not None and not value.strip():
             raise ValueError(BLANK[info.field_name])
         return value
+
+    @model_validator(mode="after")
+    def _one_vm(self) -> "MoveRequest":
+        # Two names for one field: moving either one quietly (it moved vm and
+        # left flashvm's VM where it was) answers a request nobody made.
+        if self.vm is not None and self.flashvm is not None and self.vm != self.flashvm:
+            raise ValueError(f"vm {self.vm!r} and flashvm {self.flashvm!r} name different VMs: flashvm is seed "
+                             "004's name for vm, so send one of them (or the same name in both)")
+        return self
 
 
 class MoveStep(Record):

@@ -20,16 +20,17 @@ controller's) is its subclass `NotTrusted`, which registration never goes
 around, and so is a controller certificate, key or CA file that cannot be
 read or used (moved away since `PUT /v1/controller`): nothing is dialled, and
 the reason names the file. An address answered in another protocol (a TLS
-handshake met by plain HTTP or an sshd; with `diagnose`, an sshd at an
-http:// address or an HTTP server at an ssh:// one) is `NotAnAgent`: a wrong
-address, never an outage. An idempotent read may ask for `retries`: an agent
-closes a kept-alive connection after ~5 s idle, and a request that meets one
-as it closes is sent again on a new one.
+handshake met by plain HTTP or an sshd, which is named as one; with
+`diagnose`, an sshd at an http:// address or an HTTP server at an ssh://
+one) is `NotAnAgent`: a wrong address, never an outage. An idempotent read
+may ask for `retries`: an agent closes a kept-alive connection after ~5 s
+idle, and a request that meets one as it closes is sent again on a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import ssl
 from dataclasses import dataclass
@@ -98,6 +99,29 @@ class TlsSettings:
         # `fuse host cert issue --name`): any certificate the CA signed let one host stand in for another
         ctx.check_hostname = True
         return ctx
+
+    def check_dates(self, now: datetime.datetime | None = None) -> None:
+        """IdentityError (naming the file and its validity dates) when the controller's
+        certificate is not valid `now` (default: this moment): every mutual-TLS host
+        would refuse it. For PUT /v1/controller; at a dial, a certificate that has
+        expired since is the host's to refuse, and its refusal says so."""
+        from cryptography import x509  # imported only where used
+
+        name = "the controller's certificate"
+        try:
+            with open(self.cert, "rb") as f:
+                cert = x509.load_pem_x509_certificates(f.read())[0]  # the first is ours; a chain may follow
+        except (OSError, ValueError) as exc:
+            raise IdentityError(f"{name} {self.cert} does not load as a PEM certificate ({exc})") from None
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        dates = f"{start:%Y-%m-%d %H:%M:%S} UTC to {end:%Y-%m-%d %H:%M:%S} UTC"
+        if now > end:
+            raise IdentityError(f"{name} {self.cert} has expired: it was valid from {dates}; issue a new one "
+                                "(fuse host cert issue --client)")
+        if now < start:
+            raise IdentityError(f"{name} {self.cert} is not valid yet: it is valid from {dates} (is this "
+                                "machine's clock right?)")
 
 
 # Identity failures already logged, so a poller meeting one every second logs it once.
@@ -214,6 +238,17 @@ async def greeting(host: str, port: int, say: bytes = b"", timeout: float = 0.5)
         return b""
     finally:
         writer.close()
+
+
+async def _ssh_server(address: Address, listener: str) -> str:
+    """Why `address` is a wrong address when an SSH server listens there (it greets
+    unasked, "SSH-2.0-..."), `listener` being what the address was taken for; "" when
+    none does."""
+    port = address.port or (443 if address.text.lower().startswith("https://") else 80)
+    if (await greeting(address.host, port)).startswith(b"SSH-"):
+        return (f"{address.text} is an SSH server, not {listener} (a host reached over SSH is registered as "
+                "ssh://USER@HOST:PORT)")
+    return ""
 
 
 async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -395,8 +430,8 @@ class HostConnection:
                     why, untrusted = _describe(exc, self.address, handshake=shook == ["connection.start_tls.started"])
                     kind = NotTrusted if untrusted else HostUnreachable
                     # what answered speaks another protocol: a wrong address, not an outage
-                    if wrong := _not_tls(exc, self.address) or (kind is HostUnreachable and
-                                                                await self._wrong_protocol()):
+                    if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
+                                                             await self._wrong_protocol()):
                         why, kind = wrong, NotAnAgent
                     err = kind(why)
                     # whether the host may have got the request: a create it got may still land
@@ -404,6 +439,18 @@ class HostConnection:
                     raise err from exc
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
             attempt += 1
+
+    async def _not_tls(self, exc: BaseException) -> str:
+        """Why this TLS address is a wrong one when what answered its handshake does not
+        speak TLS (`_not_tls`), naming an sshd as one (it greets before the handshake
+        can fail); "" when that is not what failed. The one more connection is made
+        only then: an address that answered in another protocol."""
+        wrong = _not_tls(exc, self.address)
+        if wrong:
+            a = self.address
+            listener = "a host agent's mutual-TLS listener" if a.kind == "tls" else "a host agent's HTTPS listener"
+            wrong = await _ssh_server(a, listener) or wrong
+        return wrong
 
     async def _wrong_protocol(self) -> str:
         """With `diagnose`, why an http:// or ssh:// address that could not be reached is a
@@ -414,9 +461,8 @@ class HostConnection:
         if not self.diagnose or a.kind not in ("http", "ssh") or a.text.lower().startswith("https://"):
             return ""
         if a.kind == "http":
-            if (await greeting(a.host, a.port or 80)).startswith(b"SSH-"):
-                return (f"{a.text} is an SSH server, not a host agent's HTTP listener (a host reached over "
-                        "SSH is registered as ssh://USER@HOST:PORT)")
+            if wrong := await _ssh_server(a, "a host agent's HTTP listener"):
+                return wrong
             if await speaks_tls(a.host, a.port or 80):
                 return (f"{a.text} speaks TLS, not plain HTTP, so it is not an http:// address (a host agent's "
                         "mutual-TLS listener is registered as HOST:PORT, with no scheme)")

@@ -24,7 +24,9 @@ the same event loop, opened lazily, reopened when lost, and closed
 
 Batch mode: only public keys are tried (never a password or
 keyboard-interactive prompt). The host key must be in known_hosts. Every
-failure becomes `HostUnreachable` with one sentence.
+failure becomes `HostUnreachable` with one sentence (`NotAnAgent` when the
+relay answers with something that is not HTTP: FUSE_SSH_RELAY is not the
+agent's relay).
 
 A host that stops answering (frozen, TCP still open) costs a request at most
 one bound, and the reason quotes the time really waited: connect + handshake
@@ -34,8 +36,10 @@ A channel that does not open in time drops the connection (it is silent: the
 next request dials again rather than wait on it), and so does SSH keepalive
 when the server has said nothing for `KEEPALIVE_S * (KEEPALIVE_COUNT_MAX + 1)`
 seconds, which bounds a long request (a create, a move's chunk) on a frozen
-host. The default bound, 5 s, is the poller's own per-poll timeout, so every
-surface (a poll, a create, usage) quotes the same time for the same host.
+host: its reason says the host did not answer within the time the request
+waited (`_Channel.failure`), never that the relay ended. The default bound,
+5 s, is the poller's own per-poll timeout, so every surface (a poll, a
+create, usage) quotes the same time for the same host.
 
 Environment (read when a connection is opened):
 
@@ -60,7 +64,7 @@ import asyncssh
 import h11
 import httpx
 
-from ..errors import HostUnreachable, NotTrusted
+from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from .address import BadAddress, parse_address
 
 DEFAULT_RELAY = "fuse host relay"
@@ -72,6 +76,7 @@ IDLE_CONNECTION_S = 60.0
 MAX_CHANNELS = 8
 READ_SIZE = 1 << 18
 RELAY_STDERR_MAX = 1 << 16  # what a failed relay said: enough for its last line, never unbounded
+SEEN_MAX = 64               # the first bytes of an answer kept, to quote one that is not HTTP
 # What sshd may write on a session's stderr before the command runs: notices, not failures.
 SSHD_NOTICES = ("Could not chdir to home directory", "Warning: no access to tty", "Last login:")
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
@@ -168,7 +173,12 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
 
 
 class _NoAnswer(Exception):
-    """The channel ended before any response byte: safe to retry on a fresh one."""
+    """No whole response head came on the channel: safe to retry on a fresh one.
+    `cause`: what broke the read (None: the relay closed its output)."""
+
+    def __init__(self, cause: BaseException | None = None):
+        super().__init__()
+        self.cause = cause
 
 
 class _Channel:
@@ -180,6 +190,8 @@ class _Channel:
         self.idle_since = 0.0
         self.reused = False
         self.closed = False
+        self.sent_at = 0.0           # when the current request started going out (loop time)
+        self.seen = bytearray()      # the first bytes that came back for it (SEEN_MAX at most)
 
     def usable(self, now: float) -> bool:
         return (not self.closed and self.process.exit_status is None and not self.process.stdout.at_eof()
@@ -196,7 +208,27 @@ class _Channel:
             if event is not h11.NEED_DATA:
                 return event
             data = await asyncio.wait_for(self.process.stdout.read(READ_SIZE), timeout)
+            if len(self.seen) < SEEN_MAX:
+                self.seen += data[:SEEN_MAX - len(self.seen)]
             self.http.receive_data(data)  # b"" is end of stream: h11 decides if that was fine
+
+    async def failure(self, target: SshTarget, relay: str, cause: BaseException | None) -> HostUnreachable:
+        """Why no response came, as the error to raise, in one sentence. Only a relay
+        that ended is asked why (`reason`): one that answered in another protocol is
+        not the agent (`NotAnAgent`), and one whose SSH connection was dropped as silent
+        (keepalive unanswered: the host froze) never ended, the host did not answer."""
+        if isinstance(cause, h11.RemoteProtocolError) and self.seen and not self.seen.startswith(b"HTTP/"):
+            said = bytes(self.seen).decode(errors="replace").splitlines()[0][:40] or repr(bytes(self.seen[:16]))
+            return NotAnAgent(f"the relay command `{relay}` on {target.hostport} answered with something that is "
+                              f"not HTTP ({said!r}), so it is not a fuse agent: FUSE_SSH_RELAY must run "
+                              "`fuse host relay`, which hands each request to the host agent")
+        # (asyncssh's own words for the connection it dropped: "Server not responding to keepalive")
+        if isinstance(cause, asyncssh.ConnectionLost) and "keepalive" in str(cause.reason):
+            waited = asyncio.get_running_loop().time() - self.sent_at
+            silent = KEEPALIVE_S * (KEEPALIVE_COUNT_MAX + 1)
+            return HostUnreachable(f"{target} did not answer within {waited:.1f} s: the SSH server said nothing "
+                                   f"for {silent:g} s (keepalive went unanswered), so the connection was dropped")
+        return HostUnreachable(await self.reason(target, relay))
 
     async def reason(self, target: SshTarget, relay: str) -> str:
         """Why the relay ended without answering, in one sentence."""
@@ -447,13 +479,13 @@ class SshTransport(httpx.AsyncBaseTransport):
                 raise
             try:
                 head = await self._exchange(ch, request, read_t, write_t)
-            except _NoAnswer:
+            except _NoAnswer as no:
                 if attempt == 0 and ch.reused and replayable and request.method in IDEMPOTENT:
                     shared.discard(ch)  # the agent closed this idle channel as we reused it
                     continue
-                reason = await ch.reason(self.target, opts.relay)
+                err = await ch.failure(self.target, opts.relay, no.cause)
                 shared.discard(ch)
-                raise HostUnreachable(reason) from None
+                raise err from None
             except asyncio.TimeoutError:
                 shared.discard(ch)
                 raise httpx.ReadTimeout(f"{self.target} did not answer in time", request=request) from None
@@ -467,6 +499,7 @@ class SshTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(self, ch: _Channel, request: httpx.Request, read_t, write_t) -> h11.Response:
         http = ch.http
+        ch.sent_at, ch.seen = asyncio.get_running_loop().time(), bytearray()
         # Keep-alive is HTTP/1.1's default; whatever the caller said about the
         # connection is about its own hop, not this one.
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in (b"connection", b"keep-alive")]
@@ -490,9 +523,10 @@ class SshTransport(httpx.AsyncBaseTransport):
                 # InformationalResponse (100 Continue): wait for the real one.
         except asyncio.TimeoutError:
             raise  # (a TimeoutError is an OSError: keep it from the line below)
-        except (h11.RemoteProtocolError, OSError, asyncssh.Error):
-            # The stream ended or broke before a whole response head arrived.
-            raise _NoAnswer() from None
+        except (h11.RemoteProtocolError, OSError, asyncssh.Error) as exc:
+            # The stream ended or broke before a whole response head arrived, or what
+            # came is not HTTP (`_Channel.failure` tells which).
+            raise _NoAnswer(exc) from None
 
     async def aclose(self) -> None:
         if self._held is not None:

@@ -51,8 +51,8 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"]))
-            raise InvalidArgument(f"{where}: {first['msg'].removeprefix('Value error, ')}" if where
-                                  else first["msg"]) from None
+            msg = first["msg"].removeprefix("Value error, ")
+            raise InvalidArgument(f"{where}: {msg}" if where else msg) from None
         name = req.vm or req.flashvm
         if name is None:
             raise InvalidArgument("body needs vm: the name of the VM to move")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 
 from ...errors import InvalidArgument
 from ...models.base import Record
+from ...models.errors import responses
 
 router = APIRouter(tags=["controller"])
 
@@ -33,7 +34,11 @@ async def get_controller(request: Request) -> dict:
     return _public(request.app.state.ctl.settings())
 
 
-@router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).")
+@router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).",
+            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), a file that is "
+                                     "not there, a key that is not the certificate's, a CA file holding no "
+                                     "certificate, a certificate that is not valid now (expired or not yet valid: "
+                                     "the message names the file and its dates), or a body that does not parse"))
 async def put_controller(request: Request, body: ControllerSettings) -> dict:
     given = [f for f in ("cert", "key", "ca") if getattr(body, f)]
     if given and len(given) != 3:
@@ -42,11 +47,16 @@ async def put_controller(request: Request, body: ControllerSettings) -> dict:
         if not Path(getattr(body, f)).is_file():
             raise InvalidArgument(f"{f}: no file at {getattr(body, f)}")
     if given:
-        from ...transport import TlsSettings
+        from ...transport import IdentityError, TlsSettings
+        tls = TlsSettings(body.cert, body.key, body.ca)
         try:
-            TlsSettings(body.cert, body.key, body.ca).context()
+            tls.context()
         except Exception as exc:
             raise InvalidArgument(f"the certificate, key and CA do not load together: {exc}") from None
+        try:  # one that loads but is not valid now: every mutual-TLS host would refuse it
+            tls.check_dates()
+        except IdentityError as exc:
+            raise InvalidArgument(f"cert: {exc}") from None
     ctl = request.app.state.ctl
     ctl.store.put_setting("controller", body.model_dump(exclude_none=True))
     return _public(ctl.settings())

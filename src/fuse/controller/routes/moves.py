@@ -21,7 +21,8 @@ REFUSALS = ("not_movable (no such VM, or not running or sleeping), same_host, un
              responses=responses(s409=REFUSALS,
                                  s400="invalid_argument: no vm named, an empty vm, to or host (each names something: "
                                       "leave to out for best fit, host unless the name is on several hosts), "
-                                      "an unknown field, or a body that is not JSON"),
+                                      "vm and flashvm naming different VMs, an unknown field, or a body that is "
+                                      "not JSON"),
              summary="createMove: move a running or sleeping VM (202), or 409 with why not.")
 async def create_move(request: Request, body: MoveRequest) -> JSONResponse:
     return JSONResponse(await request.app.state.ctl.moves.create(body.model_dump(exclude_none=True)),
