@@ -124,3 +124,31 @@ def test_usage_lists_unreachable_hosts_by_name(served):
     usage = served["components"]["schemas"]["UsageReport"]["properties"]
     assert usage["unreachable"]["items"] == {"type": "string"}
     assert usage["unreachable_reasons"]["additionalProperties"] == {"type": "string"}
+
+
+def _bodies(served) -> dict[str, dict]:
+    """'METHOD path' -> the request body's schema, every operation that takes one."""
+    return {f"{m.upper()} {p}": op["requestBody"]["content"]["application/json"]["schema"]
+            for p, ops in served["paths"].items() for m, op in ops.items() if "requestBody" in op}
+
+
+def test_request_bodies_say_unknown_fields_are_refused_as_the_server_refuses_them(served, tmp_path):
+    # every body refuses an unknown field at any depth (400); the document said nothing of it,
+    # and POST /v1/hosts took "any object"
+    schemas = served["components"]["schemas"]
+    hosts = _bodies(served)["POST /v1/hosts"]
+    forms = [schemas[s["$ref"].rsplit("/", 1)[1]] for s in hosts["oneOf"]]
+    assert [sorted(f["required"]) for f in forms] == [["id", "url"], ["addr", "name"]]
+    for key, body in _bodies(served).items():
+        for ref in [body.get("$ref")] + [s.get("$ref") for s in body.get("oneOf", [])]:
+            if ref:
+                assert schemas[ref.rsplit("/", 1)[1]].get("additionalProperties") is False, (key, ref)
+    assert schemas["VmShape"]["additionalProperties"] is False  # (nested: a create's shape)
+    assert "additionalProperties" not in schemas["Host"]  # an answer stays open to new fields
+    # and the server does refuse what the document rules out
+    client = TestClient(create_app(Controller(tmp_path / "ctl")))
+    for method, path, body in [("POST", "/v1/hosts", {"name": "a", "addr": "http://127.0.0.1:1", "bogus": 1}),
+                               ("POST", "/v1/vms", {"shape": {"vcpus": 1, "mem_mib": 256, "disk": 1}, "entry": "x"}),
+                               ("POST", "/v1/moves", {"vm": "x", "bogus": 1})]:
+        r = client.request(method, path, json=body)
+        assert r.status_code == 400 and "unknown field" in r.json()["error"]["message"], (path, r.text)
