@@ -333,7 +333,11 @@ def test_an_edited_model_with_a_nan_or_infinite_number_is_refused_with_the_field
 @pytest.mark.parametrize("edit,says", [
     (lambda m: m["groups"].append(dict(m["groups"][0])), "group names must be unique: request-0 given twice"),
     (lambda m: m["groups"][0].update(count=10_000_000), "10000000 VMs in all: a plan takes at most 100000"),
-], ids=["a group named twice", "past the 100,000-VM cap"])
+    # (planned as containers, below zero, and read as 2: a request refuses each)
+    (lambda m: m["groups"][0].update(kind="banana"), "kind must be one of ['container', 'microvm', 'vm']"),
+    (lambda m: m["constraints"].update(quotas={"aws:standard": -5}), "greater than or equal to 0"),
+    (lambda m: m["groups"][0].update(cpus="2"), "groups.0.cpus: Input should be a valid integer"),
+], ids=["a group named twice", "past the 100,000-VM cap", "an unknown kind", "a negative quota", "a count as text"])
 def test_an_edited_model_is_held_to_what_a_request_could_ask(tmp_path, edit, says):
     """A re-solved model answers by group and host name and is bounded as a request is: two
     groups of one name, or 10 million VMs (which ran on past a minute at 4 GB), are refused."""

@@ -139,7 +139,7 @@ def load_model(path: Path) -> PlanModel:
         data = json.loads(data["json"])  # a whole ElasticPlan as printed by --json
     if isinstance(data, dict) and "model" in data:
         data = data["model"]
-    return PlanModel.model_validate(data)
+    return PlanModel.model_validate(data, strict=True)  # ("2" is no count: an edit to name, not to guess)
 
 
 def render(plan: ElasticPlan, console: Console) -> None:

@@ -20,11 +20,13 @@ so every rejection can be explained to the operator.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KVM_KINDS = frozenset({"vm", "microvm"})
 KINDS = frozenset({"container", "vm", "microvm"})
+ARCHES = ("amd64", "arm64")
 
 
 class _Data(BaseModel):
@@ -49,6 +51,15 @@ class DemandGroup(_Data):
     instance_type: str | None = None
     devices_only: bool = False  # only the operator's own devices
     no_scale: bool = False  # no new machines
+
+    @model_validator(mode="after")
+    def _known_kind(self) -> "DemandGroup":
+        # (an edited model's "banana" was planned as a container: no rule matched it)
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {sorted(KINDS)}, not {self.kind!r}")
+        if self.arch not in (None, *ARCHES):
+            raise ValueError(f"arch must be one of {list(ARCHES)} (or left out: any), not {self.arch!r}")
+        return self
 
     @property
     def needs_kvm(self) -> bool:
@@ -110,7 +121,7 @@ class Constraints(_Data):
     exact_new_hosts: int | None = Field(default=None, ge=0)  # the request's ``hosts`` pin
     allow_metal: bool = True
     monthly_usd_left: float | None = Field(default=None, ge=0)  # caps projected_usd
-    quotas: dict[str, int] = Field(default_factory=dict)  # quota family -> vCPUs
+    quotas: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)  # quota family -> vCPUs
     cpu_overcommit: float = Field(default=1.0, gt=0)  # vCPUs sold per vCPU
 
 
