@@ -22,6 +22,21 @@ def register(client, host_id: str, agent, vm_count: int = 4) -> None:
     wait_until(lambda: client.hosts.get(host_id).connected, timeout=30, what=f"{host_id} connected")
 
 
+def fleet(tmp_path, procs, *names: str):
+    """A controller and a fake-backend agent per name (not registered): (controller, {name: agent})."""
+    agents = {}
+    for name in names:
+        procs.append(agents.setdefault(name, start_agent(tmp_path, backend="fake", name=name)))
+    procs.append(ctl := start_controller(tmp_path))
+    return ctl, agents
+
+
+def warmed(client, count: int, memory_mb: int, on: str) -> fuse.Prewarm:
+    """A prewarm of ``count`` VMs of 1 vCPU and ``memory_mb``, once they are all ready."""
+    pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=count, cpus=1, memory_mb=memory_mb, on=on))
+    return ready(client, pw.id, count, timeout=60)
+
+
 def standby_on(client, pw_id: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for v in client.vms.list():
@@ -44,14 +59,11 @@ def test_scale_in_counts_a_hosts_prewarmed_vms_as_vms_that_need_room_elsewhere()
 
 
 def test_a_cordoned_hosts_standby_vms_are_not_ready_and_move_to_a_host_that_takes_work(tmp_path, procs):
-    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
-    procs.append(b := start_agent(tmp_path, backend="fake", name="b"))
-    procs.append(ctl := start_controller(tmp_path))
+    ctl, agents = fleet(tmp_path, procs, "a", "b")
     with fuse.Client(ctl.url) as client:
-        register(client, "a", a)
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=256, on="local"))
-        ready(client, pw.id, 2, timeout=60)
-        register(client, "b", b)
+        register(client, "a", agents["a"])
+        pw = warmed(client, 2, 256, "local")
+        register(client, "b", agents["b"])
         client.hosts.cordon("a")
         # at once: a create would not claim them there, so they are not ready
         now = next(p for p in client.pool.prewarms() if p.id == pw.id)
@@ -68,14 +80,11 @@ def test_a_cordoned_hosts_standby_vms_are_not_ready_and_move_to_a_host_that_take
 
 def test_a_prewarm_pinned_to_a_host_that_is_cordoned_keeps_its_vms_there_not_ready_until_uncordoned(tmp_path,
                                                                                                        procs):
-    procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
-    procs.append(other := start_agent(tmp_path, backend="fake", name="other"))
-    procs.append(ctl := start_controller(tmp_path))
+    ctl, agents = fleet(tmp_path, procs, "edge", "other")
     with fuse.Client(ctl.url) as client:
-        register(client, "edge", edge)
-        register(client, "other", other)
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=256, on="host:edge"))
-        ready(client, pw.id, 2, timeout=60)
+        register(client, "edge", agents["edge"])
+        register(client, "other", agents["other"])
+        pw = warmed(client, 2, 256, "host:edge")
         client.hosts.cordon("edge")
         pw = ready(client, pw.id, 0, timeout=10)
         assert [(p.host, p.count) for p in pw.placements] == [("edge", 2)]
@@ -88,12 +97,10 @@ def test_a_prewarm_pinned_to_a_host_that_is_cordoned_keeps_its_vms_there_not_rea
 
 
 def test_a_create_pinned_to_a_host_claims_a_standby_vm_there(tmp_path, procs):
-    procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
-    procs.append(ctl := start_controller(tmp_path))
+    ctl, agents = fleet(tmp_path, procs, "edge")
     with fuse.Client(ctl.url) as client:
-        register(client, "edge", edge, vm_count=2)
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=160, on="host:edge"))
-        ready(client, pw.id, 2, timeout=60)
+        register(client, "edge", agents["edge"], vm_count=2)
+        pw = warmed(client, 2, 160, "host:edge")
         # the host's two VM slots hold the standby VMs: only a claim can place these
         vm = client.vms.create(name="pinned", shape={"vcpus": 1, "mem_mib": 160}, entry="sleep 600", host="edge")
         vm2 = client.vms.create(name="on-host", shape={"vcpus": 1, "mem_mib": 160}, entry="sleep 600",
@@ -105,14 +112,11 @@ def test_a_create_pinned_to_a_host_claims_a_standby_vm_there(tmp_path, procs):
 
 
 def test_a_refill_on_local_places_its_vm_on_another_own_host_when_its_host_is_full(tmp_path, procs):
-    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
-    procs.append(b := start_agent(tmp_path, backend="fake", name="b"))
-    procs.append(ctl := start_controller(tmp_path))
+    ctl, agents = fleet(tmp_path, procs, "a", "b")
     with fuse.Client(ctl.url) as client:
-        register(client, "a", a, vm_count=2)
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=256, on="local"))
-        ready(client, pw.id, 2, timeout=60)
-        register(client, "b", b)
+        register(client, "a", agents["a"], vm_count=2)
+        pw = warmed(client, 2, 256, "local")
+        register(client, "b", agents["b"])
         # a claim leaves its VM in one of a's two slots: a has room for one standby VM only
         client.vms.create(name="job", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
         pw = ready(client, pw.id, 2, timeout=60)
