@@ -30,6 +30,7 @@ from rich.table import Table
 
 from fuse.controller.pool.model import PlanModel
 from fuse.controller.pool.planner import plan as _plan
+from fuse.controller.pool.providers import options_help
 from fuse.controller.pool.request import model_from_request
 from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticHost, ElasticPlan, ElasticPlanRequest,
@@ -515,8 +516,7 @@ def cloud_link_cmd(
     kind: str = typer.Option(..., "--kind", help="aws (EC2) or local (host agents started on this machine)."),
     option: list[str] = typer.Option([], "--option", metavar="KEY=VALUE", help=(
         "An option (repeat); a value that reads as JSON (a number, true, a list) is taken as JSON. "
-        "aws: image_id (required), region, endpoint_url, access_key_id, secret_access_key, key_name, "
-        "security_group_ids, subnet_id, agent_port, types. local: types, region, backend, bundle_dir, vm_count.")),
+        + options_help())),
     options_json: Optional[str] = typer.Option(None, "--options-json", metavar="JSON",
                                                help="All the options as one JSON object (--option wins)."),
     url: Optional[str] = _url_option(), token: Optional[str] = _token_option(),

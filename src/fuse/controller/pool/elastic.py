@@ -150,8 +150,9 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                                         "planned_until": now + (billed or 0 if planned_secs is None
                                                                 else planned_secs)},
                                 updated_at=now))
+                            # (``type_name``: an event's ``type`` is its own, "elastic_host")
                             self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
-                                                                  "type": offer.type_name}, host=name, conn=c)
+                                                                  "type_name": offer.type_name}, host=name, conn=c)
                         break
                     except IntegrityError:  # another replica took the name
                         continue
@@ -258,16 +259,22 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 self._transition(r["name"], "gone", f"the cloud's answer never came; look for a machine tagged "
                                                     f"Name={r['name']} in {r['provider']}")
         for cloud, rows in by_cloud.items():
+            provider, seen, unasked = None, {}, ""
             try:
                 provider = self.provider(cloud)
                 seen = await provider.describe([r["cloud_id"] for r in rows])
             except FuseError as exc:
+                # the cloud cannot say what became of its machines: nothing is ended or joined on
+                # its word this pass, but their clocks run on (a machine silent past its boot and
+                # grace goes offline, so plans stop offering it as room)
                 log.warning("cloud %s: %s", cloud, exc.message)
-                continue
+                unasked = exc.message
             for r in rows:
-                m = seen.get(r["cloud_id"])
                 try:
-                    await self._follow(r, m, provider, now)
+                    if unasked:
+                        self._follow_unasked(r, now, unasked)
+                    else:
+                        await self._follow(r, seen.get(r["cloud_id"]), provider, now)
                 except FuseError as exc:
                     log.warning("elastic host %s: %s", r["name"], exc.message)
 
@@ -287,18 +294,33 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 self.store.add_event("vm_lost", {"vm": v["name"], "id": host, "was": v["state"], "reason": why},
                                      host=host, conn=c)
 
+    def _follow_unasked(self, r: dict, now: float, why: str) -> None:
+        """``_follow`` for a machine whose cloud could not be asked (``why``): only what
+        needs no word from the cloud, a booting machine's join timeout."""
+        if r["state"] == "booting" and now > r["started"] + r["boot_secs"] + JOIN_GRACE_SECS:
+            self._transition(r["name"], "offline", f"no agent answered within {r['boot_secs'] + JOIN_GRACE_SECS} s "
+                                                   f"(and its cloud cannot be asked: {why})")
+
     async def _follow(self, r: dict, m, provider, now: float) -> None:
         name, state = r["name"], r["state"]
-        if m is None or m.state == "terminated":
+        stopped = m is not None and m.state == "stopping"
+        if m is None or m.state == "terminated" or stopped:
             if self.store.get_host(name) is not None and (self.store.get_host(name) or {}).get("state") == "active":
                 self.ctl.hosts.set_state(name, "cordoned")
-            try:  # whatever of it is left (a local machine's VMs outlive its agent)
+            if stopped:
+                # stopped outside the pool (or shutting down): it runs nothing yet bills on, and
+                # counts against the caps, until terminated. Terminate it now; should the cloud
+                # refuse, the error ends this pass for it and the next pass tries again
                 await provider.terminate(r["cloud_id"])
-            except FuseError:
-                pass
+            else:
+                try:  # whatever of it is left (a local machine's VMs outlive its agent)
+                    await provider.terminate(r["cloud_id"])
+                except FuseError:
+                    pass
             # (marked: a prewarm tells a machine the cloud keeps ending from one removed on purpose)
             rec = dict((self.row(name) or r)["record"] or {}) | {"ended_by_cloud": True}
-            self._transition(name, "gone", "the cloud ended the machine", record=rec)
+            self._transition(name, "gone", "the cloud stopped the machine; the pool terminated it" if stopped
+                             else "the cloud ended the machine", record=rec)
             prewarm = getattr(self.ctl, "prewarm", None)
             if prewarm is not None:  # its standby VMs went with it: their prewarms place them again
                 await prewarm.release_host(name, gone=True)

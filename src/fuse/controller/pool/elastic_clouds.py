@@ -44,7 +44,10 @@ class CloudsMixin:
                  "types": sorted({o.type_name for o in self.provider(r["name"]).offers()})} for r in rows]
 
     async def link(self, name: str, kind: str, options: dict[str, Any]) -> dict[str, Any]:
-        """Link (or re-link with new options) a cloud: its offers join the plans."""
+        """Link (or re-link with new options) a cloud: its offers join the plans. The cloud
+        is asked first (``Provider.check``: an aws cloud's AMIs, its endpoint and credentials);
+        a link it refuses stores nothing. What is stored is the options as the check resolved
+        them (an aws ``image_id`` as ``{arch: AMI}``), so a re-link from the store asks nothing."""
         from .providers import link
         if not CLOUD_NAME.match(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
@@ -52,6 +55,13 @@ class CloudsMixin:
         options = dict(options or {})
         if kind == "local":  # its machines' dir, the same for every replica on this machine
             options.setdefault("dir", str(self._cloud_dir(name).resolve()))
+        asked = link(kind, name, options, self._cloud_dir(name))  # (the options checked first: no call)
+        try:
+            options = await asked.check(options)
+        finally:
+            await asked.close()
+        # the provider a re-link from the store makes (its offers narrowed by what the check found)
+        provider = link(kind, name, options, self._cloud_dir(name))
         live = [r["name"] for r in self.rows() if r["provider"] == name and r["state"] in LIVE]
         was = self._cloud_row(name)
         if live and not (was is not None and was["kind"] == kind and _uncapped(was["options"]) == _uncapped(options)):
@@ -59,7 +69,6 @@ class CloudsMixin:
             # (quotas, limits) are the pool's own, so they may change under running hosts
             raise Conflict(f"cloud {name} has hosts ({', '.join(live)}): remove them before re-linking it "
                            f"(only its {' and '.join(sorted(CAP_OPTIONS))} may change while it has hosts)")
-        provider = link(kind, name, options, self._cloud_dir(name))
         with self.store.tx() as c:
             c.execute(delete(clouds_t).where(clouds_t.c.name == name))
             c.execute(insert(clouds_t).values(name=name, kind=kind, options=dict(options or {}),

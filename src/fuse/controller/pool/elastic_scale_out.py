@@ -10,34 +10,46 @@ planner's (``planner.plan``); the hosts' lives are ``elastic``'s.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from ...errors import Conflict, FuseError, InvalidArgument
 from ...models.pool import ElasticHost
 from .elastic_budget import BudgetExceeded
-from .elastic_host import JOIN_GRACE_SECS
+from .elastic_host import CREATE_TIMEOUT_SECS, JOIN_GRACE_SECS
 from .model import Constraints
 
 
-def _wait_for_joins(result, snapshot: list[dict]) -> None:
+def _wait_for_joins(result, snapshot: list[dict], late: dict[str, tuple[int, int]] | None = None) -> None:
     """A plan that puts work on hosts bought and not joined yet (``joins_in_secs`` in the
     snapshot) is ready only once they join: ``ready_in_secs`` and their explain lines say
-    so, and the ``json`` answer gains ``joining`` (host -> seconds). The model has no field
-    for it: a re-solve of that model (``fuse pool plan --model``) sees them as running hosts."""
+    so, and the ``json`` answer gains ``joining`` (host -> seconds). A host past its boot
+    time (``late``: host -> (seconds past it, seconds until it is given up)) has no honest
+    estimate: its line says it is late, and its figure is the latest it may still join (it
+    is given up then: offline, or gone if the cloud never answered its create); the
+    ``json`` answer lists it under ``late`` too (host -> seconds past its boot time). The
+    model has no field for it: a re-solve of that model (``fuse pool plan --model``) sees
+    them as running hosts."""
+    late = late or {}
     joins = {h["name"]: h for h in snapshot if h.get("joins_in_secs") is not None}
     used = sorted({a.host for a in result.assignments if a.host in joins})
     if not used:
         return
-    result.ready_in_secs = max([result.ready_in_secs] + [int(joins[n]["joins_in_secs"]) for n in used])
+    secs = {n: late[n][1] if n in late else int(joins[n]["joins_in_secs"]) for n in used}
+    result.ready_in_secs = max([result.ready_in_secs] + list(secs.values()))
     for i, line in enumerate(result.explain):
         for n in used:
             if f" on {n} (running cloud host" in line:
+                when = (f"{late[n][0]} s late (past its boot time): joins once its agent answers, "
+                        f"given up in {late[n][1]} s if not" if n in late else f"joins in about {secs[n]} s")
                 result.explain[i] = line.replace(
                     f" on {n} (running cloud host", f" on {n} (cloud host still {joins[n].get('state', 'booting')}, "
-                                                    f"joins in about {int(joins[n]['joins_in_secs'])} s", 1)
+                                                    f"{when}", 1)
     body = json.loads(result.json) if result.json else {}
     body["plan"] = result.model_dump(mode="json", exclude={"json"})
-    body["joining"] = {n: int(joins[n]["joins_in_secs"]) for n in used}
+    body["joining"] = secs
+    if late_used := {n: late[n][0] for n in used if n in late}:
+        body["late"] = late_used
     result.json = json.dumps(body, sort_keys=True)
 
 
@@ -67,7 +79,7 @@ class ScaleOutMixin:
         model = model_from_request(body, snapshot, offers=offers, history=history, constraints=(
             Constraints() if unbounded else self.constraints()))
         result = await run_in_threadpool(plan, model)
-        _wait_for_joins(result, snapshot)
+        _wait_for_joins(result, snapshot, self._late(snapshot))
         # what was ruled out before the solve, for want of the image: say so
         lacking = sorted(h["name"] for h in snapshot if h.get("bundles") is not None and image not in h["bundles"])
         whys = ([f"no linked cloud's machines get image {image!r} (a guest bundle)"] if names and not offers else [])
@@ -95,6 +107,20 @@ class ScaleOutMixin:
         has = sorted(self.provider(cloud).images())
         raise InvalidArgument(f"cloud {cloud!r} is linked, but its machines do not get image {image!r} (a guest "
                               f"bundle; they get: {', '.join(has) or 'none'}), so nothing of it can go there")
+
+    def _late(self, snapshot: list[dict]) -> dict[str, tuple[int, int]]:
+        """The hosts of ``snapshot`` bought, not joined, and past their boot time -> (seconds
+        past it, seconds until the pool gives them up: offline after the join grace, gone when
+        a create call never answered)."""
+        now, out = time.time(), {}
+        for h in snapshot:
+            row = self.row(h["name"]) if h.get("joins_in_secs") is not None else None
+            if row is None or now <= row["started"] + row["boot_secs"]:
+                continue
+            end = (row["updated_at"] + CREATE_TIMEOUT_SECS if row["state"] == "creating"
+                   else row["started"] + row["boot_secs"] + JOIN_GRACE_SECS)
+            out[h["name"]] = (int(now - row["started"] - row["boot_secs"]), max(1, math.ceil(end - now)))
+        return out
 
     def joining(self, snapshot: list[dict]) -> dict[str, int]:
         """The hosts of ``snapshot`` bought and not joined yet -> seconds until they are expected to."""

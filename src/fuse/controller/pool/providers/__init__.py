@@ -20,7 +20,7 @@ from .base import CloudError, Machine, Provider, check_name
 from .local import LocalProvider
 
 __all__ = ["KINDS", "AwsProvider", "CloudError", "LocalProvider", "Machine", "Provider", "link",
-           "public_options"]
+           "options_help", "public_options"]
 
 KINDS: dict[str, type[Provider]] = {"aws": AwsProvider, "local": LocalProvider}
 
@@ -40,6 +40,16 @@ def link(kind: str, name: str, options: Mapping[str, Any] | None, state_dir: Pat
     cls = _kind(kind)
     check_name("cloud name", name)
     return cls(name, options or {}, Path(state_dir))
+
+
+def options_help() -> str:
+    """Every kind's options, from its ``OPTIONS`` (required ones first): "aws: image_id
+    (required), access_key_id, ... local: ..." (``fuse pool cloud link --help``)."""
+    parts = []
+    for kind, cls in sorted(KINDS.items()):
+        rest = sorted(cls.OPTIONS - set(cls.REQUIRED))
+        parts.append(f"{kind}: " + ", ".join([f"{o} (required)" for o in cls.REQUIRED] + rest) + ".")
+    return " ".join(parts)
 
 
 def public_options(kind: str, options: Mapping[str, Any] | None) -> dict[str, Any]:

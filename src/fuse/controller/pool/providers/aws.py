@@ -10,6 +10,15 @@ call runs in a thread (``asyncio.to_thread``); one client serves all threads
 (boto3 clients are thread-safe, sessions are not). Every botocore failure
 becomes ``CloudError`` with AWS's code and message and no credential.
 
+An AMI has one architecture. A link (``check``) asks EC2 for the AMIs
+(DescribeImages): that the endpoint and credentials work, that each AMI is
+there, and its architecture, so only the types it boots are offered. A single
+id is then stored as ``{its arch: id}`` and a re-link (another replica, a
+restart) calls nothing. A machine gets a root volume of its type's ``disk_gb``
+(gp3, what the catalogue prices), ends when its guest shuts down
+(``InstanceInitiatedShutdownBehavior`` terminate), and a machine stopped
+anyway is reported ``stopping``: the pool terminates it.
+
 EC2 is eventually consistent: an instance can be unknown to DescribeInstances
 for a few seconds after RunInstances returned it. An id this provider created
 within ``FRESH_SECS`` is therefore reported pending, not terminated, while
@@ -24,6 +33,7 @@ import re
 import shlex
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fuse import __version__
@@ -31,15 +41,17 @@ from fuse.controller.pool.catalogue import default_catalogue
 from fuse.controller.pool.model import Offer
 from fuse.errors import InvalidArgument
 
-from .base import CAP_OPTIONS, CloudError, Machine, OptionReader, Provider, check_name
+from .base import CAP_OPTIONS, CloudError, Machine, OptionReader, Provider, article, check_name
 
 DEFAULT_REGION = "us-west-2"
 DEFAULT_AGENT_PORT = 8090
 FRESH_SECS = 300.0
 DESCRIBE_CHUNK = 200  # ids per DescribeInstances filter (its documented limit)
 GONE_CODES = {"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"}
+NO_AMI_CODES = {"InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable"}
+ARCHS = {"x86_64": "amd64", "arm64": "arm64"}  # EC2's Architecture -> the catalogue's arch
 # EC2 state -> Machine state. A stopped instance cannot run VMs but still
-# exists (and bills its disk): the service should terminate it, so "stopping".
+# exists (and bills its disk): "stopping", which the pool terminates.
 STATES = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
           "stopped": "stopping", "terminated": "terminated"}
 # The token lands in a shell heredoc and a systemd EnvironmentFile: keep it to
@@ -112,11 +124,12 @@ class AwsProvider(Provider):
     OPTIONS = frozenset({"region", "image_id", "endpoint_url", "access_key_id", "secret_access_key",
                          "session_token", "key_name", "security_group_ids", "subnet_id", "agent_port", "types",
                          "package"}) | CAP_OPTIONS
+    REQUIRED = ("image_id",)
     SECRETS = frozenset({"secret_access_key", "session_token"})
     backend = "qemu"  # KVM on metal types, TCG elsewhere: the agent's probe settles which
 
     def __init__(self, name: str, options: dict[str, Any], state_dir: Any = None):
-        r = OptionReader(self.kind, options, self.OPTIONS, required=("image_id",))
+        r = OptionReader(self.kind, options, self.OPTIONS, required=self.REQUIRED)
         self.name = name
         self.region = r.str("region", DEFAULT_REGION)
         if self.region not in _priced_regions():
@@ -144,6 +157,8 @@ class AwsProvider(Provider):
                                      or o.quota_family}) for o in default_catalogue()
                 if o.provider == "aws" and o.region == self.region]
         types = r.str_list("types")
+        if types == []:
+            raise r.bad("types", "is empty: name at least one machine type, or leave it out for all")
         if types is not None:
             known = {o.type_name for o in here}
             if unknown := [t for t in types if t not in known]:
@@ -151,18 +166,22 @@ class AwsProvider(Provider):
             here = [o for o in here if o.type_name in set(types)]
         offered = [o for o in here if o.arch in self.amis]
         if not offered:
-            raise r.bad("image_id", f"has no AMI for the architecture of any type offered "
-                                    f"({', '.join(sorted({o.arch for o in here}))})")
+            archs = sorted({o.arch for o in here})
+            raise r.bad("image_id", f"has no AMI for {' or '.join(archs)}, the architecture of the types offered")
         self._offers = self.capped(r, offered)
+        self._single_ami = isinstance(r.options["image_id"], str)
+        self._roots: dict[str, str] = {}  # AMI -> its root device name (DescribeImages), once asked
         self._client = None
         self._client_lock = threading.Lock()
         self._fresh: dict[str, float] = {}  # instance id -> when this provider created it
 
     @staticmethod
     def _amis(r: OptionReader) -> dict[str, str]:
-        """arch -> AMI. One AMI serves every type; a mapping ({"amd64": ...,
-        "arm64": ...}) limits the offers to the architectures it names, so
-        the planner never picks a type the AMI cannot boot."""
+        """arch -> AMI. A mapping ({"amd64": ..., "arm64": ...}) limits the offers
+        to the architectures it names, so the planner never picks a type the AMI
+        cannot boot. A single id's architecture is EC2's to say (``check``): until
+        asked (a provider made by hand, not through the pool's link) it stands for
+        both."""
         value = r.options["image_id"]
         if isinstance(value, str):
             return {"amd64": value, "arm64": value}
@@ -174,9 +193,47 @@ class AwsProvider(Provider):
     def offers(self) -> list[Offer]:
         return list(self._offers)
 
+    async def check(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Ask EC2 for the AMIs (DescribeImages, the link's only calls): the endpoint
+        and credentials work (CloudError with the cloud's reason otherwise), each
+        AMI is there in the region and of the architecture it stands for, EBS-backed
+        (InvalidArgument naming ``image_id`` otherwise). The options to store: a
+        single id becomes ``{its arch: id}``, so only the types it boots are offered."""
+        images, missing = {}, {}
+        for ami in sorted(set(self.amis.values())):  # one call each: EC2 fails a call on any unknown id
+            try:
+                images |= await asyncio.to_thread(self._images, [ami])
+            except CloudError as exc:
+                if exc.details.get("cloud_code") not in NO_AMI_CODES:
+                    raise
+                missing[ami] = exc.details["cloud_code"]
+        single = self._single_ami
+        resolved: dict[str, str] = {}
+        for arch, ami in sorted(self.amis.items()):
+            where = "image_id" if single else f"image_id.{arch}"
+            image = images.get(ami)
+            if image is None:
+                raise self._bad_image(where, f"names {ami}, which EC2 does not have in {self.region}, or not "
+                                             f"for this account ({missing.get(ami, 'not listed')})")
+            got = ARCHS.get(image.get("Architecture", ""))
+            if got is None:
+                raise self._bad_image(where, f"names {ami}, an {image.get('Architecture')!r} image: machines "
+                                             f"are amd64 (x86_64) or arm64")
+            if not single and got != arch:
+                raise self._bad_image(where, f"names {ami}, an {got} image, not {arch}")
+            if image.get("RootDeviceType", "ebs") != "ebs":
+                raise self._bad_image(where, f"names {ami}, an instance-store image: a machine's root "
+                                             f"is an EBS gp3 volume (the prices include one)")
+            resolved[got] = ami
+        return dict(options) | {"image_id": resolved}
+
+    def _bad_image(self, where: str, why: str) -> InvalidArgument:
+        return InvalidArgument(f"option {where!r} of {article(self.kind)} cloud {why}", details={"option": "image_id"})
+
     def adopt(self, old: Provider) -> None:
         if isinstance(old, AwsProvider):  # ids created moments ago, which EC2 may not list yet
             self._fresh = old._fresh | self._fresh
+            self._roots = old._roots | self._roots
 
     def capacity(self, type_name: str) -> dict[str, int]:
         # A real machine: its agent probes cpus and RAM itself.
@@ -187,16 +244,25 @@ class AwsProvider(Provider):
         offer = self.offer(type_name, region)
         if not isinstance(agent_token, str) or not TOKEN_RE.match(agent_token):
             raise InvalidArgument("agent_token must be 1-512 characters of A-Z a-z 0-9 . _ ~ + / = -")
+        ami = self.amis[offer.arch]
+        if ami not in self._roots:
+            self._roots[ami] = await self._root_device(ami)
+        tags = [{"Key": "Name", "Value": host_name}, {"Key": "fuse-pool", "Value": self.name}]
         kwargs: dict[str, Any] = {
-            "ImageId": self.amis[offer.arch], "InstanceType": offer.type_name, "MinCount": 1, "MaxCount": 1,
+            "ImageId": ami, "InstanceType": offer.type_name, "MinCount": 1, "MaxCount": 1,
             # botocore retries a timed-out call: the same token makes EC2 answer with the instance the
             # first try started instead of starting another. Per machine (its agent token is its own).
             "ClientToken": hashlib.sha256(f"{host_name}\0{agent_token}".encode()).hexdigest()[:64],
             "UserData": user_data(agent_port=self.agent_port, agent_token=agent_token, package=self.package),
-            # The tags let an operator (or a later reconcile) find what the pool bought.
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": [
-                {"Key": "Name", "Value": host_name}, {"Key": "fuse-pool", "Value": self.name}]}],
+            # A guest that shuts down ends its machine: a stopped one would bill on, doing nothing.
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            # The tags let an operator (or a later reconcile) find what the pool bought, disk included.
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "volume", "Tags": tags}],
         }
+        if offer.disk_gb:  # the root volume the offer's price includes, not the AMI's default
+            kwargs["BlockDeviceMappings"] = [{"DeviceName": self._roots[ami], "Ebs": {
+                "VolumeSize": offer.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True}}]
         if self.key_name:
             kwargs["KeyName"] = self.key_name
         if self.security_group_ids:
@@ -236,7 +302,19 @@ class AwsProvider(Provider):
         if client is not None and hasattr(client, "close"):
             await asyncio.to_thread(client.close)
 
+    async def _root_device(self, ami: str) -> str:
+        images = await asyncio.to_thread(self._images, [ami])
+        if ami not in images or not images[ami].get("RootDeviceName"):
+            raise CloudError(f"aws describe_images: {ami} is gone from {self.region} (re-link with another "
+                             f"image_id)", details={"cloud_code": "InvalidAMIID.NotFound"})
+        return images[ami]["RootDeviceName"]
+
     # -- blocking parts, run in threads --------------------------------------
+
+    def _images(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        # (EC2 fails the call on an unknown id; some endpoints leave it out instead)
+        reply = self._call("describe_images", ImageIds=ids)
+        return {i["ImageId"]: i for i in reply.get("Images", []) if i.get("ImageId") in ids}
 
     def _ec2(self):
         with self._client_lock:

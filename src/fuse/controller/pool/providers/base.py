@@ -58,6 +58,11 @@ class CloudError(FuseError):
     code, http_status = "cloud_error", 502
 
 
+def article(word: str) -> str:
+    """``word`` with its indefinite article, as it is read aloud: "an aws", "a local"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def check_name(what: str, value: Any) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value):
         raise InvalidArgument(f"{what} {value!r} is not a valid name (letters, digits, '.', '_', '-'; "
@@ -73,18 +78,18 @@ class OptionReader:
         if options is None:
             options = {}
         if not isinstance(options, Mapping):
-            raise InvalidArgument(f"options of a {kind} cloud must be an object")
+            raise InvalidArgument(f"options of {article(kind)} cloud must be an object")
         self.kind, self.options = kind, dict(options)
         unknown = sorted(set(self.options) - known)
         if unknown:
-            raise InvalidArgument(f"unknown option {unknown[0]!r} for a {kind} cloud (its options: "
+            raise InvalidArgument(f"unknown option {unknown[0]!r} for {article(kind)} cloud (its options: "
                                   f"{', '.join(sorted(known))})", details={"option": unknown[0]})
         for key in required:
             if self.options.get(key) in (None, ""):
                 raise self.bad(key, "is required")
 
     def bad(self, key: str, why: str) -> InvalidArgument:
-        return InvalidArgument(f"option {key!r} of a {self.kind} cloud {why}", details={"option": key})
+        return InvalidArgument(f"option {key!r} of {article(self.kind)} cloud {why}", details={"option": key})
 
     def has(self, key: str) -> bool:
         return self.options.get(key) is not None
@@ -150,7 +155,8 @@ class Provider(ABC):
     """One linked cloud. Safe to call from several coroutines at once."""
 
     kind: ClassVar[str]
-    OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    OPTIONS: ClassVar[frozenset[str]] = frozenset()  # every option it takes (``options_help`` lists them)
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # those of them a link must give
     SECRETS: ClassVar[frozenset[str]] = frozenset()
 
     name: str  # the linked cloud's name: the ``provider`` of its offers and ElasticHost records
@@ -169,6 +175,12 @@ class Provider(ABC):
         self.quotas = {f"{self.name}:{family}": n for family, n in quotas.items()}
         return [o.model_copy(update={"quota_family": f"{self.name}:{o.quota_family}",
                                      "limit": limits.get(o.type_name)}) for o in offers]
+
+    async def check(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Ask the cloud whether the link made of ``options`` works, before the pool stores
+        it: the options to store (as given, or resolved as the kind says), or InvalidArgument
+        naming a bad option, or CloudError with the cloud's reason. The default asks nothing."""
+        return dict(options)
 
     def adopt(self, old: Provider) -> None:
         """Take over what ``old`` (this cloud as linked before: its caps re-set while it has
