@@ -175,6 +175,8 @@ class VmService:
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
         self._check_naming(name, req.host)
+        if req.bundle:
+            self._check_bundle(req.bundle, req.host, among, on)
         if not req.standby:  # (pinned: a standby VM on that host, as placement would put it there)
             vm = await self._claim(req, name, among if req.host is None else {req.host})
             if vm is not None:
@@ -273,6 +275,28 @@ class VmService:
                 pool = f"; cloud {on} has no hosts{pool}"
         raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB){pool}",
                         details={"hosts": dict(sorted((filtered | reasons).items()))})
+
+    def _check_bundle(self, bundle: str, host: str | None, among: set[str] | None, on: str) -> None:
+        """400 invalid_argument when no host the create may go to has guest bundle ``bundle``
+        (nor would a machine the elastic pool buys for it): the agent's own answer to a bundle
+        it lacks, given before placement turns it into each host's fleet_full reason. Hosts
+        whose agents have not said which bundles they have are not ruled out."""
+        names = [host] if host is not None else [r["id"] for r in self.store.list_hosts()
+                                                 if among is None or r["id"] in among]
+        if not names:
+            return  # (no host at all: fleet_full says so)
+        have: set[str] = set()
+        for h in names:
+            view = self.fleet.views.get(h) if self.fleet else None
+            listed = view.summary.get("bundles") if view is not None else None
+            if listed is None:
+                return  # (it did not say: its admission decides)
+            have |= {b.get("name") for b in listed if isinstance(b, dict)}
+        if host is None and on != "local" and self.ctl.pool.cloud_names():
+            have |= self.ctl.pool.images()  # (what a machine bought for it would have)
+        if bundle not in have:
+            what = f"host {host} has no bundle {bundle}" if host is not None else f"no host has bundle {bundle}"
+            raise InvalidArgument(f"{what} (a guest bundle; there are: {', '.join(sorted(b for b in have if b)) or 'none'})")
 
     def _among(self, on: str) -> set[str] | None:
         """The hosts ``on`` allows (None: any)."""

@@ -10,7 +10,7 @@ from typing import Optional
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from ...errors import NotFound
+from ...errors import InvalidArgument, NotFound
 from ...models.errors import responses
 from ...models.vm import PlacedVm, PlacedVmList
 from ..vms import ControllerCreateVm
@@ -28,7 +28,8 @@ def _vms(request: Request):
 
 @router.post("/v1/vms", status_code=201, response_model=PlacedVm,
              responses=responses(s400="invalid_argument: a field is missing, unknown or out of range, the body is "
-                                      "not JSON, or the host refused the body (no such bundle, entry too long)",
+                                      "not JSON, standby (prewarms keep those), no host it may go to has the "
+                                      "bundle, or the host refused the body (no such bundle, entry too long)",
                                  s404="not_found: the host given to pin the VM is not registered",
                                  s409="vm_exists: the name is already used on the chosen host, or another "
                                       "create of it is under way (on the pinned host, or for a create "
@@ -39,6 +40,9 @@ def _vms(request: Request):
                                       "error.vm); it may still create the VM, so no other host was tried"),
              summary="createVm: place a VM on the best host (409 fleet_full, vm_exists; 502 host_unreachable).")
 async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
+    if body.standby:  # (a VM booted with no entry that nothing here could ever claim)
+        raise InvalidArgument("standby VMs are kept by prewarms (POST /v1/prewarms): a VM created here "
+                              "runs its entry")
     vm = await _vms(request).create(body.model_dump(mode="json", exclude_unset=True))
     return JSONResponse(vm, status_code=201)
 
