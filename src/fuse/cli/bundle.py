@@ -29,8 +29,9 @@ def build(
     inputs always give the same fingerprint.
 
     A --name that is not a bundle name (VM names' pattern: a-z, 0-9, '_', '.',
-    '-') is invalid_argument, exit 2, before anything is fetched; a file that
-    cannot be read or written is io_error, exit 1."""
+    '-') is invalid_argument, exit 2, before anything is fetched; so is a
+    --kernel-deb that holds no kernel it can boot (no /boot/vmlinuz-*, not an
+    xz-compressed one); a file that cannot be read or written is io_error, exit 1."""
     from ..agent.bundle import build_bundle, name_problem
     from ..errors import FuseError
 
@@ -43,6 +44,10 @@ def build(
     except FuseError as exc:
         fail(exc.code, exc.message, json_=json_, exit_code=2 if exc.http_status == 400 else 1)
     except OSError as exc:
+        fail("io_error", str(exc), json_=json_)
+    except RuntimeError as exc:  # a kernel package or image it cannot use: said in one line
+        if kernel_deb is not None:
+            fail("invalid_argument", f"--kernel-deb {kernel_deb}: {exc}", json_=json_, exit_code=2)
         fail("io_error", str(exc), json_=json_)
     if json_:
         emit_json(manifest)
