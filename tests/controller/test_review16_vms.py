@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import fuse
+from fuse.client._core import Call
 from support import start_agent, start_controller, wait_until
 
 
@@ -40,3 +41,21 @@ def test_a_standby_vm_is_refused_through_the_controller(tmp_path, procs):
             client.vms.create(name="s", shape={"vcpus": 1, "mem_mib": 256}, standby=True)
         assert (e.value.status, e.value.code) == (400, "invalid_argument") and "prewarm" in e.value.message
         assert client.vms.list() == []
+
+
+def test_a_vm_asked_for_on_a_host_that_is_not_registered_says_so_and_an_empty_host_is_400(tmp_path, procs):
+    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        register(client, "a", a)
+        client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
+        with pytest.raises(fuse.ApiError) as e:
+            client.vms.delete("x", host="zz")
+        assert e.value.status == 404 and e.value.message == "vm x not found on host zz: no host zz is registered"
+        with pytest.raises(fuse.ApiError) as e:  # (a registered host without it: no more than that)
+            client.vms.get("y", host="a")
+        assert e.value.status == 404 and e.value.message == "vm y not found on host a"
+        with pytest.raises(fuse.ApiError) as e:  # (the SDK leaves an empty host out: the API's own answer)
+            client._send(Call("GET", "/v1/vms", params={"host": ""}))
+        assert (e.value.status, e.value.code) == (400, "invalid_argument"), e.value
+        assert [v["name"] for v in client.vms.list()] == ["x"]

@@ -520,7 +520,9 @@ class VmService:
         if host is not None:
             rows = [r for r in rows if r["host"] == host]
         if not rows:
-            raise NotFound(f"vm {name} not found" + (f" on host {host}" if host else ""))
+            unknown = host is not None and self.store.get_host(host) is None  # (a misspelt host, say so)
+            raise NotFound(f"vm {name} not found" + (f" on host {host}" if host else "")
+                           + (f": no host {host} is registered" if unknown else ""))
         if len(rows) > 1:
             raise AmbiguousVm(f"vm {name} is on several hosts ({', '.join(sorted(r['host'] for r in rows))}); "
                               "pick one with host", details={"hosts": sorted(r["host"] for r in rows)})

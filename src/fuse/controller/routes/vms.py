@@ -48,10 +48,13 @@ async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
 
 
 @router.get("/v1/vms", response_model=PlacedVmList,
-            responses=responses(s404="not_found: the controller knows no host of that name (none registered, "
+            responses=responses(s400="invalid_argument: host is empty",
+                                s404="not_found: the controller knows no host of that name (none registered, "
                                      "bought by the elastic pool, or holding a VM)"),
             summary="listVms: every VM on every host, tagged with its host (or on the host given).")
 async def list_vms(request: Request, host: Optional[str] = None) -> JSONResponse:
+    if host == "":  # (as a create's host: "" names none)
+        raise InvalidArgument("host must name a host (leave it out for every host's VMs)")
     vms = _vms(request).list(host)
     if host is not None and not vms and not _known_host(request, host):
         # As when a create pins it: a misspelt name must not read as "no VMs there".
