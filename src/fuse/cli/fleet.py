@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ..client import ApiError
 from ..client.events import RECONNECT_S
 from .output import api_errors, emit_json, table
 
@@ -20,14 +21,17 @@ def _client():
     return client()
 
 
-VM_COLUMNS = ["name", "host", "state", "vcpus", "mem MiB", "entry"]
+VM_COLUMNS = ["name", "host", "state", "vcpus", "mem MiB", "exit status", "reason", "entry"]
+FINISHED = ("exited", "failed")  # the VM's run is over: its console is final
+POLL_S = 0.5  # following a console, between two reads that found nothing new
 
 
 def _vm_rows(vms):
+    """One row per VM; a finished one shows how its run ended (exit status or, failed, why)."""
     for v in vms:
         shape = v.get("shape", {})
         yield (v["name"], v.get("host", ""), v.get("state", ""), shape.get("vcpus", ""), shape.get("mem_mib", ""),
-               (v.get("entry") or "")[:40])
+               v.get("exit_status"), v.get("reason"), (v.get("entry") or "")[:40])
 
 
 @vms_app.callback(invoke_without_command=True)
@@ -82,25 +86,65 @@ def vms_delete(name: str, host: Optional[str] = None, json_: bool = typer.Option
 
 
 @vms_app.command("console")
-def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f"),
+def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f", help=(
+                    "Keep printing what the VM writes; ends once its run is over (exited or failed) and "
+                    "all it wrote is printed, or when it is deleted.")),
                 offset: int = typer.Option(0, help="Start at this byte of the serial log (a `next_offset`)."),
                 json_: bool = typer.Option(False, "--json", help=(
-                    'Print the API\'s answer {"text", "offset", "next_offset"}; with --follow, one such '
-                    'object per line for each new piece of text.'))) -> None:
-    """The VM's serial console. Pass an answer's next_offset as --offset to read on from there."""
+                    'Print {"text", "offset", "next_offset"}: from --offset to the end of the log; with --follow, '
+                    'the API\'s answers, one object per line for each new piece of text.'))) -> None:
+    """The VM's serial console, all of it. Pass an answer's next_offset as --offset to read on from there."""
     with api_errors(json_), _client() as c:
+        if follow:
+            _follow(c, name, offset, host, json_)
+        elif json_:
+            pages = list(_to_end(c, name, offset, host))
+            emit_json({"text": "".join(p.get("text", "") for p in pages), "offset": pages[0]["offset"],
+                       "next_offset": pages[-1]["next_offset"]})
+        else:
+            for page in _to_end(c, name, offset, host):
+                typer.echo(page.get("text", ""), nl=False)
+
+
+def _to_end(c, name: str, offset: int, host: Optional[str]):
+    """The console's answers from ``offset`` to the log's end as it is now: the API answers
+    a page (64 KiB) at a time, so read on until ``next_offset`` stops moving."""
+    while True:
+        page = c.vms.console(name, offset, host)
+        yield page
+        if page.get("next_offset", offset) <= offset:
+            return
+        offset = page["next_offset"]
+
+
+def _follow(c, name: str, offset: int, host: Optional[str], json_: bool) -> None:
+    """Print the console as it grows until the VM's run is over (its state, asked each time
+    a read finds nothing new: a finished VM writes no more, so one more read to the end
+    gets all of it) or the VM is deleted."""
+    def show(page: dict) -> None:
+        if not json_:
+            typer.echo(page.get("text", ""), nl=False)
+        elif page.get("text"):  # JSON Lines, as `events --json` prints: nothing for a quiet poll
+            typer.echo(json.dumps(page, sort_keys=True))
+
+    first = c.vms.console(name, offset, host)  # (a VM that is not there: the error, as without --follow)
+    show(first)
+    offset = first.get("next_offset", offset)
+    try:
         while True:
-            out = c.vms.console(name, offset, host)
-            if not json_:
-                typer.echo(out.get("text", ""), nl=False)
-            elif not follow:
-                emit_json(out)
-            elif out.get("text"):  # JSON Lines, as `events --json` prints: nothing for a quiet poll
-                typer.echo(json.dumps(out, sort_keys=True))
-            offset = out.get("next_offset", offset)
-            if not follow:
+            for page in _to_end(c, name, offset, host):
+                show(page)
+                offset = page.get("next_offset", offset)
+            if c.vms.get(name, host).get("state") in FINISHED:
+                for page in _to_end(c, name, offset, host):
+                    show(page)
                 return
-            time.sleep(0.5)
+            time.sleep(POLL_S)
+    except ApiError as err:
+        if err.code != "not_found":
+            raise
+        gone = f"is no longer on host {host} (deleted or moved)" if host else "was deleted"
+        typer.echo(f"vm {name} {gone}: its console ends here", err=True)
 
 
 for _act in ("sleep", "wake"):

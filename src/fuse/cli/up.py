@@ -1,7 +1,13 @@
 """`fuse up`: the main job on one machine. Starts a controller (embedded
 SQLite) and a local host agent, registers the host, builds the guest bundle,
 places a VM through the controller and shows its console; then keeps
-serving until Ctrl-C, when it removes the VM and stops both."""
+serving until Ctrl-C, when it removes the VM and stops both.
+
+The VMs in the dir's agent are the run's own (it holds the dir's lock), whatever
+their names: those an earlier run left (killed outright, its VM lives on and its
+agent's next start adopts it) are deleted before the run creates its own, and at
+the end every one is deleted through the agent, so none is left running or
+recorded as running."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import typer
 
@@ -34,7 +41,7 @@ def _die_with(parent: int) -> None:
     """In the child, before exec: SIGTERM when `fuse up` dies, however it dies. A run killed
     outright (SIGKILL, the OOM killer) had left its agent and controller serving on the
     dir's sockets, and every later run refused until they were stopped by hand; now they
-    stop as on Ctrl-C (the VM stays, as VMs outlive their agent: the next run replaces it)."""
+    stop as on Ctrl-C (the VM stays, as VMs outlive their agent: the next run removes it)."""
     import ctypes
 
     PR_SET_PDEATHSIG = 1
@@ -99,14 +106,18 @@ def up(
     try:
         procs.append(agent := _spawn(["host", "serve", "--state-dir", str(state_dir / "agent"),
                                       "--socket", str(agent_sock)], agent_log))
-        procs.append(ctl := _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"),
-                                    "--socket", str(ctl_sock)], ctl_log))
 
         def ok(sock: Path, path: str) -> bool:
             with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
                 return c.get(path, timeout=2).status_code == 200
         _wait(lambda: ok(agent_sock, "/v1/host"), "host agent", agent, agent_log)
         agent_ready = True
+        # Before the controller starts: it then adopts an agent with none of them, and
+        # places on room they no longer hold.
+        for problem in _remove_vms(agent_sock, "left by an earlier run"):
+            console.print(f"warning: {problem}")
+        procs.append(ctl := _spawn(["controller", "serve", "--state-dir", str(state_dir / "controller"),
+                                    "--socket", str(ctl_sock)], ctl_log))
         _wait(lambda: ok(ctl_sock, "/v1/healthz"), "controller", ctl, ctl_log)
         console.print(f"controller on unix://{ctl_sock}, host agent on unix://{agent_sock}")
         client = fuse.Client(f"unix://{ctl_sock}")
@@ -135,6 +146,16 @@ def up(
                 except Exception:
                     pass
             client.close()
+        # VMs outlive their agent by design; `up` started them, so `up` makes sure none is
+        # left: every VM of the agent (those made through the controller while it served
+        # too) is deleted through it, which stops its QEMU and removes its record.
+        # Only once its own agent answered: before, the dir's agent (and QEMUs) may be another's.
+        if agent_ready and agent.poll() is None:
+            try:  # (what the agent could not delete is killed below)
+                for problem in _remove_vms(agent_sock, ""):
+                    console.print(f"warning: {problem}")
+            except Exception as exc:
+                console.print(f"warning: the host agent did not remove its vms: {exc}")
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -143,12 +164,19 @@ def up(
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        # VMs outlive their agent by design; `up` started them, so `up` makes sure none is left.
-        # Only once its own agent answered: before, the dir's agent (and QEMUs) may be another's.
         if agent_ready:
+            # What the agent did not stop (it died, or a delete failed) is killed; its record
+            # still says running until the next run's agent finds it ended and that run
+            # deletes it (above).
+            killed = []
             for pid in pids_mentioning(f"{state_dir / 'agent'}{os.sep}", b"qemu-system"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            if killed:
+                console.print(f"killed {len(killed)} QEMU process(es) the agent did not stop "
+                              f"(pids {', '.join(map(str, killed))}); the next run in {state_dir} removes "
+                              "their records")
 
 
 def _interrupt(signum, frame) -> None:
@@ -163,15 +191,7 @@ def _block() -> None:
 
 def _run_vm(client, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
     import fuse
-    # A VM of that name left in this dir by an earlier run (stopped while its create was
-    # in flight, so its clean-up's delete came first) would make the create vm_exists. The
-    # dir is this run's (its lock), and so is every VM its agent keeps.
-    try:
-        client.vms.delete(name)
-        console.print(f"removed vm {name} left by an earlier run")
-    except fuse.ApiError as err:
-        if err.code != "not_found":
-            raise
+    # (a VM of that name an earlier run left is gone already: `_remove_vms`)
     try:
         vm = client.vms.create({"name": name, "shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry})
     except fuse.ApiError as err:
@@ -193,6 +213,31 @@ def _run_vm(client, name: str, entry: str, vcpus: int, mem_mib: int) -> None:
             break
         time.sleep(0.3)
     console.print("console:\n" + seen.strip())
+
+
+def _remove_vms(agent_sock: Path, why: str) -> list[str]:
+    """Delete every VM the dir's agent keeps, through the agent: its QEMU stops and its
+    record and files go (a QEMU killed under the agent stayed recorded as running, and
+    turned failed at its next start). The dir is this run's (its lock), and so is every
+    VM in it, whatever its name. A VM a move holds is deleted with the move's id (one
+    host: no move can still need it). ``why`` is said of each one removed, when given.
+    Returns what could not be removed, one line each."""
+    import httpx
+
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent_sock)), base_url="http://agent") as c:
+        resp = c.get("/v1/host/vms", timeout=10)
+        if resp.status_code != 200:
+            return [f"the host agent did not list its vms: {resp.status_code} {resp.text[:300]}"]
+        problems = []
+        for vm in resp.json()["vms"]:
+            params = {"move_id": vm["move_id"]} if vm.get("move_id") else None
+            # (as long as the controller's delete waits for the agent's)
+            r = c.delete(f"/v1/host/vms/{quote(vm['name'], safe='')}", params=params, timeout=60)
+            if r.status_code not in (204, 404):  # (404: gone meanwhile)
+                problems.append(f"could not remove vm {vm['name']}: {r.status_code} {r.text[:300]}")
+            elif why:
+                console.print(f"removed vm {vm['name']} ({vm['state']}) {why}")
+        return problems
 
 
 def mount(app: typer.Typer) -> None:
