@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 
 from .. import http_errors
 from ..auth import BearerFirst
+from ..controller.validation import install as install_validation
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
@@ -76,6 +77,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False
     http_errors.install(app)
+    install_validation(app)  # after http_errors: a bad request is worded as the controller words it
     app.add_middleware(BearerFirst, token=cfg.token)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)

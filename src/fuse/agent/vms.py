@@ -324,7 +324,10 @@ class VmManager:
         VM's move starts by marking it this way, and a repeated call for the
         same move answers as the first did. A VM whose process ended before
         the monitor noticed (its guest powered off) is recorded as ended, as
-        the monitor would, and the sleep is 409 as for any ended VM."""
+        the monitor would, and the sleep is 409 as for any ended VM. A hypervisor
+        that does not answer (stopped, hung) fails the sleep within the backend's
+        deadlines, 500 ``sleep_failed``, and the VM stays running: a delete
+        queued behind it on this VM's lock waits that long, not for ever."""
         vm = self.get(name)
         async with self.lock(name):
             if vm.state == "sleeping":
@@ -451,7 +454,9 @@ class VmManager:
     # -- watching and adoption -------------------------------------------------
 
     async def start(self) -> None:
-        """Load every record and adopt what still runs; then watch."""
+        """Load every record and adopt what still runs (side by side; a VM whose
+        hypervisor does not answer in time is adopted with a ``vm_adopt_warning``);
+        then watch."""
         for path in sorted(self.root.glob("*/vm.json")):
             try:
                 vm = Vm.model_validate_json(path.read_text())
@@ -462,26 +467,34 @@ class VmManager:
             # (a process's start is read in clock ticks: a second's slack)
             self.metering.identify(vm.name, _created(vm), since=vm.created_at.timestamp() - 1.0)
         self.incoming.load()
+        adopting: list[Vm] = []
         for vm in list(self.vms.values()):
             if vm.state in ("creating", "running"):
-                pid = self.backend.pid(_bare_spec(self, vm))
-                if pid:
+                if pid := self.backend.pid(_bare_spec(self, vm)):
                     vm.pid = pid
-                    if adopt := getattr(self.backend, "adopt", None):
-                        try:
-                            await adopt(_bare_spec(self, vm))
-                        except (BackendError, OSError) as exc:
-                            self.events.emit("vm_adopt_warning", vm=vm.name, reason=str(exc))
-                    if vm.state == "creating":
-                        self.transition(vm, "running", "adopted after agent restart")
-                    self.events.emit("vm_adopted", vm=vm.name, pid=pid)
-                    if self.metering._open_segment(vm.name) is None:
-                        # The agent died before its segment opened (mid-boot): it is
-                        # metered from its process's start all the same.
-                        began = process_started(pid) or vm.created_at.timestamp()
-                        self.metering.start(vm.name, vm.shape.mem_mib, pid, now=began, created_at=_created(vm))
+                    adopting.append(vm)
                 else:
                     self._ended(vm)
+        # Side by side, each bounded by the backend (its QMP deadlines): a hung
+        # hypervisor costs the agent's start that bound once, not the whole host
+        # (it is adopted with a warning: its process is watched as any other).
+        async def adopt(vm: Vm) -> None:
+            if (take_over := getattr(self.backend, "adopt", None)) is not None:
+                await take_over(_bare_spec(self, vm))
+        outcomes = await asyncio.gather(*(adopt(vm) for vm in adopting), return_exceptions=True)
+        for vm, outcome in zip(adopting, outcomes):
+            if isinstance(outcome, (BackendError, OSError)):
+                self.events.emit("vm_adopt_warning", vm=vm.name, reason=str(outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            if vm.state == "creating":
+                self.transition(vm, "running", "adopted after agent restart")
+            self.events.emit("vm_adopted", vm=vm.name, pid=vm.pid)
+            if self.metering._open_segment(vm.name) is None:
+                # The agent died before its segment opened (mid-boot): it is
+                # metered from its process's start all the same.
+                began = process_started(vm.pid) or vm.created_at.timestamp()
+                self.metering.start(vm.name, vm.shape.mem_mib, vm.pid, now=began, created_at=_created(vm))
         await self._sweep_orphans()
         b = self.bundle("linux")
         if isinstance(b, bundles.Bundle):

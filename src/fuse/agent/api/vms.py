@@ -2,7 +2,9 @@
 
 Routes only parse and call the ``VmManager`` (``request.app.state.vms``);
 errors are ``fuse.errors`` exceptions, which the app maps to
-``{"error": {"code", "message"}}``.
+``{"error": {"code", "message"}}``. Bodies are read as the controller reads
+its own (``fuse.controller.validation``): JSON only, known fields only, at
+any depth, and one 400 ``invalid_argument`` in its words for what is wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from ...controller.validation import JSON_HINT
+from ...controller.validation import JSON_HINT, reject_unknown_fields
 from ...errors import InvalidArgument
 from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..metering import exact_json, window
@@ -34,7 +36,8 @@ async def json_body(request: Request) -> None:
         raise InvalidArgument(f"the body is not JSON ({got}): {JSON_HINT}")
 
 
-router = APIRouter(tags=["vms"], dependencies=[Depends(json_body)])
+# (json_body first: a body not sent as JSON is refused as such, before its fields are read)
+router = APIRouter(tags=["vms"], dependencies=[Depends(json_body), Depends(reject_unknown_fields)])
 MAX_READ = 64 * 2**20
 
 

@@ -26,6 +26,12 @@ Facts this relies on are measured in QEMU-NOTES.md:
   qemu.qmp then raises its own errors (``ExecInterruptedError``, ``EOFError``,
   ...), which ``qmp_session`` turns into ``BackendError`` like every other
   hypervisor failure.
+- A QEMU that is stopped (SIGSTOP) or wedged still has its QMP socket accept a
+  connection, in the kernel, but it never greets nor answers. So every QMP step
+  has a deadline (``QMP_TIMEOUT``): nothing the agent holds meanwhile (its own
+  start, a VM's lock) waits on such a process for ever. What was sent before a
+  step timed out still runs once the process runs again, in order; a session
+  given ``settle`` commands sends them after it (see ``qmp_session``).
 """
 
 from __future__ import annotations
@@ -103,30 +109,114 @@ def entry_path(vm_dir: Path) -> Path:
     return _vm_socket(vm_dir, "entry")
 
 
+# Seconds one QMP step may take: the greeting, or one command's answer. A live
+# QEMU answers in milliseconds (it serves QMP from its main loop, not the vCPUs'
+# threads); this bound is for one that does not answer at all.
+QMP_TIMEOUT = 10.0
+# Seconds a sleep's migration may go without writing a byte before it is given up.
+# It may take as long as it needs while it moves (a large guest, a slow disk).
+MIGRATION_STALL_S = 60.0
+LOAD_TIMEOUT = 120.0  # seconds a wake may take to load the state
+_settling: set[asyncio.Task] = set()  # sessions handed to ``_settle_later``, until they end
+
+
+class Qmp:
+    """A connected QMP client whose every command has a deadline. Once QEMU
+    missed one it is taken as hung: later commands fail at once, rather than
+    queue behind the one it has not answered."""
+
+    def __init__(self, client: QMPClient, path: Path, timeout: float):
+        self.client, self.path, self.timeout = client, path, timeout
+        self.hung: str | None = None  # the command QEMU did not answer in time
+
+    async def execute(self, cmd: str, arguments: dict[str, Any] | None = None,
+                      timeout: float | None = None) -> Any:
+        if self.hung is not None:
+            raise BackendError(f"QEMU at {self.path} is not answering (it never answered {self.hung})")
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(self.client.execute(cmd, arguments), limit)
+        except TimeoutError:
+            self.hung = cmd
+            raise BackendError(f"QEMU did not answer {cmd} within {limit:g} s (is its process stopped "
+                               "or hung?)") from None
+
+
 @contextlib.asynccontextmanager
-async def qmp_session(path: Path, timeout: float = 5.0, alive: Callable[[], bool] | None = None):
-    """A connected QMP client; retries while QEMU is still creating the socket
-    (giving up at once when ``alive()`` says the process is gone). A QMP
-    failure inside the session, a hang-up included, comes out as
-    ``BackendError``."""
+async def qmp_session(path: Path, timeout: float | None = None, alive: Callable[[], bool] | None = None,
+                      settle: tuple[str, ...] = ()):
+    """A connected ``Qmp``; retries while QEMU is still creating the socket
+    (giving up at once when ``alive()`` says the process is gone), and gives
+    up when it has not greeted within ``timeout`` (default ``QMP_TIMEOUT``),
+    which is also each command's deadline. A QMP failure inside the session,
+    a hang-up or a missed deadline included, comes out as ``BackendError``.
+
+    ``settle``: commands to send if a command's deadline was missed. QEMU
+    still runs what it was sent once its process runs again (a stopped one
+    continued), so the session is then not closed but handed to a task that
+    sends these after it, with no deadline, and ends when QEMU has answered
+    them or its process is gone (a delete's kill hangs the socket up)."""
+    timeout = QMP_TIMEOUT if timeout is None else timeout
     client = QMPClient("fuse-agent")
     deadline = time.monotonic() + timeout
     while True:
         try:
-            await client.connect(str(path))
+            # Bounded: a stopped QEMU's socket accepts the connection but never greets.
+            await asyncio.wait_for(client.connect(str(path)), max(0.01, deadline - time.monotonic()))
             break
         except Exception as exc:  # ConnectError wraps OSError; both mean "not yet"
-            if time.monotonic() > deadline or (alive is not None and not alive()):
-                raise BackendError(f"cannot reach QMP at {path}: {exc}") from exc
+            if time.monotonic() >= deadline or (alive is not None and not alive()):
+                why = f"no greeting within {timeout:g} s (is its process stopped or hung?)" \
+                    if isinstance(exc, TimeoutError) else exc
+                raise BackendError(f"cannot reach QMP at {path}: {why}") from exc
             await asyncio.sleep(0.02)
+    qmp = Qmp(client, path, timeout)
     try:
-        yield client
+        yield qmp
     except (QMPError, EOFError, OSError) as exc:
         raise BackendError(f"QMP at {path} failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        # disconnect() may raise EOFError after `quit` (QEMU-NOTES pitfalls).
-        with contextlib.suppress(Exception):
-            await client.disconnect()
+        if qmp.hung is not None and settle:
+            _settle_later(client, settle)
+        else:
+            # disconnect() may raise EOFError after `quit` (QEMU-NOTES pitfalls).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.disconnect(), timeout)
+
+
+def _settle_later(client: QMPClient, commands: tuple[str, ...]) -> None:
+    """Send ``commands`` on ``client`` once QEMU answers again (see ``qmp_session``)."""
+    async def settle() -> None:
+        try:
+            for command in commands:
+                with contextlib.suppress(QMPError):  # refused (nothing to cancel): the next one still goes
+                    await client.execute(command)
+        except Exception:  # the process is gone: nothing left to settle
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                await client.disconnect()
+    task = asyncio.get_running_loop().create_task(settle())
+    _settling.add(task)
+    task.add_done_callback(_settling.discard)
+
+
+async def _await_migration(qmp: Qmp) -> None:
+    """Poll a migration to its end: ``BackendError`` when it failed, or wrote
+    nothing for ``MIGRATION_STALL_S``."""
+    progress, moved_at = None, time.monotonic()
+    while True:
+        info = await qmp.execute("query-migrate")
+        status = info.get("status")
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
+        if (now := (status, (info.get("ram") or {}).get("transferred"))) != progress:
+            progress, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at > MIGRATION_STALL_S:
+            raise BackendError(f"saving state stalled: nothing written for {MIGRATION_STALL_S:g} s ({status})")
+        await asyncio.sleep(0.005)
 
 
 def machine_accel_cache(key: dict[str, str]) -> Path | None:
@@ -303,8 +393,11 @@ class QemuBackend(Backend):
     async def adopt(self, spec: BootSpec) -> None:
         """Take over a VM a previous agent started. If that agent died in the
         middle of a sleep, the guest is paused (stopped for migration):
-        resume it and drop the half-written state, so it runs on."""
-        async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
+        resume it and drop the half-written state, so it runs on. Bounded by
+        the QMP deadlines: a hung process is a ``BackendError``, not a hung
+        agent start (what was sent to it is settled once it runs again)."""
+        async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None,
+                               settle=("migrate_cancel", "cont")) as qmp:
             with contextlib.suppress(Exception):
                 await qmp.execute("migrate_cancel")
             status = (await qmp.execute("query-status"))["status"]
@@ -313,35 +406,37 @@ class QemuBackend(Backend):
         (spec.state_dir / (STATE_FILE + ".partial")).unlink(missing_ok=True)
 
     async def sleep(self, spec: BootSpec) -> list[str]:
+        """Save the guest to ``state.bin`` and end its process. On failure the
+        guest runs on as if never asked: at once where QEMU answers, else once
+        it runs again (``settle``). Every QMP step is bounded (``QMP_TIMEOUT``,
+        and the migration by ``MIGRATION_STALL_S`` without progress), so a hung
+        process fails the sleep rather than holding the VM's lock for ever."""
         pid = self.pid(spec)
         if pid is None:
             raise BackendError(f"vm {spec.name} has no running qemu process")
         private_dir(spec.state_dir)
         partial = spec.state_dir / (STATE_FILE + ".partial")
         private_file(partial)  # QEMU's `cat >` keeps this mode; it would create it 0640
-        async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
-            # The default bandwidth cap (~128 MiB/s) would make sleep crawl.
-            await qmp.execute("migrate-set-parameters", {"max-bandwidth": 10_000_000_000})
-            await qmp.execute("stop")
-            try:
-                await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(partial))}"})
-                while True:
-                    info = await qmp.execute("query-migrate")
-                    status = info.get("status")
-                    if status == "completed":
-                        break
-                    if status in ("failed", "cancelled"):
-                        raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
-                    await asyncio.sleep(0.005)
-            except Exception:
-                # The guest carries on as if never asked (if it is still there).
-                for command in ("migrate_cancel", "cont"):
-                    with contextlib.suppress(Exception):
-                        await qmp.execute(command)
-                partial.unlink(missing_ok=True)
-                raise
-            with contextlib.suppress(Exception):
-                await qmp.execute("quit")
+        try:
+            async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None,
+                                   settle=("migrate_cancel", "cont")) as qmp:
+                # The default bandwidth cap (~128 MiB/s) would make sleep crawl.
+                await qmp.execute("migrate-set-parameters", {"max-bandwidth": 10_000_000_000})
+                await qmp.execute("stop")
+                try:
+                    await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(partial))}"})
+                    await _await_migration(qmp)
+                except Exception:
+                    # The guest carries on as if never asked (if it is still there and answers).
+                    for command in ("migrate_cancel", "cont"):
+                        with contextlib.suppress(Exception):
+                            await qmp.execute(command)
+                    raise
+                with contextlib.suppress(Exception):
+                    await qmp.execute("quit")
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         await wait_gone(pid, str(spec.vm_dir))
         os.replace(partial, spec.state_dir / STATE_FILE)
         qmp_path(spec.vm_dir).unlink(missing_ok=True)
@@ -352,10 +447,16 @@ class QemuBackend(Backend):
         if not state.is_file():
             raise BackendError(f"vm {spec.name} has no state file to wake from")
         pid = await self._launch(spec, incoming=state)
+        # QEMU loads in its main loop, which serves QMP too: it may greet and answer
+        # only between reads of the state, so here every step gets the load's deadline.
+        deadline = time.monotonic() + LOAD_TIMEOUT
         try:
-            async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None) as qmp:
-                deadline = time.monotonic() + 120
-                while (status := (await qmp.execute("query-status"))["status"]) == "inmigrate":
+            async with qmp_session(qmp_path(spec.vm_dir), timeout=LOAD_TIMEOUT,
+                                   alive=lambda: self.pid(spec) is not None) as qmp:
+                while True:
+                    left = max(1.0, deadline - time.monotonic())
+                    if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
+                        break
                     if time.monotonic() > deadline:
                         raise BackendError("loading state timed out")
                     await asyncio.sleep(0.005)
