@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 import fuse
 from agent_support import COUNTER, counted, install_bundle, qemu_pids
-from fuse.agent.app import AgentConfig, create_app
+from test_review6_agent import agent  # noqa: F401 (the fixture: a fake-backend agent app)
 from fuse.agent.backends import qemu as qemu_backend
 from fuse.agent.backends.base import BackendError
 from fuse.agent.backends.qemu import qmp_path, qmp_session
@@ -28,7 +28,7 @@ from fuse.agent.vms import VmManager
 from fuse.controller.app import create_app as create_controller_app
 from fuse.controller.service import Controller
 from fuse.models.vm import CreateVmRequest
-from support import fake_bundle, reap, start_agent, start_controller, wait_until
+from support import reap, start_agent, start_controller, wait_until
 
 qemu = pytest.mark.qemu
 SHAPE = {"vcpus": 1, "mem_mib": 128}
@@ -224,13 +224,6 @@ def test_a_move_of_a_hung_vm_fails_and_leaves_it_running_at_home(tmp_path, bundl
 
 
 # ---- request bodies, read as the controller reads them ------------------------------
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    state = tmp_path_factory.mktemp("agent")
-    fake_bundle(state)
-    with TestClient(create_app(AgentConfig(state_dir=state, backend="fake"))) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,15 @@ import time
 
 import pytest
 from sqlalchemy import update
-from starlette.testclient import TestClient
 from test_providers_aws import SECRET, TOKEN, _tags, ami, ec2, provider  # noqa: F401 (fixtures)
+from test_review4_caps import app  # noqa: F401 (the fixture: a controller app, its machines removed after)
 from typer.testing import CliRunner
 
-from fuse.controller.app import create_app
 from fuse.controller.pool.elastic_host import JOIN_GRACE_SECS
 from fuse.controller.pool.providers import KINDS, link
-from fuse.controller.service import Controller
 from fuse.controller.store import elastic_hosts as hosts_t
 from fuse.errors import InvalidArgument
-from support import free_port, reap
+from support import free_port
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +37,6 @@ def x86_ami(ec2, ami) -> str:  # noqa: F811
     assert ec2.describe_images(ImageIds=[ami])["Images"][0]["Architecture"] == "x86_64"
     return ami
 
-
-@pytest.fixture
-def app(tmp_path):
-    ctl = Controller(tmp_path / "ctl")
-    client = TestClient(create_app(ctl))
-    yield client, ctl
-    names = [h["name"] for h in client.get("/v1/pool/hosts").json()["hosts"]]
-    client.post("/v1/pool/hosts/remove", json={"names": names})
-    ctl.store.close()
-    reap(tmp_path)
 
 
 def options(url: str, image_id, **more) -> dict:
