@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -65,6 +66,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)\r?$", re.M)
+# Written in a VM's dir before a sleep or wake touches its process and removed
+# once the record says how it ended: an agent killed in between left the record
+# one state behind the process and state files, and the next agent settles it
+# (``_settle_interrupted``).
+SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
 CONSOLE_CHUNK = 64 * 1024
 MONITOR_INTERVAL = 0.1
 
@@ -347,11 +353,13 @@ class VmManager:
                 raise Conflict(f"vm {name} is standby (waiting for its entry); claim or delete it")
             spec = self.spec(vm)
             self.metering.sample(name)
+            self._set_mark(vm, SLEEP_MARK, {"move_id": move_id})
             try:
                 if self.backend.pid(spec) is None:
                     raise BackendError(f"vm {name} has no running process")
                 names = await self.backend.sleep(spec)
             except BackendError as exc:
+                self._clear_mark(vm, SLEEP_MARK)
                 if self.backend.pid(spec) is None:
                     # Its guest powered off before the monitor noticed (or during the
                     # sleep): it ended as the monitor would record it, and an ended VM
@@ -365,6 +373,7 @@ class VmManager:
             vm.move_id, vm.pid = move_id, None
             vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
+            self._clear_mark(vm, SLEEP_MARK)
         return vm
 
     async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False,
@@ -400,17 +409,40 @@ class VmManager:
                         raise self.refuse(reason, name)
                     vm.reserved = True  # counted from here, so no create takes the room
             spec = self.spec(vm)
+            self._set_mark(vm, WAKE_MARK)
             try:
                 vm.pid = await self.backend.wake(spec)
             except (BackendError, OSError) as exc:
+                self._clear_mark(vm, WAKE_MARK)
                 vm.reserved = vm.move_role == "target"  # an arrived copy keeps its room
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
-            shutil.rmtree(spec.state_dir, ignore_errors=True)  # stale once the guest runs on
             vm.files, vm.move_id, vm.move_role = [], None, None
             vm.reserved = vm.return_room = False
             self.transition(vm, "running")
+            # Stale once the record says the guest runs on, not before: an agent
+            # killed until then leaves a VM the next one can still wake.
+            shutil.rmtree(spec.state_dir, ignore_errors=True)
+            self._clear_mark(vm, WAKE_MARK)
         return vm
+
+    def _set_mark(self, vm: Vm, mark: str, data: dict[str, Any] | None = None) -> None:
+        path = self.vm_dir(vm.name) / mark
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", opener=private_opener) as f:
+            json.dump(data or {}, f)
+        os.replace(tmp, path)
+
+    def _clear_mark(self, vm: Vm, mark: str) -> None:
+        (self.vm_dir(vm.name) / mark).unlink(missing_ok=True)
+
+    def _mark(self, vm: Vm, mark: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.vm_dir(vm.name) / mark).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}  # cut short by the crash: the mark stands, its details are lost
 
     def console(self, name: str, offset: int = 0, limit: int = CONSOLE_CHUNK) -> dict[str, Any]:
         """Serial output from byte ``offset``; ``next_offset`` continues it."""
@@ -467,6 +499,8 @@ class VmManager:
             # (a process's start is read in clock ticks: a second's slack)
             self.metering.identify(vm.name, _created(vm), since=vm.created_at.timestamp() - 1.0)
         self.incoming.load()
+        for vm in list(self.vms.values()):
+            self._settle_interrupted(vm)
         adopting: list[Vm] = []
         for vm in list(self.vms.values()):
             if vm.state in ("creating", "running"):
@@ -500,6 +534,43 @@ class VmManager:
         if isinstance(b, bundles.Bundle):
             await self._settle_accel(b)
         self._monitor = asyncio.create_task(self._watch())
+
+    def _settle_interrupted(self, vm: Vm) -> None:
+        """Finish, from what is on disk, a sleep or wake the last agent died in.
+
+        A wake's QEMU still running is the VM woken: recorded running here and
+        adopted as any running VM (not killed as an orphan); gone, the VM
+        sleeps on, its state files kept until a running record existed. A
+        sleep whose QEMU is gone and whose state files are complete (renamed
+        from ``.partial``) is the VM asleep; QEMU still running, it is adopted
+        and runs on; neither, it ended as any VM whose process is gone."""
+        spec = _bare_spec(self, vm)
+        if self._mark(vm, WAKE_MARK) is not None:
+            if vm.state == "sleeping" and (pid := self.backend.pid(spec)):
+                vm.pid, vm.files, vm.move_id, vm.move_role = pid, [], None, None
+                vm.reserved = vm.return_room = False
+                self.transition(vm, "running", "woken when the agent restarted")
+            if vm.state == "running":
+                shutil.rmtree(spec.state_dir, ignore_errors=True)
+            self._clear_mark(vm, WAKE_MARK)
+        if (sleeping := self._mark(vm, SLEEP_MARK)) is not None:
+            if vm.state == "running" and self.backend.pid(spec) is None:
+                for partial in spec.state_dir.glob("*.partial"):
+                    partial.unlink(missing_ok=True)
+                saved = sorted(p for p in spec.state_dir.glob("*") if p.is_file()) \
+                    if spec.state_dir.is_dir() else []
+                if saved:
+                    self._slept(vm, saved, sleeping.get("move_id"))
+            self._clear_mark(vm, SLEEP_MARK)
+
+    def _slept(self, vm: Vm, saved: list[Path], move_id: str | None) -> None:
+        """Record as asleep a VM whose sleep finished as its agent died."""
+        self.metering.stop(vm.name, now=max(p.stat().st_mtime for p in saved))
+        vm.files = [_describe(p) for p in saved]
+        self.metering.state_written(vm.name, sum(f.size for f in vm.files), created_at=_created(vm))
+        vm.move_id, vm.pid = move_id, None
+        vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
+        self.transition(vm, "sleeping", "its sleep finished as the agent died")
 
     async def _sweep_orphans(self) -> None:
         """Kill hypervisor processes under our VM dirs that no running
