@@ -1,7 +1,7 @@
 """The receiving side of a move: reserve room, take files by range, verify,
 install as a sleeping VM.
 
-    POST   /v1/host/incoming                    begin: admission + reservation
+    POST   /v1/host/incoming                    begin: admission (memory, disk) + reservation
     PUT    /v1/host/incoming/{move}/files/{f}   bytes at an offset (any order;
                                                 or the bulk protocol, ``bulk``)
     POST   /v1/host/incoming/{move}/verify      sizes and SHA-256 as received
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .vms import VmManager
 
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")  # as bundles.sha256_file writes it, so a match is possible
 MAX_CHUNK = 64 * 2**20
 
 
@@ -71,7 +73,7 @@ class IncomingMoves:
     def _state_path(self, entry: dict[str, Any], file: str) -> Path:
         if file not in {f["name"] for f in entry["files"]}:
             raise NotFound(f"move {entry['move_id']} declared no file {file}")
-        return self.mgr.vm_dir(entry["name"]) / "state" / file
+        return self._path_of(entry, file)
 
     async def begin(self, req: IncomingRequest) -> dict[str, Any]:
         """Admit the arriving VM and reserve its memory."""
@@ -79,6 +81,16 @@ class IncomingMoves:
         names = [f.name for f in req.files]
         if len(set(names)) != len(names) or not all(_FILE_NAME.match(n) for n in names):
             raise InvalidArgument("file names must be unique plain names")
+        for f in req.files:
+            # Every backend's sleep writes only non-empty files (QEMU: state.bin; Firecracker: the
+            # snapshot and memory; the fake: counter and memory.bin), and a wake needs their bytes:
+            # an empty one is a broken declaration, not a VM, and would install and fail at wake.
+            if f.size <= 0:
+                raise InvalidArgument(f"file {f.name} declares {f.size} bytes: a sleeping vm's state files "
+                                      f"are never empty")
+            if not _SHA256.match(f.sha256):
+                raise InvalidArgument(f"file {f.name} declares sha256 {f.sha256[:80]!r}: not 64 lowercase "
+                                      f"hex digits")
         async with mgr.admit_lock:
             if (entry := self.entries.get(req.move_id)) is not None:
                 if entry["name"] != name:
@@ -95,6 +107,8 @@ class IncomingMoves:
                 raise Conflict(why, code="platform_mismatch")
             if reason := mgr.admission(req.vm.shape.mem_mib):
                 raise mgr.refuse(reason, name)
+            if reason := self._disk_refusal(sum(f.size for f in req.files)):
+                raise mgr.refuse(reason, name)
             created = req.vm.created_at or _now()
             vm = Vm(name=name, state="incoming", shape=req.vm.shape, entry=req.vm.entry, bundle=b.name,
                     bundle_fingerprint=b.fingerprint, created_at=created, platform=req.platform,
@@ -110,14 +124,35 @@ class IncomingMoves:
             mgr.events.emit("vm_state", vm=name, to="incoming", move_id=req.move_id)
         return self.describe(entry)
 
+    def _disk_refusal(self, need: int) -> str | None:
+        """Why the state dir's disk has no room for ``need`` more bytes, or
+        None. Other moves still receiving hold what they declared and have
+        not written yet (call under ``admit_lock``, as begin does)."""
+        free = shutil.disk_usage(self.mgr.state_dir).free
+        owed = [sum(f["size"] - _received(self._path_of(e, f["name"]), f["size"]) for f in e["files"])
+                for e in self.entries.values()]
+        promised = sum(owed)
+        if need + promised <= free:
+            return None
+        others = f", {promised} of them promised to {sum(1 for n in owed if n)} other incoming move(s)" \
+            if promised else ""
+        return (f"disk full: the move's files need {need} bytes; the disk of {self.mgr.state_dir} "
+                f"has {free} bytes free{others}")
+
+    def _path_of(self, entry: dict[str, Any], file: str) -> Path:
+        return self.mgr.vm_dir(entry["name"]) / "state" / file
+
     def writable(self, move_id: str, file: str, offset: int, length: int) -> Path:
         """The path to write ``length`` bytes at ``offset`` of a declared
-        file (checked against its size); a write undoes an earlier verify."""
+        file (checked against its size). Every write bumps the move's
+        generation, which undoes an earlier verify and one under way (it
+        marks only the generation it hashed)."""
         entry = self._entry(move_id)
         path = self._state_path(entry, file)
         size = next(f["size"] for f in entry["files"] if f["name"] == file)
         if offset < 0 or offset + length > size:
             raise InvalidArgument(f"bytes {offset}..{offset + length} fall outside {file} ({size} bytes)")
+        entry["generation"] = entry.get("generation", 0) + 1
         entry.pop("verified", None)
         return path
 
@@ -156,14 +191,16 @@ class IncomingMoves:
         again (unless a write comes in between)."""
         entry = self._entry(move_id)
         self._settled(entry)
+        generation = entry.get("generation", 0)
         out, good = [], True
         for f in entry["files"]:
             size, digest = await asyncio.to_thread(_size_and_hash, self._state_path(entry, f["name"]))
             match = size == f["size"] and digest == f["sha256"]
             good &= match
             out.append({"name": f["name"], "size": size, "sha256": digest, "match": match})
-        if good and self.entries.get(move_id) is entry:
-            entry["verified"] = True
+        # A write that came in while hashing may have changed bytes already hashed: no mark then.
+        if good and self.entries.get(move_id) is entry and entry.get("generation", 0) == generation:
+            entry["verified"] = generation
         return {"move_id": move_id, "verified": good, "files": out}
 
     async def install(self, move_id: str) -> Vm:
@@ -178,13 +215,17 @@ class IncomingMoves:
         self._settled(entry)
         vm = mgr.get(entry["name"])
         async with mgr.lock(vm.name):
-            for f in [] if entry.get("verified") else entry["files"]:
+            generation = entry.get("generation", 0)
+            for f in [] if entry.get("verified") == generation else entry["files"]:
                 path = self._state_path(entry, f["name"])
                 size, digest = await asyncio.to_thread(_size_and_hash, path)
                 if size != f["size"] or digest != f["sha256"]:
                     raise Conflict(f"file {f['name']} does not match: {size} bytes sha256 {digest[:12]}, "
                                    f"expected {f['size']} bytes sha256 {f['sha256'][:12]}",
                                    code="checksum_mismatch")
+            if entry.get("generation", 0) != generation:  # written to while hashed: not what was checked
+                raise Conflict(f"move {move_id} was written to while its files were checked; install again",
+                               code="writes_in_flight")
             vm.files = [StateFile(**f) for f in entry["files"]]
             vm.reserved, vm.move_role = True, "target"
             mgr.transition(vm, "sleeping", f"installed by move {move_id}")
@@ -219,11 +260,7 @@ class IncomingMoves:
         (self.dir / f"{move_id}.json").unlink(missing_ok=True)
 
     def describe(self, entry: dict[str, Any]) -> dict[str, Any]:
-        state_dir = self.mgr.vm_dir(entry["name"]) / "state"
-        received = 0
-        for f in entry["files"]:
-            path = state_dir / f["name"]
-            received += min(path.stat().st_size, f["size"]) if path.exists() else 0
+        received = sum(_received(self._path_of(entry, f["name"]), f["size"]) for f in entry["files"])
         return {"move_id": entry["move_id"], "name": entry["name"], "state": "receiving",
                 "files": entry["files"], "received_bytes": received,
                 "total_bytes": sum(f["size"] for f in entry["files"]), "created_at": entry["created_at"]}
@@ -244,6 +281,15 @@ def _size_and_hash(path: Path) -> tuple[int, str]:
     if not path.exists():
         return 0, hashlib.sha256().hexdigest()
     return path.stat().st_size, bundles.sha256_file(path)
+
+
+def _received(path: Path, size: int) -> int:
+    """Bytes of a file on disk (its allocated blocks, not a sparse length
+    a write at a far offset gives it), at most its declared ``size``."""
+    try:
+        return min(path.stat().st_blocks * 512, size)
+    except FileNotFoundError:
+        return 0
 
 
 def _now() -> datetime:
