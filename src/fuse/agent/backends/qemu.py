@@ -219,6 +219,35 @@ async def _await_migration(qmp: Qmp) -> None:
         await asyncio.sleep(0.005)
 
 
+def _launch_failure(err_path: Path, status: int, incoming: Path | None) -> str:
+    """Why a QEMU launch left no process, as far as can be told: its own
+    message if it wrote one; else, for a wake, what is wrong with the state it
+    loads (a daemonized QEMU loads after it has detached, with its stderr on
+    /dev/null, so a failed load says nothing); else its bare exit status."""
+    detail = err_path.read_text(errors="replace").strip()[-500:] if err_path.exists() else ""
+    if detail:
+        return detail
+    if incoming is not None and status == 0:
+        return f"it detached, then ended while loading {incoming.name}: {_state_problem(incoming)}"
+    return f"it exited with status {status} without a message"
+
+
+def _state_problem(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        size = path.stat().st_size
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if size == 0:
+        return "the file is empty"
+    # A migration stream opens with QEMU_VM_FILE_MAGIC "QEVM" and QEMU_VM_FILE_VERSION 3.
+    if head[:4] != b"QEVM":
+        return f"it is no QEMU state ({size} bytes starting {head[:4].hex()}, not the QEVM magic)"
+    return (f"it is a QEMU state of {size} bytes that this QEMU rejected (truncated, corrupt, or from "
+            f"another machine or QEMU version); QEMU's own message went to /dev/null")
+
+
 def machine_accel_cache(key: dict[str, str]) -> Path | None:
     """This machine's cached KVM probe answer for ``key``: under
     ``$FUSE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/fuse`` or ``~/.cache/fuse``);
@@ -229,6 +258,19 @@ def machine_accel_cache(key: dict[str, str]) -> Path | None:
         return None
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(root) / f"accel-{digest}.json"
+
+
+async def _loaded(qmp, deadline: float) -> str:
+    """Wait until QEMU has loaded an incoming state (``-incoming``) and answer its status
+    then. QEMU loads in its main loop, which serves QMP too: it may answer only between
+    reads of the state, so each ask gets what is left of ``deadline``."""
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
+            return status
+        if time.monotonic() > deadline:
+            raise BackendError("loading state timed out")
+        await asyncio.sleep(0.005)
 
 
 class QemuBackend(Backend):
@@ -351,8 +393,8 @@ class QemuBackend(Backend):
         reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
         pid = read_pidfile(spec.vm_dir / "qemu.pid")
         if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
-            detail = err_path.read_text(errors="replace").strip()[-500:]
-            raise BackendError(f"qemu failed to start (exit {proc.returncode}): {detail}")
+            raise BackendError(f"qemu failed to start (exit {proc.returncode}): "
+                               f"{_launch_failure(err_path, proc.returncode, incoming)}")
         for sock in (qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
             with contextlib.suppress(FileNotFoundError):  # (the entry socket: standby VMs only)
                 os.chmod(sock, 0o600)  # sockets are owner-only (README); QEMU made them 0750
@@ -401,6 +443,8 @@ class QemuBackend(Backend):
             with contextlib.suppress(Exception):
                 await qmp.execute("migrate_cancel")
             status = (await qmp.execute("query-status"))["status"]
+            if status == "inmigrate":  # (a wake's QEMU, still loading its state when that agent died)
+                status = await _loaded(qmp, time.monotonic() + LOAD_TIMEOUT)
             if status in ("paused", "postmigrate", "finish-migrate"):
                 await qmp.execute("cont")
         (spec.state_dir / (STATE_FILE + ".partial")).unlink(missing_ok=True)
@@ -453,13 +497,7 @@ class QemuBackend(Backend):
         try:
             async with qmp_session(qmp_path(spec.vm_dir), timeout=LOAD_TIMEOUT,
                                    alive=lambda: self.pid(spec) is not None) as qmp:
-                while True:
-                    left = max(1.0, deadline - time.monotonic())
-                    if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
-                        break
-                    if time.monotonic() > deadline:
-                        raise BackendError("loading state timed out")
-                    await asyncio.sleep(0.005)
+                status = await _loaded(qmp, deadline)
                 if status not in ("paused", "postmigrate", "running"):
                     raise BackendError(f"loading state left the vm {status}")
                 if status != "running":
