@@ -219,6 +219,19 @@ async def _await_migration(qmp: Qmp) -> None:
         await asyncio.sleep(0.005)
 
 
+async def _loaded(qmp: Qmp, deadline: float) -> str:
+    """Wait until QEMU has loaded an incoming state (``-incoming``) and answer its status
+    then. QEMU loads in its main loop, which serves QMP too: it may answer only between
+    reads of the state, so each ask gets what is left of ``deadline``."""
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
+            return status
+        if time.monotonic() > deadline:
+            raise BackendError("loading state timed out")
+        await asyncio.sleep(0.005)
+
+
 def _launch_failure(err_path: Path, status: int, incoming: Path | None) -> str:
     """Why a QEMU launch left no process, as far as can be told: its own
     message if it wrote one; else, for a wake, what is wrong with the state it
@@ -258,19 +271,6 @@ def machine_accel_cache(key: dict[str, str]) -> Path | None:
         return None
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(root) / f"accel-{digest}.json"
-
-
-async def _loaded(qmp, deadline: float) -> str:
-    """Wait until QEMU has loaded an incoming state (``-incoming``) and answer its status
-    then. QEMU loads in its main loop, which serves QMP too: it may answer only between
-    reads of the state, so each ask gets what is left of ``deadline``."""
-    while True:
-        left = max(1.0, deadline - time.monotonic())
-        if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
-            return status
-        if time.monotonic() > deadline:
-            raise BackendError("loading state timed out")
-        await asyncio.sleep(0.005)
 
 
 class QemuBackend(Backend):
