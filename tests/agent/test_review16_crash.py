@@ -176,3 +176,85 @@ async def test_an_agent_killed_after_the_state_file_is_in_place_finds_the_vm_sle
     finally:
         await (second or first).delete("c")
         await (second or first).close()
+
+
+def _crash_after_quit(mgr: VmManager, monkeypatch) -> None:
+    """Kill the agent as soon as the sleeping VM's QEMU has quit."""
+    from fuse.agent.backends import qemu
+
+    real = qemu.wait_gone
+
+    async def wait_gone(pid, marker, *args, **kwargs):
+        await real(pid, marker, *args, **kwargs)
+        raise Crash
+
+    monkeypatch.setattr(qemu, "wait_gone", wait_gone)
+
+
+def _crash_before_quit(mgr: VmManager, monkeypatch) -> None:
+    """Kill the agent once the state is all written, before QEMU is told to quit."""
+    import types
+
+    from fuse.agent.backends import qemu
+
+    def replace(src, dst):
+        os.replace(src, dst)
+        if str(dst).endswith(STATE_FILE):
+            raise Crash
+
+    monkeypatch.setattr(qemu, "os", types.SimpleNamespace(**{**vars(os), "replace": replace}))
+
+
+async def test_an_agent_killed_as_qemu_quits_after_a_sleep_finds_the_vm_sleeping(tmp_path, bundle_dir, monkeypatch):
+    """Review 17: the state file took its name only after QEMU was gone, so an
+    agent killed in between left a partial file, which the next agent dropped,
+    recording the VM ended: its saved guest lost."""
+    first, state = await _counting_vm(tmp_path, bundle_dir)
+    second = None
+    try:
+        _crash_after_quit(first, monkeypatch)
+        with pytest.raises(Crash):
+            await first.sleep("c")
+        await _die(first)
+        monkeypatch.undo()
+        assert not qemu_pids(str(first.vm_dir("c")))
+
+        second = await _restart(state)
+        vm = second.get("c")
+        saved = second.state_file("c", STATE_FILE)
+        assert (vm.state, vm.pid) == ("sleeping", None)
+        assert [(f.name, f.sha256) for f in vm.files] == [(STATE_FILE, sha256_file(saved))]
+        await second.wake("c")
+        before = len(counted((second.vm_dir("c") / "console.log").read_text()))
+        seen = await _counts_past(second, before + 2)
+        assert seen == list(range(len(seen)))  # it ran on from where it slept
+    finally:
+        await (second or first).delete("c")
+        await (second or first).close()
+
+
+async def test_an_agent_killed_before_qemu_quits_adopts_the_vm_and_drops_the_state(tmp_path, bundle_dir, monkeypatch):
+    """The state is whole but QEMU never got its quit: the guest runs on (adopted, continued),
+    and the written state goes: a later sleep's crash must never find it as this one's."""
+    first, state = await _counting_vm(tmp_path, bundle_dir)
+    second = None
+    try:
+        _crash_before_quit(first, monkeypatch)
+        with pytest.raises(Crash):
+            await first.sleep("c")
+        await _die(first)
+        monkeypatch.undo()
+        (pid,) = qemu_pids(str(first.vm_dir("c")))
+        assert (first.vm_dir("c") / "state" / STATE_FILE).is_file()
+
+        second = await _restart(state)
+        vm = second.get("c")
+        assert (vm.state, vm.pid) == ("running", pid)
+        assert not (second.vm_dir("c") / "state").exists()
+        assert not (second.vm_dir("c") / SLEEP_MARK).exists()
+        before = len(counted((second.vm_dir("c") / "console.log").read_text()))
+        seen = await _counts_past(second, before + 2)
+        assert seen == list(range(len(seen)))  # it ran on from where it was paused
+    finally:
+        await (second or first).delete("c")
+        await (second or first).close()

@@ -542,8 +542,10 @@ class VmManager:
         adopted as any running VM (not killed as an orphan); gone, the VM
         sleeps on, its state files kept until a running record existed. A
         sleep whose QEMU is gone and whose state files are complete (renamed
-        from ``.partial``) is the VM asleep; QEMU still running, it is adopted
-        and runs on; neither, it ended as any VM whose process is gone."""
+        from ``.partial`` once QEMU had written all of it) is the VM asleep; QEMU
+        still running, it is adopted and runs on (any state written is dropped:
+        the guest moves on from it); neither, it ended as any VM whose process is
+        gone."""
         spec = _bare_spec(self, vm)
         if self._mark(vm, WAKE_MARK) is not None:
             if vm.state == "sleeping" and (pid := self.backend.pid(spec)):
@@ -554,7 +556,9 @@ class VmManager:
                 shutil.rmtree(spec.state_dir, ignore_errors=True)
             self._clear_mark(vm, WAKE_MARK)
         if (sleeping := self._mark(vm, SLEEP_MARK)) is not None:
-            if vm.state == "running" and self.backend.pid(spec) is None:
+            if vm.state == "running" and self.backend.pid(spec) is not None:
+                shutil.rmtree(spec.state_dir, ignore_errors=True)
+            elif vm.state == "running":
                 for partial in spec.state_dir.glob("*.partial"):
                     partial.unlink(missing_ok=True)
                 saved = sorted(p for p in spec.state_dir.glob("*") if p.is_file()) \

@@ -459,7 +459,8 @@ class QemuBackend(Backend):
         if pid is None:
             raise BackendError(f"vm {spec.name} has no running qemu process")
         private_dir(spec.state_dir)
-        partial = spec.state_dir / (STATE_FILE + ".partial")
+        partial, state = spec.state_dir / (STATE_FILE + ".partial"), spec.state_dir / STATE_FILE
+        state.unlink(missing_ok=True)  # an earlier sleep's, stale while the guest ran: never the saved state
         private_file(partial)  # QEMU's `cat >` keeps this mode; it would create it 0640
         try:
             async with qmp_session(qmp_path(spec.vm_dir), alive=lambda: self.pid(spec) is not None,
@@ -476,13 +477,19 @@ class QemuBackend(Backend):
                         with contextlib.suppress(Exception):
                             await qmp.execute(command)
                     raise
+                # Complete (QEMU has handed all of it over): from here the VM is asleep
+                # whatever becomes of this agent, so the file takes its name before QEMU
+                # quits (an agent killed between the two found only a partial file and
+                # lost the VM). The rename does not disturb `cat` writing the pipe's last
+                # bytes: the same file. An agent killed before the quit finds the guest
+                # still there and adopts it (``adopt``), dropping this file.
+                os.replace(partial, state)
                 with contextlib.suppress(Exception):
                     await qmp.execute("quit")
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
         await wait_gone(pid, str(spec.vm_dir))
-        os.replace(partial, spec.state_dir / STATE_FILE)
         qmp_path(spec.vm_dir).unlink(missing_ok=True)
         return [STATE_FILE]
 
