@@ -31,6 +31,13 @@ def test_the_sync_client_follows_the_stream():
     assert [(q["since"], q["wait_s"]) for q in asked] == [("0", "5"), ("1", "5"), ("1", "5")]
 
 
+def test_the_sync_client_offers_no_async_follow():
+    # (review 17) it had the async client's `afollow`, which awaited the sync `list`'s
+    # dict and raised TypeError on its first page
+    with fuse.Client("http://c", transport=httpx.MockTransport(controller([]))) as c:
+        assert not hasattr(c.events, "afollow")
+
+
 @pytest.mark.parametrize("method", ["follow", "afollow"],
                          ids=["follow is an async iterator on the async client", "afollow stays as its old name"])
 async def test_the_async_client_follows_the_stream(method):

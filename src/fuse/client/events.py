@@ -98,6 +98,13 @@ class EventsAPI:
                     return
             since = _cursor(page, since)
 
+
+class AsyncEventsAPI(EventsAPI):
+    """The async client's events: `list` returns an awaitable, so `follow`
+    is the async iterator (`async for e in client.events.follow(...)`);
+    `afollow` is the same thing under its older name. (Only here: the sync
+    client's `list` answers at once, and it has `follow`.)"""
+
     async def afollow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                       reconnect_s: float = RECONNECT_S) -> AsyncIterator[dict]:
         """`follow` for the async client."""
@@ -120,10 +127,4 @@ class EventsAPI:
                     return
             since = _cursor(page, since)
 
-
-class AsyncEventsAPI(EventsAPI):
-    """The async client's events: `list` returns an awaitable, so `follow`
-    is the async iterator (`async for e in client.events.follow(...)`);
-    `afollow` stays as the same thing under its older name."""
-
-    follow = EventsAPI.afollow  # type: ignore[assignment]
+    follow = afollow  # type: ignore[assignment]
