@@ -207,7 +207,8 @@ async def test_usage_over_http_echoes_whole_seconds_as_integers(make_host, param
     ({"from": "4102444800"}, "to must not be before from"),
     ({"from": "200", "to": "100"}, "to must not be before from"),
     ({"from": "inf"}, "from must be unix seconds or an ISO 8601 time"),
-], ids=["a from in the future, to left at now", "to before from", "a from that is no time"])
+    ({"to": ""}, "to is empty: give unix seconds or an ISO 8601 time, or leave it out"),
+], ids=["a from in the future, to left at now", "to before from", "a from that is no time", "an empty to"])
 async def test_usage_over_http_refuses_a_window_ending_before_it_starts(make_host, params, why):
     host = await make_host(bundle=False)
     r = await host.client.get("/v1/host/usage", params=params)

@@ -117,6 +117,22 @@ def test_a_query_parameter_is_named_as_one(client):
     assert msg.startswith("query parameter since: Input should be a valid integer"), msg
 
 
+@pytest.mark.parametrize("path, message", [
+    ("/v1/vms?hosts=a", "unknown query parameter hosts (did you mean host?)"),
+    ("/v1/events?since=0&wait=1", "unknown query parameter wait (did you mean wait_s?)"),
+    ("/v1/hosts?verbose=1", "unknown query parameter verbose"),
+])
+def test_a_query_parameter_no_route_takes_is_refused_not_ignored(client, path, message):
+    # (review 17) ``?hosts=a`` answered every host's VMs as if filtered
+    assert refused(client.get(path)) == message
+
+
+def test_a_route_takes_its_own_query_parameters(client):
+    assert client.get("/v1/events?since=0&wait_s=0&limit=5").status_code == 200
+    assert client.get("/v1/vms?host=a").json()["error"]["code"] == "not_found"  # (no host a: the route ran)
+    assert client.get("/v1/hosts?limit=5").status_code == 200
+
+
 def test_several_problems_are_named_together(client):
     msg = refused(client.post("/v1/vms", json={"name": 5, "shape": {"vcpus": "two"}}))
     assert "name: Input should be a valid string" in msg and "shape.vcpus: " in msg

@@ -113,7 +113,10 @@ def test_the_window_is_echoed_as_unix_seconds_and_every_host_is_asked_the_same(c
     ("?from=200&to=100", "to must not be before from"),
     ("?from=4102444800", "to must not be before from"),
     ("?to=nan", "to must be unix seconds or an ISO 8601 time"),
-], ids=["a from that is no time", "to before from", "a from in the future: after now", "a to that is not a number"])
+    ("?from=", "from is empty: give unix seconds or an ISO 8601 time, or leave it out"),
+    ("?from=0&to=1&host=h1", "unknown query parameter host"),
+], ids=["a from that is no time", "to before from", "a from in the future: after now", "a to that is not a number",
+        "an empty from (review 17: it was the default)", "a parameter usage does not take (review 17: ignored)"])
 def test_a_bad_window_is_400_before_any_host_is_asked(ctl, query, why):
     hosts = stand_in_fleet(ctl, {"h1": host_answer()})
     r = get_usage(ctl, query)

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 
 from .. import http_errors
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
+from ..controller.validation import reject_unknown_query
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
@@ -72,7 +73,8 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     # The OpenAPI document and docs page are our own routes below, so the
     # token every route needs guards them too (FastAPI's built-ins would be open).
     app = FastAPI(title="fuse host agent", version="0.1.0", lifespan=lifespan,
-                  openapi_url=None, docs_url=None, redoc_url=None)
+                  openapi_url=None, docs_url=None, redoc_url=None,
+                  dependencies=[Depends(reject_unknown_query)])  # a parameter no route takes: 400
     # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False

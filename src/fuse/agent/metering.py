@@ -234,8 +234,10 @@ def process_started(pid: int | None) -> float | None:
 def instant(value: str | None, what: str) -> float | None:
     """A usage window's end as unix seconds, from unix seconds or an ISO 8601 time
     (what GET /v1/usage takes, on a host and on the controller); None when not given."""
-    if value in (None, ""):
+    if value is None:
         return None
+    if not value.strip():  # as an empty `since` is: a typo, not a request for the default
+        raise InvalidArgument(f"{what} is empty: give unix seconds or an ISO 8601 time, or leave it out")
     try:
         t = float(value)
     except ValueError:

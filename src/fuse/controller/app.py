@@ -25,7 +25,7 @@ from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
 from .validation import install as install_validation
-from .validation import reject_unknown_fields
+from .validation import reject_unknown_fields, reject_unknown_query
 
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
@@ -160,7 +160,7 @@ def create_app(ctl: Controller) -> FastAPI:
     app = FastAPI(title="fuse controller", version="0.1.0", lifespan=lifespan,
                   generate_unique_id_function=operation_id,
                   openapi_url=None, docs_url=None, redoc_url=None,
-                  dependencies=[Depends(reject_unknown_fields)],  # request bodies: known fields only
+                  dependencies=[Depends(reject_unknown_fields), Depends(reject_unknown_query)],  # known fields/params only
                   description="Places VMs across hosts by best fit, moves them, merges events and usage, "
                               "and runs the elastic pool.")
     # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:

@@ -127,6 +127,30 @@ async def reject_unknown_fields(request: Request) -> None:
     raise RequestValidationError(extras + others, body=value)
 
 
+async def reject_unknown_query(request: Request) -> None:
+    """App-wide dependency: a query parameter its route does not take is refused
+    (400, naming it), never quietly ignored: ``?hosts=a`` for ``?host=a`` would
+    otherwise answer every host's records as if filtered."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    known: set[str] = set()
+    todo = [dependant]
+    while todo:  # the route's own parameters and its dependencies'
+        d = todo.pop()
+        known |= {p.alias for p in d.query_params}
+        todo += d.dependencies
+    extras = []
+    for key in dict.fromkeys(request.query_params.keys()):
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            extras.append({"type": "extra_forbidden", "loc": ("query", key), "msg": "Extra inputs are not permitted",
+                           "input": request.query_params[key], "ctx": {"did_you_mean": near[0]} if near else {}})
+    if extras:
+        raise RequestValidationError(extras)
+
+
 # ---- messages ------------------------------------------------------------------
 
 def _where(loc: Iterable[Any]) -> tuple[str, str]:
@@ -181,7 +205,8 @@ def describe(errors: list[dict[str, Any]], body: Any = None, content_type: Optio
         msg = _plain(e["msg"])
         if e["type"] == "extra_forbidden":
             near = (e.get("ctx") or {}).get("did_you_mean")
-            first.append(f"unknown field {name}" + (f" (did you mean {near}?)" if near else ""))
+            what = "query parameter" if kind == "query" else "field"
+            first.append(f"unknown {what} {name}" + (f" (did you mean {near}?)" if near else ""))
         elif kind == "body":
             if e["type"] == "missing":
                 missing.append(name)
