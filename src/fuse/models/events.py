@@ -32,5 +32,6 @@ class EventPage(Record):
     ``since``; ``next`` is the same value under its older name."""
 
     events: list[Event]
-    next_cursor: int = Field(description="the last event's id, or since when there were none")
+    next_cursor: int = Field(description="the last event's id, or since when there were none (the newest "
+                             "event's id when since was beyond it: resume from there)")
     next: int = Field(description="the same as next_cursor (kept for older clients)")
