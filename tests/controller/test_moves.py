@@ -665,3 +665,50 @@ async def test_moves_and_drain_through_the_async_sdk(fleet):
         await c.hosts.uncordon("old")
         assert (await c.hosts.get("old")).state == "active"
     assert sorted(fleet.host_vms("new")) == ["a", "b"]
+
+
+# ---- review 17: a sleep, wake or delete sent as a move starts --------------------------
+
+def _agent_call(fleet, host_id, method, path):
+    a = fleet.agents[host_id]
+    return httpx.request(method, a.url + path, headers={"Authorization": f"Bearer {a.token}"}, timeout=30)
+
+
+def _paused_move(fleet, name, asleep):
+    """A move of ``name`` from src to dst held before its sleep step (3 s)."""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body(name, host="src"))
+    if asleep:
+        fleet.client.vms.sleep(name)
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "starting:3"})
+    return fleet.client.moves.create(name, to="dst")["id"]
+
+
+def test_a_sleep_wake_or_delete_through_the_controller_is_refused_from_the_moves_202(fleet):
+    move_id = _paused_move(fleet, "job1", asleep=False)
+    for call in (lambda: fleet.client.vms.sleep("job1"), lambda: fleet.client.vms.wake("job1"),
+                 lambda: fleet.client.vms.delete("job1")):
+        with pytest.raises(fuse.ApiError) as err:
+            call()
+        assert (err.value.status, err.value.code) == (409, "move_in_progress"), err.value
+        assert move_id in err.value.message
+    m = fleet.wait_move(move_id)
+    assert m["state"] == "done", m
+    assert fleet.running_copies("job1") == ["dst"]
+
+
+@pytest.mark.parametrize("asleep, action, ends", [(False, "sleep", "sleeping"), (True, "wake", "running")],
+                         ids=["a vm put to sleep before the move's sleep step stays asleep",
+                              "a vm woken before the move's sleep step runs on the target"])
+def test_a_sleep_or_wake_the_source_answered_before_the_moves_sleep_stands(fleet, asleep, action, ends):
+    # (an owner's call straight to the agent, which no controller check sees): the move
+    # woke a VM slept this way on its target, and left one woken this way asleep there
+    move_id = _paused_move(fleet, "job1", asleep=asleep)
+    r = _agent_call(fleet, "src", "POST", f"/v1/host/vms/job1/{action}")
+    assert r.status_code == 200 and r.json()["state"] == ends, r.text
+    m = fleet.wait_move(move_id)
+    assert m["state"] == "done", m
+    vm = fleet.host_vms("dst")["job1"]
+    assert vm["state"] == ends and vm.get("move_id") is None, vm
+    assert "job1" not in fleet.host_vms("src")

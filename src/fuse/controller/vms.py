@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 from pydantic import ValidationError
+from sqlalchemy import select
 
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
@@ -20,7 +21,7 @@ from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
-from .store import vms as vms_t
+from .store import ACTIVE_MOVES, moves as moves_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.vms")
 CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
@@ -576,8 +577,21 @@ class VmService:
         self.fleet.upsert_vms(host, [vm])
         return vm | {"host": host}
 
+    def _not_moving(self, name: str, host: str) -> None:
+        """409 ``move_in_progress`` while a move holds the VM on ``host``, from its 202
+        on: its source marks the VM only at the move's sleep step, and a sleep, wake or
+        delete let through before that would be undone by the move or end it `failed`
+        with the VM gone (``failed`` means the VM is home)."""
+        with self.store.read() as c:
+            row = c.execute(select(moves_t.c.id, moves_t.c.target).where(
+                moves_t.c.vm == name, moves_t.c.source == host, moves_t.c.state.in_(ACTIVE_MOVES))).first()
+        if row is not None:
+            raise Conflict(f"vm {name} is held by move {row.id} (from {host} to {row.target}): "
+                           "wait for it to end", code="move_in_progress")
+
     async def delete(self, name: str, host: str | None = None) -> None:
         host = self.locate(name, host)
+        self._not_moving(name, host)
         try:
             await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
         except FuseError as exc:
@@ -590,6 +604,8 @@ class VmService:
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
+        if action in ("sleep", "wake"):
+            self._not_moving(name, host)
         ask = await self._wake_room(name, host) if action == "wake" else Resources()
         try:
             vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()

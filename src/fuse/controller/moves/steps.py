@@ -28,6 +28,7 @@ class MoveSteps(MoveRecords):
         step = "sleeping"
         woken = False  # whether the target has been asked to wake the VM
         try:
+            await hooks.pause_point("starting")
             row = self._set(move_id, "sleeping")
             hooks.crash_point("sleeping")
             await self._sleep(row)
@@ -109,10 +110,17 @@ class MoveSteps(MoveRecords):
     async def _sleep(self, row: dict) -> None:
         vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
                               timeout=120)
-        files = vm.json().get("files", [])
+        rec = vm.json()
+        files = rec.get("files", [])
         if not files:
             raise FuseError(f"vm {row['vm']} slept without state files")
-        self._set(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=vm.json())
+        # Whether it wakes on the target (and at home, should the move fail) is what the source
+        # says now, not what it was when the move was asked for: a sleep or a wake the owner
+        # sent in between was answered, and stands. The source keeps room for the VM it put to
+        # sleep for this move (``return_room``); a VM it found asleep, it only marked.
+        was_running = bool(rec.get("return_room", row["record"].get("was_running", True)))
+        self._set(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=rec,
+                  was_running=was_running)
 
     async def _wake_target(self, row: dict) -> None:
         if row["record"].get("was_running", True):
