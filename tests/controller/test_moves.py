@@ -146,7 +146,7 @@ def test_done_is_recorded_only_once_the_source_copy_is_removed(fleet):
     fleet.add("dst")
     fleet.client.vms.create(vm_body("job1", host="src"))
     m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
-    assert m["state"] == "done", m
+    assert m["state"] == "done" and m["source_removed"] is True, m
     assert "job1" not in fleet.host_vms("src")
     removed = [e["time"] for e in fleet.host_events("src")
                if e["type"] == "vm_state" and e.get("vm") == "job1" and e["to"] == "deleted"]
@@ -168,11 +168,13 @@ def test_a_source_away_at_the_end_still_ends_done_and_its_copy_goes_once_it_is_b
     src.stop()
     m = fleet.wait_move(m["id"])
     assert m["state"] == "done", m
+    assert m["source_removed"] is False  # (review 17: nothing said the copy was still there)
     assert fleet.running_copies("job1") == ["dst"]
     port = int(src.url.rsplit(":", 1)[1])
     fleet.procs.append(start_agent(tmp_path, backend="fake", name="agent-src", port=port))
     wait_until(lambda: "job1" not in fleet.host_vms("src"), timeout=30, what="source copy removed")
     assert fleet.client.vms.get("job1")["host"] == "dst"
+    wait_until(lambda: fleet.client.moves.get(m["id"])["source_removed"], timeout=30, what="source_removed")
 
 
 @pytest.mark.parametrize("case", ["memory", "vm_count"], ids=["the target lacks the memory",
@@ -472,6 +474,7 @@ def test_a_lost_reply_after_the_target_woke_finishes_forward_never_two_copies(fl
     fleet.restart_controller(env={"FUSE_TEST_FAIL_AT": "woke"})
     m = fleet.wait_move(fleet.client.moves.create("job1", to="dst")["id"])
     assert m["state"] == "done", m
+    assert m["reason"] == "", m  # (review 17: the lost reply's text stayed on the done move)
     _check_home_or_moved(fleet, "job1", expect="dst")
     wait_until(lambda: "job1" not in fleet.host_vms("src"), timeout=20, what="source copy removed")
     assert fleet.client.vms.get("job1")["host"] == "dst"

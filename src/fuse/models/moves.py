@@ -80,7 +80,11 @@ class Move(Record):
     copy_path: str = Field("", description="bulk (the agents' splice protocol) or http")
     copy_secs: Optional[float] = None
     verify_secs: Optional[float] = None
-    reason: str = Field("", description="why the move failed (or is rolling back)")
+    reason: str = Field("", description="why the move failed (or is rolling back); empty once done")
+    source_removed: bool = Field(False, description="done: the source copy is gone. False on a done move "
+                                 "while a source that did not answer still holds its copy (asleep, marked "
+                                 "with the move: it never wakes); the controller removes it once the source "
+                                 "answers, and the host cannot be deregistered until then")
     created_at: float
     updated_at: float
     history: list[MoveStep] = []

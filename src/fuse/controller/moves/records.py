@@ -114,7 +114,9 @@ class MoveRecords:
                 "copied_bytes": rec.get("copied_bytes", 0), "total_bytes": rec.get("total_bytes", 0),
                 "copy_path": rec.get("copy_path", ""), "copy_secs": rec.get("copy_secs"),
                 "verify_secs": rec.get("verify_secs"),
-                "reason": rec.get("reason", ""), "created_at": row["created_at"], "updated_at": row["updated_at"],
+                "reason": rec.get("reason", ""),
+                "source_removed": state == "done" and rec.get("source_removed", True),
+                "created_at": row["created_at"], "updated_at": row["updated_at"],
                 "history": rec.get("history", [])}
 
     def _row(self, move_id: str) -> dict:

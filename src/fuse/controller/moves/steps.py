@@ -146,7 +146,9 @@ class MoveSteps(MoveRecords):
         (the removal answers 404 if it had happened)."""
         removed = await self._remove_source(row)
         hooks.crash_point("removed")
-        self._set(row["id"], "done", source_removed=removed)
+        # (a reason a step left on the way, a wake's lost reply say, does not outlive the
+        # move's success: `reason` says why a move failed)
+        self._set(row["id"], "done", source_removed=removed, reason="")
 
     async def _remove_source(self, row: dict) -> bool:
         """Delete the source copy this move holds; False if the source did not answer."""
