@@ -9,9 +9,11 @@ Runs on a thread: every call here blocks, bounded by the socket timeouts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -114,16 +116,23 @@ def copy_file(src: Endpoint, dst: Endpoint, *, vm: str, move: str, file: str, si
         done = 0
         while done < size:
             n = min(CHUNK, size - done)
+            # Each chunk has `timeout` in all: the sockets' timeouts bound one call, and a
+            # host that takes a few bytes now and then (a stopped agent's kernel still
+            # fills its buffers) would hold each call that long again and again
+            deadline = time.monotonic() + timeout
             if corrupt(n):
+                _arm(deadline, s, d)
                 data = bytearray(s.recv(n, socket.MSG_WAITALL))
                 if len(data) != n:
                     raise HostUnreachable(f"host {src.host} stopped sending {file} at {done + len(data)} of {size}")
                 data[0] ^= 0xFF
+                _arm(deadline, s, d)
                 d.sendall(data)
             else:
-                _splice_exactly(s, r, w, d, n, src.host, file, done, size)
+                _splice_exactly(s, r, w, d, n, src.host, file, done, size, deadline)
             done += n
             on_chunk(n)
+        set_io_timeout(d, timeout)
         reply = _read_line(d, dst.host)
         if reply.get("written") != size:
             raise HostUnreachable(f"host {dst.host} wrote {reply.get('written')} of {size} bytes of {file}")
@@ -136,12 +145,24 @@ def copy_file(src: Endpoint, dst: Endpoint, *, vm: str, move: str, file: str, si
         d.close()
 
 
+def _arm(deadline: float, *socks: socket.socket) -> None:
+    """Give the sockets' next calls what is left until ``deadline``; a TimeoutError
+    (what a socket's own timeout raises) once nothing is."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(errno.ETIMEDOUT, "a chunk of the copy did not get through in time")
+    for sock in socks:
+        set_io_timeout(sock, left)
+
+
 def _splice_exactly(s: socket.socket, r: int, w: int, d: socket.socket, n: int,
-                    host: str, file: str, at: int, size: int) -> None:
+                    host: str, file: str, at: int, size: int, deadline: float) -> None:
     while n:
+        _arm(deadline, s)
         got = os.splice(s.fileno(), w, n)
         if got == 0:
             raise HostUnreachable(f"host {host} stopped sending {file} at {at} of {size} bytes")
         n, at = n - got, at + got
         while got:
+            _arm(deadline, d)
             got -= os.splice(r, d.fileno(), got)
