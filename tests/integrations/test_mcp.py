@@ -253,3 +253,41 @@ def test_a_malformed_controller_url_is_one_line_and_exit_1():
     assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
     assert r.stderr.strip().splitlines() == [
         "error: invalid_argument: url 'ftp://x' must be unix:///path or http(s)://host:port"], r.stderr
+
+
+def test_the_tool_says_its_version_its_verbs_and_words_bad_arguments_in_one_sentence(tmp_path):
+    # (review 17) the server's version was empty, `method` had no enum in the schema, and
+    # wrong-typed arguments answered pydantic's several lines with a link
+    sock = tmp_path / "none.sock"
+
+    async def steps(s: ClientSession):
+        tools = (await s.list_tools()).tools
+        schema = tools[0].input_schema["properties"]
+        assert schema["method"]["enum"] == ["GET", "POST", "PUT", "PATCH", "DELETE"]
+        said = {}
+        for args in ({"method": 5, "path": "/v1/vms"}, {"method": "GET", "path": 7},
+                     {"method": "POST", "path": "/v1/vms", "body": "notjson"},
+                     {"method": "POST", "path": "/v1/vms", "body": [1, 2]}):
+            r = await s.call_tool("fuse_controller", args)
+            assert r.is_error, (args, r.content)
+            said[json.dumps(args)] = r.content[0].text
+        return said
+
+    async def run(params):
+        with anyio.fail_after(90):
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    info = await session.initialize()
+                    return info.server_info, await steps(session)
+
+    import fuse
+    params = StdioServerParameters(command=sys.executable, args=["-m", "fuse.cli", "mcp"],
+                                   env=child_env(FUSE_URL=f"unix://{sock}"))
+    server_info, said = anyio.run(run, params)
+    assert (server_info.name, server_info.version) == ("fuse", fuse.__version__)
+    for args, text in said.items():
+        assert "\n" not in text and "pydantic" not in text, (args, text)
+    assert list(said.values())[0].endswith("method must be one of GET, POST, PUT, PATCH, DELETE, not 5")
+    assert list(said.values())[1].endswith("path must be a string such as /v1/vms, not 7")
+    assert "body must be a JSON object (or left out), not str 'notjson'" in list(said.values())[2]
+    assert "body must be a JSON object (or left out), not list [1, 2]" in list(said.values())[3]

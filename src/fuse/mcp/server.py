@@ -15,10 +15,12 @@ bearer token; `$FUSE_URL` / `$FUSE_TOKEN` when not given.
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+from pydantic import WithJsonSchema
 
+from .. import __version__
 from ..client import _core
 
 TOOL_NAME = "fuse_controller"
@@ -96,10 +98,16 @@ class ControllerCaller:
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
                                        transport=transport)
 
-    async def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        method = method.upper()
-        if method not in METHODS:
+    async def call(self, method: Any, path: Any, body: Any = None) -> dict[str, Any]:
+        # (the arguments are checked here, not by the tool's schema types: pydantic's text,
+        # several lines and a link, is not an answer an agent reads at a glance)
+        if not isinstance(method, str) or method.upper() not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        method = method.upper()
+        if not isinstance(path, str):
+            raise ValueError(f"path must be a string such as /v1/vms, not {path!r}")
+        if body is not None and not isinstance(body, dict):
+            raise ValueError(f"body must be a JSON object (or left out), not {type(body).__name__} {body!r}"[:200])
         path = controller_path(path)
         try:
             resp = await self._http.request(method, path, json=body)
@@ -133,6 +141,12 @@ def controller_path(path: str) -> str:
     return route + sep + query
 
 
+# The tool's arguments as its schema shows them; ``ControllerCaller.call`` checks them.
+Method = Annotated[Any, WithJsonSchema({"type": "string", "enum": list(METHODS)})]
+Path = Annotated[Any, WithJsonSchema({"type": "string", "description": "a controller route, e.g. /v1/vms"})]
+Body = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "object"}, {"type": "null"}], "default": None})]
+
+
 def build_server(url: str | None = None, token: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None):
     """The MCP server object (mcp's `MCPServer`), its one tool bound to a
@@ -143,9 +157,9 @@ def build_server(url: str | None = None, token: str | None = None, *,
     caller = ControllerCaller(url, token, transport=transport)
     # WARNING: stderr is the user's terminal or the client's log; one line per
     # request there is noise.
-    server = MCPServer(name="fuse", instructions=INSTRUCTIONS, log_level="WARNING")
+    server = MCPServer(name="fuse", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
-    async def fuse_controller(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def fuse_controller(method: Method, path: Path, body: Body = None) -> dict[str, Any]:
         try:
             return await caller.call(method, path, body)
         except (ValueError, ConnectionError) as exc:  # a bad call, or no controller: say which
