@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+from decimal import Decimal
 from typing import Any
 
 # attribute -> (module, class)
@@ -12,6 +14,7 @@ RESOURCES = {
     "moves": ("fuse.client.moves", "MovesAPI"),
     "events": ("fuse.client.events", "EventsAPI"),
     "pool": ("fuse.client.pool", "PoolAPI"),
+    "controller": ("fuse.client.controller", "ControllerAPI"),
 }
 
 # attribute -> class for the async client, where a method does I/O itself
@@ -24,11 +27,17 @@ ASYNC_RESOURCES = {
 def attach(client: Any, *, asynchronous: bool = False) -> None:
     from ._core import Call
 
-    def usage(from_: int | str | None = None, to: int | str | None = None):
+    def usage(from_: int | str | None = None, to: int | str | None = None, exact: bool = False):
         """Fleet usage over [from, to) (echoed as unix seconds): per-VM rows tagged
         with host, exact totals (zeros when no host answered), the names of the
-        hosts that did not answer in `unreachable` and why in `unreachable_reasons`."""
+        hosts that did not answer in `unreachable` and why in `unreachable_reasons`.
+        Seconds come as floats (about 16 significant digits, so the rows' float sum
+        may differ from `totals` in the last digit); `exact=True` reads every figure
+        the controller wrote as a `decimal.Decimal`, where the rows sum to the totals."""
         params = {k: v for k, v in (("from", from_), ("to", to)) if v is not None}
+        if exact:
+            return client._send(Call("GET", "/v1/usage", params=params,
+                                     parse=lambda r: json.loads(r.content, parse_float=Decimal)))
         return client._send(Call("GET", "/v1/usage", params=params))
 
     client.usage = usage

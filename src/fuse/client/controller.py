@@ -1,0 +1,25 @@
+"""client.controller: the controller's own settings (GET/PUT /v1/controller)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._core import Call
+
+
+class ControllerAPI:
+    def __init__(self, send: Callable[[Call], Any]):
+        self._send = send
+
+    def get(self) -> dict:
+        """`{"cert", "ca", "placement", "key_set"}`: the settings; the key's path is never shown."""
+        return self._send(Call("GET", "/v1/controller"))
+
+    def configure(self, cert: str | None = None, key: str | None = None, ca: str | None = None,
+                  placement: str = "best_fit") -> dict:
+        """Replace the settings (PUT): the client certificate, key and CA the controller
+        presents to mutual-TLS hosts (all three, or none) and the placement policy;
+        returns them as `get` does. A certificate that does not load with its key and
+        CA, or is not valid now, is 400 and changes nothing."""
+        body = {k: v for k, v in (("cert", cert), ("key", key), ("ca", ca)) if v is not None}
+        return self._send(Call("PUT", "/v1/controller", body=body | {"placement": placement}))
