@@ -291,3 +291,38 @@ def test_the_tool_says_its_version_its_verbs_and_words_bad_arguments_in_one_sent
     assert list(said.values())[1].endswith("path must be a string such as /v1/vms, not 7")
     assert "body must be a JSON object (or left out), not str 'notjson'" in list(said.values())[2]
     assert "body must be a JSON object (or left out), not list [1, 2]" in list(said.values())[3]
+
+
+@pytest.mark.parametrize("method, path, secs", [
+    ("GET", "/v1/hosts", 60), ("GET", "/v1/events?since=3&wait_s=25", 55), ("GET", "/v1/events?wait_s=600", 90),
+    ("POST", "/v1/vms", 900), ("POST", "/v1/vms/a/sleep", 180), ("DELETE", "/v1/vms/a", 120),
+    ("POST", "/v1/moves", 120), ("POST", "/v1/hosts/h1?action=drain", 3600), ("POST", "/v1/pool/plan", 600),
+    ("GET", "/v1/pool/hosts", 60),
+])
+def test_a_call_waits_as_long_as_its_work_may_take(method, path, secs):
+    from fuse.mcp.server import call_timeout
+    assert call_timeout(method, path) == secs
+
+
+def test_a_controller_that_hangs_is_a_tool_error_within_the_calls_time():
+    # (review 17: every call waited 300 s on a controller that accepted and never answered)
+    import socket
+    import time
+
+    from fuse.mcp.server import ControllerCaller
+
+    hung = socket.create_server(("127.0.0.1", 0))
+    port = hung.getsockname()[1]
+
+    async def ask():
+        caller = ControllerCaller(f"http://127.0.0.1:{port}", "t", timeout=1.0)
+        try:
+            await caller.call("GET", "/v1/hosts")
+        finally:
+            await caller.aclose()
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"no answer from the fuse controller at http://127.0.0.1:{port} within 1 s"):
+        anyio.run(ask)
+    hung.close()
+    assert time.monotonic() - t0 < 5

@@ -26,7 +26,7 @@ from ..client import _core
 TOOL_NAME = "fuse_controller"
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 TOP_LEVEL = ("/openapi.json",)  # the controller's route outside /v1/
-REQUEST_TIMEOUT = 300.0  # POST /v1/vms waits for the VM to boot; long polls wait up to wait_s
+REQUEST_TIMEOUT = 60.0  # a call's answer, unless it waits on the fleet (``call_timeout``)
 
 INSTRUCTIONS = """\
 fuse controls a fleet of microVM hosts. Use the fuse_controller tool to call
@@ -86,6 +86,34 @@ Contract:
 - Bad input: 400 invalid_argument; unknown name: 404 not_found."""
 
 
+def call_timeout(method: str, path: str, default: float = REQUEST_TIMEOUT) -> float:
+    """How long a call may take to answer: as long as the SDK's method for it waits (its
+    work may take that long; cut short, it would go on at the controller unseen), else
+    ``default``, so a controller that hangs is a tool error within a minute, not five."""
+    route, _, query = path.partition("?")
+    parts = route.strip("/").split("/")
+    params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+    if route == "/v1/events":
+        try:
+            return max(0.0, min(float(params.get("wait_s", 0)), 60.0)) + 30.0
+        except ValueError:
+            return default
+    if parts[:2] == ["v1", "vms"]:
+        if method == "POST" and len(parts) == 2:
+            return 900.0  # a create waits for its VM to boot
+        if method == "POST" and len(parts) == 4 and parts[3] in ("sleep", "wake"):
+            return 180.0
+        if method == "DELETE" and len(parts) == 3:
+            return 120.0
+    if route == "/v1/moves" and method == "POST":
+        return 120.0
+    if parts[:2] == ["v1", "hosts"] and method == "POST" and params.get("action") == "drain":
+        return 3600.0
+    if parts[:2] in (["v1", "pool"], ["v1", "prewarms"]) and method != "GET":
+        return 600.0
+    return default
+
+
 class ControllerCaller:
     """Performs one REST call on the controller and returns (status, JSON)."""
 
@@ -95,6 +123,7 @@ class ControllerCaller:
         self.where = f"unix://{uds}" if uds else base
         if transport is None and uds:
             transport = httpx.AsyncHTTPTransport(uds=uds)
+        self.timeout = timeout
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
                                        transport=transport)
 
@@ -109,11 +138,12 @@ class ControllerCaller:
         if body is not None and not isinstance(body, dict):
             raise ValueError(f"body must be a JSON object (or left out), not {type(body).__name__} {body!r}"[:200])
         path = controller_path(path)
+        wait = call_timeout(method, path, self.timeout)
         try:
-            resp = await self._http.request(method, path, json=body)
+            resp = await self._http.request(method, path, json=body, timeout=wait)
         except httpx.TimeoutException:
             raise ConnectionError(f"no answer from the fuse controller at {self.where} "
-                                  f"within {self._http.timeout.read:.0f} s") from None
+                                  f"within {wait:.0f} s") from None
         except httpx.TransportError as exc:
             raise ConnectionError(f"cannot reach the fuse controller at {self.where}: {exc}") from None
         try:
