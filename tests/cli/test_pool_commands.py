@@ -1,7 +1,9 @@
 """``fuse pool ...`` against a real controller: the hosts it buys in a linked
 cloud, the budget, scale-in and prewarm, as a table for people and ``--json``
-for programs; errors as ``error: <code>: <message>`` with exit 2, a partly-no
-answer (a host not removed, no such prewarm) with exit 1."""
+for programs; errors as ``error: <code>: <message>``, exit 2 for a flag refused
+before the controller is asked, exit 1 for the controller's own refusal or none
+answering (as under ``fuse controller``) and for a partly-no answer (a host not
+removed, no such prewarm)."""
 
 from __future__ import annotations
 
@@ -77,21 +79,21 @@ def test_budget_shows_with_no_flags_sets_the_ones_given_and_refuses_a_negative_c
 
 @pytest.mark.parametrize("args, code, says", [
     (["pool", "unprewarm", "pw-nope"], 1, "error: not_found: no prewarm pw-nope"),
-    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small"], 2,
+    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small"], 1,
      "error: invalid_argument: no linked cloud 'aws'"),
-    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small", "--json"], 2,
+    (["pool", "add-host", "--provider", "aws", "--instance-type", "t3.small", "--json"], 1,
      '{"error": {"code": "invalid_argument", "message": "no linked cloud \'aws\''),
-    (["pool", "cloud", "link", "gce", "--kind", "gcp"], 2, "error: invalid_argument: unknown cloud kind 'gcp'"),
+    (["pool", "cloud", "link", "gce", "--kind", "gcp"], 1, "error: invalid_argument: unknown cloud kind 'gcp'"),
     (["pool", "cloud", "link", "dev", "--kind", "local", "--option", "backend"], 2,
      "error: invalid_argument: --option: 'backend' is not key=value"),
     (["pool", "cloud", "link", "dev", "--kind", "local", "--options-json", "[1]"], 2,
      "error: invalid_argument: --options-json: must be a JSON object"),
-    (["pool", "cloud", "unlink", "dev"], 2, "error: not_found: no linked cloud 'dev'"),
-    (["pool", "plan", "--count", "2", "--apply"], 2, "error: invalid_argument: apply buys machines in a linked cloud"),
+    (["pool", "cloud", "unlink", "dev"], 1, "error: not_found: no linked cloud 'dev'"),
+    (["pool", "plan", "--count", "2", "--apply"], 1, "error: invalid_argument: apply buys machines in a linked cloud"),
     (["pool", "prewarm", "linux", "--count", "0"], 2, "error: invalid_argument: --count:"),
     (["pool", "prewarm", "linux", "--ttl-secs", "0"], 2, "error: invalid_argument: --ttl-secs:"),
-    (["pool", "prewarm", "linux", "--on", "host:"], 2, "error: invalid_argument: on 'host:' names no host"),
-    (["pool", "prewarm", "linux", "--on", "nowhere"], 2, "error: invalid_argument: no linked cloud 'nowhere'"),
+    (["pool", "prewarm", "linux", "--on", "host:"], 1, "error: invalid_argument: on 'host:' names no host"),
+    (["pool", "prewarm", "linux", "--on", "nowhere"], 1, "error: invalid_argument: no linked cloud 'nowhere'"),
     (["pool", "remove-host", "dev-9"], 1, "failed dev-9: not a host this pool added"),
     (["controller", "vms", "create", "--entry", "x", "--on", "nowhere"], 1,
      "error: invalid_argument: no linked cloud 'nowhere'"),
@@ -109,10 +111,10 @@ def test_refusals_print_the_code_and_message(empty, args, code, says):
 
 @pytest.mark.parametrize("args, code, want", [
     (["pool", "unprewarm", "pw-nope"], 1, "not_found"),
-    (["pool", "cloud", "unlink", "dev"], 2, "not_found"),
+    (["pool", "cloud", "unlink", "dev"], 1, "not_found"),
     (["pool", "budget", "--max-usd-per-hour", "-1"], 2, "invalid_argument"),
-    (["pool", "prewarm", "linux", "--on", "nowhere"], 2, "invalid_argument"),
-    (["pool", "plan", "--count", "2", "--apply"], 2, "invalid_argument"),
+    (["pool", "prewarm", "linux", "--on", "nowhere"], 1, "invalid_argument"),
+    (["pool", "plan", "--count", "2", "--apply"], 1, "invalid_argument"),
 ], ids=["unprewarm", "cloud unlink", "budget", "prewarm", "plan"])
 def test_under_json_a_refusal_is_the_apis_error_body(empty, args, code, want):
     # as every `fuse controller` command: a program reading --json parses its error too
@@ -163,7 +165,7 @@ def test_plan_with_no_url_asks_the_controller_on_its_default_socket(empty, monke
     assert r.stderr == "" and json.loads(r.stdout)["new_hosts"]
     # --apply reaches it too: the controller's own answer (no cloud linked), not "needs a controller"
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "2", "--apply"], env={"FUSE_URL": "", "FUSE_TOKEN": ""})
-    assert r.exit_code == 2
+    assert r.exit_code == 1
     assert "error: invalid_argument: apply buys machines in a linked cloud and none is linked" in r.stderr, r.output
 
 
@@ -186,8 +188,25 @@ def test_plan_with_no_controller_on_the_default_socket_says_it_plans_offline(no_
 def test_plan_with_a_url_never_plans_offline(tmp_path):
     # the controller named is the one asked: no answer is an error, not a what-if
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "2"], env={"FUSE_URL": f"unix://{tmp_path}/nope.sock"})
-    assert r.exit_code == 2 and "error: unreachable: cannot reach the controller" in r.stderr, r.output
+    assert r.exit_code == 1 and "error: unreachable: cannot reach the controller" in r.stderr, r.output
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("args", [
+    ["controller", "hosts", "list"], ["pool", "hosts"], ["pool", "prewarms"], ["pool", "unprewarm", "pw-1"],
+    ["pool", "cloud", "list"], ["pool", "cloud", "unlink", "dev"], ["pool", "budget"], ["pool", "reconcile"],
+    ["pool", "plan", "--count", "1"], ["pool", "add-host", "--provider", "dev", "--instance-type", "t"],
+], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize("as_json", [False, True], ids=["for people", "--json"])
+def test_an_unreachable_controller_exits_1_under_pool_as_under_controller(tmp_path, args, as_json):
+    # the same failure, the same status: 2 is kept for a flag refused before the controller is asked
+    r = CliRunner().invoke(app, [*args, *(["--json"] if as_json else [])],
+                           env={"FUSE_URL": f"unix://{tmp_path}/nothing.sock", "FUSE_TOKEN": ""})
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    line = r.stderr.strip()
+    code = json.loads(line)["error"]["code"] if as_json else line.split(":")[1].strip()
+    assert code == "unreachable" and r.stdout == "", r.output
 
 
 def test_an_offline_plan_keeps_what_the_solvers_print_off_the_json(monkeypatch, capfd, no_default_controller):
@@ -268,7 +287,7 @@ def test_a_local_cloud_host_is_bought_joins_takes_a_vm_and_is_removed(ctl):
     # A host with a VM is refused, and so is unlinking its cloud; nothing is lost.
     r = fuse(ctl, "pool", "remove-host", name, code=1)
     assert f"failed {name}: 1 VM on it (job1)" in r.stderr
-    r = fuse(ctl, "pool", "cloud", "unlink", "dev", code=2)
+    r = fuse(ctl, "pool", "cloud", "unlink", "dev", code=1)
     assert "error: conflict: cloud dev still has hosts" in r.stderr
     fuse(ctl, "controller", "vms", "delete", "job1")
 

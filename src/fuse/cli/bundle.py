@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -49,8 +50,22 @@ def build(
         if kernel_deb is not None:
             fail("invalid_argument", f"--kernel-deb {kernel_deb}: {exc}", json_=json_, exit_code=2)
         fail("io_error", str(exc), json_=json_)
+    except subprocess.CalledProcessError as exc:  # a tool it runs said no: its own last line says why
+        why = _last_line(exc.stderr) or f"{exc.cmd[0]} exited {exc.returncode}"
+        if kernel_deb is not None and exc.cmd[0] == "dpkg-deb":  # (random bytes, a text file: no .deb at all)
+            fail("invalid_argument", f"--kernel-deb {kernel_deb}: not a Debian package ({why})",
+                 json_=json_, exit_code=2)
+        fail("io_error", f"{' '.join(map(str, exc.cmd))}: {why}", json_=json_)
     if json_:
         emit_json(manifest)
+
+
+def _last_line(output: bytes | str | None) -> str:
+    """The last non-blank line a tool wrote (on stderr, where it says what went wrong), or ""."""
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    lines = [ln.strip() for ln in (output or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 @app.command("list")

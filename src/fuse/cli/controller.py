@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from .host import listen_address
 from .output import api_errors, emit_json, fail, table
 
 app = typer.Typer(help="Run the fleet controller and drive it.", no_args_is_help=True)
@@ -39,19 +40,19 @@ def default_state_dir() -> Path:
 @app.command()
 def serve(
     state_dir: Path = typer.Option(None, help="Where the embedded SQLite store lives."),
-    listen: Optional[str] = typer.Option(None, help="Also serve TCP on HOST:PORT (needs --token)."),
+    listen: Optional[str] = typer.Option(None, callback=listen_address,
+                                         help="Also serve TCP on HOST:PORT (needs --token)."),
     token: Optional[str] = typer.Option(None, "--token", envvar="FUSE_CONTROLLER_TOKEN",
                                         help="Token required on TCP on every route but /v1/healthz."),
     db: Optional[str] = typer.Option(None, help="postgresql://... for a shared store (default: SQLite)."),
     socket: Optional[Path] = typer.Option(None, help="Owner-only unix socket (default: the standard one)."),
-    no_socket: bool = typer.Option(False, help="Serve TCP only."),
+    no_socket: bool = typer.Option(False, "--no-socket", help="Serve TCP only."),  # (a flag: no --no-no-socket)
 ) -> None:
     """Serve the controller API."""
     from ..controller.app import create_app
     from ..controller.service import Controller, default_controller_socket
-    from .. import statelock
     from ..serving import SocketInUse, serve as run, socket_in_use
-    from .host import STARTUP_FAILURE, exit_socket_in_use
+    from .host import exit_socket_in_use, hold_state_dir
 
     if listen and not token:
         raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
@@ -62,9 +63,7 @@ def serve(
     # The embedded store is one process's: a second controller on it would place on the
     # same room twice. A shared --db is meant for several replicas, and what they keep in
     # the state dir then (linked clouds' machine dirs) is shared by design: no lock.
-    if not db and not statelock.hold(state_dir):
-        typer.echo(f"error: state dir {state_dir} is in use by a running controller", err=True)
-        raise typer.Exit(STARTUP_FAILURE)
+    hold_state_dir(state_dir, "controller", lock=not db)
     if sock and socket_in_use(sock):  # (taking it over would leave that one running unreachable)
         exit_socket_in_use(sock, "controller")
     ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)

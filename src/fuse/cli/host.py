@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import ssl
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from .output import emit_json, table
+from .output import emit_json, fail, table
 
 # The exit status of a listener that cannot start (uvicorn's, as for a port in use).
 STARTUP_FAILURE = 3
@@ -22,9 +23,55 @@ def default_state_dir() -> Path:
     return Path("/var/lib/fuse-host") if os.geteuid() == 0 else Path.home() / ".local/share/fuse-host"
 
 
+def listen_address(listen: Optional[str]) -> Optional[str]:
+    """``--listen``'s callback: HOST:PORT with a port of 0-65535, else a usage error (exit 2)
+    while the command line is read, before anything starts or a port is bound."""
+    if listen is None:
+        return None
+    from ..serving import parse_listen
+
+    try:
+        _, port = parse_listen(listen)
+    except ValueError:
+        raise typer.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8090)") from None
+    if port > 65535:
+        raise typer.BadParameter(f"{listen!r}: port {port} is not 0-65535")
+    return listen
+
+
+def state_dir_problem(state_dir: Path, exc: OSError) -> str:
+    """One line for an ``--state-dir`` that cannot be made or used, naming the file at fault
+    when it is not the dir itself (its lock file, say)."""
+    at_fault = Path(exc.filename).absolute() if exc.filename else None
+    where = f" ({at_fault})" if at_fault and at_fault != Path(state_dir).absolute() else ""
+    why = "Not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)  # (mkdir on a file)
+    return f"--state-dir {state_dir}: {why}{where}"
+
+
+def hold_state_dir(state_dir: Path, what: str, *, lock: bool = True) -> None:
+    """Lock ``state_dir`` for this server (making it if missing), or exit: 3 when another
+    running ``what`` holds it, as a port in use; 1 (``io_error``, one line) when it cannot be
+    made or locked (a path under a regular file, no permission). ``lock=False`` only makes it."""
+    from .. import statelock
+    from ..paths import private_dir
+
+    try:
+        if not lock:  # (nothing else looks at the dir before the controller uses it)
+            if not private_dir(state_dir).is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(state_dir))
+            return
+        held = statelock.hold(state_dir)
+    except OSError as exc:
+        fail("io_error", state_dir_problem(state_dir, exc))
+    if not held:
+        typer.echo(f"error: state dir {state_dir} is in use by a running {what}", err=True)
+        raise typer.Exit(STARTUP_FAILURE)
+
+
 @app.command()
 def serve(
-    listen: Optional[str] = typer.Option(None, help="TCP address HOST:PORT for the host API."),
+    listen: Optional[str] = typer.Option(None, callback=listen_address,
+                                         help="TCP address HOST:PORT for the host API."),
     token: Optional[str] = typer.Option(None, envvar="FUSE_HOST_TOKEN", help="Bearer token required on TCP."),
     state_dir: Path = typer.Option(None, help="Where VMs, bundles and records live."),
     backend: str = typer.Option("qemu", help="qemu or firecracker (fake: a test stand-in)."),
@@ -38,7 +85,6 @@ def serve(
 ) -> None:
     """Serve the public host API."""
     from ..agent.app import AgentConfig, create_app
-    from .. import statelock
     from ..serving import SocketInUse, serve as run, socket_in_use, tls_server_options
     from ..transport import default_agent_socket
 
@@ -65,9 +111,7 @@ def serve(
     # One agent per state dir (two would boot its VMs twice and repeat event ids) and
     # per socket (the second would leave the first running unreachable): refuse, before
     # anything of the dir is read or the socket touched.
-    if not statelock.hold(state_dir):
-        typer.echo(f"error: state dir {state_dir} is in use by a running host agent", err=True)
-        raise typer.Exit(STARTUP_FAILURE)
+    hold_state_dir(state_dir, "host agent")
     if socket and socket_in_use(socket):
         exit_socket_in_use(socket, "host agent")
     from ..agent.backends.base import become_subreaper
@@ -98,7 +142,10 @@ def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its 
     if backend not in ("qemu", "firecracker", "fake"):
         raise typer.BadParameter("backend must be qemu or firecracker")
     state_dir = (state_dir or default_state_dir()).absolute()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a path under a regular file, no permission: one line, as bundle build says it)
+        fail("io_error", state_dir_problem(state_dir, exc), json_=json_)
     facts = host_facts(state_dir, backend)
     if json_:
         emit_json(facts)

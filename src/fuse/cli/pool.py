@@ -10,9 +10,13 @@ on stderr and plans offline against the shipped catalogue and an empty pool.
 an earlier plan, a whole plan saved with ``--json``, or a bare model; it takes
 no request flags (they would be ignored). ``--apply`` buys the machines the
 plan adds, so it needs a controller. A table for people; ``--json`` prints what the SDK
-call returns, for programs. Errors print ``error: <code>: <message>`` and exit
-2; a command whose answer is "partly no" (``remove-host`` with failures,
-``unprewarm`` of no such prewarm) exits 1.
+call returns, for programs. Errors print ``error: <code>: <message>`` (under
+``--json`` the API's error body) with the exit statuses of ``fuse controller``:
+2 for what the command refuses before it asks (a bad flag, a ``--model`` file
+it cannot use), 1 for an answer of the controller's (``invalid_argument``,
+``not_found``, ``conflict``, ``unauthorized``...) or no answer (``unreachable``);
+a command whose answer is "partly no" (``remove-host`` with failures,
+``unprewarm`` of no such prewarm) exits 1 too.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ def _token_option() -> Any:
 
 
 def _fail(code: str, message: str, details: dict | None = None, json_: bool = False) -> None:
-    """End with exit 2: ``error: CODE: MESSAGE`` on stderr, or under ``--json`` the API's
-    error body on one line (``output.fail``)."""
+    """End with exit 2, a usage error (a flag refused before the controller is asked):
+    ``error: CODE: MESSAGE`` on stderr, or under ``--json`` the API's error body on one
+    line (``output.fail``)."""
     fail(code, message, details, json_=json_, exit_code=2)
 
 
@@ -89,8 +94,9 @@ def _never_sent(e: Exception) -> str | None:
 
 @contextlib.contextmanager
 def _controller(url: str | None, token: str | None, json_: bool = False, offline_ok: bool = False) -> Iterator[Any]:
-    """A ``fuse.Client``; an API error (or no controller) ends the command with exit 2.
-    ``offline_ok``: no controller listening raises ``_NoController`` instead."""
+    """A ``fuse.Client``; an API error (or no controller) ends the command with exit 1, as
+    ``output.api_errors`` ends ``fuse controller``'s; a malformed ``--url`` is a usage
+    error, exit 2. ``offline_ok``: no controller listening raises ``_NoController`` instead."""
     from fuse.client import ApiError, Client
     try:
         client = Client(url or None, token)
@@ -103,7 +109,7 @@ def _controller(url: str | None, token: str | None, json_: bool = False, offline
         why = _never_sent(e) if offline_ok and e.status == 0 else None
         if why is not None:
             raise _NoController(why) from e
-        _fail(e.code or str(e.status), e.message, e.details, json_=json_)
+        fail(e.code or str(e.status), e.message, e.details, json_=json_, exit_code=1)
 
 
 def _valid(cls: type[BaseModel], **fields: Any) -> Any:
