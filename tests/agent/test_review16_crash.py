@@ -205,29 +205,44 @@ def _crash_before_quit(mgr: VmManager, monkeypatch) -> None:
     monkeypatch.setattr(qemu, "os", types.SimpleNamespace(**{**vars(os), "replace": replace}))
 
 
+async def _sleep_killed(crash, tmp_path, bundle_dir, monkeypatch) -> tuple[VmManager, object]:
+    """A counting VM whose agent ``crash`` kills in the middle of its sleep."""
+    first, state = await _counting_vm(tmp_path, bundle_dir)
+    try:
+        crash(first, monkeypatch)
+        with pytest.raises(Crash):
+            await first.sleep("c")
+    except BaseException:
+        await first.delete("c")
+        await first.close()
+        raise
+    await _die(first)
+    monkeypatch.undo()
+    return first, state
+
+
+async def _counts_on(mgr: VmManager) -> None:
+    """The guest counts on from where it stopped, not from 0."""
+    before = len(counted((mgr.vm_dir("c") / "console.log").read_text()))
+    seen = await _counts_past(mgr, before + 2)
+    assert seen == list(range(len(seen)))
+
+
 async def test_an_agent_killed_as_qemu_quits_after_a_sleep_finds_the_vm_sleeping(tmp_path, bundle_dir, monkeypatch):
     """Review 17: the state file took its name only after QEMU was gone, so an
     agent killed in between left a partial file, which the next agent dropped,
     recording the VM ended: its saved guest lost."""
-    first, state = await _counting_vm(tmp_path, bundle_dir)
+    first, state = await _sleep_killed(_crash_after_quit, tmp_path, bundle_dir, monkeypatch)
     second = None
     try:
-        _crash_after_quit(first, monkeypatch)
-        with pytest.raises(Crash):
-            await first.sleep("c")
-        await _die(first)
-        monkeypatch.undo()
         assert not qemu_pids(str(first.vm_dir("c")))
-
         second = await _restart(state)
         vm = second.get("c")
         saved = second.state_file("c", STATE_FILE)
         assert (vm.state, vm.pid) == ("sleeping", None)
         assert [(f.name, f.sha256) for f in vm.files] == [(STATE_FILE, sha256_file(saved))]
         await second.wake("c")
-        before = len(counted((second.vm_dir("c") / "console.log").read_text()))
-        seen = await _counts_past(second, before + 2)
-        assert seen == list(range(len(seen)))  # it ran on from where it slept
+        await _counts_on(second)  # from where it slept
     finally:
         await (second or first).delete("c")
         await (second or first).close()
@@ -236,25 +251,17 @@ async def test_an_agent_killed_as_qemu_quits_after_a_sleep_finds_the_vm_sleeping
 async def test_an_agent_killed_before_qemu_quits_adopts_the_vm_and_drops_the_state(tmp_path, bundle_dir, monkeypatch):
     """The state is whole but QEMU never got its quit: the guest runs on (adopted, continued),
     and the written state goes: a later sleep's crash must never find it as this one's."""
-    first, state = await _counting_vm(tmp_path, bundle_dir)
+    first, state = await _sleep_killed(_crash_before_quit, tmp_path, bundle_dir, monkeypatch)
     second = None
     try:
-        _crash_before_quit(first, monkeypatch)
-        with pytest.raises(Crash):
-            await first.sleep("c")
-        await _die(first)
-        monkeypatch.undo()
         (pid,) = qemu_pids(str(first.vm_dir("c")))
         assert (first.vm_dir("c") / "state" / STATE_FILE).is_file()
-
         second = await _restart(state)
         vm = second.get("c")
         assert (vm.state, vm.pid) == ("running", pid)
         assert not (second.vm_dir("c") / "state").exists()
         assert not (second.vm_dir("c") / SLEEP_MARK).exists()
-        before = len(counted((second.vm_dir("c") / "console.log").read_text()))
-        seen = await _counts_past(second, before + 2)
-        assert seen == list(range(len(seen)))  # it ran on from where it was paused
+        await _counts_on(second)  # from where it was paused
     finally:
         await (second or first).delete("c")
         await (second or first).close()
