@@ -356,7 +356,15 @@ def test_an_edited_model_with_a_nan_or_infinite_number_is_refused_with_the_field
     (lambda m: m["groups"][0].update(kind="banana"), "kind must be one of ['container', 'microvm', 'vm']"),
     (lambda m: m["constraints"].update(quotas={"aws:standard": -5}), "greater than or equal to 0"),
     (lambda m: m["groups"][0].update(cpus="2"), "groups.0.cpus: Input should be a valid integer"),
-], ids=["a group named twice", "past the 100,000-VM cap", "an unknown kind", "a negative quota", "a count as text"])
+    # (review 17: a sparc offer or host was bought or used; an offer twice had its limit twice;
+    # a 2^40-second duration planned a $610M plan)
+    (lambda m: m["offers"][0].update(arch="sparc"), "offers.0: Value error, arch must be one of ['amd64', 'arm64']"),
+    (lambda m: m["hosts"].append({"name": "h", "vcpus": 4, "mem_mib": 4096, "arch": "sparc"}),
+     "hosts.0: Value error, arch must be one of ['amd64', 'arm64']"),
+    (lambda m: m["offers"].append(dict(m["offers"][0])), "offer names must be unique"),
+    (lambda m: m["groups"][0].update(duration_secs=2**40), "groups.0.duration_secs: Input should be less than or equal"),
+], ids=["a group named twice", "past the 100,000-VM cap", "an unknown kind", "a negative quota", "a count as text",
+        "an unknown offer arch", "an unknown host arch", "an offer twice", "a duration past u32"])
 def test_an_edited_model_is_held_to_what_a_request_could_ask(tmp_path, edit, says):
     """A re-solved model answers by group and host name and is bounded as a request is: two
     groups of one name, or 10 million VMs (which ran on past a minute at 4 GB), are refused."""

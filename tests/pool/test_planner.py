@@ -267,3 +267,60 @@ def test_a_host_the_scaler_cordoned_is_a_running_host_and_the_explain_line_says_
     p = plan(PlanModel(groups=[group(2)], hosts=[host], offers=[SMALL]))
     assert [(a.host, a.count) for a in p.assignments] == [("aws-1", 2)] and p.new_hosts == []
     assert "the scaler had cordoned it" in p.explain[0], p.explain
+
+
+def _capped(seed: int, usd_per_hour: float, time_limit: float) -> PlanModel:
+    """A benchmark 1,000-VM model under a $/hour cap that leaves most of the work unplaced."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from plan import random_model
+
+    m = random_model(seed, 1000, 20, 40, 10).model_copy(update={"time_limit_secs": time_limit})
+    return m.model_copy(update={"constraints": m.constraints.model_copy(update={"max_usd_per_hour": usd_per_hour})})
+
+
+def test_a_binding_hourly_cap_still_gets_the_exact_models_plan_not_first_fits():
+    """Review 17: the pattern model's first columns (first fit's machines, one group per
+    machine) reached no target above first fit's under a $20/h cap, so its LP was infeasible
+    at once; the aggregate model found nothing either, and first fit's 105 of 1,000 VMs
+    answered (629 and more fit). An artificial column lets pricing find the columns that do."""
+    m = _capped(0, 20.0, 10.0)
+    p = plan(m)
+    placed = sum(a.count for a in p.assignments)
+    assert p.lower_bound_usd <= p.projected_usd  # (more VMs than first fit: costlier, as it may be)
+    assert sum(greedy(m.sorted()).placed(len(m.groups))) == 105
+    assert placed >= 640 and p.solver in ("exact", "exact-incumbent"), (placed, p.solver, p.explain)
+    assert sum(h.usd_per_hour for h in p.new_hosts) <= 20.0 + 1e-9
+
+
+def test_a_target_whole_machines_do_not_reach_in_time_answers_the_pattern_models_best_short_of_it():
+    """Stage 1's count (the aggregate model's, a relaxation) that no plan found in time
+    reaches: the answer is the pattern model's best short of it (its integer master, or its
+    LP's whole machines and first fit), labelled exact-incumbent, not first fit's 128."""
+    m = _capped(2, 20.0, 5.0)
+    p = plan(m)
+    assert p.lower_bound_usd <= p.projected_usd  # (more VMs than first fit: costlier, as it may be)
+    assert sum(greedy(m.sorted()).placed(len(m.groups))) == 128
+    assert sum(a.count for a in p.assignments) > 256 and p.solver == "exact-incumbent", p.explain
+
+
+def test_a_what_if_on_a_hosts_shape_gets_the_room_its_memory_admits():
+    """Review 17: the `json` model held an own host's vCPUs padded for the request's shape (3
+    for 1-vCPU VMs), so a what-if with 2-vCPU VMs bought a c6g.metal for work the host, where
+    CPU only ranks, takes: the controller itself put both VMs there for $0."""
+    import json
+
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    snap = [{"name": "own1", "cpus": 4, "mem_mib": 4096, "free_vcpus": 0, "free_mem_mib": 3072,
+             "free_vm_slots": 10, "arch": "amd64", "own": True, "state": "active"}]
+    first = plan(model_from_request(ElasticPlanRequest(count=2, memory_mb=1024), snap))
+    assert [(a.host, a.count) for a in first.assignments] == [("own1", 2)]
+    data = json.loads(first.json)["model"]
+    data["groups"][0]["cpus"] = 2
+    again = plan(PlanModel.model_validate(data))
+    assert [(a.host, a.count) for a in again.assignments] == [("own1", 2)] and again.projected_usd == 0
+    assert again.new_hosts == []

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 KVM_KINDS = frozenset({"vm", "microvm"})
 KINDS = frozenset({"container", "vm", "microvm"})
 ARCHES = ("amd64", "arm64")
+U32 = 2**32 - 1
 
 
 class _Data(BaseModel):
@@ -39,13 +40,13 @@ class DemandGroup(_Data):
 
     name: str
     count: int = Field(ge=0)
-    cpus: int = Field(ge=1)
-    mem_mib: int = Field(ge=1)
+    cpus: int = Field(ge=1, le=U32)  # (u32 as a request types them: an edited model is held to it)
+    mem_mib: int = Field(ge=1, le=U32)
     kind: str = "microvm"
     image: str = "linux"
     arch: str | None = None  # None: any architecture
     together: bool = False  # all on one machine (forks of one checkpoint)
-    duration_secs: int = Field(default=3600, ge=0)
+    duration_secs: int = Field(default=3600, ge=0, le=U32)
     provider: str | None = None
     region: str | None = None
     instance_type: str | None = None
@@ -85,6 +86,16 @@ class PoolHost(_Data):
     max_vms: int | None = Field(default=None, ge=0)
     # a cloud host scale-in cordoned: running and paid, so counted; the VMs placed uncordon it
     scaler_cordoned: bool = False
+    # False: CPU only ranks here (time-shared, as placement has it on every host in the pool;
+    # memory is the hard limit): ``PlanModel.sorted`` gives it the vCPUs its memory admits
+    # for the model's groups, so an edited model's shapes get that room too
+    cpu_binds: bool = True
+
+    @model_validator(mode="after")
+    def _known_arch(self) -> "PoolHost":
+        if self.arch not in ARCHES:
+            raise ValueError(f"arch must be one of {list(ARCHES)}, not {self.arch!r}")
+        return self
 
 
 class Offer(_Data):
@@ -107,6 +118,12 @@ class Offer(_Data):
     limit: int | None = Field(default=None, ge=0)  # at most this many of the type
     quota_family: str = ""
     one_space: bool = False  # a one-VM supplier's sandbox (Modal), not a host
+
+    @model_validator(mode="after")
+    def _known_arch(self) -> "Offer":
+        if self.arch not in ARCHES:
+            raise ValueError(f"arch must be one of {list(ARCHES)}, not {self.arch!r}")
+        return self
 
     @property
     def key(self) -> str:
@@ -143,19 +160,27 @@ class PlanModel(_Data):
         is refused past that too)."""
         from fuse.models.pool import MAX_PLAN_VMS
 
-        for what, names in (("group", [g.name for g in self.groups]), ("host", [h.name for h in self.hosts])):
+        for what, names in (("group", [g.name for g in self.groups]), ("host", [h.name for h in self.hosts]),
+                            ("offer", [o.key for o in self.offers])):
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
+                # (an offer twice would double its type's limit: each copy had its own)
                 raise ValueError(f"{what} names must be unique: {', '.join(twice)} given twice")
         if (vms := sum(g.count for g in self.groups)) > MAX_PLAN_VMS:
             raise ValueError(f"{vms} VMs in all: a plan takes at most {MAX_PLAN_VMS}")
         return self
 
     def sorted(self) -> PlanModel:
-        """The same model with inputs in canonical order, so plans are reproducible."""
+        """The same model with inputs in canonical order, so plans are reproducible, and each
+        host where CPU only ranks given the vCPUs its memory admits: the most vCPUs per MiB
+        of any group times its memory, so no mix of the groups that fits its memory is
+        short of CPU there."""
+        per_mib = max((g.cpus / g.mem_mib for g in self.groups), default=0.0)
+        hosts = [h if h.cpu_binds else h.model_copy(update={"vcpus": max(h.vcpus, math.ceil(per_mib * h.mem_mib - 1e-9))})
+                 for h in sorted(self.hosts, key=lambda h: h.name)]
         return self.model_copy(update={
             "groups": sorted(self.groups, key=lambda g: g.name),
-            "hosts": sorted(self.hosts, key=lambda h: h.name),
+            "hosts": hosts,
             "offers": sorted(self.offers, key=lambda o: (o.usd_per_hour, o.key)),
         })
 

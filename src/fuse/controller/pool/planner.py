@@ -145,6 +145,8 @@ AGGREGATE_MIN_SHARE = 0.25  # of the time limit: with less left, the aggregate m
 # checking and explaining a plan grows with it, a little per VM (at most 30% in all)
 TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.05, 0.25, 2e-5  # (measured: 5 ms past the search at 1,000 VMs, 50 at 5,000)
 NO_PLAN_MEETS_PINS = "no plan meets the pins and caps together (proven): nothing is placed or bought"
+PARTIAL_PLAN = ("time limit reached before a plan placing the most VMs the models allow was found: the pattern "
+                "LP's whole machines, the rest by first fit")
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")
 
@@ -180,7 +182,9 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
         # is not an optimal plan unless ``target`` is proven the most placeable
         most_proven = st == "optimal" or target == total
     sol, label, lb, notes = _solve_target(model, kept, base, target, deadline)
-    if label == "exact" and not most_proven:
+    if label == "exact" and (not most_proven or sum(sol.placed(len(model.groups))) < target):
+        # (fewer than stage 1's count: the pattern LP placed no more within the caps, which the
+        # aggregate model, a relaxation, could not tell; the most placeable is then not proven)
         return sol, "exact-incumbent", lb, notes + [STAGE1_UNPROVEN]
     return sol, label, lb, notes
 
@@ -188,10 +192,25 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
 def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int,
                   deadline: float) -> tuple[Solution, str, float, list[str]]:
     """Stage 2 (and 3): the least-cost plan placing at least ``target`` VMs."""
+    from fuse.controller.pool.search import TargetTooHigh  # (scipy and HiGHS: imported on first use)
+
     # the whole-machine pattern model first (it packs by construction): its LP must settle
     # within most of the time (the aggregate model's bound is far weaker at this scale)
     share = deadline - (1 - PATTERN_LP_SHARE) * (deadline - time.monotonic())
-    pat = _patterns(model, kept, target, base, share, deadline)
+    partial: list[Solution] = []  # the pattern LP's rounding, when no plan places the target
+    try:
+        pat = _patterns(model, kept, target, base, share, deadline, partial)
+    except TargetTooHigh as high:
+        # stage 1's count came from the aggregate model (capacity sums: a relaxation), and
+        # whole machines within the caps hold fewer: plan for as many as the pattern LP places
+        # (at 1,000 VMs under a binding $/hour cap, 629 of stage 1's 649; the aggregate model
+        # searched for 649 in vain till the limit, and first fit placed 105)
+        target = max(sum(base.placed(len(model.groups))), math.floor(high.most + 1e-6))
+        share = deadline - (1 - PATTERN_LP_SHARE) * (deadline - time.monotonic())
+        try:
+            pat = _patterns(model, kept, target, base, share, deadline, partial)
+        except TargetTooHigh:
+            pat = None
     if pat is not None and pat[2]:
         return pat[0], "exact", cost_usd(model, pat[0]), []
     if pat is not None and pat[3] and not better(model, base, pat[0]) and deadline - time.monotonic() < 0.05:
@@ -204,6 +223,10 @@ def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int
         # building it alone takes ~0.1 s): the pattern model's plan and bound answer
         return pat[0], "exact-incumbent", pat[1], ["time limit reached (the pattern model's column generation)"]
     sol, solver, lb, notes = _aggregate(model, kept, base, target, deadline)
+    if pat is None and partial and solver != "exact":
+        rough = min(partial, key=lambda p: (-sum(p.placed(len(model.groups))), cost_usd(model, p)))
+        if better(model, rough, sol):  # (more VMs placed than first fit, say, under a binding cap)
+            return rough, "exact-incumbent", _bound(model, kept, rough, deadline), [PARTIAL_PLAN]
     if pat is None or solver == "exact":
         return sol, solver, lb, notes
     psol, plb = pat[0], pat[1]
@@ -219,12 +242,12 @@ def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int
 
 
 def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution, share: float,
-              deadline: float) -> tuple[Solution, float, bool, bool] | None:
+              deadline: float, partial: list[Solution] | None = None) -> tuple[Solution, float, bool, bool] | None:
     """The pattern model's (plan, bound, proven, settled), or None when it does not apply.
     Its LP must settle by ``share``; once it has, its search may use the time to ``deadline``."""
     from fuse.controller.pool import patterns, search  # scipy is imported on first use
 
-    got = search.solve(model, kept, target, base, share, deadline)
+    got = search.solve(model, kept, target, base, share, deadline, partial=partial)
     if got is None:
         return None
     sol, lb, proven, settled = got

@@ -134,10 +134,9 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
     # image is refused there: "host has no bundle"); one that does not say is not ruled out
     hosts = hosts_from_snapshot(d for d in snapshot if d.get("bundles") is None or image in d["bundles"])
     # on a host already in the pool memory is the hard limit and CPU only ranks (time-shared),
-    # as placement does: its vCPUs are made as many as the VMs its memory and slots admit use,
+    # as placement does (``cpu_binds`` False: the planner gives it the vCPUs its memory admits),
     # so a plan never buys a machine for work a host with room would have taken
-    most = {h.name: min(h.mem_mib // mem, h.max_vms if h.max_vms is not None else h.mem_mib // mem) for h in hosts}
-    hosts = [h.model_copy(update={"vcpus": max(h.vcpus, cpus * most[h.name])}) for h in hosts]
+    hosts = [h.model_copy(update={"cpu_binds": False}) for h in hosts]
     # a pin must name something the pool knows: an offer or a host (an own device's region)
     clouds = [(o.provider, o.region, o.type_name) for o in offer_list]
     clouds += [(h.provider, h.region, h.type_name) for h in hosts]

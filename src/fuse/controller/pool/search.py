@@ -39,10 +39,13 @@ from fuse.controller.pool.solution import Solution, cost_usd, violations
 
 
 def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
-          deadline: float, search_deadline: float | None = None) -> tuple[Solution, float, bool, bool] | None:
+          deadline: float, search_deadline: float | None = None,
+          partial: list[Solution] | None = None) -> tuple[Solution, float, bool, bool] | None:
     """(plan, valid lower bound USD, proven optimal, settled) from the pattern model,
     or None when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of
-    time). ``settled``: the bound is at least the full LP optimum. Column generation
+    time). ``partial`` (when given) gets the root LP's whole machines completed by first
+    fit, whatever they place: the answer's fallback when no plan places the target in
+    time. ``settled``: the bound is at least the full LP optimum. Column generation
     and the first integer master stop at ``deadline``; the branch-and-price search
     may go on to ``search_deadline``.
 
@@ -63,7 +66,14 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     types = machine_types(model, kept)
     by_key = {ty.key: ty for ty in types}
     pool: list[tuple[MachineType, int, dict[int, int]]] = []  # every pattern generated, for every node
-    root = Master(model, types, target)
+    # When the plan in hand places fewer than the target, the first columns (its machines, one
+    # group per machine) may not reach the target within the caps at all: an artificial column
+    # (price ≫ any machine's) keeps the LP feasible while pricing finds the columns that do
+    # (phase one), and, if it is still in use once no column prices out, the LP cannot place
+    # the target: ``TargetTooHigh`` says how many it can.
+    short = sum(start.placed(len(groups))) < target
+    big_m = SHORT_M * (1.0 + max((max(ty.kappa, default=0.0) for ty in types), default=0.0)) if short else 0.0
+    root = Master(model, types, target, big_m=big_m)
     if sum(start.placed(len(groups))) >= target:
         root.cost_cap = cost_usd(model, start)
     # seed: the FFD plan's hosts and machines as patterns (machines mapped to
@@ -92,8 +102,20 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         res, lb, converged = generate(model, root, types, pool, deadline)
     except TooBig:
         return None
+    if short and res is not None:
+        art = sum(res.x[j] for j, kind in enumerate(root.kind) if kind[0] == "art")
+        if art > 1e-6:
+            if converged:
+                raise TargetTooHigh(target - art)
+            return None
+        lb = -math.inf  # (a bound priced with the artificial column in the LP: not taken)
+        if converged:  # again without it, from the columns found: the bound as always
+            root = _master(model, types, target, pool)
+            res, lb, converged = generate(model, root, types, pool, deadline)
     if res is None or (not converged and lb <= 0):
         return None
+    if partial is not None and short and (rough := _residual(model, root, res.x, 0)) is not None:
+        partial.append(rough)
     end = max(deadline, search_deadline or deadline) if converged else deadline
     cands = [sol for sol in (_residual(model, root, res.x, target),
                              _fill(model, types, root.kind, res.x, target, deadline) if converged else None)
@@ -119,6 +141,18 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         # it takes 0.2–1 s at 1,000 VMs, and the rounds' own repairs find plans as good)
         if in_hand() is None:
             cands.append(counts_plan(so_far))
+        if in_hand() is None and short:
+            # Whole machines may hold fewer than the LP's fractions (a binding cap): the integer
+            # master over the columns found, short of the target at the artificial's price,
+            # places as many as it can in its time: the search's plan when that is the target,
+            # else the answer's fallback (``partial``), better than first fit's under a cap.
+            short_of = _master(model, types, target, pool, big_m)
+            got = short_of.mip(min(SHORT_MIP_SECS, SHORT_MIP_SHARE * (end - time.monotonic())))
+            if got.x is not None and not violations(model, plan := extract(model, short_of, got.x)):
+                if sum(plan.placed(len(groups))) >= target:
+                    cands.append(plan)
+                elif partial is not None:
+                    partial.append(plan)
         # Benders cuts on the machine counts, from the best plan so far: most proofs come from here
         held = in_hand()
         if held is not None and end - time.monotonic() > MIN_STEP_SECS:
@@ -153,6 +187,28 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
     lb = max(lb, cuts_lb)  # both bound every plan placing the target
     proven = converged and best_cost <= lb + 1e-6
     return best, min(lb, best_cost), proven, converged
+
+
+SHORT_M = 1e3  # the artificial column's price, per VM short, in units of the dearest machine's
+SHORT_MIP_SECS, SHORT_MIP_SHARE = 0.5, 0.15  # the integer master short of the target: at most
+
+
+class TargetTooHigh(Exception):
+    """The pattern model's LP cannot place the target within the caps: at most ``most`` VMs
+    (``search.solve`` with a target above what the plan in hand places)."""
+
+    def __init__(self, most: float):
+        super().__init__(f"the pattern LP places at most {most:g} VMs")
+        self.most = most
+
+
+def _master(model: PlanModel, types: list[MachineType], target: int, pool: list, big_m: float = 0.0) -> Master:
+    """The root master anew, with every column ``pool`` holds (and, with ``big_m``, the
+    artificial column that makes up for VMs short of the target at that price)."""
+    root = Master(model, types, target, big_m=big_m)
+    for ty, k, counts in pool:
+        root.add_pattern(ty, k, counts)
+    return root
 
 
 def _counts(master: Master, x: np.ndarray) -> tuple[dict, dict[int, float], float]:
