@@ -210,12 +210,25 @@ def test_an_unplaced_reason_says_the_caps_as_an_operator_set_them():
                   offers=[offer("t.small", 2, 4096, 0.05)],
                   constraints=Constraints(max_usd_per_hour=0.03 - 0.010000000000000002))
     (u,) = plan(m).unplaced
-    assert u.reason == "no room within the caps: max_usd_per_hour=0.02"
+    assert u.reason == "no room within the caps: max_usd_per_hour=0.02 ($0.0000/h used)"
+
+
+def test_an_unplaced_reason_names_the_cap_that_stopped_it_not_every_cap_set():
+    # (review 17) it listed max_new_hosts 5, max_usd_per_hour 50 and quota f=100 beside the
+    # monthly budget, the one cap a second machine would break: an operator could not tell
+    m = PlanModel(groups=[DemandGroup(name="g", count=10, cpus=1, mem_mib=1024, kind="container", duration_secs=1000)],
+                  offers=[offer("A", 2, 4096, 1.0, quota_family="f", billing_min_secs=0)],
+                  constraints=Constraints(max_new_hosts=5, max_usd_per_hour=50, quotas={"f": 100},
+                                          monthly_usd_left=0.35), time_limit_secs=2.0)
+    p = plan(m)
+    (u,) = p.unplaced
+    assert (len(p.new_hosts), u.count) == (1, 8)
+    assert u.reason == "no room within the caps: monthly_usd_left=0.35 ($0.3028 planned)", u.reason
 
 
 @pytest.mark.parametrize("group, constraints, says, not_says", [
-    (dict(no_scale=True), {}, "no new machine may: no_scale ×2", "max_new_hosts"),
-    (dict(devices_only=True), {}, "no new machine may: devices_only ×2", "max_new_hosts"),
+    (dict(no_scale=True), {}, "no new machine may: no_scale (2 machine types)", "max_new_hosts"),
+    (dict(devices_only=True), {}, "no new machine may: devices_only (2 machine types)", "max_new_hosts"),
     (dict(kind="microvm"), dict(allow_metal=False), "allow_metal is off", "caps"),
 ], ids=["no_scale", "devices_only", "allow_metal off"])
 def test_an_unplaced_reason_names_what_ruled_the_machines_out(group, constraints, says, not_says):
@@ -235,7 +248,7 @@ def test_an_unplaced_reason_names_what_ruled_the_machines_out(group, constraints
     ([], Constraints(max_new_hosts=1), "max_new_hosts: at most 1 new host", "max_new_hosts=1"),
     ([], Constraints(max_usd_per_hour=0.0), "max_usd_per_hour reached", "max_usd_per_hour=0"),
     ([PoolHost(name="own1", vcpus=4, mem_mib=4096, max_vms=0)], Constraints(exact_new_hosts=0),
-     "no host can take it: vm_count limit reached; and no new machine within the caps: hosts=0: the request "
+     "no host can take it: vm_count limit reached (own1); and no new machine within the caps: hosts=0: the request "
      "adds no machine", "no room within the caps"),
 ], ids=["the budget's max_new_hosts used up reads reached, not =0 (0 is no cap in the budget)",
         "what is left of it reads as what is left",

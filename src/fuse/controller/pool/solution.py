@@ -167,47 +167,91 @@ def _caps(model: PlanModel) -> list[str]:
     """The model's caps on new machines, as an operator reads them. A cap of the budget is
     what it leaves after the hosts running (``ElasticPool.constraints``): 0 left reads
     "reached", never ``=0`` (which the budget's API reads as no cap)."""
+    return [said for said, _ in _cap_checks(model, None, None)]
+
+
+def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[tuple[str, bool]]:
+    """Each cap as ``_caps`` words it, and whether ``sol`` has reached it for group ``g``:
+    one more machine of a type that could take g would break it (a limit or quota only
+    over those types). Reached figures are said with what the plan uses of them."""
     c = model.constraints
-    out = []
+    fits = [] if g is None else [o for o in model.offers
+                                 if offer_reject(model.groups[g], o, c) is None]
+    bought = [] if sol is None else [model.offers[m.offer] for m in sol.machines]
+    hosts_new = sum(not o.one_space for o in bought)
+    usd_h = sum(o.usd_per_hour for o in bought)
+    out: list[tuple[str, bool]] = []
     if c.max_new_hosts is not None:
         n = c.max_new_hosts
-        out.append("max_new_hosts reached: no more new hosts (the hosts running count against it)" if n == 0
-                   else f"max_new_hosts: at most {n} new host{'s' if n > 1 else ''}")
+        out.append(("max_new_hosts reached: no more new hosts (the hosts running count against it)" if n == 0 else
+                    f"max_new_hosts: at most {n} new host{'s' if n > 1 else ''}" + (f" (all {n} used)" if hosts_new >= n else ""),
+                    hosts_new >= n and any(not o.one_space for o in fits)))
     if c.exact_new_hosts is not None:
-        out.append("hosts=0: the request adds no machine" if c.exact_new_hosts == 0 else
-                   f"hosts={c.exact_new_hosts}: the request adds exactly {c.exact_new_hosts} machines")
+        out.append(("hosts=0: the request adds no machine" if c.exact_new_hosts == 0 else
+                    f"hosts={c.exact_new_hosts}: the request adds exactly {c.exact_new_hosts} machines", True))
     if c.max_usd_per_hour is not None:
-        out.append("max_usd_per_hour reached: no $/h left for new machines" if c.max_usd_per_hour <= 0
-                   else f"max_usd_per_hour={round(c.max_usd_per_hour, 6)}")
+        least = min((o.usd_per_hour for o in fits), default=0.0)
+        reached = usd_h + least > c.max_usd_per_hour + 1e-9
+        out.append(("max_usd_per_hour reached: no $/h left for new machines" if c.max_usd_per_hour <= 0
+                    else f"max_usd_per_hour={round(c.max_usd_per_hour, 6)}" + (f" (${usd_h:.4f}/h used)" if reached else ""),
+                    reached))
     if c.monthly_usd_left is not None:
-        out.append("monthly_usd reached: nothing left this month" if c.monthly_usd_left <= 0
-                   else f"monthly_usd_left={round(c.monthly_usd_left, 6)}")
-    out += [f"quota {f}={v}" for f, v in sorted(c.quotas.items())]
-    out += [f"limit {o.type_name}={o.limit}" for o in model.offers if o.limit is not None]
+        spent = 0.0 if sol is None else cost_usd(model, sol)
+        grp = None if g is None else model.groups[g]
+        least = min((o.usd_per_hour * billed_secs(o, grp.duration_secs) / 3600 for o in fits), default=0.0)
+        reached = spent + least > c.monthly_usd_left + 1e-9
+        out.append(("monthly_usd reached: nothing left this month" if c.monthly_usd_left <= 0
+                    else f"monthly_usd_left={round(c.monthly_usd_left, 6)}" + (f" (${spent:.4f} planned)" if reached else ""),
+                    reached))
+    for f, v in sorted(c.quotas.items()):
+        used = sum(o.vcpus for o in bought if o.quota_family == f)
+        least = min((o.vcpus for o in fits if o.quota_family == f), default=None)
+        reached = least is not None and used + least > v
+        out.append((f"quota {f}={v}" + (f" ({used} vCPUs used)" if reached else ""), reached))
+    for o in model.offers:
+        if o.limit is not None:
+            n = sum(b is o for b in bought)
+            out.append((f"limit {o.type_name}={o.limit}" + (" (all used)" if n >= o.limit else ""),
+                        n >= o.limit and o in fits))
     return out
 
 
-def unplaced_reason(model: PlanModel, g: int) -> str:
-    """Why group g (partly) has no place: no machine can hold it at all, or the caps."""
+def unplaced_reason(model: PlanModel, g: int, sol: Solution | None = None) -> str:
+    """Why group g (partly) has no place: no machine can hold it at all, or the caps (those
+    ``sol`` has reached, when it has reached some: else every cap, as packing may be why)."""
     grp, c = model.groups[g], model.constraints
     on_hosts = Counter(host_reject(grp, h, c) for h in model.hosts)
     on_offers = Counter(offer_reject(grp, o, c) for o in model.offers)
+    host_names: dict[str, list[str]] = {}
+    for h in model.hosts:
+        if (why := host_reject(grp, h, c)) is not None:
+            host_names.setdefault(why, []).append(h.name)
 
-    def said(why: Counter) -> str:
-        return "; ".join(f"{r} ×{n}" if n > 1 else r for r, n in why.most_common(4) if r is not None)
+    def said_hosts(why: Counter) -> str:
+        def named(r: str) -> str:
+            names = host_names.get(r, [])
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            return f"{r} ({', '.join(names[:3])}{more})" if names else r
+        return "; ".join(named(r) for r, _ in why.most_common(4) if r is not None)
+
+    def said_offers(why: Counter) -> str:
+        return "; ".join(f"{r} ({n} machine types)" if n > 1 else r for r, n in why.most_common(4) if r is not None)
 
     if on_hosts[None] == 0 and on_offers[None] == 0:
         if not on_hosts and not on_offers:  # (what the pool ruled out before the model: said by the caller)
             return "no host or cloud machine type can take it"
-        return "no machine can hold it: " + said(on_hosts + on_offers)
+        parts = [x for x in (said_hosts(on_hosts) if on_hosts else "", said_offers(on_offers) if on_offers else "") if x]
+        return "no machine can hold it: " + "; ".join(parts)
     # why the hosts take none of it, when none does (a full host's vm_count, its room...)
-    hosts = f"no host can take it: {said(on_hosts)}" if on_hosts and not on_hosts[None] else ""
+    hosts = f"no host can take it: {said_hosts(on_hosts)}" if on_hosts and not on_hosts[None] else ""
     if on_offers[None] == 0:  # (a request's no_scale or devices_only, allow_metal, pins: not the caps)
-        return ("no room left on the hosts that can hold it, and no new machine may: " + said(on_offers)
+        return ("no room left on the hosts that can hold it, and no new machine may: " + said_offers(on_offers)
                 if on_offers else "no room left on the hosts that can hold it, and no offers")
-    caps = _caps(model)
-    if not caps:
+    checks = _cap_checks(model, sol, g)
+    if not checks:
         return hosts or "no room left in the pool"
+    reached = [said for said, hit in checks if hit]
+    caps = reached or [said for said, _ in checks]
     lead = f"{hosts}; and no new machine within the caps: " if hosts else "no room within the caps: "
     return lead + ", ".join(caps)
 
@@ -251,7 +295,7 @@ def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: fl
     unplaced = []
     for g, p in enumerate(sol.placed(len(groups))):
         if p < groups[g].count:
-            reason = unplaced_reason(model, g)
+            reason = unplaced_reason(model, g, sol)
             unplaced.append(ElasticUnplaced(group=groups[g].name, count=groups[g].count - p, reason=reason))
             explain.append(f"{groups[g].count - p} × {groups[g].name} unplaced: {reason}")
     projected = cost_usd(model, sol)
