@@ -43,9 +43,10 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
           partial: list[Solution] | None = None) -> tuple[Solution, float, bool, bool] | None:
     """(plan, valid lower bound USD, proven optimal, settled) from the pattern model,
     or None when it does not apply (a hosts pin, a DP too big, HiGHS failing, out of
-    time). ``partial`` (when given) gets the root LP's whole machines completed by first
-    fit, whatever they place: the answer's fallback when no plan places the target in
-    time. ``settled``: the bound is at least the full LP optimum. Column generation
+    time). ``partial`` (when given) gets the plans found short of the target (the root LP's
+    whole machines completed by first fit; the integer master's over the columns found):
+    the answer's fallback when no plan places the target in time. ``TargetTooHigh`` when
+    the converged LP cannot place the target at all. ``settled``: the bound is at least the full LP optimum. Column generation
     and the first integer master stop at ``deadline``; the branch-and-price search
     may go on to ``search_deadline``.
 
