@@ -329,3 +329,10 @@ async def unreachable(conn) -> tuple:
     finally:
         await conn.close()
     return info.value, time.monotonic() - started
+
+
+def refused(r: httpx.Response) -> str:
+    """The message of a 400 ``invalid_argument`` answer (asserting that it is one)."""
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_argument", r.text
+    return r.json()["error"]["message"]

@@ -28,7 +28,7 @@ from fuse.agent.vms import VmManager
 from fuse.controller.app import create_app as create_controller_app
 from fuse.controller.service import Controller
 from fuse.models.vm import CreateVmRequest
-from support import reap, start_agent, start_controller, wait_until
+from support import reap, refused, start_agent, start_controller, wait_until
 
 qemu = pytest.mark.qemu
 SHAPE = {"vcpus": 1, "mem_mib": 128}
@@ -231,12 +231,6 @@ def controller(tmp_path_factory):
     ctl = Controller(tmp_path_factory.mktemp("ctl"))
     yield TestClient(create_controller_app(ctl), raise_server_exceptions=False)
     ctl.store.close()
-
-
-def refused(r) -> str:
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "invalid_argument", r.text
-    return r.json()["error"]["message"]
 
 
 E = "sleep 60"

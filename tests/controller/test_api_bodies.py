@@ -18,6 +18,7 @@ from fuse.controller.validation import unknown_fields
 from fuse.controller.vms import ControllerCreateVm
 from fuse.models.hosts import HostCapacity, RegisterHostRequest
 from fuse.models.pool import PrewarmOptions
+from support import refused
 
 VM = {"shape": {"vcpus": 1, "mem_mib": 128}, "entry": "echo hi"}
 JSON_HINT = "send the body as JSON with Content-Type: application/json"
@@ -28,13 +29,6 @@ def client(tmp_path_factory):
     ctl = Controller(tmp_path_factory.mktemp("ctl"))
     yield TestClient(create_app(ctl), raise_server_exceptions=False)
     ctl.store.close()
-
-
-def refused(r) -> str:
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["code"] == "invalid_argument"
-    return err["message"]
 
 
 # ---- the content type ------------------------------------------------------------

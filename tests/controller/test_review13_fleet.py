@@ -16,7 +16,7 @@ import pytest
 import fuse
 from fuse.controller.placement import FleetArrays, rank
 from fuse.controller.resources import Resources
-from support import api_error
+from support import api_error, refused
 
 NOT_NUMBERS = pytest.mark.parametrize("wait_s", ["nan", "inf", "-inf"],
                                       ids=["NaN", "infinity", "minus infinity"])
@@ -34,12 +34,6 @@ def ctl_http(fleet) -> httpx.Client:
 
 def agent_http(agent) -> httpx.Client:
     return httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
-
-
-def refused(r: httpx.Response) -> str:
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "invalid_argument", r.text
-    return r.json()["error"]["message"]
 
 
 # ---- a wait that is no number ------------------------------------------------------
