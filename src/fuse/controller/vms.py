@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
@@ -21,7 +20,7 @@ from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
-from .store import ACTIVE_MOVES, moves as moves_t, vms as vms_t
+from .store import vms as vms_t
 
 log = logging.getLogger("fuse.controller.vms")
 CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
@@ -582,10 +581,7 @@ class VmService:
         on: its source marks the VM only at the move's sleep step, and a sleep, wake or
         delete let through before that would be undone by the move or end it `failed`
         with the VM gone (``failed`` means the VM is home)."""
-        with self.store.read() as c:
-            row = c.execute(select(moves_t.c.id, moves_t.c.target).where(
-                moves_t.c.vm == name, moves_t.c.source == host, moves_t.c.state.in_(ACTIVE_MOVES))).first()
-        if row is not None:
+        if (row := self.ctl.moves.active_for(name, host)) is not None:
             raise Conflict(f"vm {name} is held by move {row.id} (from {host} to {row.target}): "
                            "wait for it to end", code="move_in_progress")
 
@@ -604,8 +600,7 @@ class VmService:
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
-        if action in ("sleep", "wake"):
-            self._not_moving(name, host)
+        self._not_moving(name, host)
         ask = await self._wake_room(name, host) if action == "wake" else Resources()
         try:
             vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 import httpx
 from pydantic import WithJsonSchema
@@ -92,7 +93,7 @@ def call_timeout(method: str, path: str, default: float = REQUEST_TIMEOUT) -> fl
     ``default``, so a controller that hangs is a tool error within a minute, not five."""
     route, _, query = path.partition("?")
     parts = route.strip("/").split("/")
-    params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+    params = dict(parse_qsl(query))
     if route == "/v1/events":
         try:
             return max(0.0, min(float(params.get("wait_s", 0)), 60.0)) + 30.0

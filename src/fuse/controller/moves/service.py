@@ -62,7 +62,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 source = self.ctl.vms.locate(name, pin)
             except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
                 raise refuse("not_movable", exc.message) from None
-            if self._active_for(name, source):
+            if self.active_for(name, source) is not None:
                 raise refuse("move_in_progress", f"vm {name} is already moving")
             await self.fleet.first_poll(source)
             src_view = self.fleet.views.get(source)
@@ -110,10 +110,11 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self._spawn(move_id)
         return self.get(move_id)
 
-    def _active_for(self, name: str, host: str) -> bool:
+    def active_for(self, name: str, host: str):
+        """The active move (its ``id`` and ``target``) of VM ``name`` from ``host``, or None."""
         with self.store.read() as c:
-            return c.execute(select(moves_t.c.id).where(moves_t.c.vm == name, moves_t.c.source == host,
-                                                        moves_t.c.state.in_(ACTIVE))).first() is not None
+            return c.execute(select(moves_t.c.id, moves_t.c.target).where(
+                moves_t.c.vm == name, moves_t.c.source == host, moves_t.c.state.in_(ACTIVE))).first()
 
     def _spawn(self, move_id: str) -> None:
         if move_id in self._tasks and not self._tasks[move_id].done():
