@@ -78,7 +78,7 @@ def test_a_host_whose_unanswered_create_landed_is_not_deregistered_and_keeps_the
     u.land()  # the create did reach the agent; the controller cannot know (the host is gone)
     err = deregister(fleet)
     assert err is not None and (err.status, err.code) == (409, "conflict"), err
-    assert "being placed" in err.message, err.message
+    assert "has vm job1 being placed" in err.message, err.message  # (seed 000: names the blocking VM)
     u.proxy.heal()
     wait_until(lambda: any(v["name"] == "job1" and v["host"] == "a" for v in fleet.client.vms.list()),
                timeout=30, what="job1 recorded on a once a answers")

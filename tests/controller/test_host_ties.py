@@ -20,10 +20,6 @@ def vm_body(name, mem=128, **kw):
     return {"name": name, "shape": {"vcpus": 1, "mem_mib": mem}, "entry": "count", **kw}
 
 
-
-
-
-
 def agent_id(agent) -> str:
     return httpx.get(agent.url + "/v1/host", headers={"Authorization": f"Bearer {agent.token}"},
                      timeout=10).json()["agent_id"]
@@ -49,7 +45,7 @@ def test_a_create_waiting_on_its_host_holds_it_against_deregister_and_a_new_url(
         t.start()
         wait_until(lambda: proxy.held == 1, what="the create reached the host")
         err = api_error(fleet.client.hosts.deregister, "h1")
-        assert (err.status, err.code) == (409, "conflict") and "being placed" in err.message, err.message
+        assert (err.status, err.code) == (409, "conflict") and "has vm job1 being placed" in err.message, err.message
         err = api_error(fleet.client.hosts.register, fuse.RegisterHostRequest(
             id="h1", url=other.url, token=other.token, backend="qemu", capacity=fuse.HostCapacity(vm_count=10)))
         assert (err.status, err.code) == (409, "conflict") and "being placed" in err.message, err.message

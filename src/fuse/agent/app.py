@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from .. import http_errors
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
-from ..controller.validation import reject_unknown_query
+from ..controller.validation import RefuseBadPath, reject_unknown_query
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
@@ -80,6 +80,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     app.router.redirect_slashes = False
     http_errors.install(app)
     install_validation(app)  # after http_errors: a bad request is worded as the controller words it
+    app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
     app.add_middleware(BearerFirst, token=cfg.token)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)

@@ -29,7 +29,7 @@ class AsyncClient:
         kw = {"timeout": call.timeout} if call.timeout is not None else {}
         try:
             resp = await self._http.request(call.method, call.path, params=call.params,
-                                            json=_core.body_json(call.body), **kw)
+                                            **_core.body_kw(call.body), **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc
         return _core.finish(call, resp)

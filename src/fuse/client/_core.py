@@ -7,6 +7,7 @@ async client its methods return awaitables).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,14 +90,29 @@ def finish(call: Call, resp: httpx.Response) -> Any:
 
 
 def path(base: str, *parts: str) -> str:
-    """`base` plus each part, percent-encoded (ids are free-form)."""
-    return base + "".join("/" + quote(p, safe="") for p in parts)
+    """`base` plus each part, percent-encoded (ids are free-form). A part of "." or
+    ".." is sent as %2E: the URL library would take it for a dot segment and drop it
+    (``hosts.get(".")`` read the host list as one empty host)."""
+    return base + "".join("/" + (p.replace(".", "%2E") if p in (".", "..") else quote(p, safe=""))
+                          for p in parts)
 
 
 def body_json(body: Any) -> Any:
     if isinstance(body, BaseModel):
         return body.model_dump(mode="json", exclude_none=True)
     return body
+
+
+def body_kw(body: Any) -> dict[str, Any]:
+    """The request's body arguments: JSON, with every non-ASCII character escaped, so
+    that a string no UTF-8 holds (a lone surrogate, ``"\\udfff"``) reaches the server,
+    which refuses it as any bad field (400 ``invalid_argument``), instead of failing
+    in the encoder with a ``UnicodeEncodeError``."""
+    value = body_json(body)
+    if value is None:
+        return {}
+    return {"content": json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii"),
+            "headers": {"Content-Type": "application/json"}}
 
 
 def check(resp: httpx.Response) -> None:

@@ -26,7 +26,7 @@ class Client:
     def _send(self, call: Call) -> Any:
         kw = {"timeout": call.timeout} if call.timeout is not None else {}
         try:
-            resp = self._http.request(call.method, call.path, params=call.params, json=_core.body_json(call.body),
+            resp = self._http.request(call.method, call.path, params=call.params, **_core.body_kw(call.body),
                                       **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc

@@ -25,7 +25,7 @@ from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
 from .validation import install as install_validation
-from .validation import reject_unknown_fields, reject_unknown_query
+from .validation import RefuseBadPath, reject_unknown_fields, reject_unknown_query
 
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
@@ -124,26 +124,6 @@ def document_bearer(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-class RefuseNulPath:
-    """400 ``invalid_argument`` for a path holding a NUL (``%00``): no host, VM or move
-    name holds one, and PostgreSQL refuses to compare text with it (500 on a lookup
-    where the embedded store answers 404): one answer on both stores."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and "\x00" in scope.get("path", ""):
-            from starlette.responses import JSONResponse
-
-            from ..errors import error_body
-
-            await JSONResponse(error_body("invalid_argument", "the path contains a NUL character (%00): "
-                                          "no name here holds one"), status_code=400)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def create_app(ctl: Controller) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -168,7 +148,7 @@ def create_app(ctl: Controller) -> FastAPI:
     app.router.redirect_slashes = False
     http_errors.install(app)
     install_validation(app)  # after http_errors: its message for a bad request replaces the shared one
-    app.add_middleware(RefuseNulPath)  # (added first: the token is checked before it)
+    app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
     app.add_middleware(BearerFirst, token=ctl.token, open=OPEN_PATHS)  # every other route needs it
     app.state.ctl = ctl
     app.state.pool_snapshot = ctl.pool_snapshot

@@ -50,12 +50,19 @@ PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
 FINISHED = frozenset({"exited", "failed", "deleted"})
 
 
+MAX_TEXT = 255  # characters of an id, a region, a label's key
+MAX_LABEL_VALUE = 1024
+MAX_LABELS = 128
+MAX_URL = 2048
+MAX_TOKEN = 4096  # an HTTP header the agent's server takes whole
+
+
 def validate(req: RegisterHostRequest) -> str:
     """Static checks (400 invalid_argument); returns the backend."""
     if not req.id or not req.id.strip():
         raise InvalidArgument("id is required")
-    if len(req.id) > 255:
-        raise InvalidArgument("id is longer than 255 characters")
+    if len(req.id) > MAX_TEXT:
+        raise InvalidArgument(f"id is longer than {MAX_TEXT} characters")
     if req.id in (".", ".."):
         # Free-form otherwise (clients percent-encode it, "/" included), but a
         # path segment of "." or ".." is resolved away by URL normalisation,
@@ -72,6 +79,19 @@ def validate(req: RegisterHostRequest) -> str:
     for field, text in texts:
         if text and "\x00" in text:  # the embedded store keeps it, PostgreSQL cannot: one rule for both
             raise InvalidArgument(f"{field} contains a NUL character")
+    # Bounded, as the id is: a 5 MB label was stored and sent with every host list, and a
+    # 1 MB token came back as 502 host_unreachable (the agent dropped the oversized header)
+    for field, text, most in [("url", req.url, MAX_URL), ("token", req.token, MAX_TOKEN),
+                              ("region", req.region, MAX_TEXT)]:
+        if text and len(text) > most:
+            raise InvalidArgument(f"{field} is longer than {most} characters")
+    if len(req.labels or {}) > MAX_LABELS:
+        raise InvalidArgument(f"labels: at most {MAX_LABELS} labels, not {len(req.labels)}")
+    for k, v in (req.labels or {}).items():
+        if len(k) > MAX_TEXT:
+            raise InvalidArgument(f"labels: the key {k[:40]!r}... is longer than {MAX_TEXT} characters")
+        if len(v) > MAX_LABEL_VALUE:
+            raise InvalidArgument(f"labels.{k} is longer than {MAX_LABEL_VALUE} characters")
     if not req.url:
         raise InvalidArgument("url is required")
     parse_address(req.url)  # BadAddress (400) saying what is wrong, before the probe dials it
@@ -103,6 +123,8 @@ def mig_entry_problem(name: str, count: int) -> str | None:
         return f"{name!r} is not a MIG profile name in mig-parted form such as 1g.10gb or 1g.10gb+me: {why}"
     if count <= 0:
         return f"the count of {name!r} must be greater than 0, not {count}"
+    if count > MAX_AMOUNT:
+        return f"the count of {name!r} must be at most {MAX_AMOUNT} (2^53), not {count}"
     return None
 
 
@@ -195,6 +217,9 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         declared, real = getattr(cap, field), int(probed.get(field, 0))
         if declared == 0:
             setattr(out, field, real)
+            if real == 0:  # stored as probed, but 0 is also "probe me": said out loud
+                warnings.append(f"capacity.{field}: the host agent probed 0{ZERO_WHY.get(field, '')}; "
+                                "stored as 0 (declare a value to override the probe)")
         else:
             _warn_above_probe(f"capacity.{field}", declared, real, warnings)
     out.arch = probed.get("arch", "") or out.arch
@@ -216,7 +241,10 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         warnings.append(f"capacity.gpu_kind: declared {cap.gpu_kind!r} differs from probed "
                         f"{probed_as}; keeping the declared value")
     if backend == "qemu":
-        real_gpus, real_mig = int(probed.get("gpus", 0)), _valid_mig(probed.get("mig_profiles") or {}, warnings)
+        # (a probed entry dropped is said only when the probe's entries are taken: declared
+        # mig_profiles replace them whole)
+        real_gpus = int(probed.get("gpus", 0))
+        real_mig = _valid_mig(probed.get("mig_profiles") or {}, [] if cap.mig_profiles else warnings)
         if cap.gpus == 0:
             out.gpus = real_gpus
         else:
@@ -234,6 +262,9 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     if probed.get("backend") and probed["backend"] != backend:
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
     return out
+
+
+ZERO_WHY = {"storage_gb": " (less than 1 GiB free where the agent keeps its VMs)"}
 
 
 def _valid_mig(probed: dict[str, int], warnings: list[str]) -> dict[str, int]:
@@ -258,7 +289,7 @@ def _warn_above_probe(field: str, declared: int, real: int, warnings: list[str])
 
 class HostRegistry:
     def __init__(self, store: Store, tls=lambda: None, live=lambda host_id: {},
-                 placing=lambda host_id: Resources()):
+                 placing=lambda host_id: Resources(), placing_names=lambda host_id: []):
         self.store = store
         self._tls = tls        # () -> TlsSettings | None, the controller's current identity
         self._live = live      # host id -> poller's live figures
@@ -268,6 +299,7 @@ class HostRegistry:
         # so a deregister and a create's reservation never interleave (one replica's creates:
         # the ledger is per process).
         self.placing = placing
+        self.placing_names = placing_names  # host id -> the names of those VMs (VmService.placing_names)
 
     async def register(self, req: RegisterHostRequest, backend_from_probe: bool = False,
                        then: Callable[[str], Awaitable[None]] | None = None) -> tuple[Host, bool]:
@@ -423,7 +455,10 @@ class HostRegistry:
             return f"still has vm {assigned[0]['name']} assigned"
         placing = self.placing(host_id).count
         if placing > 0:
-            return (f"has {placing} vm{'s' if placing > 1 else ''} being placed on it (a create or wake waiting "
+            names = self.placing_names(host_id)
+            what = (f"vm {names[0]}" + (f" (and {placing - 1} more)" if placing > 1 else "") if names
+                    else f"{placing} vm{'s' if placing > 1 else ''}")
+            return (f"has {what} being placed on it (a create or wake waiting "
                     "on the host's answer); try again once it has answered")
         return None
 

@@ -52,7 +52,8 @@ class Controller:
         # does one it did not answer until it says whether the VM landed: the registry
         # refuses to deregister it or re-point it meanwhile
         self.hosts = HostRegistry(self.store, tls=self.tls_settings, live=self._live,
-                                  placing=lambda host_id: self.vms.placing_on(host_id))
+                                  placing=lambda host_id: self.vms.placing_on(host_id),
+                                  placing_names=lambda host_id: self.vms.placing_names(host_id))
         from .events import EventService
         from .usage import UsageService
         from .vms import VmService

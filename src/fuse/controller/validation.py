@@ -23,6 +23,7 @@ import difflib
 import email.message
 import types
 from typing import Annotated, Any, Iterable, Optional, Union, get_args, get_origin
+from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -104,10 +105,43 @@ def _is_json(content_type: Optional[str]) -> bool:
     return m.get_content_maintype() == "application" and (sub == "json" or sub.endswith("+json"))
 
 
+def not_text(value: Any, loc: tuple = ()) -> list[dict[str, Any]]:
+    """Errors in pydantic's shape for every string of `value` (key or value, at any
+    depth) that holds a lone UTF-16 surrogate: JSON's ``"\\udfff"`` escape parses
+    to one, which no UTF-8 text holds, so it could be neither stored nor answered
+    (a host registered with one in a label was kept, then every host list was a 500)."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    out: list[dict[str, Any]] = []
+    if isinstance(value, str):
+        if bad(value):
+            out.append({"type": "string_unicode", "loc": loc, "input": value.encode("utf-8", "backslashreplace")
+                        .decode(), "msg": "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape that is half of "
+                        "a pair): not Unicode text"})
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and bad(k):
+                out.append({"type": "string_unicode", "loc": loc, "input": None,
+                            "msg": f"the key {k.encode('utf-8', 'backslashreplace').decode()} holds a lone "
+                                   "UTF-16 surrogate: not Unicode text"})
+            else:
+                out += not_text(v, loc + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += not_text(v, loc + (i,))
+    return out
+
+
 async def reject_unknown_fields(request: Request) -> None:
     """App-wide dependency: a JSON body naming a field its route's model lacks
-    is refused, with every other problem of the body in the same answer.
-    (FastAPI has parsed the body by now; it answers bad JSON itself.)"""
+    is refused, with every other problem of the body in the same answer; so is
+    a body holding a string that is not Unicode text (``not_text``), before
+    anything reads it. (FastAPI has parsed the body by now; it answers bad JSON itself.)"""
     field = getattr(request.scope.get("route"), "body_field", None)
     if field is None or not _is_json(request.headers.get("content-type")) or not await request.body():
         return
@@ -115,6 +149,8 @@ async def reject_unknown_fields(request: Request) -> None:
         value = await request.json()
     except ValueError:
         return
+    if broken := not_text(value, ("body",)):
+        raise RequestValidationError(broken)
     annotation = field.field_info.annotation
     extras = unknown_fields(annotation, value, ("body",))
     if not extras:
@@ -231,3 +267,42 @@ def install(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError):
         msg = describe(list(exc.errors()), exc.body, request.headers.get("content-type"))
         return JSONResponse(error_body("invalid_argument", msg), status_code=400)
+
+
+# ---- paths ---------------------------------------------------------------------
+
+class RefuseBadPath:
+    """400 ``invalid_argument`` for a path that names nothing here, whatever route it looks
+    like: one holding a control character (``%00``…``%1F``, ``%7F``) or percent-escapes
+    that are not UTF-8. No host, VM or move name holds either (host ids refuse control
+    characters, VM and move names are a plain alphabet), and each was worse than a 404:
+    PostgreSQL refuses to compare text with a NUL (a 500 on a lookup the embedded store
+    answered 404); a trailing ``%0A`` matched the route of the id without it (``$`` matches
+    before a final newline: a DELETE of ``/v1/hosts/x%0A`` removed host ``x``); escapes
+    that are not UTF-8 were decoded to U+FFFD, the id of another host."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and (why := path_problem(scope)):
+            await JSONResponse(error_body("invalid_argument", f"the path {why}: no name here holds one"),
+                               status_code=400)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def path_problem(scope) -> str | None:
+    """Why a request's path names nothing (``RefuseBadPath``), or None."""
+    path = scope.get("path", "")
+    if "\x00" in path:
+        return "contains a NUL character (%00)"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        return "contains a control character"
+    raw = scope.get("raw_path")
+    if raw is not None:
+        try:
+            unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
+        except UnicodeDecodeError:
+            return "holds percent-escapes that are not UTF-8"
+    return None

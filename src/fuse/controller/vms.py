@@ -405,6 +405,13 @@ class VmService:
                 out = out + ask
         return out
 
+    def placing_names(self, host: str) -> list[str]:
+        """The names of the VMs ``placing_on`` counts: creates under way on ``host`` and
+        creates it did not answer (a wake's VM is in the store, assigned there already)."""
+        names = {n for h, n in self._naming if h == host}
+        names |= {n for h, n, _ in self._unanswered.values() if h == host}
+        return sorted(names)
+
     def _unanswered_create(self, host: str, name: str, ask: Resources) -> None:
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
