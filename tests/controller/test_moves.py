@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import fuse
-from support import reap, start_agent, start_controller, wait_until
+from support import Proxy, reap, start_agent, start_controller, wait_until
 
 
 class Fleet:
@@ -715,3 +715,37 @@ def test_a_sleep_or_wake_the_source_answered_before_the_moves_sleep_stands(fleet
     vm = fleet.host_vms("dst")["job1"]
     assert vm["state"] == ends and vm.get("move_id") is None, vm
     assert "job1" not in fleet.host_vms("src")
+
+
+def test_a_new_controller_identity_leaves_a_move_between_hosts_without_tls_alone(fleet, tmp_path):
+    """PUT /v1/controller replaced every host's connection and closed the old ones under
+    the copy's requests: a move between two http:// hosts failed ("the client has been
+    closed"). The identity is a mutual-TLS host's business only."""
+    from fuse.transport.tls import create_ca, issue_cert
+
+    create_ca(tmp_path / "ca")
+    ident = issue_cert(tmp_path / "ca", "controller", tmp_path / "ctl-cert", client=True)
+    fleet.add("src")
+    dst = fleet.agent("dst")
+    proxy = Proxy(int(dst.url.rsplit(":", 1)[1]))  # each chunk's request held a while on its way
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(id="dst", url=proxy.url, token=dst.token, backend="qemu",
+                                                             capacity=fuse.HostCapacity(vm_count=10)))
+        fleet.client.vms.create(vm_body("job1", host="src", mem=1024))
+        fleet.restart_controller(env={"FUSE_MOVE_COPY_PATH": "http"})
+        proxy.hold[b"PUT /v1/host/incoming/"] = 1.0
+        m = fleet.client.moves.create("job1", to="dst")
+        for _ in range(2):
+            n = proxy.held
+            wait_until(lambda: proxy.held > n, timeout=30, what="a chunk on its way")
+            fleet.client.controller.configure(cert=str(ident.cert), key=str(ident.key), ca=str(ident.ca))
+            assert fleet.client.controller.get()["cert"] == str(ident.cert)
+            n = proxy.held
+            wait_until(lambda: proxy.held > n, timeout=30, what="a chunk on its way")
+            fleet.client.controller.configure()  # (none: back to no identity)
+        proxy.hold.clear()
+        m = fleet.wait_move(m["id"])
+        assert m["state"] == "done", m
+        _check_home_or_moved(fleet, "job1", expect="dst")
+    finally:
+        proxy.close()

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound
-from ..transport import BadAddress, HostConnection
+from ..transport import BadAddress, HostConnection, transport_kind
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.fleet")
@@ -82,7 +82,13 @@ class Fleet:
             raise NotFound(f"host {host_id} not found")
         cached = self._conns.get(host_id)
         tls = self.ctl.tls_settings()
-        key = (row["url"], row["token"] + repr(tls))
+        # the controller's identity is part of a mutual-TLS host's connection only: a PUT
+        # /v1/controller replaced every host's, and closed the old ones under a move's copy
+        try:
+            uses_tls = transport_kind(row["url"]) == "tls"
+        except BadAddress:
+            uses_tls = False  # (HostConnection says what is wrong with it, below)
+        key = (row["url"], row["token"] + (repr(tls) if uses_tls else ""))
         if cached and cached[:2] == key:
             return cached[2]
         try:
@@ -91,8 +97,8 @@ class Fleet:
             err = HostUnreachable(f"host {host_id}'s address is not valid: {exc.message}")
             err.maybe_sent = False
             raise err from None
-        if cached:
-            asyncio.ensure_future(cached[2].close())
+        if cached:  # (its requests under way finish on it first)
+            asyncio.ensure_future(cached[2].retire())
         self._conns[host_id] = (*key, conn)
         return conn
 

@@ -372,6 +372,8 @@ class HostConnection:
         self.token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssh = None
+        self._busy = 0  # requests under way: a retired connection closes once none is
+        self._retired = False
         if self.kind == "local":
             path = self.address.path or str(default_agent_socket())
             self._client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path),
@@ -414,6 +416,15 @@ class HostConnection:
 
         if self.kind == "tls":
             kw["extensions"] = {"trace": trace}
+        self._busy += 1
+        try:
+            return await self._send(method, path, json, params, content, kw, retries, shook)
+        finally:
+            self._busy -= 1
+            if self._retired and not self._busy:
+                await self.close()
+
+    async def _send(self, method, path, json, params, content, kw, retries, shook) -> httpx.Response:
         attempt = 0
         while True:
             shook.clear()
@@ -470,6 +481,13 @@ class HostConnection:
             return (f"{a.text} speaks HTTP, not SSH, so it is not an ssh:// address (a host agent's HTTP "
                     "listener is registered as http://HOST:PORT with its token)")
         return ""
+
+    async def retire(self) -> None:
+        """Close once the requests under way have their answers (a move's copy may be
+        one, for minutes): the owner has a new connection for the next ones."""
+        self._retired = True
+        if not self._busy:
+            await self.close()
 
     async def close(self) -> None:
         await self._client.aclose()
