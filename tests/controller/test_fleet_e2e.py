@@ -217,7 +217,8 @@ def test_event_cursor_resumes_across_a_controller_restart(fleet, tmp_path):
     assert ids == sorted(set(ids))
     host_ids = [(e["host"], e["host_event_id"]) for e in everything if "host_event_id" in e]
     assert len(host_ids) == len(set(host_ids))  # no host event stored twice
-    assert [e["id"] for e in seen] + [e["id"] for e in after] == ids  # nothing skipped
+    # nothing skipped (events go on arriving between the two reads: up to the last one read)
+    assert [e["id"] for e in seen] + [e["id"] for e in after] == [i for i in ids if i <= after[-1]["id"]]
     fleet.ctl.stop()
 
 

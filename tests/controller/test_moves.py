@@ -749,3 +749,48 @@ def test_a_new_controller_identity_leaves_a_move_between_hosts_without_tls_alone
         _check_home_or_moved(fleet, "job1", expect="dst")
     finally:
         proxy.close()
+
+
+def test_a_drain_moves_off_what_lands_after_it_began(fleet):
+    """A drain worked from the VM list of its start: a move into the host still copying,
+    or a create placed there before the drain, landed after it and stayed on the draining
+    host while the report said nothing was stuck (and the deregister it promised failed)."""
+    fleet.add("old")
+    fleet.add("other")
+    fleet.add("new", vm_count=10)
+    fleet.client.vms.create(vm_body("a", host="old", mem=256))
+    fleet.client.vms.create(vm_body("b", host="other", mem=4096))  # 64 MiB image: 16 chunks
+    fleet.restart_controller(env={"FUSE_TEST_CHUNK_DELAY": "0.2"})
+    fleet.client.hosts.cordon("other")
+    m = fleet.client.moves.create("b", to="old")
+    wait_until(lambda: fleet.client.moves.get(m["id"])["copied_bytes"] > 0, timeout=30, what="copy started")
+    report = fleet.client.hosts.drain("old")
+    assert fleet.client.moves.get(m["id"])["state"] == "done"  # b landed on old, after the drain began
+    assert sorted(x["vm"] for x in report["moved"]) == ["a", "b"] and report["stuck"] == [], report
+    assert {x["vm"]: x["to"] for x in report["moved"]} == {"a": "new", "b": "new"}, report
+    assert fleet.host_vms("old") == {}
+    fleet.client.hosts.deregister("old")
+
+
+def test_a_drain_moves_off_a_vm_whose_create_was_answered_after_it_began(fleet):
+    import threading
+
+    old = fleet.agent("old")
+    proxy = Proxy(int(old.url.rsplit(":", 1)[1]))  # the host takes its time to answer the create
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(id="old", url=proxy.url, token=old.token, backend="qemu",
+                                                             capacity=fuse.HostCapacity(vm_count=10)))
+        fleet.add("new")
+        wait_until(lambda: all(h.connected for h in fleet.client.hosts.list()), what="the controller sees the hosts")
+        proxy.hold[b"POST /v1/host/vms HTTP"] = 2.0
+        t = threading.Thread(target=lambda: fleet.client.vms.create(vm_body("late", host="old", mem=256)))
+        t.start()
+        wait_until(lambda: proxy.held == 1, what="the create reached the host")
+        with fuse.Client(fleet.ctl.url) as c:
+            report = c.hosts.drain("old")
+        t.join(30)
+        assert [(x["vm"], x["to"]) for x in report["moved"]] == [("late", "new")] and report["stuck"] == [], report
+        assert fleet.host_vms("old") == {}
+        fleet.client.hosts.deregister("old")
+    finally:
+        proxy.close()

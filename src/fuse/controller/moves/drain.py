@@ -76,13 +76,53 @@ class MoveDrains(MoveRecords):
         return report
 
     async def _drain(self, host_id: str) -> dict[str, Any]:
+        """The drain's rounds: the VMs on the host are moved off; then the drain waits for
+        what may still land there (a move into the host, a create placed before the
+        drain began: both chose the host while it was active) and moves what did, until
+        a round finds nothing new. The report accounts for every VM the host had while
+        draining, not only those of its first list."""
         moved, stuck, finished = [], [], []
-        left = []
-        for vm in self.ctl.vms.list(host_id):
-            if vm["state"] in FINISHED:
-                finished.append({"vm": vm["name"], "state": vm["state"]})
-            else:
-                left.append(vm)
+        seen: set[str] = set()
+        while True:
+            left = []
+            for vm in self.ctl.vms.list(host_id):
+                if vm["name"] in seen:
+                    continue
+                seen.add(vm["name"])
+                if vm["state"] in FINISHED:
+                    finished.append({"vm": vm["name"], "state": vm["state"]})
+                else:
+                    left.append(vm)
+            if not left:
+                if await self._arrivals(host_id):
+                    continue  # something landed, or did not: the next round's list says
+                break
+            if not await self._drain_round(host_id, left, moved, stuck, finished):
+                break
+        return {"host": host_id, "moved": moved, "stuck": stuck,
+                "finished": sorted(finished, key=lambda f: f["vm"])}
+
+    async def _arrivals(self, host_id: str) -> bool:
+        """Wait (DRAIN_MOVE_WAIT_S at most) while a move into ``host_id`` is under way or a
+        create placed there waits on its answer; whether there was any to wait for."""
+        deadline = time.monotonic() + DRAIN_MOVE_WAIT_S
+        waited = False
+        while time.monotonic() < deadline:
+            host = self.store.get_host(host_id)
+            if host is None or host["state"] != "draining":
+                return waited  # stopped: the next round reports what landed as not tried
+            with self.store.read() as c:
+                incoming = c.execute(select(moves_t.c.id).where(moves_t.c.target == host_id,
+                                                                moves_t.c.state.in_(ACTIVE))).first()
+            if incoming is None and self.ctl.vms.placing_on(host_id).count <= 0:
+                return waited
+            waited = True
+            await asyncio.sleep(0.25)
+        return waited
+
+    async def _drain_round(self, host_id: str, left: list[dict], moved: list, stuck: list, finished: list) -> bool:
+        """Move each VM of ``left`` off ``host_id`` in turn; False when the drain was
+        stopped (every VM not tried is then reported stuck)."""
         while left:
             vm = left.pop(0)
             host = self.store.get_host(host_id)
@@ -93,7 +133,7 @@ class MoveDrains(MoveRecords):
                 state = "deregistered" if host is None else host["state"]
                 why = f"the drain was stopped before it tried this vm: host {host_id} is {state} now"
                 stuck += [{"vm": v["name"], "code": "drain_stopped", "reason": why} for v in (vm, *left)]
-                break
+                return False
             if not any(r["host"] == host_id for r in self.store.vms_named(vm["name"])):
                 # gone since the list was read: moved by another drain (a replica's) or a move,
                 # or deleted (nothing to report then)
@@ -115,8 +155,7 @@ class MoveDrains(MoveRecords):
                 moved.append({"vm": vm["name"], "move": m["id"], "to": m["to"]})
             else:
                 stuck.append({"vm": vm["name"], "code": "move_failed", "reason": m["reason"], "move": m["id"]})
-        return {"host": host_id, "moved": moved, "stuck": stuck,
-                "finished": sorted(finished, key=lambda f: f["vm"])}
+        return True
 
     async def _drain_move(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None]:
         """Start moving vm ``name`` off ``host_id``: (the move, None) or (None, the refusal).
