@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 from typing import Optional
 
@@ -175,13 +177,19 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
         raise typer.BadParameter("must be a number of seconds", param_hint="'--wait-s'")
     with api_errors(json_), _client() as c:
         stream = c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow else _caught_up(c, since)
-        for e in stream:
-            if json_:
-                typer.echo(json.dumps(e, sort_keys=True))
-            else:
-                rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
-                stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-                typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} {json.dumps(rest, sort_keys=True)}")
+        try:
+            for e in stream:
+                if json_:
+                    typer.echo(json.dumps(e, sort_keys=True))
+                else:
+                    rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
+                    stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                    typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} "
+                               f"{json.dumps(rest, sort_keys=True)}")
+        except BrokenPipeError:
+            # The reader (`| head`) has what it wanted: stop quietly, exit 0, not an io_error.
+            # stdout goes to /dev/null first, or Python's flush at exit fails on the pipe again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _caught_up(c, since: int):

@@ -68,14 +68,13 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
         m = c.moves.create(vm, to, host)
         if wait:
             m = _wait(c, m, vm, json_)
-    if json_:
-        emit_json(m)
-        return
-    table(MOVE_COLUMNS, _rows([m]))
+    emit_json(m) if json_ else table(MOVE_COLUMNS, _rows([m]))
+    # --json changes what is printed, not the exit code: a script tells a failed move by $?
     if m["state"] == "failed":
         raise typer.Exit(1)
     if wait and m["state"] != "done":
-        console.print(f"move {m['id']} is still {m['state']} after an hour; follow it with `fuse controller moves`")
+        typer.echo(f"move {m['id']} is still {m['state']} after an hour; follow it with `fuse controller moves`",
+                   err=json_)
         raise typer.Exit(1)
 
 

@@ -3,14 +3,36 @@ for mutual TLS between the controller and its hosts (fuse.transport.tls)."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 import typer
 
-from .output import emit_json, table
+from .output import emit_json, fail, table
+
+# A DNS name's label (RFC 1123): letters, digits and inner hyphens, 1-63 characters.
+DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 ca_app = typer.Typer(help="The CA that signs host and controller certificates.", no_args_is_help=True)
 cert_app = typer.Typer(help="Issue host and controller certificates.", no_args_is_help=True)
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` can be neither an IP address nor a DNS name, or None. A host's
+    certificate must name the address it is registered at, and no address matches
+    anything else: such a certificate would only fail later, at `hosts add`."""
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    labels = name.split(".")
+    # (an all-digit last label is no top-level domain: 256.1.1.1 is a mistyped IP address)
+    if len(name) <= 253 and all(DNS_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit():
+        return None
+    return (f"{name!r} is neither an IP address nor a DNS name (labels of 1-63 letters, digits and "
+            f"inner hyphens, joined by dots; 253 characters at most)")
 
 
 def _show(files, json_: bool) -> None:
@@ -53,9 +75,14 @@ def cert_issue(
     force: bool = typer.Option(False, help="Replace an existing certificate and key."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Issue a host's serving certificate or, with --client, the controller's."""
+    """Issue a host's serving certificate or, with --client, the controller's.
+
+    A --name that is neither an IP address nor a DNS name is invalid_argument,
+    exit 2, and nothing is written."""
     from ..transport.tls import issue_cert
 
+    if why := name_problem(name):
+        fail("invalid_argument", f"--name: {why}", json_=json_, exit_code=2)
     try:
         files = issue_cert(ca, name, out, client=client, days=days, overwrite=force)
     except (OSError, ValueError) as err:

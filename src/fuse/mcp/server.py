@@ -25,6 +25,7 @@ from .. import __version__
 from ..client import _core
 
 TOOL_NAME = "fuse_controller"
+ARGUMENTS = ("method", "path", "body")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 TOP_LEVEL = ("/openapi.json",)  # the controller's route outside /v1/
 REQUEST_TIMEOUT = 60.0  # a call's answer, unless it waits on the fleet (``call_timeout``)
@@ -172,6 +173,20 @@ def controller_path(path: str) -> str:
     return route + sep + query
 
 
+def argument_problem(arguments: dict[str, Any]) -> str | None:
+    """Why a call's arguments are not the tool's (one sentence), or None. Checked
+    before mcp's argument model sees them: that model drops a name it does not know
+    (a misspelt ``bdy`` would send no body at all) and words a missing one as
+    pydantic's several lines and a link."""
+    unknown = sorted(set(arguments) - set(ARGUMENTS))
+    if unknown:
+        return f"unknown argument {unknown[0]!r}: the tool takes {', '.join(ARGUMENTS)}"
+    for name, example in (("method", "GET"), ("path", "/v1/vms")):
+        if name not in arguments:
+            return f"{name} is required (e.g. {example})"
+    return None
+
+
 # The tool's arguments as its schema shows them; ``ControllerCaller.call`` checks them.
 Method = Annotated[Any, WithJsonSchema({"type": "string", "enum": list(METHODS)})]
 Path = Annotated[Any, WithJsonSchema({"type": "string", "description": "a controller route, e.g. /v1/vms"})]
@@ -185,10 +200,17 @@ def build_server(url: str | None = None, token: str | None = None, *,
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
 
+    class Server(MCPServer):
+        async def call_tool(self, name, arguments, context=None):
+            # (the tool's own function never sees the raw arguments: see argument_problem)
+            if name == TOOL_NAME and (why := argument_problem(arguments)):
+                raise ToolError(f"Error executing tool {name}: {why}")
+            return await super().call_tool(name, arguments, context)
+
     caller = ControllerCaller(url, token, transport=transport)
     # WARNING: stderr is the user's terminal or the client's log; one line per
     # request there is noise.
-    server = MCPServer(name="fuse", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    server = Server(name="fuse", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     async def fuse_controller(method: Method, path: Path, body: Body = None) -> dict[str, Any]:
         try:
