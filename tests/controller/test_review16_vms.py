@@ -32,6 +32,23 @@ def test_a_bundle_no_host_has_is_invalid_argument_naming_the_bundles_there_are(t
         assert client.vms.list() and not [v for v in client.vms.list() if v["name"] != "x"]
 
 
+def test_a_bundle_no_active_host_has_is_invalid_argument_whatever_a_cordoned_host_did_not_say(tmp_path, procs):
+    """A cordoned host that never answered (so never listed its bundles) turned it into fleet_full."""
+    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        register(client, "a", a)
+        client.hosts.register(fuse.RegisterHostRequest(
+            id="dead", url="http://127.0.0.1:9", token="t", backend="qemu",  # (nothing listens: declared)
+            capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2, storage_gb=10)))
+        client.hosts.cordon("dead")
+        with pytest.raises(fuse.ApiError) as e:
+            client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="true", bundle="nope")
+        assert (e.value.status, e.value.code) == (400, "invalid_argument"), e.value
+        assert "no host has bundle nope" in e.value.message and "there are: linux" in e.value.message, e.value
+        assert client.vms.list() == []
+
+
 def test_a_standby_vm_is_refused_through_the_controller(tmp_path, procs):
     procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
     procs.append(ctl := start_controller(tmp_path))

@@ -281,8 +281,10 @@ class VmService:
         (nor would a machine the elastic pool buys for it): the agent's own answer to a bundle
         it lacks, given before placement turns it into each host's fleet_full reason. Hosts
         whose agents have not said which bundles they have are not ruled out."""
+        # (unpinned: the hosts placement may choose, active ones; a cordoned host whose agent
+        # never said which bundles it has turned the answer into fleet_full)
         names = [host] if host is not None else [r["id"] for r in self.store.list_hosts()
-                                                 if among is None or r["id"] in among]
+                                                 if (among is None or r["id"] in among) and r["state"] == "active"]
         if not names:
             return  # (no host at all: fleet_full says so)
         have: set[str] = set()
