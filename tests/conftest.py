@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from support import Postgres, reap, start_agent, start_controller
+
+# The controllers the suite starts (hundreds) leave the solver libraries to the first plan,
+# which loads them before its clock starts (README; tests/controller/test_planner_warm.py
+# checks the default): ~1 s of CPU and ~200 MB each on a 2-core machine.
+os.environ.setdefault("FUSE_PLANNER_WARM", "0")
 
 
 @pytest.fixture(scope="session")

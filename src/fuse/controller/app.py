@@ -4,6 +4,7 @@ requests into service calls; they never touch the store or a host."""
 from __future__ import annotations
 
 import contextlib
+import os
 import copy
 import re
 import threading
@@ -129,7 +130,8 @@ def create_app(ctl: Controller) -> FastAPI:
     async def lifespan(app: FastAPI):
         await ctl.start()
         # the planner's solver libraries load in the background (~1 s), not in the first plan's time limit
-        threading.Thread(target=warm_planner, name="fuse-planner-warm", daemon=True).start()
+        if os.environ.get("FUSE_PLANNER_WARM", "1") != "0":
+            threading.Thread(target=warm_planner, name="fuse-planner-warm", daemon=True).start()
         try:
             yield
         finally:
