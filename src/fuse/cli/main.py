@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from . import bundle, controller, host, mcp, pool, up
+from . import HELP, bundle, controller, host, mcp, pool, up
 
-app = typer.Typer(help="fuse: a control plane for fleets of microVM hosts.", no_args_is_help=True)
+app = typer.Typer(help=HELP, no_args_is_help=True)  # (`fuse host ...` builds its own: fuse.cli.entry)
 app.add_typer(host.app, name="host")
 app.add_typer(controller.app, name="controller")
 app.add_typer(bundle.app, name="bundle")
