@@ -167,3 +167,33 @@ def test_probed_mig_entries_dropped_are_said_only_when_the_probe_is_used(client,
                                                                                mig_profiles={"1g.10gb": 1})))
     assert declared.capacity.mig_profiles == {"1g.10gb": 1}
     assert not [w for w in declared.warnings if "mig" in w], declared.warnings
+
+
+@pytest.mark.parametrize("token,what", [("s3cret-tok\n", "a newline"), (" s3cret-tok", "a space"),
+                                        ("s3cret-tök", "a non-ASCII character")])
+@pytest.mark.parametrize("declared", [False, True], ids=["probed", "declared"])
+def test_an_agent_token_no_header_can_hold_is_400_and_never_quoted(client, agent, token, what, declared):
+    """The HTTP library's refusal quoted the header (``Illegal header value b'Bearer ...'``): the
+    token came back in the 502, or (all declared) in the warning, the disconnect event and usage."""
+    cap = HostCapacity(vm_count=1, cpus=1, ram_mb=512, storage_gb=1) if declared else HostCapacity(vm_count=1)
+    err = api_error(client.hosts.register, RegisterHostRequest(id="h1", url=agent.url, token=token, capacity=cap))
+    assert (err.status, err.code) == (400, "invalid_argument"), err
+    assert err.message.startswith(f"token holds {what}: a bearer token is visible ASCII"), err.message
+    assert "s3cret" not in err.message
+    assert client.hosts.list() == []
+    assert "s3cret" not in json.dumps(client.events.list(0, limit=500))
+
+
+def test_the_sdk_and_the_servers_refuse_such_a_token_without_quoting_it(tmp_path):
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError) as e:
+        fuse.Client("http://127.0.0.1:9", token="s3cret\n")
+    assert "holds a newline" in str(e.value) and "s3cret" not in str(e.value)
+    for args in (["host", "serve", "--listen", "127.0.0.1:1", "--state-dir", str(tmp_path / "a")],
+                 ["controller", "serve", "--listen", "127.0.0.1:1", "--state-dir", str(tmp_path / "c"),
+                  "--socket", str(tmp_path / "c.sock")]):
+        r = subprocess.run([sys.executable, "-m", "fuse.cli", *args, "--token", "s3cret tok"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and "holds a space" in r.stderr and "s3cret" not in r.stderr, r.stderr

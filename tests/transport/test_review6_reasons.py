@@ -33,6 +33,35 @@ async def test_a_tls_listener_that_never_shakes_hands_says_so_with_the_real_time
     assert err.http_status == 502 and err.maybe_sent is False
 
 
+async def test_a_tls_address_that_hangs_up_at_once_is_not_a_certificate_refused(pki):
+    """A port that accepts and closes at once (a port forward with nothing behind it) read
+    as the host refusing the controller's certificate: an operator reissued certificates."""
+    import threading
+
+    closer = socket.socket()
+    closer.bind(("127.0.0.1", 0))
+    closer.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = closer.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        addr = f"127.0.0.1:{closer.getsockname()[1]}"
+        err, _ = await unreachable(HostConnection(addr, tls=TlsSettings(*pki.files(pki.controller, "controller")),
+                                                  timeout=5.0))
+    finally:
+        closer.close()
+    assert err.message == (f"the connection to {addr} was closed during the TLS handshake, before the host "
+                           "answered it: nothing speaking TLS seems to be behind the address"), err.message
+    assert err.code == "host_unreachable"
+
+
 def _fail(kind: type[Exception]) -> Exception:
     exc = kind("")
     exc.request = httpx.Request("GET", "https://127.0.0.1:9/v1/host",
@@ -41,15 +70,15 @@ def _fail(kind: type[Exception]) -> Exception:
 
 
 @pytest.mark.parametrize("kind, handshake, expected", [
-    (httpx.ConnectTimeout, True, "127.0.0.1:9 did not complete the TLS handshake within 3 s"),
-    (httpx.ConnectTimeout, False, "127.0.0.1:9 did not accept the connection within 3 s"),
-    (httpx.ReadTimeout, True, "127.0.0.1:9 did not answer in time: nothing came back within 7 s"),
-    (httpx.WriteTimeout, False, "127.0.0.1:9 did not take the request within 4 s"),
-    (httpx.PoolTimeout, False, "no connection to 127.0.0.1:9 came free within 2 s"),
-    (httpx.ConnectError, False, "cannot reach 127.0.0.1:9: the connection could not be opened"),
-    (httpx.ReadError, False, "cannot reach 127.0.0.1:9: the connection broke while waiting for the answer"),
-    (httpx.WriteError, False, "cannot reach 127.0.0.1:9: the connection broke while sending the request"),
-    (httpx.RemoteProtocolError, False, "cannot reach 127.0.0.1:9: the host's answer was not valid HTTP"),
+    (httpx.ConnectTimeout, "cut", "127.0.0.1:9 did not complete the TLS handshake within 3 s"),
+    (httpx.ConnectTimeout, "", "127.0.0.1:9 did not accept the connection within 3 s"),
+    (httpx.ReadTimeout, "done", "127.0.0.1:9 did not answer in time: nothing came back within 7 s"),
+    (httpx.WriteTimeout, "", "127.0.0.1:9 did not take the request within 4 s"),
+    (httpx.PoolTimeout, "", "no connection to 127.0.0.1:9 came free within 2 s"),
+    (httpx.ConnectError, "", "cannot reach 127.0.0.1:9: the connection could not be opened"),
+    (httpx.ReadError, "", "cannot reach 127.0.0.1:9: the connection broke while waiting for the answer"),
+    (httpx.WriteError, "", "cannot reach 127.0.0.1:9: the connection broke while sending the request"),
+    (httpx.RemoteProtocolError, "", "cannot reach 127.0.0.1:9: the host's answer was not valid HTTP"),
 ], ids=["a handshake that timed out names the handshake and its time",
         "a TCP connect that timed out names the connection and its time",
         "an answer that never came names the read time",

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ..tokens import token_problem
 from .host import listen_address
 from .output import api_errors, emit_json, fail, table
 
@@ -56,6 +57,8 @@ def serve(
 
     if listen and not token:
         raise typer.BadParameter("--listen needs --token: the TCP listener requires it on every route")
+    if why := token_problem(token):  # (no client could send it)
+        raise typer.BadParameter(f"the token {why}", param_hint="'--token'")
     if no_socket and not listen:
         raise typer.BadParameter("--no-socket needs --listen: there would be nothing to serve on")
     state_dir = state_dir or default_state_dir()

@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..tokens import token_problem
 from .output import emit_json, fail, table
 
 # The exit status of a listener that cannot start (uvicorn's, as for a port in use).
@@ -108,6 +109,8 @@ def serve(
     elif listen and not token:  # (as the controller's: no open TCP listener)
         raise typer.BadParameter("--listen needs --token (or mutual TLS: --tls-cert, --tls-key, --tls-ca): "
                                  "the TCP listener requires it on every route")
+    if why := token_problem(token):  # (no client could send it)
+        raise typer.BadParameter(f"the token {why}", param_hint="'--token'")
     # One agent per state dir (two would boot its VMs twice and repeat event ids) and
     # per socket (the second would leave the first running unreachable): refuse, before
     # anything of the dir is read or the socket touched.

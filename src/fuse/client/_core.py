@@ -176,5 +176,11 @@ def resolve_url(url: str | None) -> tuple[str, str | None]:
 
 
 def headers(token: str | None) -> dict[str, str]:
+    """The controller token's header; ``ValueError`` (not quoting it) for a token no
+    header can hold (``fuse.tokens``), where the HTTP library's error quoted it."""
+    from ..tokens import token_problem
+
     token = token if token is not None else os.environ.get("FUSE_TOKEN")
+    if why := token_problem(token):
+        raise ValueError(f"the controller token {why}")
     return {"Authorization": f"Bearer {token}"} if token else {}

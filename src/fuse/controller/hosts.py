@@ -35,6 +35,7 @@ from ..errors import Conflict, HostUnreachable, InvalidArgument, NotAnAgent, Not
 from ..models.base import Record
 from ..models.hosts import BACKENDS, MAX_AMOUNT, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
+from ..tokens import token_problem
 from ..transport import HostConnection, TlsSettings, normalise_address, parse_address
 from .resources import Resources
 from .store import Store
@@ -73,6 +74,8 @@ def validate(req: RegisterHostRequest) -> str:
         # registered but never fetched, cordoned or removed), and PostgreSQL
         # cannot store a NUL: no control characters, so every id stays addressable
         raise InvalidArgument(f"id {req.id!r} contains a control character; choose another id")
+    if why := token_problem(req.token):
+        raise InvalidArgument(f"token {why}")
     texts = [("url", req.url), ("token", req.token), ("region", req.region)]
     texts += [(f"labels key {k!r}", k) for k in req.labels or {}]
     texts += [(f"labels.{k}", v) for k, v in (req.labels or {}).items()]

@@ -152,17 +152,18 @@ _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpect
             "peer closed connection")
 
 
-def _describe(exc: Exception, address: Address, handshake: bool = False) -> tuple[str, bool]:
+def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[str, bool]:
     """One sentence saying why a host could not be reached, and whether it was a
     matter of trust (a certificate either side refused: a mistake, not an outage).
-    `handshake`: this request made a TLS handshake and got no answer after it."""
+    `handshake`: this request began a TLS handshake and got no answer: "cut" when the
+    handshake did not finish, "done" when it did (and then no answer came)."""
     addr = address.text
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain = _chain(exc)
     if isinstance(exc, httpx.TimeoutException):
         # Before the text checks: a timed-out handshake's chain mentions SSL, and an
         # exception's class name ("ConnectTimeout") is not a reason.
-        return _timed_out(exc, addr, address.kind == "tls" and handshake), False
+        return _timed_out(exc, addr, address.kind == "tls" and handshake == "cut"), False
     text = _said(chain)
     low = " ".join(str(c).lower() for c in chain)
     if any(isinstance(c, ConnectionRefusedError) for c in chain):
@@ -268,7 +269,7 @@ async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
     return True
 
 
-def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bool) -> tuple[str | None, bool]:
+def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: str) -> tuple[str | None, bool]:
     """Say which side of a mutual-TLS handshake said no (and that it is a matter of
     trust). Only the handshake can refuse the controller's certificate: a connection
     that answered before and hangs up now was dropped, and says so."""
@@ -279,9 +280,14 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: bo
     # required) or, with TLS 1.3, where it checks our certificate after the
     # handshake, by hanging up before it answers the request that shook hands.
     hung_up = any(s in low for s in _HUNG_UP)
-    if ("alert" in low and "close notify" not in low) or (handshake and hung_up):
+    if ("alert" in low and "close notify" not in low) or (handshake == "done" and hung_up):
         return (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
                 "by the host's CA, unexpired, and issued with --client)"), True
+    if handshake == "cut" and hung_up:
+        # closed before the handshake's first answer, with no alert: no TLS server said no
+        # (a port forward or proxy with nothing behind it looks so), not a certificate to reissue
+        return (f"the connection to {addr} was closed during the TLS handshake, before the host answered it: "
+                "nothing speaking TLS seems to be behind the address"), False
     if hung_up:
         return _dropped(addr, chain), False
     return None, False
@@ -411,7 +417,8 @@ class HostConnection:
         shook: list[str] = []
 
         async def trace(event: str, info: dict) -> None:
-            if event in ("connection.start_tls.started", "http11.receive_response_headers.complete"):
+            if event in ("connection.start_tls.started", "connection.start_tls.complete",
+                         "http11.receive_response_headers.complete"):
                 shook.append(event)
 
         if self.kind == "tls":
@@ -438,7 +445,10 @@ class HostConnection:
                 raise
             except (httpx.TransportError, OSError, ssl.SSLError) as exc:
                 if attempt == retries or isinstance(exc, httpx.TimeoutException):
-                    why, untrusted = _describe(exc, self.address, handshake=shook == ["connection.start_tls.started"])
+                    handshake = ("" if "connection.start_tls.started" not in shook
+                                 or "http11.receive_response_headers.complete" in shook
+                                 else "done" if "connection.start_tls.complete" in shook else "cut")
+                    why, untrusted = _describe(exc, self.address, handshake=handshake)
                     kind = NotTrusted if untrusted else HostUnreachable
                     # what answered speaks another protocol: a wrong address, not an outage
                     if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
