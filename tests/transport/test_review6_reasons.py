@@ -78,7 +78,7 @@ def _fail(kind: type[Exception]) -> Exception:
     (httpx.ConnectError, "", "cannot reach 127.0.0.1:9: the connection could not be opened"),
     (httpx.ReadError, "", "cannot reach 127.0.0.1:9: the connection broke while waiting for the answer"),
     (httpx.WriteError, "", "cannot reach 127.0.0.1:9: the connection broke while sending the request"),
-    (httpx.RemoteProtocolError, "", "cannot reach 127.0.0.1:9: the host's answer was not valid HTTP"),
+    (httpx.RemoteProtocolError, "", "127.0.0.1:9 answered with something that is not HTTP"),
 ], ids=["a handshake that timed out names the handshake and its time",
         "a TCP connect that timed out names the connection and its time",
         "an answer that never came names the read time",
@@ -135,3 +135,52 @@ def test_a_mutual_tls_address_without_the_controllers_certificate_says_nothing_w
     with pytest.raises(NotTrusted) as info:
         HostConnection("127.0.0.1:9", token="t", tls=None)
     assert info.value.maybe_sent is False and "no certificate" in info.value.message
+
+
+def _loopback_server(reply: bytes | None):
+    """A TCP server on loopback that answers each connection with ``reply`` once a
+    request arrives (None: closes it at once); (address, close)."""
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            if reply is not None:
+                conn.recv(65536)
+                conn.sendall(reply)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{srv.getsockname()[1]}", srv.close
+
+
+async def test_reasons_never_quote_what_the_peer_sent_or_the_librarys_codes():
+    addr, close = _loopback_server(b"garbage garbage\r\n\r\n")
+    try:
+        err, _ = await unreachable(HostConnection(f"http://{addr}", timeout=5.0))
+    finally:
+        close()
+    assert err.message == f"http://{addr} answered with something that is not HTTP", err.message
+    addr, close = _loopback_server(None)
+    try:
+        err, _ = await unreachable(HostConnection(f"https://{addr}", timeout=5.0))
+    finally:
+        close()
+    assert err.message == (f"the connection to https://{addr} was closed during the TLS handshake, before the "
+                           "host answered it"), err.message
+    assert "_ssl.c" not in err.message and "[SSL" not in err.message
+
+
+def test_a_name_that_does_not_resolve_says_so_without_the_errno():
+    exc = httpx.ConnectError("[Errno -2] Name or service not known")
+    exc.__cause__ = socket.gaierror(-2, "Name or service not known")
+    why, untrusted = _describe(exc, parse_address("http://nohost.invalid:8090"))
+    assert why == "cannot resolve the host name in http://nohost.invalid:8090: name or service not known", why
+    assert not untrusted

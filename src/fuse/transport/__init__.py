@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -180,10 +181,18 @@ def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[st
         return (f"TLS with {addr} failed: the host's certificate is not trusted ({why}); it must be signed by a "
                 "CA the controller trusts (certifi's bundle, or SSL_CERT_FILE or SSL_CERT_DIR where the controller "
                 "runs), unexpired, and name the address's host"), True
-    if isinstance(exc, ssl.SSLError) or "certificate" in low or "ssl" in low or "tls" in low:
-        return f"TLS with {addr} failed: {text}", False
+    tls_error = next((c for c in chain if isinstance(c, ssl.SSLError)), None)
+    if tls_error is not None and any(s in low for s in _HUNG_UP):
+        return (f"the connection to {addr} was closed during the TLS handshake, before the host "
+                "answered it"), False
+    if tls_error is not None or "certificate" in low or "ssl" in low or "tls" in low:
+        # OpenSSL's reason in words, not its text ("[SSL: X] ... (_ssl.c:1006)")
+        why = (tls_error.reason or "").replace("_", " ").lower() if tls_error is not None else ""
+        return f"TLS with {addr} failed: {why or text}", False
     if "name or service not known" in low or "nodename nor servname" in low or "temporary failure in name" in low:
-        return f"cannot resolve the host name in {addr}: {text}", False
+        gai = next((c for c in chain if isinstance(c, socket.gaierror)), None)  # (its text: "[Errno -2] ...")
+        why = (gai.strerror if gai is not None and gai.strerror else text).lower()
+        return f"cannot resolve the host name in {addr}: {why}", False
     if "connection refused" in low or "errno 111" in low:
         return f"connection to {addr} was refused: is the host agent running?", False
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
@@ -191,6 +200,9 @@ def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[st
         return f"no host agent socket at {where}: is the host agent running?", False
     if any(s in low for s in _HUNG_UP):
         return _dropped(addr, chain), False
+    if any(type(c).__name__ == "RemoteProtocolError" for c in chain):
+        # (never what it sent: httpx quotes the bytes, "illegal status line: bytearray(b'...')")
+        return f"{addr} answered with something that is not HTTP", False
     return f"cannot reach {addr}: {text}", False
 
 
