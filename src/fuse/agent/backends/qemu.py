@@ -509,7 +509,12 @@ class QemuBackend(Backend):
                     raise BackendError(f"loading state left the vm {status}")
                 if status != "running":
                     await qmp.execute("cont")
-        except BaseException:
+        except BaseException as exc:
+            ended = self.pid(spec) is None
             await kill_and_wait(pid, str(spec.vm_dir))
+            if ended and isinstance(exc, BackendError):
+                # it detached, then ended in the load while QMP was greeting it (a hang-up, not
+                # a reason): what is wrong with the state, as for a launch that ended so
+                raise BackendError(f"QEMU ended while loading {state.name}: {_state_problem(state)}") from exc
             raise
         return pid
