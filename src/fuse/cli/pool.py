@@ -432,8 +432,8 @@ def prewarm_cmd(
     count: Optional[int] = typer.Option(None, "--count", help="How many to keep ready, 1 to 256 (default 1)."),
     on: Optional[str] = typer.Option(None, "--on", help="auto (default) | local | <linked cloud> | host:<machine>."),
     kind: Optional[str] = typer.Option(None, "--kind", help=(
-        "container, vm or microvm (default: from the image); each runs as a VM: microvm needs a KVM host, "
-        "container and vm go anywhere.")),
+        "container, vm or microvm (default: from the image); each runs as a VM: microvm and vm need a KVM host "
+        "(a bought machine: metal), container goes anywhere.")),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="vCPUs each (default: learned from the image)."),
     memory_mb: Optional[int] = typer.Option(None, "--memory-mb", help="MiB each (default: learned from the image)."),
     ttl_secs: Optional[int] = typer.Option(None, "--ttl-secs", help="Seconds until it ends, at least 1 (default 3600)."),

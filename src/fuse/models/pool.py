@@ -59,6 +59,7 @@ def one_spelling(cls: type[BaseModel], data: Any) -> Any:
 
 
 U32 = 2**32 - 1  # the seed types counts, hours and shapes as u32
+U64 = 2**64 - 1  # ... and some durations and sizes as u64 (a prewarm's ttl_secs and memory_mb)
 MAX_PLAN_VMS = 100_000  # VMs in one plan: a plan's answer lists every machine, so it is bounded
 
 
@@ -307,11 +308,14 @@ class PrewarmOptions(_Record):
     # the create shape (``VmShape``: its bounds and memory floor), not here: one source of that rule.
     cpus: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
         "vCPUs each, as a VM create takes them: 1 to 64 (default: learned from earlier VMs of the image; else 1)."))
-    memory_mb: int | None = Field(default=None, strict=True, ge=1, le=U32, description=(
+    # u64 as the seed types them; the create shape's bounds (``VmShape``) refuse what no VM takes,
+    # naming memory_mb, and a TTL past the end of u64 time keeps them for good (expires_at saturates)
+    memory_mb: int | None = Field(default=None, strict=True, ge=1, le=U64, description=(
         f"MiB each, as a VM create takes them: at least {MIN_MEM_MIB}, and {MEM_BASE_MIB} + {MEM_PER_VCPU_MIB} per "
-        "vCPU when that is more; less is 400 invalid_argument (default: learned with cpus; else 1024)."))
-    ttl_secs: int | None = Field(default=None, strict=True, ge=1, le=U32,
-                                 description="Seconds to keep them (default 3600).")
+        "vCPU when that is more, at most a VM's maximum; else 400 invalid_argument (default: learned with cpus; "
+        "else 1024)."))
+    ttl_secs: int | None = Field(default=None, strict=True, ge=1, le=U64, description=(
+        "Seconds to keep them (default 3600); its end (expires_at) is at most 2^64-1 unix seconds."))
     instance_type: str | None = None
     region: str | None = None
 

@@ -32,7 +32,7 @@ from ...models.pool import ElasticHost, ElasticRemoved
 from ..store import elastic_hosts as hosts_t
 from .elastic_budget import BudgetMixin
 from .elastic_clouds import CloudsMixin
-from .elastic_host import CREATE_TIMEOUT_SECS, JOIN_GRACE_SECS, LIVE, TRANSITIONS, IllegalTransition, to_record
+from .elastic_host import CREATE_LEASE_SECS, JOIN_GRACE_SECS, LIVE, TRANSITIONS, IllegalTransition, to_record
 from .elastic_scale_out import ScaleOutMixin
 from .model import Offer, ceil_to
 
@@ -57,6 +57,7 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         self._task: asyncio.Task | None = None
         self._last_reconcile = 0.0
         self._wake = asyncio.Event()  # a purchase or a join wait asks for the next pass now
+        self._creating: set[str] = set()  # hosts this replica is creating (their lease: ``_hold``)
         self.reconcile_every = RECONCILE_EVERY_SECS
 
     # ---- hosts ---------------------------------------------------------------
@@ -157,12 +158,18 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                     except IntegrityError:  # another replica took the name
                         continue
                 names.append(name)
+                self._creating.add(name)
         errors = []
-        for name in names:
-            try:
-                await self._create(name)
-            except FuseError as exc:
-                errors.append(f"{name}: {exc.message}")
+        holder = asyncio.create_task(self._hold(names))
+        try:
+            for name in names:
+                try:
+                    await self._create(name)
+                except FuseError as exc:
+                    errors.append(f"{name}: {exc.message}")
+        finally:  # (cancelled too: what is still creating is settled once its lease runs out)
+            holder.cancel()
+            self._creating.difference_update(names)
         if errors and len(errors) == len(names):
             raise FuseError("; ".join(errors), code="cloud_error").with_status(502)
         if errors:  # some were bought: they are answered, the others' reasons logged and in their records
@@ -181,11 +188,70 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         except Exception as exc:  # a provider bug must not leave a machine "creating" for ever
             self._transition(name, "gone", f"creating it failed: {exc!r}")
             raise FuseError(f"creating {name} failed: {exc}", code="cloud_error").with_status(502) from exc
+        if self.row(name)["state"] != "creating":  # settled meanwhile: this replica's lease lapsed
+            await self.provider(row["provider"]).terminate(machine.id)
+            raise FuseError(f"{name} was given up while the cloud created it; its machine {machine.id} is "
+                            "terminated", code="cloud_error").with_status(502)
         self._transition(name, "booting", "the cloud accepted it", cloud_id=machine.id)
+
+    async def _hold(self, names: list[str]) -> None:
+        """Renew the lease (``updated_at``) of the hosts ``names`` this replica is creating, so
+        that no replica takes them for ones a stopped controller left (``_settle``)."""
+        while True:
+            await asyncio.sleep(CREATE_LEASE_SECS / 3)
+            try:
+                with self.store.tx() as c:
+                    c.execute(update(hosts_t).where(hosts_t.c.name.in_(names), hosts_t.c.state == "creating")
+                              .values(updated_at=time.time()))
+            except Exception:  # the store may blip: the next renewal is in time
+                log.exception("renewing the lease of elastic hosts being created")
+
+    def _left_creating(self, row: dict, now: float) -> bool:
+        """``row`` was left ``creating`` by a controller that stopped in the cloud's create
+        call (or gave it up): not this replica's, and its lease ran out."""
+        return (row["state"] == "creating" and row["name"] not in self._creating
+                and now - row["updated_at"] > CREATE_LEASE_SECS)
+
+    async def _settle(self, row: dict) -> bool:
+        """Settle a host left ``creating`` (``_left_creating``). Its cloud id was never stored,
+        so the cloud is asked for the machines started under its name (``Provider.find``:
+        the local provider's dir, AWS's ``Name`` tag); they are terminated, nothing being
+        left to bill unseen, and the host is gone. Taken first, as a lease (another replica
+        may settle it too). False: another replica took it; a cloud that cannot be asked
+        raises, and the host waits for the next pass."""
+        name = row["name"]
+        with self.store.tx() as c:
+            took = c.execute(update(hosts_t).where(hosts_t.c.name == name, hosts_t.c.state == "creating",
+                                                   hosts_t.c.updated_at == row["updated_at"])
+                             .values(updated_at=time.time())).rowcount
+        if not took:
+            return False
+        why = "its controller stopped while the cloud created it"
+        self._creating.add(name)
+        try:
+            try:
+                provider = self.provider(row["provider"])
+            except FuseError:
+                self._transition(name, "gone", f"{why}; its cloud {row['provider']} is linked no more: look for a "
+                                               f"machine tagged Name={name} there")
+                return True
+            found = await provider.find(name)
+            for m in found:
+                await provider.terminate(m.id)
+        finally:
+            self._creating.discard(name)
+        if found:
+            self._transition(name, "gone", f"{why}: its machine {', '.join(m.id for m in found)}, found by its "
+                                           "name, is terminated", cloud_id=found[0].id)
+        else:
+            self._transition(name, "gone", f"{why}: the cloud has no machine of its name")
+        log.warning("elastic host %s: %s", name, (self.row(name)["record"] or {}).get("reason"))
+        return True
 
     async def remove_hosts(self, names: list[str], reason: str = "removed by hand") -> ElasticRemoved:
         out = ElasticRemoved()
-        for name in names:
+        # each name once: a name given twice was removed, not "already gone" as well
+        for name in dict.fromkeys(names):
             try:
                 await self.remove(name, reason)
                 out.removed.append(name)
@@ -193,21 +259,26 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 out.failed.append(f"{name}: {exc.message}")
         return out
 
-    async def remove(self, name: str, reason: str) -> None:
+    async def remove(self, name: str, reason: str, *, prewarm: str | None = None) -> None:
         """Terminate one elastic host. Refused while VMs (other than prewarmed
-        ones, which go with it) are on it: nothing is lost."""
+        ones, which go with it) are on it: nothing is lost. ``prewarm``: it goes as
+        that prewarm, which bought it, ended; then refused while anything else is
+        there, other prewarms' standby VMs and places included (scale-in decides
+        once it is idle): the machine was that prewarm's, not what it holds now."""
         row = self.row(name)
         if row is None:
             raise NotFound("not a host this pool added")
         if row["state"] == "gone":
             raise Conflict("already gone")
         if row["state"] == "creating":
+            if self._left_creating(row, time.time()) and await self._settle(row):
+                return  # (a controller stopped in its create: what the cloud started is terminated)
             raise Conflict("the cloud is still creating it: remove it once it is booting")
         registered = self.store.get_host(name)
         was = (registered or {}).get("state")
         if registered is not None and was == "active":
             self.ctl.hosts.set_state(name, "cordoned")  # first: no placement lands while it is looked at
-        if busy := self._work_on(name):
+        if busy := self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm)):
             if registered is not None and was == "active":
                 self.ctl.hosts.set_state(name, "active")
             raise Conflict(busy)
@@ -234,6 +305,18 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             return "a VM is being placed on it"
         return None
 
+    def _held_but_by(self, name: str, pw_id: str) -> str | None:
+        """Why ``name`` is not prewarm ``pw_id``'s alone (another prewarm has standby VMs or
+        a placement there, or a VM of anyone's is left there), or None."""
+        prewarm = getattr(self.ctl, "prewarm", None)
+        others = (prewarm.placed_on(name) if prewarm is not None else set()) | {
+            v["name"].rsplit("-", 1)[0] for v in self.store.vms_on(name) if (v["record"] or {}).get("standby")}
+        others.discard(pw_id)
+        if not others:
+            return None
+        return (f"it keeps VMs of {'prewarms' if len(others) > 1 else 'prewarm'} {', '.join(sorted(others))} "
+                "ready: scale-in removes it once it is idle")
+
     async def cordon(self, name: str, reason: str) -> None:
         """No new VMs on ``name``; what runs there carries on (scale-in, TTL)."""
         row = self.row(name)
@@ -254,10 +337,11 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         for r in self.rows():
             if r["state"] in ("booting", "joined", "cordoned", "offline") and r["cloud_id"]:
                 by_cloud.setdefault(r["provider"], []).append(r)
-            elif r["state"] == "creating" and now - r["updated_at"] > CREATE_TIMEOUT_SECS:
-                # the create call never answered here (a controller stopped in it): nothing to follow
-                self._transition(r["name"], "gone", f"the cloud's answer never came; look for a machine tagged "
-                                                    f"Name={r['name']} in {r['provider']}")
+            elif self._left_creating(r, now):
+                try:
+                    await self._settle(r)
+                except FuseError as exc:
+                    log.warning("elastic host %s, left creating: %s", r["name"], exc.message)
         for cloud, rows in by_cloud.items():
             provider, seen, unasked = None, {}, ""
             try:

@@ -18,6 +18,7 @@ that the budget, scale-in (``reconcile``) and the controller read them without i
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timezone
 
@@ -29,7 +30,7 @@ from .model import ceil_to
 TRANSITIONS: dict[str, frozenset[str]] = {
     "creating": frozenset({
         "booting",   # the cloud accepted the machine: it has the cloud's id
-        "gone",      # the cloud refused it
+        "gone",      # the cloud refused it, or its controller stopped in the create (settled)
     }),
     "booting": frozenset({
         "joined",    # its agent answered and registered as a host
@@ -53,7 +54,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "gone": frozenset(),  # terminal: the machine is terminated
 }
 LIVE = ("creating", "booting", "joined", "cordoned", "offline")
-CREATE_TIMEOUT_SECS = 600  # a create call unanswered this long: its controller stopped in it
+# A replica renews ``updated_at`` of the hosts it is creating every third of this: one not
+# renewed this long was left ``creating`` by a controller that stopped (``ElasticPool._settle``).
+CREATE_LEASE_SECS = float(os.environ.get("FUSE_POOL_CREATE_LEASE_S", "30"))
 JOIN_GRACE_SECS = 300  # beyond the type's boot time before a silent machine is offline
 
 

@@ -16,7 +16,7 @@ import time
 from ...errors import Conflict, FuseError, InvalidArgument
 from ...models.pool import ElasticHost
 from .elastic_budget import BudgetExceeded
-from .elastic_host import CREATE_TIMEOUT_SECS, JOIN_GRACE_SECS
+from .elastic_host import CREATE_LEASE_SECS, JOIN_GRACE_SECS
 from .model import Constraints
 
 
@@ -111,13 +111,13 @@ class ScaleOutMixin:
     def _late(self, snapshot: list[dict]) -> dict[str, tuple[int, int]]:
         """The hosts of ``snapshot`` bought, not joined, and past their boot time -> (seconds
         past it, seconds until the pool gives them up: offline after the join grace, gone when
-        a create call never answered)."""
+        a create call's lease runs out, its controller stopped: ``ElasticPool._settle``)."""
         now, out = time.time(), {}
         for h in snapshot:
             row = self.row(h["name"]) if h.get("joins_in_secs") is not None else None
             if row is None or now <= row["started"] + row["boot_secs"]:
                 continue
-            end = (row["updated_at"] + CREATE_TIMEOUT_SECS if row["state"] == "creating"
+            end = (row["updated_at"] + CREATE_LEASE_SECS if row["state"] == "creating"
                    else row["started"] + row["boot_secs"] + JOIN_GRACE_SECS)
             out[h["name"]] = (int(now - row["started"] - row["boot_secs"]), max(1, math.ceil(end - now)))
         return out

@@ -28,6 +28,13 @@ registered — is *lost*: its standby VMs go (forgotten, when its machine went
 with them) and its placements are dropped, and the refill places the VMs again
 through the prewarm's own solve, as it does when a claim leaves a host full.
 
+A standby VM whose run ended (its hypervisor died: ``failed``; ``exited``;
+``deleted``) is not ready and holds no place: the refill deletes it from its
+host and creates another. A prewarm removed (or at its TTL) takes its own
+standby VMs only; a machine bought for it goes with it only when nothing else
+is there — another prewarm's standby VMs or placement keep it, and scale-in
+decides once it is idle.
+
 A prewarm's shape is one a VM create takes (``VmShape``: bounds, memory floor),
 checked when it is set (400, nothing bought): every standby create of any other
 shape is refused. One stored before the check ends at the next refill.
@@ -57,8 +64,9 @@ from pydantic import ValidationError
 from sqlalchemy import delete, insert, select, update
 
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
-from ...models.pool import ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
+from ...models.pool import U32, U64, ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
 from ...models.vm import VmShape
+from ..hosts import FINISHED
 from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
 from .elastic_budget import BudgetExceeded
@@ -125,10 +133,13 @@ class PrewarmService:
     def live_ids(self) -> set[str]:
         return {r["id"] for r in self._records() if r["expires_at"] > time.time()}
 
-    def _standby(self, pw_id: str) -> list[dict]:
-        """The standby VMs of prewarm ``pw_id`` (controller store rows)."""
+    def _standby(self, pw_id: str, *, ended: bool = False) -> list[dict]:
+        """The standby VMs of prewarm ``pw_id`` (controller store rows). ``ended``: also those
+        whose run ended (failed: their hypervisor died; exited; deleted), which hold no place
+        in it: the refill deletes and replaces them (``_clear_ended``)."""
         return [v for v in self.store.list_vms()
-                if v["name"].startswith(pw_id + "-") and (v["record"] or {}).get("standby")]
+                if v["name"].startswith(pw_id + "-") and (v["record"] or {}).get("standby")
+                and (ended or v["state"] not in FINISHED)]
 
     def _save(self, rec: dict[str, Any]) -> None:
         with self.store.tx() as c:
@@ -203,7 +214,7 @@ class PrewarmService:
             raise InvalidArgument("image is required")
         kind = (opts.kind or kind_of_image(image)).lower()
         # fuse hosts run every kind as a VM; the kind decides where it may go, as in a
-        # plan (a microvm needs KVM, a container or vm runs on any host)
+        # plan (a microvm or vm needs KVM, a container runs on any host: ``KVM_KINDS``)
         if kind not in ("container", "vm", "microvm"):
             raise InvalidArgument(f"kind must be container, vm or microvm, not {opts.kind!r}")
         target = parse_on(opts.on)  # (host: with no machine is 400, as on a create)
@@ -229,7 +240,7 @@ class PrewarmService:
         placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
         pw_id = "pw-" + secrets.token_hex(3)
         rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
-               "ttl_secs": ttl, "expires_at": int(time.time() + ttl), "placements": placements,
+               "ttl_secs": ttl, "expires_at": min(U64, int(time.time()) + ttl), "placements": placements,
                "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type, "region": opts.region}
         with self.store.tx() as c:
             c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
@@ -262,7 +273,9 @@ class PrewarmService:
         pool = self.ctl.pool
         # with no cloud linked nothing can be bought: the operator's own hosts only
         local = on == "local" or not pool.cloud_names()
-        req = ElasticPlanRequest(count=count, image=image, kind=kind, cpus=cpus, memory_mb=mem, duration_secs=ttl,
+        # (a plan's duration is a u32: past 136 years its choice is the same)
+        req = ElasticPlanRequest(count=count, image=image, kind=kind, cpus=cpus, memory_mb=mem,
+                                 duration_secs=min(ttl, U32),
                                  instance_type=opts.instance_type, region=opts.region,
                                  devices_only=True if local else None, no_scale=None if buy else True,
                                  provider=on if on not in ("auto", "local") else None)
@@ -331,6 +344,7 @@ class PrewarmService:
                     await self.remove(rec["id"], reason=exc.message)
                     continue
                 rec = self._drop_lost(rec)
+                await self._clear_ended(rec)
                 if "early_ends" in rec and self._lived(rec, now):
                     rec = self._get(rec["id"]) or rec
                     self._reset_backoff(rec)
@@ -405,6 +419,19 @@ class PrewarmService:
                 self._host_ended(rec, host)
         self._save(rec)
         return rec
+
+    async def _clear_ended(self, rec: dict) -> None:
+        """Delete prewarm ``rec``'s standby VMs whose run ended (a guest crash, its QEMU
+        killed): none of them is ready or claimed again, and the refill, counting only the
+        others, replaces them. One on a host away now is deleted by a later pass."""
+        for v in self._standby(rec["id"], ended=True):
+            if v["state"] in FINISHED and self._answers(v["host"]):
+                try:
+                    await self.ctl.vms.delete(v["name"], v["host"])
+                    log.warning("prewarm %s: standby VM %s on %s ended (%s): replaced", rec["id"], v["name"],
+                                v["host"], v["state"])
+                except FuseError as exc:
+                    log.warning("prewarm %s: removing ended %s: %s", rec["id"], v["name"], exc.message)
 
     # ---- backoff (see the module docstring) ----------------------------------------
     def _host_ended(self, rec: dict, host: str) -> None:
@@ -546,7 +573,7 @@ class PrewarmService:
         if rec is None:  # ended meanwhile: what was bought for it goes as it would have
             for name in bought:
                 with contextlib.suppress(FuseError):
-                    await self.ctl.pool.remove(name, f"its prewarm {pw_id} ended")
+                    await self.ctl.pool.remove(name, f"its prewarm {pw_id} ended", prewarm=pw_id)
             return None, where, bought
         moved = dict(rec["placements"])
         if off is not None:
@@ -591,24 +618,29 @@ class PrewarmService:
     # ---- ending --------------------------------------------------------------------
     async def remove(self, pw_id: str, reason: str = "removed") -> bool:
         """End prewarm ``pw_id``: its standby VMs go, and the machines bought for it
-        go too once nothing else runs there. False: no such prewarm."""
+        go too when nothing else is there (a VM, another prewarm's standby VMs or
+        placement: then scale-in decides once it is idle). False: no such prewarm."""
         rec = self._get(pw_id)
         if rec is None:
             return False
         with self.store.tx() as c:
             c.execute(delete(prewarms_t).where(prewarms_t.c.id == pw_id))
             self.store.add_event("prewarm_removed", {"id": pw_id, "prewarm": pw_id, "reason": reason}, conn=c)
-        for v in self._standby(pw_id):
+        for v in self._standby(pw_id, ended=True):
             try:
                 await self.ctl.vms.delete(v["name"], v["host"])
             except FuseError as exc:
                 log.warning("prewarm %s: removing %s: %s", pw_id, v["name"], exc.message)
         for host in rec["new_hosts"]:
-            try:
-                await self.ctl.pool.remove(host, f"its prewarm {pw_id} ended")
-            except FuseError:
-                pass  # it runs other VMs now (or is gone): scale-in decides
+            try:  # (only when nothing else is there: another prewarm's standby VMs keep it)
+                await self.ctl.pool.remove(host, f"its prewarm {pw_id} ended", prewarm=pw_id)
+            except FuseError as exc:
+                log.info("prewarm %s ended: its machine %s stays: %s", pw_id, host, exc.message)
         return True
+
+    def placed_on(self, host: str) -> set[str]:
+        """The prewarms with a placement on ``host`` (its VMs there, or still to come)."""
+        return {r["id"] for r in self._records() if r["placements"].get(host, 0) > 0}
 
     async def release_host(self, host: str, gone: bool = False) -> None:
         """Before ``host`` goes (removed, its TTL ended), or once its machine is ``gone``

@@ -172,7 +172,10 @@ WORK_STATES = frozenset({"creating", "running", "sleeping", "incoming"})  # VMs 
 
 def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
     """What is on each host: its VMs with work (and those being placed there),
-    and the standby VMs of prewarms still live."""
+    and the standby VMs of prewarms still live (not one whose run ended: the
+    prewarm replaces it)."""
+    from ..hosts import FINISHED
+
     live = pool.ctl.prewarm.live_ids()
     out = {}
     for r in rows:
@@ -181,7 +184,7 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
         pending = pool.ctl.vms.pending_on(r["name"])
         work = [v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
         standby = [v["mem_mib"] for v in vms if (v["record"] or {}).get("standby")
-                   and v["name"].rsplit("-", 1)[0] in live]
+                   and v["name"].rsplit("-", 1)[0] in live and v["state"] not in FINISHED]
         out[r["name"]] = Load(
             vms=tuple(work + ([pending.mem_mib] if pending.count > 0 else [])),
             prewarmed=len(standby), standby=tuple(standby),

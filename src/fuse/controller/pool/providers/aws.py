@@ -291,6 +291,11 @@ class AwsProvider(Provider):
                 out[i] = Machine(i, "terminated")
         return out
 
+    async def find(self, host_name: str) -> list[Machine]:
+        """By the tags ``create`` gives an instance: ``Name`` (the host) and ``fuse-pool`` (this cloud)."""
+        check_name("host name", host_name)
+        return await asyncio.to_thread(self._find, host_name)
+
     async def terminate(self, machine_id: str) -> None:
         if not isinstance(machine_id, str) or not machine_id:
             raise InvalidArgument("machine id must be a non-empty string")
@@ -368,6 +373,17 @@ class AwsProvider(Provider):
                 if not token:
                     break
         return out
+
+    def _find(self, host_name: str) -> list[Machine]:
+        filters = [{"Name": "tag:Name", "Values": [host_name]}, {"Name": "tag:fuse-pool", "Values": [self.name]},
+                   {"Name": "instance-state-name", "Values": [s for s in STATES if s != "terminated"]}]
+        out, token = [], None
+        while True:
+            reply = self._call("describe_instances", Filters=filters, **({"NextToken": token} if token else {}))
+            out += [self._machine(i) for r in reply.get("Reservations", []) for i in r.get("Instances", [])]
+            token = reply.get("NextToken")
+            if not token:
+                return out
 
     def _machine(self, inst: dict[str, Any]) -> Machine:
         state = STATES.get(inst.get("State", {}).get("Name", ""), "pending")

@@ -3,8 +3,10 @@
 A provider adds and removes machines in one linked cloud and says which
 machine types it can add (its offers, the planner's input). It does not track
 them: the elastic-host service owns the lifecycle (creating → booting →
-joined → cordoned → offline → gone) and calls a provider for the three cloud
-facts it cannot know itself — create, describe, terminate.
+joined → cordoned → offline → gone) and calls a provider for the cloud facts
+it cannot know itself — create, describe, terminate, and find: the machines a
+create started under a host's name, for a controller that stopped before it
+stored the id the create returned.
 
     Provider
      ├── LocalProvider   kind "local": host agents on this machine (dev, tests, demos)
@@ -207,6 +209,11 @@ class Provider(ABC):
     @abstractmethod
     async def describe(self, ids: list[str]) -> dict[str, Machine]:
         """Each id's machine now; ids the cloud no longer knows are terminated."""
+
+    @abstractmethod
+    async def find(self, host_name: str) -> list[Machine]:
+        """The machines, not terminated, that a ``create`` for ``host_name`` started in this
+        cloud (by the name or tag it gave them), whether or not their id was ever read."""
 
     @abstractmethod
     async def terminate(self, machine_id: str) -> None:

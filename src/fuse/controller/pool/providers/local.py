@@ -151,6 +151,15 @@ class LocalProvider(Provider):
             states = await asyncio.gather(*(self._probe(http, i, rec) for i, rec in found.items()))
         return dict(zip(found, states))
 
+    async def find(self, host_name: str) -> list[Machine]:
+        """The machine is its dir, named after the host (its id): one whose agent died
+        still holds VMs or files there, which ``terminate`` removes."""
+        check_name("host name", host_name)
+        if not await asyncio.to_thread(self._dir(host_name).exists):
+            return []
+        live = await asyncio.to_thread(self._read_live, host_name)
+        return [Machine(host_name, "pending" if live else "stopping")]
+
     async def terminate(self, machine_id: str) -> None:
         check_name("machine id", machine_id)
         await asyncio.to_thread(self._terminate, machine_id)
