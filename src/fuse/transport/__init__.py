@@ -357,7 +357,9 @@ def _timed_out(exc: httpx.TimeoutException, addr: str, handshake: bool) -> str:
 
 
 def _dropped(addr: str, chain: list[BaseException]) -> str:
-    said = next((str(c) for c in chain if str(c)), "")  # httpx's ReadError('') says nothing
+    # (an OS error in its words, not "[Errno 104] ..."; httpx's ReadError('') says nothing)
+    said = next(((c.strerror.lower() if isinstance(c, OSError) and c.strerror else str(c)) for c in chain
+                 if str(c)), "")
     return f"the connection to {addr} was dropped before the host answered" + (f" ({said})" if said else "")
 
 
