@@ -50,20 +50,18 @@ def test_bad_input_is_invalid_argument():
         model_from_request(ElasticPlanRequest(instance_type="nope.large"))
 
 
-def _app(snapshot=None) -> TestClient:
-    import tempfile
-
+def _app(state: Path, snapshot=None) -> TestClient:
     from fuse.controller.app import create_app
     from fuse.controller.service import Controller
-    app = create_app(Controller(Path(tempfile.mkdtemp(prefix="fuse-plan-route-"))))
+    app = create_app(Controller(state))  # (the test's own dir: a temp dir of its own was left behind)
     app.state.pool_snapshot = lambda: snapshot or []
     return TestClient(app)  # not entered: no lifespan, so no pollers start
 
 
-def test_route_plans_against_the_snapshot_and_accepts_camel_case():
+def test_route_plans_against_the_snapshot_and_accepts_camel_case(tmp_path):
     snap = [{"name": "dev", "cpus": 8, "mem_mib": 16384, "free_vcpus": 8, "free_mem_mib": 16384,
              "arch": "arm64", "kvm": True, "own": True, "state": "online"}]
-    r = _app(snap).post("/v1/pool/plan", json={"count": 12, "cpus": 2, "memoryMb": 4096})
+    r = _app(tmp_path, snap).post("/v1/pool/plan", json={"count": 12, "cpus": 2, "memoryMb": 4096})
     assert r.status_code == 200
     p = ElasticPlan.model_validate(r.json())
     assert p.assignments[0].host == "dev" and p.assignments[0].count == 4
@@ -71,8 +69,8 @@ def test_route_plans_against_the_snapshot_and_accepts_camel_case():
     assert p.solver == "exact" and "model" in p.json
 
 
-def test_route_maps_bad_input_to_400():
-    r = _app().post("/v1/pool/plan", json={"kind": "unikernel"})
+def test_route_maps_bad_input_to_400(tmp_path):
+    r = _app(tmp_path).post("/v1/pool/plan", json={"kind": "unikernel"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
 
 
