@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -141,6 +142,7 @@ def main() -> None:
         for a in agents:
             a.stop()
         reap(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)  # (the VMs' images: hundreds of MiB a run)
     print("move: real QEMU VMs between two agents on loopback; the copy against a raw loopback copy of as many "
           "bytes, same run")
     print("  copy: the controller moving every file in 4 MiB chunks (path: bulk protocol or HTTP); verify: the "
