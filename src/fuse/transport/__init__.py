@@ -183,8 +183,7 @@ def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[st
                 "runs), unexpired, and name the address's host"), True
     tls_error = next((c for c in chain if isinstance(c, ssl.SSLError)), None)
     if tls_error is not None and any(s in low for s in _HUNG_UP):
-        return (f"the connection to {addr} was closed during the TLS handshake, before the host "
-                "answered it"), False
+        return _cut_in_handshake(addr), False
     if tls_error is not None or "certificate" in low or "ssl" in low or "tls" in low:
         # OpenSSL's reason in words, not its text ("[SSL: X] ... (_ssl.c:1006)")
         why = (tls_error.reason or "").replace("_", " ").lower() if tls_error is not None else ""
@@ -298,8 +297,7 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: st
     if handshake == "cut" and hung_up:
         # closed before the handshake's first answer, with no alert: no TLS server said no
         # (a port forward or proxy with nothing behind it looks so), not a certificate to reissue
-        return (f"the connection to {addr} was closed during the TLS handshake, before the host answered it: "
-                "nothing speaking TLS seems to be behind the address"), False
+        return _cut_in_handshake(addr) + ": nothing speaking TLS seems to be behind the address", False
     if hung_up:
         return _dropped(addr, chain), False
     return None, False
@@ -354,6 +352,10 @@ def _timed_out(exc: httpx.TimeoutException, addr: str, handshake: bool) -> str:
     if step == "read":
         return f"{addr} did not answer in time" + (f": nothing came back within {limit:g} s" if limit else "")
     return f"{addr} did not {what} within {limit:g} s" if limit else f"{addr} did not {what} in time"
+
+
+def _cut_in_handshake(addr: str) -> str:
+    return f"the connection to {addr} was closed during the TLS handshake, before the host answered it"
 
 
 def _dropped(addr: str, chain: list[BaseException]) -> str:
@@ -439,41 +441,38 @@ class HostConnection:
             kw["extensions"] = {"trace": trace}
         self._busy += 1
         try:
-            return await self._send(method, path, json, params, content, kw, retries, shook)
+            attempt = 0
+            while True:
+                shook.clear()
+                try:
+                    return await self._client.request(method, path, json=json, params=params, content=content, **kw)
+                except HostUnreachable as exc:  # (the SSH transport's own, already one sentence)
+                    if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol()):
+                        err = NotAnAgent(wrong)
+                        err.maybe_sent = getattr(exc, "maybe_sent", True)
+                        raise err from exc
+                    raise
+                except (httpx.TransportError, OSError, ssl.SSLError) as exc:
+                    if attempt == retries or isinstance(exc, httpx.TimeoutException):
+                        handshake = ("" if "connection.start_tls.started" not in shook
+                                     or "http11.receive_response_headers.complete" in shook
+                                     else "done" if "connection.start_tls.complete" in shook else "cut")
+                        why, untrusted = _describe(exc, self.address, handshake=handshake)
+                        kind = NotTrusted if untrusted else HostUnreachable
+                        # what answered speaks another protocol: a wrong address, not an outage
+                        if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
+                                                                 await self._wrong_protocol()):
+                            why, kind = wrong, NotAnAgent
+                        err = kind(why)
+                        # whether the host may have got the request: a create it got may still land
+                        err.maybe_sent = not _never_sent(exc)
+                        raise err from exc
+                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
+                attempt += 1
         finally:
             self._busy -= 1
             if self._retired and not self._busy:
                 await self.close()
-
-    async def _send(self, method, path, json, params, content, kw, retries, shook) -> httpx.Response:
-        attempt = 0
-        while True:
-            shook.clear()
-            try:
-                return await self._client.request(method, path, json=json, params=params, content=content, **kw)
-            except HostUnreachable as exc:  # (the SSH transport's own, already one sentence)
-                if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol()):
-                    err = NotAnAgent(wrong)
-                    err.maybe_sent = getattr(exc, "maybe_sent", True)
-                    raise err from exc
-                raise
-            except (httpx.TransportError, OSError, ssl.SSLError) as exc:
-                if attempt == retries or isinstance(exc, httpx.TimeoutException):
-                    handshake = ("" if "connection.start_tls.started" not in shook
-                                 or "http11.receive_response_headers.complete" in shook
-                                 else "done" if "connection.start_tls.complete" in shook else "cut")
-                    why, untrusted = _describe(exc, self.address, handshake=handshake)
-                    kind = NotTrusted if untrusted else HostUnreachable
-                    # what answered speaks another protocol: a wrong address, not an outage
-                    if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
-                                                             await self._wrong_protocol()):
-                        why, kind = wrong, NotAnAgent
-                    err = kind(why)
-                    # whether the host may have got the request: a create it got may still land
-                    err.maybe_sent = not _never_sent(exc)
-                    raise err from exc
-            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
-            attempt += 1
 
     async def _not_tls(self, exc: BaseException) -> str:
         """Why this TLS address is a wrong one when what answered its handshake does not

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...models.pool import ElasticDecision
+from ..hosts import FINISHED
 from .elastic_host import paid_until
 
 HORIZON_SECS = 120  # an idle host this close to its next billing step goes now
@@ -174,8 +175,6 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
     """What is on each host: its VMs with work (and those being placed there),
     and the standby VMs of prewarms still live (not one whose run ended: the
     prewarm replaces it)."""
-    from ..hosts import FINISHED
-
     live = pool.ctl.prewarm.live_ids()
     out = {}
     for r in rows:
