@@ -54,6 +54,9 @@ def test_sleep_wake_console_and_delete_print_the_api_answer_under_json(ctl):
         return json.loads(run(ctl.url, "controller", "vms", *args, "--json").stdout)
 
     assert as_json("create", "--entry", "x", "--name", "r1")["state"] == "running"
+    # (the fake guest writes its first line a moment after it runs; slept before, it never would: seen
+    # once in a loaded full run)
+    wait_until(lambda: as_json("console", "r1")["text"].startswith("fake vm: entry x"), what="the guest's first line")
     slept = as_json("sleep", "r1")
     assert (slept["name"], slept["host"], slept["state"]) == ("r1", "rack1", "sleeping") and slept["files"]
     woken = as_json("wake", "r1")
