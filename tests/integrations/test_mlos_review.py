@@ -191,3 +191,30 @@ def test_times_that_cannot_work_are_refused_when_the_service_is_built(config, me
 
 def test_a_zero_poll_interval_is_accepted():
     assert FuseVMService({"url": "unix:///nonexistent.sock", "pollInterval": 0}) is not None
+
+
+def test_a_recreate_no_host_could_take_keeps_the_running_vm(make_fleet, caplog):
+    """A new vmHost that is not registered, or does not answer, or a new shape no
+    host has the memory for: the create would fail after the delete, leaving the
+    trial with no VM at all; the running VM is kept and the provision FAILED."""
+    fleet = make_fleet()
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "keep", "vcpus": 1, "memMiB": 128, "vmHost": "h1"}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        assert provision(svc, {**p, "vmHost": "rack-typo"})[0] == Status.FAILED
+        assert "not a registered host" in caplog.text
+        assert provision(svc, {**p, "memMiB": 900000})[0] == Status.FAILED
+        assert "900000 MiB asked" in caplog.text
+        assert provision(svc, {k: v for k, v in p.items() if k != "vmHost"} | {"memMiB": 900000})[0] == Status.FAILED
+        fleet.agents[1].stop()
+        wait_until(lambda: not fleet.client.hosts.get("h2").connected, timeout=30)
+        assert provision(svc, {**p, "vmHost": "h2"})[0] == Status.FAILED
+        assert "h2 is not answering" in caplog.text
+        assert where(fleet.client) == [("keep", "h1", "running")]
+        assert placed(fleet.client) == [("keep", 1, 128)]  # never deleted, never recreated
+        # A shape that fits, counting the memory the old VM gives back on its own host, is recreated.
+        status, info = provision(svc, {**p, "memMiB": 4096 - 128})
+        assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h1"), caplog.text
+        assert placed(fleet.client) == [("keep", 1, 128), ("keep", 1, 4096 - 128)]
+        assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})

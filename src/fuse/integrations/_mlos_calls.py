@@ -166,6 +166,11 @@ class ControllerCalls:
             elif vm["state"] in _GONE_STATES:
                 changes = [f"state {vm['state']}"]
             if changes:
+                if vm["state"] not in _GONE_STATES:
+                    why = self._no_room(op, spec, vm)
+                    if why:  # the recreate would fail: the VM the last trial left is worth more
+                        raise OperationFailed(f"vm {spec.name} is kept {vm['state']} on {vm['host']}, not "
+                                              f"recreated ({'; '.join(changes)}): {why}")
                 _LOG.info("fuse: recreating vm %s on %s: %s", spec.name, vm["host"], "; ".join(changes))
                 op.check(f"deleting vm {spec.name} on {vm['host']} to recreate it")
                 op.sent = True
@@ -181,6 +186,35 @@ class ControllerCalls:
         if vm["state"] != "running":
             raise OperationFailed(f"vm {spec.name} is {vm['state']} on {vm['host']}: {vm.get('reason') or ''}")
         return vm
+
+    def _no_room(self, op: Operation, spec: VmSpec, vm: dict) -> str | None:
+        """Why no host could take the recreated VM, read before the old one
+        is deleted (None: one could). The controller's host records decide:
+        the pinned host must be registered, active and answering; some
+        candidate must have the memory (the hosts' hard limit; vCPUs are
+        time-shared), counting what the old VM frees on its own host. The
+        host's admission still has the final word on the create itself."""
+        op.check(f"reading the hosts before recreating vm {spec.name}")
+        hosts = {h.id: h for h in self.client.hosts.list()}
+        if spec.host and spec.host not in hosts:
+            return f"vmHost {spec.host!r} is not a registered host"
+        if spec.host and hosts[spec.host].state != "active":
+            return f"vmHost {spec.host} is {hosts[spec.host].state}"
+        if spec.host and not hosts[spec.host].connected:
+            return f"vmHost {spec.host} is not answering"
+        cands = [hosts[spec.host]] if spec.host else [h for h in hosts.values() if h.state == "active" and h.connected]
+        if not cands:
+            return "no host is active and answering"
+
+        def free_mem(h) -> int:
+            own = vm["host"] == h.id and vm["state"] == "running"
+            return h.free_mem_mib + (int((vm.get("shape") or {}).get("mem_mib") or 0) if own else 0)
+
+        most = max(cands, key=free_mem)
+        if free_mem(most) < spec.mem_mib:
+            return (f"{spec.mem_mib} MiB asked, at most {free_mem(most)} MiB free "
+                    f"({'on ' + spec.host if spec.host else 'on any host, on ' + most.id})")
+        return None
 
     def _wake(self, op: Operation, spec: VmSpec, vm: dict) -> dict:
         """Wake the sleeping VM: on its own host; on the pinned host when the

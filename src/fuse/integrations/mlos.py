@@ -35,7 +35,10 @@ How the calls map onto the controller:
                       bundle the params ask for, or its vmHost differ from
                       the trial's (mlos_bench calls provision on every trial
                       with no deprovision between; a VM whose entry the
-                      params do not name keeps the one it runs). The VM is
+                      params do not name keeps the one it runs); but never
+                      deleted when the controller's hosts say the new one
+                      could not land (vmHost unknown, not active or not
+                      answering; no host with the memory): FAILED, kept. The VM is
                       found by name fleet-wide, so a trial that changes
                       vmHost replaces the last trial's VM. A sleeping VM is
                       woken, never deleted for want of room: moved asleep to
