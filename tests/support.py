@@ -149,11 +149,21 @@ class Postgres:
     def start(self) -> "Postgres":
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
-        data = self.dir / "data"
-        self._run(self.bin / "initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync")
-        self._run(self.bin / "pg_ctl", "-D", data, "-l", self.dir / "pg.log", "-w", "-t", "60", "-o",
-                  f"-p {self.port} -k {self.dir} -h 127.0.0.1 -F", "start")
+        self._run(self.bin / "initdb", "-D", self.dir / "data", "-U", "postgres", "-A", "trust", "--no-sync")
+        self.up()
         return self
+
+    def up(self) -> None:
+        self._run(self.bin / "pg_ctl", "-D", self.dir / "data", "-l", self.dir / "pg.log", "-w", "-t", "60", "-o",
+                  f"-p {self.port} -k {self.dir} -h 127.0.0.1 -F", "start")
+
+    def down(self) -> None:
+        """Stop the server, cutting every connection (``up`` starts it again, same port)."""
+        self._run(self.bin / "pg_ctl", "-D", self.dir / "data", "-m", "fast", "-w", "stop")
+
+    def restart(self) -> None:
+        self.down()
+        self.up()
 
     def create_db(self, name: str) -> str:
         self._run(self.bin / "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)

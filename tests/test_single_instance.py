@@ -127,6 +127,27 @@ def test_a_second_controller_on_an_embedded_store_exits_3_but_replicas_share_a_d
             replicas[1].wait(15)
 
 
+def test_a_second_controller_on_an_embedded_stores_file_from_another_state_dir_exits_3(tmp_path):
+    first = start_controller(tmp_path, name="c1")
+    try:
+        db = f"sqlite:///{first.state_dir / 'fuse.db'}"
+        rc, err = second(["controller", "serve", "--state-dir", str(tmp_path / "elsewhere"),
+                          "--socket", str(tmp_path / "other.sock"), "--db", db])
+        assert rc == STARTUP_FAILURE, err
+        assert f"the SQLite store {first.state_dir / 'fuse.db'} is in use by a running controller" in one_line(err)
+    finally:
+        first.stop()
+    # (and the other way round: a controller on the file by --db keeps its state dir's owner out)
+    mine = tmp_path / "mine.db"
+    holder = start_controller(tmp_path, name="c2", db=f"sqlite:///{mine}")
+    try:
+        rc, err = second(["controller", "serve", "--state-dir", str(tmp_path / "c3"),
+                          "--socket", str(tmp_path / "third.sock"), "--db", f"sqlite:///{mine}"])
+        assert rc == STARTUP_FAILURE and "is in use by a running controller" in one_line(err), err
+    finally:
+        holder.stop()
+
+
 def test_a_server_starting_on_a_stale_socket_keeps_it_from_a_second_one_starting_at_the_same_time(tmp_path):
     # two servers at one instant on one stale socket: both saw nothing listening, and the
     # second's unlink removed the first's fresh socket (the first then ran unreachable).

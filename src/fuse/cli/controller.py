@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ..tokens import token_problem
-from .host import listen_address
+from .host import STARTUP_FAILURE, listen_address
 from .output import api_errors, emit_json, fail, table
 
 app = typer.Typer(help="Run the fleet controller and drive it.", no_args_is_help=True)
@@ -67,6 +67,7 @@ def serve(
     # same room twice. A shared --db is meant for several replicas, and what they keep in
     # the state dir then (linked clouds' machine dirs) is shared by design: no lock.
     hold_state_dir(state_dir, "controller", lock=not db)
+    _hold_sqlite(db, state_dir)
     if sock and socket_in_use(sock):  # (taking it over would leave that one running unreachable)
         exit_socket_in_use(sock, "controller")
     ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
@@ -94,6 +95,39 @@ def _password(url: str) -> str:
         return userinfo.partition(":")[2]
     m = re.search(r"(?i)[?&]password=([^&]*)", url)
     return m.group(1) if m else ""
+
+
+def _hold_sqlite(db: Optional[str], state_dir: Path) -> None:
+    """Lock the SQLite file the controller will use (``<file>.lock``), or exit 3 when
+    another running controller holds it: the state dir's lock alone let a second
+    controller in through ``--db sqlite:///<the first one's file>`` from another state
+    dir, and the two then placed on the same room twice. (PostgreSQL is for replicas.)"""
+    from sqlalchemy.engine import make_url
+
+    from .. import statelock
+    from ..controller.store import engine_url
+
+    url = engine_url(db, state_dir)
+    if not url.startswith("sqlite"):
+        return
+    try:
+        path = make_url(url).database
+    except Exception:
+        return  # (not a URL: _open says so)
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        held = statelock.lock_file(f"{Path(path).absolute()}.lock")
+    except OSError:
+        return  # (a directory that is not there: opening the store says so)
+    if held is None:
+        typer.echo(f"error: the SQLite store {path} is in use by a running controller (one controller per SQLite "
+                   "file; replicas share a PostgreSQL --db)", err=True)
+        raise typer.Exit(STARTUP_FAILURE)
+    _sqlite_locks.append(held)  # (held for the process's life)
+
+
+_sqlite_locks: list[int] = []
 
 
 def _open(make, db: Optional[str], state_dir: Path):

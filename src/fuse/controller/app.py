@@ -3,17 +3,22 @@ requests into service calls; they never touch the store or a host."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import copy
 import re
 import threading
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from .. import http_errors
+from ..errors import error_body
 from ..auth import BearerFirst
 from ..models.errors import document_400_not_422
 from .routes import controller as controller_routes
@@ -31,6 +36,8 @@ from .validation import RefuseBadPath, reject_unknown_fields, reject_unknown_que
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
 OPEN_PATHS = ("/v1/healthz",)
+HEALTH_DB_SECS = 5.0  # the health check's wait for the database's answer
+log = logging.getLogger("fuse.controller")
 BEARER = "bearerAuth"
 
 
@@ -155,8 +162,28 @@ def create_app(ctl: Controller) -> FastAPI:
     app.state.ctl = ctl
     app.state.pool_snapshot = ctl.pool_snapshot
 
-    @app.get("/v1/healthz", summary="Liveness check (no token needed).", tags=["controller"])
-    async def healthz() -> dict[str, str]:
+    @app.exception_handler(DBAPIError)
+    async def _db_down(request: Request, exc: DBAPIError):
+        # (a lost connection, a restarting server: 503, which a load balancer takes
+        # out of rotation, not 500 internal; the driver's words stay in the log)
+        if not exc.connection_invalidated and not isinstance(exc, (OperationalError, InterfaceError)):
+            raise exc
+        log.warning("%s %s: the database did not answer: %s", request.method, request.url.path,
+                    " ".join(str(exc.orig or exc).split()))
+        return JSONResponse(error_body("db_unavailable", f"the controller cannot reach its database "
+                                       f"({type(exc.orig or exc).__name__}); try again"), status_code=503)
+
+    @app.get("/v1/healthz", summary="Liveness check (no token needed): 503 db_unavailable when the "
+             "controller cannot reach its database.", tags=["controller"],
+             responses={503: {"description": "The controller cannot reach its database."}})
+    async def healthz():
+        try:
+            await asyncio.wait_for(asyncio.to_thread(ctl.store.ping), HEALTH_DB_SECS)
+        except Exception as exc:
+            why = "did not answer in time" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) else \
+                type(getattr(exc, "orig", None) or exc).__name__
+            return JSONResponse(error_body("db_unavailable", f"the controller cannot reach its database ({why})"),
+                                status_code=503)
         return {"status": "ok"}
 
     from fastapi.openapi.docs import get_swagger_ui_html

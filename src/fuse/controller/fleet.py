@@ -141,10 +141,16 @@ class Fleet:
             await c.close()
 
     async def _sync_loop(self) -> None:
-        # Another replica (shared PostgreSQL) may add or remove hosts.
+        # Another replica (shared PostgreSQL) may add or remove hosts. A read that
+        # fails (the database restarting) is tried again next time: ended, this
+        # replica never saw another's hosts again.
         while True:
             await asyncio.sleep(self.ctl.poll_interval)
-            await self.sync_hosts()
+            try:
+                await self.sync_hosts()
+            except Exception as exc:
+                log.warning("could not read the host registry (tried again in %g s): %s", self.ctl.poll_interval,
+                            exc)
 
     async def sync_hosts(self) -> None:
         ids = {r["id"] for r in self.store.list_hosts()}

@@ -4,6 +4,7 @@ the per-VM calls forwarded to the host that has the VM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -20,6 +21,8 @@ from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
+from sqlalchemy.engine import Connection
+
 from .store import vms as vms_t
 
 log = logging.getLogger("fuse.controller.vms")
@@ -35,6 +38,9 @@ UNANSWERED_SECS = float(os.environ.get("FUSE_CREATE_UNANSWERED_S", "600"))
 # reached it, or will not land now (two reads, so a request still on its way
 # when the first was answered has had time to be admitted).
 ABSENT_CONFIRM_SECS = 2.0
+# A replica's placing rows (shared PostgreSQL store) outlive it by at most this long: each
+# is renewed every quarter of it while its create or wake waits on the host
+PLACING_LEASE_SECS = float(os.environ.get("FUSE_PLACING_LEASE_S", "60"))
 
 
 class ControllerCreateVm(CreateVmRequest):
@@ -90,20 +96,35 @@ class VmService:
         # holds its name from its reservation, or its claim of a prewarmed VM, to the
         # host's answer), so a create of the same name meanwhile is vm_exists at once
         self._naming: dict[tuple[str, str], int] = {}
-        self._waking: set[tuple[str, str]] = set()  # (host, vm name): wakes reserved and waiting on the host
+        self._waking: set[tuple[str, str]] = set()
+        self._wake_rows: dict[tuple[str, str], str | None] = {}  # (host, vm name) -> its placing row  # (host, vm name): wakes reserved and waiting on the host
         # creates a host did not answer, until it says whether the VM landed: ticket ->
         # (host, vm name, shape); each with the task that asks the host (_settle_unanswered)
         self._unanswered: dict[object, tuple[str, str, Resources]] = {}
         self._settling: set[asyncio.Task] = set()
+        self._tickets: dict[object, str | None] = {}  # an unanswered create's placing row
+        # Replicas sharing a PostgreSQL store each count what the others are placing: a
+        # create's or wake's reservation is also a row of the store's ``placing`` table,
+        # written in the same write transaction (the replicas' write lock) as the placement
+        # read that chose the host, so two replicas never both give away the same room
+        self._shared = not self.store.is_sqlite
+        self.replica = secrets.token_hex(8)
+        self._rows: dict[str, str] = {}  # this replica's rows in the store: id -> host
+        self._renewer: asyncio.Task | None = None
 
     @property
     def fleet(self):
         return self.ctl.fleet
 
     # ---- placement -----------------------------------------------------------
-    def arrays(self, only: str | None = None, bundle: str | None = None,
-               among: set[str] | None = None) -> tuple[FleetArrays, dict[str, str]]:
+    def arrays(self, only: str | None = None, bundle: str | None = None, among: set[str] | None = None,
+               others: list[tuple[str, str, Resources]] | None = None) -> tuple[FleetArrays, dict[str, str]]:
+        """The fleet as placement weighs it; ``others``: what other replicas are placing
+        (read here when not given)."""
         every = self.store.list_hosts()
+        elsewhere: dict[str, Resources] = {}
+        for h, _, ask in self._others() if others is None else others:
+            elsewhere[h] = elsewhere.get(h, Resources()) + ask
         rows = every
         if only is not None:
             rows = [r for r in rows if r["id"] == only]
@@ -124,7 +145,7 @@ class VmService:
             # figures are believed only within its declared capacity).
             names = machine[r["id"]]
             a = {k: sum(alloc.get(h, {}).get(k, 0) for h in names) for k in ("cpus", "ram_mb", "vm_count")}
-            p = sum((self._pending.get(h, Resources()) for h in names), Resources())
+            p = sum((self._pending.get(h, Resources()) + elsewhere.get(h, Resources()) for h in names), Resources())
             view = self.fleet.views.get(r["id"]) if self.fleet else None
             s = view.summary if view else {}
             cols["cv"][i], cols["cm"][i] = cap.get("cpus", 0), cap.get("ram_mb", 0)
@@ -191,19 +212,22 @@ class VmService:
         cloud_hosts = self._cloud_hosts(req, on)
         while True:
             async with self._lock:
-                # (again: another create of the name may have begun while this one waited,
-                # and its reservation must not read as room taken before it reads as the name)
-                self._check_naming(name, req.host)
-                fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among)
-                decision = rank(fleet, ask, unusable)
-                decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
-                host = decision.best(exclude=tried)
-                if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
-                    host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
-                if host is not None:
-                    self._pending[host] = self._pending.get(host, Resources()) + ask
-                    self._name(host, name, +1)
-                elif self._reopen(req, ask, among, reopened):
+                with self._placing_tx() as conn:  # (one step fleet-wide: see ``_shared``)
+                    others = self._others(conn)
+                    # (again: another create of the name may have begun while this one waited,
+                    # and its reservation must not read as room taken before it reads as the name)
+                    self._check_naming(name, req.host, others)
+                    fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among, others=others)
+                    decision = rank(fleet, ask, unusable)
+                    decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
+                    host = decision.best(exclude=tried)
+                    if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
+                        host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
+                    if host is not None:
+                        self._pending[host] = self._pending.get(host, Resources()) + ask
+                        self._name(host, name, +1)
+                        row = self._hold(conn, host, name, ask)
+                if host is None and self._reopen(req, ask, among, reopened):
                     decisions.pop()  # (it said the host is cordoned: no longer so)
                     continue  # a host scale-in cordoned has the room: place again
             if host is None:
@@ -260,7 +284,7 @@ class VmService:
                     raise err
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
-                self._release(host, ask, name)
+                self._release(host, ask, name, row)
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
         for d in decisions:
             for h, why in d.reasons.items():
@@ -402,7 +426,7 @@ class VmService:
         creates it did not answer whose VM it has not yet said it has or lacks. The
         registry keeps the host (no deregister, no new url) while this counts any."""
         out = self.pending_on(host)
-        for h, _, ask in self._unanswered.values():
+        for h, _, ask in [*self._unanswered.values(), *self._others()]:
             if h == host:
                 out = out + ask
         return out
@@ -411,12 +435,15 @@ class VmService:
         """The names of the VMs ``placing_on`` counts: creates under way on ``host`` and
         creates it did not answer (a wake's VM is in the store, assigned there already)."""
         names = {n for h, n in self._naming if h == host}
-        names |= {n for h, n, _ in self._unanswered.values() if h == host}
+        names |= {n for h, n, _ in [*self._unanswered.values(), *self._others()] if h == host and n}
         return sorted(names)
 
     def _unanswered_create(self, host: str, name: str, ask: Resources) -> None:
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
+        if self._shared:  # (held for the other replicas too, until the host says)
+            with self.store.tx() as conn:
+                self._tickets[ticket] = self._hold(conn, host, name, ask)
         task = asyncio.get_running_loop().create_task(self._settle_unanswered(ticket))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
@@ -453,17 +480,76 @@ class VmService:
             pass  # the host was deregistered: nothing left to hold
         finally:
             self._unanswered.pop(ticket, None)
+            self._unhold(self._tickets.pop(ticket, None))
 
     async def close(self) -> None:
-        for t in list(self._settling):
+        for t in list(self._settling) + ([self._renewer] if self._renewer else []):
             t.cancel()
-        for t in list(self._settling):
+        for t in list(self._settling) + ([self._renewer] if self._renewer else []):
             try:
                 await t
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._rows:  # (what this replica still held: the others need not wait for it to expire)
+            self._unhold(*self._rows)
 
-    def _release(self, host: str, ask: Resources, name: str | None = None) -> None:
+    # ---- room being placed, seen by every replica ----------------------------
+    @contextlib.contextmanager
+    def _placing_tx(self):
+        """A placement's read, decision and reservation as one step fleet-wide: on a
+        shared PostgreSQL store, one write transaction (the replicas' write lock, so no
+        other replica reads or reserves room meanwhile), in which the reservation's row is
+        written; with SQLite (one controller) the caller's lock is all it takes (None)."""
+        if not self._shared:
+            yield None
+            return
+        with self.store.tx() as conn:
+            yield conn
+
+    def _others(self, conn: Connection | None = None) -> list[tuple[str, str, Resources]]:
+        """(host, vm name, room) of what the other replicas are placing now."""
+        if not self._shared:
+            return []
+        return [(r["host"], r["name"], Resources.vm(r["vcpus"], r["mem_mib"]))
+                for r in self.store.placing_of_others(self.replica, conn)]
+
+    def _hold(self, conn: Connection | None, host: str, name: str, ask: Resources) -> str | None:
+        """Write this reservation for the other replicas to count (its row id); None alone."""
+        if not self._shared or conn is None:
+            return None
+        row = secrets.token_hex(8)
+        self.store.add_placing(conn, {"id": row, "replica": self.replica, "host": host, "name": name,
+                                      "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
+                                      "expires": time.time() + PLACING_LEASE_SECS})
+        self._rows[row] = host
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        return row
+
+    def _unhold(self, *rows: str | None) -> None:
+        ids = [r for r in rows if r is not None]
+        for r in ids:
+            self._rows.pop(r, None)
+        if ids:
+            try:
+                self.store.drop_placing(ids)
+            except Exception as exc:  # (its lease ends it all the same)
+                log.warning("could not remove placing rows %s (they expire within %g s): %s", ids,
+                            PLACING_LEASE_SECS, exc)
+
+    async def _renew(self) -> None:
+        """Keep this replica's rows alive while their creates and wakes wait."""
+        while self._rows:
+            await asyncio.sleep(PLACING_LEASE_SECS / 4)
+            if self._rows:
+                try:
+                    await asyncio.to_thread(self.store.renew_placing, list(self._rows),
+                                            time.time() + PLACING_LEASE_SECS)
+                except Exception as exc:
+                    log.warning("could not renew this replica's placing rows: %s", exc)
+
+    def _release(self, host: str, ask: Resources, name: str | None = None, row: str | None = None) -> None:
+        self._unhold(row)
         left = self._pending.get(host, Resources()) - ask
         if left.count <= 0:
             self._pending.pop(host, None)
@@ -484,7 +570,8 @@ class VmService:
         else:
             self._naming.pop((host, name), None)
 
-    def _check_naming(self, name: str, host: str | None = None) -> None:
+    def _check_naming(self, name: str, host: str | None = None,
+                      others: list[tuple[str, str, Resources]] = ()) -> None:
         """409 vm_exists when another create is placing vm ``name`` on ``host`` (pinned) or,
         for a create placement chooses the host of (``host`` None), anywhere: reserved and
         waiting on the host's answer, or sent and not answered (the host may yet make it).
@@ -492,7 +579,7 @@ class VmService:
         is the name first, and room only after (a pinned host says vm_exists before any
         refusal for room, as it does for a VM it already has)."""
         placing = [h for h, n in self._naming if n == name]
-        placing += [h for h, n, _ in self._unanswered.values() if n == name]
+        placing += [h for h, n, _ in [*self._unanswered.values(), *others] if n == name]
         mine = sorted(h for h in placing if host is None or h == host)
         if mine:
             raise VmExists(f"a vm named {name} is already being created on host {mine[0]} (another create of "
@@ -615,7 +702,7 @@ class VmService:
             vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
         finally:
             if ask.count:
-                self._release(host, ask)
+                self._release(host, ask, row=self._wake_rows.pop((host, name), None))
                 self._waking.discard((host, name))
         self.fleet.upsert_vms(host, [vm])
         await self._refresh_room(host)  # (a sleep gave room back, a wake took it)
@@ -666,16 +753,18 @@ class VmService:
         if (host, name) in self._waking:  # its own reservation is not room another VM holds
             raise Conflict(f"vm {name} is already being woken on host {host}")
         ask = Resources.vm(int(row["vcpus"] or 0), int(row["mem_mib"] or 0))
-        fleet, _ = self.arrays(only=host)
-        free = int(fleet.free_mem[0]) if len(fleet.ids) else 0
-        if free < ask.mem_mib:
-            raise HostFull(f"host {host} has no room to wake vm {name}: it needs {ask.mem_mib} MiB of memory, "
-                           f"{max(free, 0)} MiB free within the host's capacity")
-        if len(fleet.ids) and fleet.vm_count[0] >= fleet.vm_limit[0]:
-            raise HostFull(f"host {host} has no room to wake vm {name}: its vm_count policy "
-                           f"{int(fleet.vm_limit[0])} is reached ({int(fleet.vm_count[0])} vms hold room there)")
-        self._pending[host] = self._pending.get(host, Resources()) + ask
-        self._waking.add((host, name))
+        with self._placing_tx() as conn:  # (one step fleet-wide, as a create's placement)
+            fleet, _ = self.arrays(only=host, others=self._others(conn))
+            free = int(fleet.free_mem[0]) if len(fleet.ids) else 0
+            if free < ask.mem_mib:
+                raise HostFull(f"host {host} has no room to wake vm {name}: it needs {ask.mem_mib} MiB of memory, "
+                               f"{max(free, 0)} MiB free within the host's capacity")
+            if len(fleet.ids) and fleet.vm_count[0] >= fleet.vm_limit[0]:
+                raise HostFull(f"host {host} has no room to wake vm {name}: its vm_count policy "
+                               f"{int(fleet.vm_limit[0])} is reached ({int(fleet.vm_count[0])} vms hold room there)")
+            self._pending[host] = self._pending.get(host, Resources()) + ask
+            self._waking.add((host, name))
+            self._wake_rows[host, name] = self._hold(conn, host, name, ask)
         return ask
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:

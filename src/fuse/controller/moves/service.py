@@ -96,6 +96,10 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
             with self.store.tx() as c:
+                # (again, in the write transaction: a replica sharing the store may have
+                # started a move of it since the look above, and one VM has one move)
+                if (other := self.active_for(name, source, c)) is not None:
+                    raise refuse("move_in_progress", f"vm {name} is already moving ({other.id})")
                 c.execute(insert(moves_t).values(
                     id=move_id, vm=name, source=source, target=target, state="starting", created_at=now, updated_at=now,
                     record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
@@ -110,11 +114,14 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self._spawn(move_id)
         return self.get(move_id)
 
-    def active_for(self, name: str, host: str):
+    def active_for(self, name: str, host: str, conn=None):
         """The active move (its ``id`` and ``target``) of VM ``name`` from ``host``, or None."""
+        q = select(moves_t.c.id, moves_t.c.target).where(
+            moves_t.c.vm == name, moves_t.c.source == host, moves_t.c.state.in_(ACTIVE))
+        if conn is not None:
+            return conn.execute(q).first()
         with self.store.read() as c:
-            return c.execute(select(moves_t.c.id, moves_t.c.target).where(
-                moves_t.c.vm == name, moves_t.c.source == host, moves_t.c.state.in_(ACTIVE))).first()
+            return c.execute(q).first()
 
     def _spawn(self, move_id: str) -> None:
         if move_id in self._tasks and not self._tasks[move_id].done():

@@ -88,6 +88,22 @@ moves = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# Room a create or a wake holds on a host while it waits on the host's answer, written by
+# the replicas sharing a PostgreSQL store so that each counts what the others are placing
+# (one controller on SQLite keeps its own in memory, ``VmService``). A row lives until its
+# create or wake is answered; ``expires`` is renewed while it waits, so the rows of a
+# replica that died go by themselves.
+placing = Table(
+    "placing", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("replica", String(64), nullable=False),
+    Column("host", String(255), nullable=False, index=True),
+    Column("name", String(255), nullable=False),
+    Column("vcpus", Integer, nullable=False),
+    Column("mem_mib", Integer, nullable=False),
+    Column("expires", Float, nullable=False),
+)
+
 # The states of a move that is not over (the state machine is moves.py's); "pending"
 # is the name a store written by an earlier version has for "starting".
 ACTIVE_MOVES = ("starting", "pending", "sleeping", "copying", "waking", "rolling_back")
@@ -211,6 +227,11 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    def ping(self) -> None:
+        """Raise unless the database answers a query (the health check's)."""
+        with self.read() as c:
+            c.execute(text("SELECT 1"))
+
     # ---- hosts -------------------------------------------------------------
     def get_host(self, host_id: str, conn: Connection | None = None) -> dict | None:
         q = select(hosts).where(hosts.c.id == host_id)
@@ -324,6 +345,27 @@ class Store:
             out.append({"move": m["id"], "vm": m["vm"], "target": m["target"],
                         "vcpus": int(shape.get("vcpus", 0)), "mem_mib": int(shape.get("mem_mib", 0))})
         return out
+
+    # ---- room being placed, across replicas ----------------------------------
+    def add_placing(self, conn: Connection, row: dict) -> None:
+        conn.execute(insert(placing).values(**row))
+
+    def drop_placing(self, ids: list[str]) -> None:
+        with self.tx() as c:
+            c.execute(delete(placing).where(placing.c.id.in_(ids)))
+
+    def renew_placing(self, ids: list[str], expires: float) -> None:
+        with self.tx() as c:
+            c.execute(update(placing).where(placing.c.id.in_(ids)).values(expires=expires))
+            c.execute(delete(placing).where(placing.c.expires < time.time()))  # (a dead replica's)
+
+    def placing_of_others(self, replica: str, conn: Connection | None = None) -> list[dict]:
+        """The rows other replicas hold and have not let expire."""
+        q = select(placing).where(placing.c.replica != replica, placing.c.expires > time.time())
+        if conn is not None:
+            return [dict(r) for r in conn.execute(q).mappings()]
+        with self.read() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
 
     # ---- events ------------------------------------------------------------
     def add_event(self, type_: str, data: dict, host: str = "", host_event_id: int | None = None,

@@ -1,0 +1,149 @@
+"""Two controller replicas on one PostgreSQL store, one agent (fake backend)
+behind a loopback proxy that holds each create a while: what one replica is
+placing, the other counts (room, the vm_count policy, a deregister), and a
+replica survives its database restarting."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+import fuse
+from support import Proxy, agent_vms, api_error, reap, start_agent, start_controller, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
+
+CREATE = b"POST /v1/host/vms "
+
+
+@pytest.fixture
+def replicas(tmp_path, postgres, request):
+    """(agent, proxy, replicas a and b, a client of each), host h1 registered through
+    a at the proxy's address: vm_count 3, 1024 MiB, 4 vCPUs."""
+    url = postgres.create_db(f"fuse_{request.node.name[-40:].lower()}")
+    agent = start_agent(tmp_path, backend="fake", name="agent")
+    proxy = Proxy(int(agent.url.rsplit(":", 1)[1]))
+    a = start_controller(tmp_path, db=url, name="ctl-a")
+    b = start_controller(tmp_path, db=url, name="ctl-b")
+    ca, cb = fuse.Client(a.url), fuse.Client(b.url)
+    ca.hosts.register(fuse.RegisterHostRequest(id="h1", url=proxy.url, token=agent.token, backend="qemu",
+                                               capacity=fuse.HostCapacity(vm_count=3, ram_mb=1024, cpus=4)))
+    wait_until(lambda: ca.hosts.get("h1").connected and cb.hosts.get("h1").connected, timeout=30,
+               what="h1 connected on both replicas")
+    yield agent, proxy, (a, b), ca, cb
+    ca.close()
+    cb.close()
+    proxy.close()
+    for p in (a, b, agent):
+        p.stop()
+    reap(tmp_path)
+
+
+def create(ctl_url: str, name: str, out: dict, **kw) -> None:
+    with fuse.Client(ctl_url) as c:
+        try:
+            out[name] = c.vms.create(name=name, shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600", **kw)["host"]
+        except fuse.ApiError as err:
+            out[name] = err.code
+
+
+def test_concurrent_creates_through_two_replicas_never_overcommit_a_host(replicas):
+    agent, proxy, (a, b), ca, cb = replicas
+    proxy.hold[CREATE] = 1.0  # (each create waits on the host a second: the replicas overlap)
+    out: dict[str, str] = {}
+    threads = [threading.Thread(target=create, args=((a if i % 2 else b).url, f"r{i}", out)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(out.values()) == ["fleet_full"] * 3 + ["h1"] * 3, out
+    assert len(agent_vms(agent)) == 3  # the vm_count policy the host was registered with
+    assert ca.hosts.get("h1").allocated.vm_count == 3 == cb.hosts.get("h1").allocated.vm_count
+
+
+def test_a_deregister_through_one_replica_waits_for_a_create_through_the_other(replicas):
+    agent, proxy, (a, b), ca, cb = replicas
+    proxy.hold[CREATE] = 3.0
+    out: dict[str, str] = {}
+    t = threading.Thread(target=create, args=(b.url, "late", out), kwargs={"host": "h1"})
+    t.start()
+    wait_until(lambda: proxy.held >= 1, timeout=30, what="the create held at the proxy")
+    err = api_error(ca.hosts.deregister, "h1")
+    assert err.status == 409 and err.code == "conflict" and "vm late" in err.message, err
+    t.join(60)
+    assert out == {"late": "h1"}
+    assert [h.id for h in ca.hosts.list()] == ["h1"] and "late" in agent_vms(agent)
+
+
+def test_a_replica_sees_hosts_added_through_another_after_its_database_restarts(replicas, postgres, tmp_path):
+    agent, proxy, (a, b), ca, cb = replicas
+    postgres.restart()
+    wait_until(lambda: _answers(ca) and _answers(cb), timeout=60, what="both replicas reading the store again")
+    other = start_agent(tmp_path, backend="fake", name="agent2")
+    try:
+        cb.hosts.register(fuse.RegisterHostRequest(id="h2", url=other.url, token=other.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=2, ram_mb=512, cpus=2)))
+        wait_until(lambda: ca.hosts.get("h2").connected, timeout=30, what="h2 connected on the other replica")
+        assert ca.vms.create(name="there", host="h2", shape={"vcpus": 1, "mem_mib": 128}, entry="true")["host"] == "h2"
+    finally:
+        other.stop()
+
+
+def _answers(client: fuse.Client) -> bool:
+    try:
+        client.hosts.list()
+        return True
+    except (fuse.ApiError, httpx.HTTPError):
+        return False
+
+
+def test_a_replica_without_its_database_says_so_with_503(replicas, postgres):
+    agent, proxy, (a, b), ca, cb = replicas
+    health = a.url  # (unix socket: the health check needs no token either way)
+    postgres.down()
+    try:
+        err = api_error(ca.hosts.list)
+        assert (err.status, err.code) == (503, "db_unavailable"), err
+        assert "cannot reach its database" in err.message
+        with httpx.Client(transport=httpx.HTTPTransport(uds=health[len("unix://"):])) as h:
+            r = h.get("http://controller/v1/healthz")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "db_unavailable", r.text
+    finally:
+        postgres.up()
+    wait_until(lambda: _answers(ca), timeout=60, what="the replica reading the store again")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=health[len("unix://"):])) as h:
+        assert h.get("http://controller/v1/healthz").json() == {"status": "ok"}
+
+
+def test_one_vm_moved_through_two_replicas_at_once_gets_one_move(replicas, tmp_path):
+    agent, proxy, (a, b), ca, cb = replicas
+    other = start_agent(tmp_path, backend="fake", name="agent2")
+    try:
+        ca.hosts.register(fuse.RegisterHostRequest(id="h2", url=other.url, token=other.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=2, ram_mb=512, cpus=2)))
+        wait_until(lambda: cb.hosts.get("h2").connected, timeout=30, what="h2 connected on both replicas")
+        ca.vms.create(name="m", host="h1", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
+        proxy.hold[b"GET /v1/host/vms/m "] = 1.0  # (both replicas read the VM before either records a move)
+        out: dict[str, object] = {}
+
+        def move(client: fuse.Client, key: str) -> None:
+            try:
+                out[key] = client.moves.create("m", to="h2")["id"]
+            except fuse.ApiError as err:
+                out[key] = err.code
+
+        threads = [threading.Thread(target=move, args=(c, k)) for c, k in ((ca, "a"), (cb, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(str(v).startswith("mv-") for v in out.values()) == [False, True], out
+        assert "move_in_progress" in out.values(), out
+        proxy.hold.clear()
+        wait_until(lambda: ca.moves.list()[0]["state"] in ("done", "failed"), timeout=60, what="the move's end")
+        assert [m["state"] for m in ca.moves.list()] == ["done"]
+        assert [(v["name"], v["host"]) for v in ca.vms.list()] == [("m", "h2")]
+    finally:
+        other.stop()
