@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from .. import http_errors
 from ..errors import error_body
 from ..auth import BearerFirst
-from ..models.errors import document_400_not_422
+from ..models.errors import ErrorBody, document_400_not_422
 from .routes import controller as controller_routes
 from .routes import events as event_routes
 from .routes import hosts as host_routes
@@ -175,7 +175,8 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.get("/v1/healthz", summary="Liveness check (no token needed): 503 db_unavailable when the "
              "controller cannot reach its database.", tags=["controller"],
-             responses={503: {"description": "The controller cannot reach its database."}})
+             response_model=dict[str, str],
+             responses={503: {"model": ErrorBody, "description": "The controller cannot reach its database."}})
     async def healthz():
         try:
             await asyncio.wait_for(asyncio.to_thread(ctl.store.ping), HEALTH_DB_SECS)
