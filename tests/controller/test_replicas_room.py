@@ -6,6 +6,7 @@ replica survives its database restarting."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -147,3 +148,49 @@ def test_one_vm_moved_through_two_replicas_at_once_gets_one_move(replicas, tmp_p
         assert [(v["name"], v["host"]) for v in ca.vms.list()] == [("m", "h2")]
     finally:
         other.stop()
+
+
+def test_a_drain_whose_replica_died_is_taken_over_by_another_once(tmp_path, postgres):
+    """Replica a drains host old and dies mid-copy of the first move (a test hook);
+    replica b, running all along, settles that move (its lease ran out) and takes the
+    drain over: one drain resumed, one report, the host empty."""
+    from support import agent_states
+
+    url = postgres.create_db("fuse_drain_takeover")
+    old, new = (start_agent(tmp_path, backend="fake", name=n) for n in ("old", "new"))
+    a = start_controller(tmp_path, db=url, name="ctl-a", env={"FUSE_TEST_CRASH_AT": "chunk:2"})
+    b = start_controller(tmp_path, db=url, name="ctl-b")
+    procs = [old, new, a, b]
+    try:
+        with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
+            for host_id, agent in (("old", old), ("new", new)):
+                ca.hosts.register(fuse.RegisterHostRequest(id=host_id, url=agent.url, token=agent.token,
+                                                           backend="qemu",
+                                                           capacity=fuse.HostCapacity(vm_count=10, ram_mb=8192,
+                                                                                      cpus=4)))
+            wait_until(lambda: all(h.connected for h in cb.hosts.list()) and len(cb.hosts.list()) == 2,
+                       timeout=30, what="both hosts connected on b")
+            for n in ("a", "b", "c"):
+                ca.vms.create(name=n, host="old", shape={"vcpus": 1, "mem_mib": 2048}, entry="count")
+            threading.Thread(target=_quietly, args=(ca.hosts.drain, "old"), daemon=True).start()
+            wait_until(lambda: a.popen.poll() is not None, timeout=60, what="replica a to die mid-move")
+            wait_until(lambda: sorted(agent_states(new)) == ["a", "b", "c"] and agent_states(old) == {},
+                       timeout=120, what="the drain taken over to empty the host")
+            events = wait_until(lambda: [e for e in cb.events.list(0, limit=500)["events"]
+                                         if e["type"] == "host_drain_report"], timeout=30, what="the drain's report")
+            time.sleep(3)  # (a second drain, had one started, would report by now)
+            types = [e["type"] for e in cb.events.list(0, limit=500)["events"]]
+            assert types.count("host_drain_resumed") == 1 and types.count("host_drain_report") == 1, types
+            assert sorted(m["vm"] for m in events[0]["moved"]) == ["a", "b", "c"] and events[0]["stuck"] == []
+            assert cb.hosts.get("old").state == "draining"
+    finally:
+        for p in procs:
+            p.stop()
+        reap(tmp_path)
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception:  # (the replica dies under the call)
+        pass

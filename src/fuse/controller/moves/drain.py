@@ -4,20 +4,31 @@ A drain is a sequence of ordinary moves (`MoveService.create`), so it has no
 states of its own: the host's ``draining`` state is its record, which is why a
 controller that starts resumes the drain of every draining host. One drain runs
 per host; a second call joins it. See `MoveDrains.drain` for what it reports.
+
+Across replicas sharing a store, one runs a host's drain: it holds the drain's
+lease (a ``settings`` row, renewed every second by the janitor beside the moves'
+leases). A replica asked to drain a host another one drains waits for that drain
+to end, then runs a round of its own (what is left, or arrived since); a
+replica that dies mid-drain leaves its lease to run out, and another takes the
+drain over (``host_drain_resumed``) where the moves left it. A drain that ended
+(its report given) marks its lease done: the next start of a controller resumes
+it, as it resumes every draining host's drain, but a live replica does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 
 from ...errors import FuseError
+from ..store import settings as settings_t
 from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from ..store import moves as moves_t
-from .records import ACTIVE, MoveRecords, log
+from .records import ACTIVE, LEASE_S, MoveRecords, log
 
 # A drain that finds a VM in a move (the one a controller crash left, another
 # drain's, an operator's) waits this long at most for it to end before it reports
@@ -52,18 +63,80 @@ class MoveDrains(MoveRecords):
     def _drain_task(self, host_id: str, resumed: bool = False) -> asyncio.Task:
         task = self._drains.get(host_id)
         if task is None or task.done():
-            task = self._drains[host_id] = asyncio.create_task(
-                self._resumed_drain(host_id) if resumed else self._drain(host_id))
+            task = self._drains[host_id] = asyncio.create_task(self._leased_drain(host_id, resumed))
             task.add_done_callback(lambda t: self._drains.pop(host_id, None) if self._drains.get(host_id) is t else None)
         return task
 
-    def resume_drains(self) -> list[str]:
-        """Resume the drain of every host left ``draining`` (a controller's start)."""
-        hosts = sorted(r["id"] for r in self.store.list_hosts() if r["state"] == "draining")
-        for host_id in hosts:
-            log.warning("host %s is draining: resuming its drain", host_id)
-            self._drain_task(host_id, resumed=True)
+    async def _leased_drain(self, host_id: str, resumed: bool) -> dict[str, Any]:
+        """The drain, once this replica holds its lease: a drain asked here while another
+        replica runs it waits for that one to end (the host left draining ends the wait)."""
+        while not self._take_drain(host_id):
+            await asyncio.sleep(1)
+            host = self.store.get_host(host_id)
+            if host is None or host["state"] != "draining":
+                return {"host": host_id, "moved": [], "stuck": [], "finished": []}
+        try:
+            return await (self._resumed_drain(host_id) if resumed else self._drain(host_id))
+        finally:
+            try:
+                self._end_drain(host_id)
+            except Exception as exc:  # (the lease runs out by itself; nobody takes a done one over)
+                log.warning("host %s: could not mark its drain done: %s", host_id, exc)
+
+    def resume_drains(self, takeover: bool = False) -> list[str]:
+        """Resume the drain of every host left ``draining`` that no live replica drains (a
+        controller's start); with ``takeover``, only those whose drain a replica ran and
+        left unfinished, its lease run out (the janitor's, every second)."""
+        hosts = []
+        for r in self.store.list_hosts():
+            if r["state"] != "draining" or (r["id"] in self._drains and not self._drains[r["id"]].done()):
+                continue
+            lease = self.store.get_setting(_drain_key(r["id"]))
+            if takeover and (not lease or lease.get("done") or lease.get("owner") == self.ctl.instance):
+                continue
+            if not self._take_drain(r["id"]):
+                continue
+            log.warning("host %s is draining%s: resuming its drain", r["id"],
+                        f" and {lease.get('owner')} stopped renewing it" if takeover else "")
+            self._drain_task(r["id"], resumed=True)
+            hosts.append(r["id"])
         return hosts
+
+    def _take_drain(self, host_id: str) -> bool:
+        """Hold the drain's lease (in one write transaction: the replicas' write lock),
+        unless another replica holds it live."""
+        key, now = _drain_key(host_id), time.time()
+        with self.store.tx() as c:
+            lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+            if (lease and not lease.get("done") and lease.get("owner") != self.ctl.instance
+                    and lease.get("until", 0) > now):
+                return False
+            value = {"host": host_id, "owner": self.ctl.instance, "until": now + LEASE_S}
+            if lease is None:
+                c.execute(insert(settings_t).values(key=key, value=value))
+            else:
+                c.execute(update(settings_t).where(settings_t.c.key == key).values(value=value))
+        return True
+
+    def _end_drain(self, host_id: str) -> None:
+        key = _drain_key(host_id)
+        with self.store.tx() as c:
+            lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+            if lease and lease.get("owner") == self.ctl.instance:
+                c.execute(update(settings_t).where(settings_t.c.key == key).values(value=lease | {"done": True}))
+
+    def renew_drains(self) -> None:
+        """Renew the lease of every drain this replica runs (the janitor, every second)."""
+        now = time.time()
+        for host_id, task in list(self._drains.items()):
+            if task.done():
+                continue
+            key = _drain_key(host_id)
+            with self.store.tx() as c:
+                lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+                if lease and lease.get("owner") == self.ctl.instance and not lease.get("done"):
+                    c.execute(update(settings_t).where(settings_t.c.key == key)
+                              .values(value=lease | {"until": now + LEASE_S}))
 
     async def _resumed_drain(self, host_id: str) -> dict[str, Any]:
         self.store.add_event("host_drain_resumed", {"id": host_id}, host=host_id)
@@ -193,3 +266,8 @@ class MoveDrains(MoveRecords):
             waited = True
             await asyncio.sleep(0.5)
         return None
+
+
+def _drain_key(host_id: str) -> str:
+    """The settings key of a host's drain lease (a host id may be 255 characters, a key 64)."""
+    return "drain:" + hashlib.sha1(host_id.encode()).hexdigest()

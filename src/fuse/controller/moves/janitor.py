@@ -70,6 +70,8 @@ class MoveJanitor(MoveRecords):
         while True:
             try:
                 self._renew_and_recover()
+                self.renew_drains()
+                self.resume_drains(takeover=True)  # (a replica that died mid-drain)
             except Exception:  # the store may blip; try again next second
                 log.exception("move leases")
             await asyncio.sleep(1)
