@@ -132,39 +132,49 @@ class VmService:
             rows = [r for r in rows if r["id"] in among]
         alloc = self.store.allocated()
         machine = machine_names(every)
-        n = len(rows)
-        cols = {k: np.zeros(n, dtype=np.int64) for k in ("cv", "cm", "fv", "fm", "cnt", "lim")}
-        usable = np.zeros(n, dtype=bool)
+        zero, none = Resources(), {}
+        pending = dict(self._pending)  # per host: what this replica and the others are placing there
+        for h, res in elsewhere.items():
+            pending[h] = pending.get(h, zero) + res
+        views = self.fleet.views if self.fleet else {}
+        cv, cm, fv, fm, cnt, lim, usable = [], [], [], [], [], [], []
         reasons: dict[str, str] = {}
         agent_limits: dict[str, int | None] = {}  # the agents' own --max-vms, from their summaries
-        for i, r in enumerate(rows):
-            cap = r["capacity"]
+        for r in rows:  # (one pass of plain lists: at 10,000 hosts this loop is the snapshot's cost)
+            hid, cap = r["id"], r["capacity"]
             # One machine under several names (one agent identity): what any of its names
             # holds or is placing takes room from every name's declared capacity, so that
             # each name's capacity is not room on top of the others' (seed 004: a host's
             # figures are believed only within its declared capacity).
-            names = machine[r["id"]]
-            a = {k: sum(alloc.get(h, {}).get(k, 0) for h in names) for k in ("cpus", "ram_mb", "vm_count")}
-            p = sum((self._pending.get(h, Resources()) + elsewhere.get(h, Resources()) for h in names), Resources())
-            view = self.fleet.views.get(r["id"]) if self.fleet else None
-            s = view.summary if view else {}
-            cols["cv"][i], cols["cm"][i] = cap.get("cpus", 0), cap.get("ram_mb", 0)
-            # Believe the host only within its declared capacity.
-            cols["fv"][i] = min(s.get("free_vcpus", 0), cap.get("cpus", 0) - a.get("cpus", 0)) - p.vcpus
-            cols["fm"][i] = min(s.get("free_mem_mib", 0), cap.get("ram_mb", 0) - a.get("ram_mb", 0)) - p.mem_mib
-            cols["cnt"][i] = max(s.get("vm_count", 0), a.get("vm_count", 0)) + p.count
-            cols["lim"][i] = cap.get("vm_count", 0)
-            agent_limits[r["id"]] = s.get("max_vms")
-            if r["state"] != "active":
-                reasons[r["id"]] = f"host is {r['state']}"
-            elif view is None or not view.connected:
-                reasons[r["id"]] = "host is disconnected" + (f": {view.error}" if view and view.error else "")
-            elif s.get("memory_pressure"):
-                reasons[r["id"]] = "host is under memory pressure"
-            elif bundle and s.get("bundles") is not None and bundle not in {b.get("name") for b in s["bundles"]}:
-                reasons[r["id"]] = f"host has no bundle {bundle}"
+            names = machine[hid]
+            if len(names) == 1:
+                a, p = alloc.get(hid, none), pending.get(hid, zero)
             else:
-                usable[i] = True
+                a = {k: sum(alloc.get(h, none).get(k, 0) for h in names) for k in ("cpus", "ram_mb", "vm_count")}
+                p = sum((pending.get(h, zero) for h in names), zero)
+            view = views.get(hid)
+            s = view.summary if view else none
+            c_cpus, c_mem = cap.get("cpus", 0), cap.get("ram_mb", 0)
+            cv.append(c_cpus)
+            cm.append(c_mem)
+            # Believe the host only within its declared capacity.
+            fv.append(min(s.get("free_vcpus", 0), c_cpus - a.get("cpus", 0)) - p.vcpus)
+            fm.append(min(s.get("free_mem_mib", 0), c_mem - a.get("ram_mb", 0)) - p.mem_mib)
+            cnt.append(max(s.get("vm_count", 0), a.get("vm_count", 0)) + p.count)
+            lim.append(cap.get("vm_count", 0))
+            agent_limits[hid] = s.get("max_vms")
+            if r["state"] != "active":
+                reasons[hid] = f"host is {r['state']}"
+            elif view is None or not view.connected:
+                reasons[hid] = "host is disconnected" + (f": {view.error}" if view and view.error else "")
+            elif s.get("memory_pressure"):
+                reasons[hid] = "host is under memory pressure"
+            elif bundle and s.get("bundles") is not None and bundle not in {b.get("name") for b in s["bundles"]}:
+                reasons[hid] = f"host has no bundle {bundle}"
+            usable.append(hid not in reasons)
+        cols = {k: np.array(v, dtype=np.int64) for k, v in
+                (("cv", cv), ("cm", cm), ("fv", fv), ("fm", fm), ("cnt", cnt), ("lim", lim))}
+        usable = np.array(usable, dtype=bool)
         fleet = FleetArrays([r["id"] for r in rows], cols["cv"], cols["cm"], cols["fv"], cols["fm"], cols["cnt"],
                             cols["lim"], usable)
         # a host whose agent's own VM-count limit is reached is left out with that reason
