@@ -137,13 +137,15 @@ def test_a_second_controller_on_an_embedded_stores_file_from_another_state_dir_e
         assert f"the SQLite store {first.state_dir / 'fuse.db'} is in use by a running controller" in one_line(err)
     finally:
         first.stop()
-    # (and the other way round: a controller on the file by --db keeps its state dir's owner out)
+    # (and a file named by --db: a second controller on it, through a symlink too, exits 3)
     mine = tmp_path / "mine.db"
     holder = start_controller(tmp_path, name="c2", db=f"sqlite:///{mine}")
+    (tmp_path / "alias.db").symlink_to(mine)
     try:
-        rc, err = second(["controller", "serve", "--state-dir", str(tmp_path / "c3"),
-                          "--socket", str(tmp_path / "third.sock"), "--db", f"sqlite:///{mine}"])
-        assert rc == STARTUP_FAILURE and "is in use by a running controller" in one_line(err), err
+        for name in ("mine.db", "alias.db"):
+            rc, err = second(["controller", "serve", "--state-dir", str(tmp_path / "c3"),
+                              "--socket", str(tmp_path / "third.sock"), "--db", f"sqlite:///{tmp_path / name}"])
+            assert rc == STARTUP_FAILURE and "is in use by a running controller" in one_line(err), err
     finally:
         holder.stop()
 

@@ -80,7 +80,9 @@ def test_a_deregister_through_one_replica_waits_for_a_create_through_the_other(r
 
 def test_a_replica_sees_hosts_added_through_another_after_its_database_restarts(replicas, postgres, tmp_path):
     agent, proxy, (a, b), ca, cb = replicas
-    postgres.restart()
+    postgres.down()
+    time.sleep(3)  # (several of the replicas' host-registry reads fail meanwhile)
+    postgres.up()
     wait_until(lambda: _answers(ca) and _answers(cb), timeout=60, what="both replicas reading the store again")
     other = start_agent(tmp_path, backend="fake", name="agent2")
     try:
@@ -194,3 +196,74 @@ def _quietly(fn, *args) -> None:
         fn(*args)
     except Exception:  # (the replica dies under the call)
         pass
+
+
+def test_a_wake_through_one_replica_holds_its_room_from_the_other(replicas):
+    """A sleeping VM woken through replica b: while the host has not answered the wake,
+    replica a counts its memory as taken (a create that needs it is fleet_full), and once
+    woken the VM's own row holds it."""
+    agent, proxy, (a, b), ca, cb = replicas
+    ca.vms.create(name="big", host="h1", shape={"vcpus": 1, "mem_mib": 768}, entry="sleep 600")
+    ca.vms.sleep("big")
+    proxy.hold[b"POST /v1/host/vms/big/wake "] = 2.0
+    out: dict[str, object] = {}
+    t = threading.Thread(target=lambda: out.update(woke=cb.vms.wake("big")["state"]))
+    t.start()
+    wait_until(lambda: proxy.held >= 1, timeout=30, what="the wake held at the proxy")
+    err = api_error(ca.vms.create, name="other", shape={"vcpus": 1, "mem_mib": 512}, entry="true")
+    assert err.code == "fleet_full", err
+    t.join(60)
+    assert out == {"woke": "running"}
+    assert api_error(ca.vms.create, name="other", shape={"vcpus": 1, "mem_mib": 512}, entry="true").code == "fleet_full"
+
+
+def test_a_drain_a_stopping_replica_cancels_lets_its_lease_go_and_a_finished_one_is_left_alone(tmp_path):
+    """The drain lease on a store (SQLite here: the rule is the same): a drain cancelled by
+    its replica stopping (a resumed drain has no request to wait for) lets the lease go
+    at once, and another replica takes it over; one that ended (its report given) is done,
+    and a live replica leaves it alone (the next start resumes it)."""
+    import asyncio
+    import types
+
+    from fuse.controller.moves.drain import MoveDrains, _drain_key
+    from fuse.controller.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'fuse.db'}")
+    with store.tx() as c:
+        store.put_host(c, {"id": "old", "url": "http://127.0.0.1:1", "token": "", "region": "", "backend": "qemu",
+                           "labels": {}, "capacity": {}, "state": "draining", "agent_id": "", "last_seen": 0.0,
+                           "created_at": 0.0, "updated_at": 0.0})
+
+    class Replica(MoveDrains):
+        def __init__(self, instance: str, drain_secs: float):
+            self.store, self.ctl, self._drains, self.drain_secs = store, types.SimpleNamespace(instance=instance), {}, drain_secs
+            self.ran = []
+
+        async def _drain(self, host_id):
+            self.ran.append(host_id)
+            await asyncio.sleep(self.drain_secs)
+            return {"host": host_id, "moved": [], "stuck": [], "finished": []}
+
+        async def _resumed_drain(self, host_id):
+            return await self._drain(host_id)
+
+    async def scenario():
+        a, b = Replica("a", 60), Replica("b", 0)
+        task = a._drain_task("old")
+        await asyncio.sleep(0.2)
+        assert b.resume_drains(takeover=True) == []  # a's lease is live
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        lease = store.get_setting(_drain_key("old"))
+        assert lease["owner"] == "a" and lease["until"] == 0 and not lease.get("done"), lease
+        assert b.resume_drains(takeover=True) == ["old"]  # let go: b takes it over at once
+        await b._drains["old"]
+        assert b.ran == ["old"] and store.get_setting(_drain_key("old"))["done"] is True
+        c = Replica("c", 0)
+        assert c.resume_drains(takeover=True) == []  # done: a live replica leaves it alone
+        assert c.resume_drains() == ["old"]  # a replica's start resumes it, as one controller's does
+        await c._drains["old"]
+
+    asyncio.run(scenario())
+    store.close()

@@ -117,7 +117,7 @@ def _hold_sqlite(db: Optional[str], state_dir: Path) -> None:
     if not path or path == ":memory:" or path.startswith("file:"):
         return
     try:
-        held = statelock.lock_file(f"{Path(path).absolute()}.lock")
+        held = statelock.lock_file(f"{os.path.realpath(path)}.lock")  # (a symlink to it: the same lock)
     except OSError:
         return  # (a directory that is not there: opening the store says so)
     if held is None:

@@ -36,6 +36,20 @@ from .validation import RefuseBadPath, reject_unknown_fields, reject_unknown_que
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
 OPEN_PATHS = ("/v1/healthz",)
+
+
+def db_unreachable(exc: DBAPIError) -> bool:
+    """Whether ``exc`` says the database could not be reached (503 db_unavailable), rather
+    than that a statement failed (a deadlock, a lock, a missing table: 500 internal): a
+    connection lost or refused, or PostgreSQL's connection errors (SQLSTATE class 08, a
+    server shutting down or starting: 57P01-57P03; a failed connect has no SQLSTATE)."""
+    if exc.connection_invalidated or isinstance(exc, InterfaceError):
+        return True
+    orig = exc.orig
+    if isinstance(exc, OperationalError) and type(orig).__module__.split(".")[0] == "psycopg":
+        state = getattr(orig, "sqlstate", None)
+        return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return False
 HEALTH_DB_SECS = 5.0  # the health check's wait for the database's answer
 log = logging.getLogger("fuse.controller")
 BEARER = "bearerAuth"
@@ -166,8 +180,8 @@ def create_app(ctl: Controller) -> FastAPI:
     async def _db_down(request: Request, exc: DBAPIError):
         # (a lost connection, a restarting server: 503, which a load balancer takes
         # out of rotation, not 500 internal; the driver's words stay in the log)
-        if not exc.connection_invalidated and not isinstance(exc, (OperationalError, InterfaceError)):
-            raise exc
+        if not db_unreachable(exc):
+            raise exc  # (a statement that failed is a bug: 500 internal, its traceback logged)
         log.warning("%s %s: the database did not answer: %s", request.method, request.url.path,
                     " ".join(str(exc.orig or exc).split()))
         return JSONResponse(error_body("db_unavailable", f"the controller cannot reach its database "

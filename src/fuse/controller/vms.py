@@ -118,12 +118,12 @@ class VmService:
 
     # ---- placement -----------------------------------------------------------
     def arrays(self, only: str | None = None, bundle: str | None = None, among: set[str] | None = None,
-               others: list[tuple[str, str, Resources]] | None = None) -> tuple[FleetArrays, dict[str, str]]:
+               others: list[tuple[str, str, Resources, str]] | None = None) -> tuple[FleetArrays, dict[str, str]]:
         """The fleet as placement weighs it; ``others``: what other replicas are placing
         (read here when not given)."""
         every = self.store.list_hosts()
         elsewhere: dict[str, Resources] = {}
-        for h, _, ask in self._others() if others is None else others:
+        for h, _, ask, _ in self._others() if others is None else others:
             elsewhere[h] = elsewhere.get(h, Resources()) + ask
         rows = every
         if only is not None:
@@ -226,17 +226,19 @@ class VmService:
                     others = self._others(conn)
                     # (again: another create of the name may have begun while this one waited,
                     # and its reservation must not read as room taken before it reads as the name)
-                    self._check_naming(name, req.host, others)
+                    self._check_naming(name, req.host, [o for o in others if o[3] == "create"])
                     fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among, others=others)
                     decision = rank(fleet, ask, unusable)
                     decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
                     host = decision.best(exclude=tried)
                     if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
                         host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
-                    if host is not None:
-                        self._pending[host] = self._pending.get(host, Resources()) + ask
-                        self._name(host, name, +1)
-                        row = self._hold(conn, host, name, ask)
+                    row = self._hold(conn, host, name, ask, "create") if host is not None else None
+                if host is not None:  # (committed: only now this replica's own book-keeping, which
+                    # a failed commit would otherwise leave holding the room and the name for good)
+                    self._held(row, host)
+                    self._pending[host] = self._pending.get(host, Resources()) + ask
+                    self._name(host, name, +1)
                 if host is None and self._reopen(req, ask, among, reopened):
                     decisions.pop()  # (it said the host is cordoned: no longer so)
                     continue  # a host scale-in cordoned has the room: place again
@@ -436,7 +438,7 @@ class VmService:
         creates it did not answer whose VM it has not yet said it has or lacks. The
         registry keeps the host (no deregister, no new url) while this counts any."""
         out = self.pending_on(host)
-        for h, _, ask in [*self._unanswered.values(), *self._others()]:
+        for h, _, ask in [*self._unanswered.values(), *(o[:3] for o in self._others())]:
             if h == host:
                 out = out + ask
         return out
@@ -445,18 +447,24 @@ class VmService:
         """The names of the VMs ``placing_on`` counts: creates under way on ``host`` and
         creates it did not answer (a wake's VM is in the store, assigned there already)."""
         names = {n for h, n in self._naming if h == host}
-        names |= {n for h, n, _ in [*self._unanswered.values(), *self._others()] if h == host and n}
+        names |= {n for h, n, _ in self._unanswered.values() if h == host}
+        names |= {n for h, n, _, kind in self._others() if h == host and kind == "create"}
         return sorted(names)
 
     def _unanswered_create(self, host: str, name: str, ask: Resources) -> None:
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
-        if self._shared:  # (held for the other replicas too, until the host says)
-            with self.store.tx() as conn:
-                self._tickets[ticket] = self._hold(conn, host, name, ask)
         task = asyncio.get_running_loop().create_task(self._settle_unanswered(ticket))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+        if self._shared:  # (held for the other replicas too, until the host says)
+            try:
+                with self.store.tx() as conn:
+                    row = self._hold(conn, host, name, ask, "create")
+                self._tickets[ticket] = self._held(row, host)
+            except Exception as exc:  # (this replica still holds it; the others cannot see it)
+                log.warning("vm %s: could not record its unanswered create on %s for the other replicas: %s",
+                            name, host, exc)
 
     async def _settle_unanswered(self, ticket: object) -> None:
         """Ask the host of an unanswered create for the VM until it says: there (it is
@@ -488,6 +496,11 @@ class VmService:
                         "is no longer held for it", name, host, UNANSWERED_SECS)
         except NotFound:
             pass  # the host was deregistered: nothing left to hold
+        except asyncio.CancelledError:
+            # (this replica stops: the host may still make the VM, so the others go on counting
+            # it until its row expires, rather than from now)
+            self._rows.pop(self._tickets.pop(ticket, None), None)
+            raise
         finally:
             self._unanswered.pop(ticket, None)
             self._unhold(self._tickets.pop(ticket, None))
@@ -516,24 +529,32 @@ class VmService:
         with self.store.tx() as conn:
             yield conn
 
-    def _others(self, conn: Connection | None = None) -> list[tuple[str, str, Resources]]:
-        """(host, vm name, room) of what the other replicas are placing now."""
+    def _others(self, conn: Connection | None = None) -> list[tuple[str, str, Resources, str]]:
+        """(host, vm name, room, kind: ``create`` or ``wake``) of what the other replicas
+        are placing now."""
         if not self._shared:
             return []
-        return [(r["host"], r["name"], Resources.vm(r["vcpus"], r["mem_mib"]))
+        return [(r["host"], r["name"], Resources.vm(r["vcpus"], r["mem_mib"]), r["kind"])
                 for r in self.store.placing_of_others(self.replica, conn)]
 
-    def _hold(self, conn: Connection | None, host: str, name: str, ask: Resources) -> str | None:
-        """Write this reservation for the other replicas to count (its row id); None alone."""
+    def _hold(self, conn: Connection | None, host: str, name: str, ask: Resources, kind: str) -> str | None:
+        """Write this reservation (a ``create`` or a ``wake``) in ``conn`` for the other
+        replicas to count: its row id, which ``_held`` takes once the transaction has
+        committed; None alone (SQLite)."""
         if not self._shared or conn is None:
             return None
         row = secrets.token_hex(8)
-        self.store.add_placing(conn, {"id": row, "replica": self.replica, "host": host, "name": name,
+        self.store.add_placing(conn, {"id": row, "replica": self.replica, "host": host, "name": name, "kind": kind,
                                       "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
                                       "expires": time.time() + PLACING_LEASE_SECS})
-        self._rows[row] = host
-        if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        return row
+
+    def _held(self, row: str | None, host: str) -> str | None:
+        """A committed row of ``_hold``'s, renewed from now on until ``_unhold``."""
+        if row is not None:
+            self._rows[row] = host
+            if self._renewer is None or self._renewer.done():
+                self._renewer = asyncio.get_running_loop().create_task(self._renew())
         return row
 
     def _unhold(self, *rows: str | None) -> None:
@@ -581,7 +602,7 @@ class VmService:
             self._naming.pop((host, name), None)
 
     def _check_naming(self, name: str, host: str | None = None,
-                      others: list[tuple[str, str, Resources]] = ()) -> None:
+                      others: list[tuple[str, str, Resources, str]] = ()) -> None:
         """409 vm_exists when another create is placing vm ``name`` on ``host`` (pinned) or,
         for a create placement chooses the host of (``host`` None), anywhere: reserved and
         waiting on the host's answer, or sent and not answered (the host may yet make it).
@@ -589,7 +610,8 @@ class VmService:
         is the name first, and room only after (a pinned host says vm_exists before any
         refusal for room, as it does for a VM it already has)."""
         placing = [h for h, n in self._naming if n == name]
-        placing += [h for h, n, _ in [*self._unanswered.values(), *others] if n == name]
+        placing += [h for h, n, _ in self._unanswered.values() if n == name]
+        placing += [o[0] for o in others if o[1] == name]
         mine = sorted(h for h in placing if host is None or h == host)
         if mine:
             raise VmExists(f"a vm named {name} is already being created on host {mine[0]} (another create of "
@@ -710,11 +732,11 @@ class VmService:
         ask = await self._wake_room(name, host) if action == "wake" else Resources()
         try:
             vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
+            self.fleet.upsert_vms(host, [vm])  # (before the reservation goes: the woken VM's row holds its room)
         finally:
             if ask.count:
                 self._release(host, ask, row=self._wake_rows.pop((host, name), None))
                 self._waking.discard((host, name))
-        self.fleet.upsert_vms(host, [vm])
         await self._refresh_room(host)  # (a sleep gave room back, a wake took it)
         return vm | {"host": host}
 
@@ -772,9 +794,11 @@ class VmService:
             if len(fleet.ids) and fleet.vm_count[0] >= fleet.vm_limit[0]:
                 raise HostFull(f"host {host} has no room to wake vm {name}: its vm_count policy "
                                f"{int(fleet.vm_limit[0])} is reached ({int(fleet.vm_count[0])} vms hold room there)")
-            self._pending[host] = self._pending.get(host, Resources()) + ask
-            self._waking.add((host, name))
-            self._wake_rows[host, name] = self._hold(conn, host, name, ask)
+            row = self._hold(conn, host, name, ask, "wake")
+        # (committed: this replica's own book-keeping only now, as a create's)
+        self._wake_rows[host, name] = self._held(row, host)
+        self._pending[host] = self._pending.get(host, Resources()) + ask
+        self._waking.add((host, name))
         return ask
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:

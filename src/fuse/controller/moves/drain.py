@@ -75,13 +75,17 @@ class MoveDrains(MoveRecords):
             host = self.store.get_host(host_id)
             if host is None or host["state"] != "draining":
                 return {"host": host_id, "moved": [], "stuck": [], "finished": []}
+        done = True
         try:
             return await (self._resumed_drain(host_id) if resumed else self._drain(host_id))
+        except asyncio.CancelledError:
+            done = False  # (this replica stops: the lease is let go, for a live one to take the drain over)
+            raise
         finally:
             try:
-                self._end_drain(host_id)
-            except Exception as exc:  # (the lease runs out by itself; nobody takes a done one over)
-                log.warning("host %s: could not mark its drain done: %s", host_id, exc)
+                self._end_drain(host_id, done)
+            except Exception as exc:  # (the lease runs out by itself; a live replica then runs the drain again)
+                log.warning("host %s: could not mark its drain %s: %s", host_id, "done" if done else "let go", exc)
 
     def resume_drains(self, takeover: bool = False) -> list[str]:
         """Resume the drain of every host left ``draining`` that no live replica drains (a
@@ -118,12 +122,15 @@ class MoveDrains(MoveRecords):
                 c.execute(update(settings_t).where(settings_t.c.key == key).values(value=value))
         return True
 
-    def _end_drain(self, host_id: str) -> None:
+    def _end_drain(self, host_id: str, done: bool = True) -> None:
+        """Mark this replica's drain of ``host_id`` done (its report given), or let its
+        lease go at once (the replica stops mid-drain: a live one takes it over)."""
         key = _drain_key(host_id)
         with self.store.tx() as c:
             lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
             if lease and lease.get("owner") == self.ctl.instance:
-                c.execute(update(settings_t).where(settings_t.c.key == key).values(value=lease | {"done": True}))
+                c.execute(update(settings_t).where(settings_t.c.key == key)
+                          .values(value=lease | ({"done": True} if done else {"until": 0})))
 
     def renew_drains(self) -> None:
         """Renew the lease of every drain this replica runs (the janitor, every second)."""

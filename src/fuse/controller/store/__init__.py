@@ -99,6 +99,7 @@ placing = Table(
     Column("replica", String(64), nullable=False),
     Column("host", String(255), nullable=False, index=True),
     Column("name", String(255), nullable=False),
+    Column("kind", String(8), nullable=False),  # create | wake
     Column("vcpus", Integer, nullable=False),
     Column("mem_mib", Integer, nullable=False),
     Column("expires", Float, nullable=False),
@@ -175,7 +176,8 @@ class Store:
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+            # (a server that does not answer a connection is an error within 10 s, not a hang)
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 10})
         if self.is_sqlite:
             _private_sqlite_files(url)
         self.engine: Engine = create_engine(url, **kwargs)
