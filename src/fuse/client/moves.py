@@ -15,7 +15,8 @@ class MovesAPI:
 
     def create(self, vm: str, to: str | None = None, host: str | None = None) -> dict:
         """Start moving `vm` (to `to`, or the best fit); returns the move (202)."""
-        body = {"vm": vm} | ({"to": to} if to else {}) | ({"host": host} if host else {})
+        # ("" is sent as given: the controller refuses it rather than choose a target unasked)
+        body = {"vm": vm} | ({"to": to} if to is not None else {}) | ({"host": host} if host is not None else {})
         return self._send(Call("POST", "/v1/moves", body=body, timeout=120))
 
     def list(self) -> list[dict]:

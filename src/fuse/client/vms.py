@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..models.base import Record
-from ._core import Call, none, path
+from ._core import Call, body_json, none, path
 
 
 def _q(host: str | None) -> dict | None:
-    return {"host": host} if host else None
+    return {"host": host} if host is not None else None  # ("": the controller says it names no host)
 
 
 class VmsAPI:
@@ -18,7 +18,15 @@ class VmsAPI:
 
     def create(self, body: dict | Record | None = None, **fields: Any) -> dict:
         """Place a VM by best fit: `create({"shape": {"vcpus": 2, "mem_mib": 1024}, "entry": "..."})` or
-        `create(shape={...}, entry=..., name=..., host=...)`. 409 fleet_full/vm_exists."""
+        `create(shape={...}, entry=..., name=..., host=...)`, or a body and fields beside it (the
+        fields join it; one given both ways is a ValueError). 409 fleet_full/vm_exists."""
+        if body is not None and fields:
+            base = body_json(body)
+            if not isinstance(base, dict):
+                raise ValueError("create: a body beside fields must be a dict or a request record")
+            if both := sorted(set(base) & set(fields)):
+                raise ValueError(f"create: {', '.join(both)} given both in the body and as an argument")
+            body = base | fields
         # up to 15 min: a create the elastic pool buys a machine for waits for it to join (at most 10)
         return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=900))
 

@@ -1,0 +1,45 @@
+"""The SDK sends what it is given: fields beside a create's body join it (they were
+dropped: a VM pinned to h2 and named went anywhere, unnamed), and an empty ``to`` or
+``host`` reaches the controller, which refuses it as REST does (an empty ``to`` started
+a move to a target the controller chose)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import fuse
+from fuse.models.vm import CreateVmRequest
+from support import api_error
+
+BODY = {"shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 600"}
+
+
+def test_fields_beside_a_body_join_it_in_both_sdks(fleet):
+    for h in ("h1", "h2"):
+        fleet.add(h, fleet.agent(h))
+    vm = fleet.client.vms.create(BODY, host="h2", name="pinned")
+    assert (vm["name"], vm["host"]) == ("pinned", "h2")
+    with pytest.raises(ValueError, match="name given both"):
+        fleet.client.vms.create(BODY | {"name": "a"}, name="b")
+
+    async def from_async():
+        async with fuse.AsyncClient(fleet.ctl.url) as ac:
+            return await ac.vms.create(CreateVmRequest.model_validate(BODY), host="h1", name="apinned")
+
+    vm = asyncio.run(from_async())
+    assert (vm["name"], vm["host"]) == ("apinned", "h1")
+    assert sorted((v["name"], v["host"]) for v in fleet.client.vms.list()) == [("apinned", "h1"), ("pinned", "h2")]
+
+
+def test_an_empty_target_or_host_is_refused_not_dropped(fleet):
+    for h in ("h1", "h2"):
+        fleet.add(h, fleet.agent(h))
+    fleet.client.vms.create(BODY, host="h1", name="v")
+    for call, args in ((fleet.client.moves.create, ("v",)), ):
+        err = api_error(call, *args, to="")
+        assert (err.status, err.code) == (400, "invalid_argument"), err
+    assert fleet.client.moves.list() == []  # nothing moved
+    assert api_error(fleet.client.vms.list, host="").code == "invalid_argument"
+    assert api_error(fleet.client.vms.get, "v", host="").status in (400, 404)
