@@ -43,3 +43,27 @@ def test_an_empty_target_or_host_is_refused_not_dropped(fleet):
     assert fleet.client.moves.list() == []  # nothing moved
     assert api_error(fleet.client.vms.list, host="").code == "invalid_argument"
     assert api_error(fleet.client.vms.get, "v", host="").status in (400, 404)
+
+
+def test_the_cli_shows_one_move_by_its_id(fleet):
+    import json
+    import subprocess
+
+    from support import FUSE, wait_until
+
+    for h in ("h1", "h2"):
+        fleet.add(h, fleet.agent(h))
+    fleet.client.vms.create(BODY, host="h1", name="v")
+    move = fleet.client.moves.create("v", to="h2")
+    wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == "done", timeout=60, what="the move")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(FUSE + ["controller", "--url", fleet.ctl.url, "moves", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    got = cli(move["id"], "--json")
+    assert got.returncode == 0 and json.loads(got.stdout)["id"] == move["id"], got
+    assert json.loads(got.stdout)["state"] == "done"
+    got = cli("mv-nope")
+    assert got.returncode == 1 and "not_found" in got.stderr, got
+    assert [m["id"] for m in json.loads(cli("--json").stdout)] == [move["id"]]

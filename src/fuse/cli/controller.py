@@ -283,6 +283,34 @@ for _verb, _name in (("cordon", "cordon"), ("uncordon", "uncordon"), ("drain", "
     hosts_app.command(_name)(_action(_verb, _name))
 
 
+@app.command()
+def settings(cert: Optional[Path] = typer.Option(None, help="Client certificate (PEM) the controller presents to "
+                                                 "mutual-TLS hosts; with --key and --ca."),
+             key: Optional[Path] = typer.Option(None, help="Its private key (PEM)."),
+             ca: Optional[Path] = typer.Option(None, help="The CA (PEM) the hosts' certificates are checked against."),
+             placement: Optional[str] = typer.Option(None, help="Placement policy (best_fit)."),
+             json_: bool = typer.Option(False, "--json")) -> None:
+    """The controller's own settings (GET /v1/controller); with --cert/--key/--ca or --placement,
+    replace them (PUT: the three files together, read by the controller, which must be able to
+    read them; a certificate that does not load or is not valid now is 400, nothing changed)."""
+    files = {"cert": cert, "key": key, "ca": ca}
+    with api_errors(json_), client() as c:
+        if any(v is not None for v in files.values()) or placement is not None:
+            now = c.controller.get()
+            if all(v is None for v in files.values()) and now.get("key_set"):
+                # (a PUT replaces every setting, and the key's path is never shown: it would be dropped)
+                fail("invalid_argument", "--placement alone would drop the controller's mutual-TLS identity: "
+                     "give --cert, --key and --ca with it", json_=json_, exit_code=2)
+            got = c.controller.configure(**{k: str(v.absolute()) if v is not None else None for k, v in files.items()},
+                                         placement=placement or now.get("placement") or "best_fit")
+        else:
+            got = c.controller.get()
+    if json_:
+        emit_json(got)
+        return
+    table(["setting", "value"], [(k, "" if got.get(k) is None else got[k]) for k in sorted(got)])
+
+
 def _mount_fleet() -> None:
     from . import fleet  # vms, events, usage, move, moves (it imports this module's client())
     fleet.mount(app)

@@ -78,12 +78,16 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
         raise typer.Exit(1)
 
 
-def moves(json_: bool = typer.Option(False, "--json")) -> None:
-    """Every move, oldest first."""
+def moves(move_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="One move (default: every move)."),
+          json_: bool = typer.Option(False, "--json")) -> None:
+    """Every move, oldest first; or the move ID (404 not_found: exit 1)."""
     from .controller import client
     with api_errors(json_), client() as c:
-        ms = c.moves.list()
-    emit_json(ms) if json_ else table(MOVE_COLUMNS, _rows(ms))
+        ms = c.moves.list() if move_id is None else c.moves.get(move_id)
+    if json_:
+        emit_json(ms)
+        return
+    table(MOVE_COLUMNS, _rows(ms if move_id is None else [ms]))
 
 
 def mount(app: typer.Typer) -> None:
