@@ -89,6 +89,22 @@ def test_a_host_added_without_a_backend_and_not_probed_is_recorded_with_a_warnin
                                 "runs qemu"], host["warnings"]
 
 
+def test_a_host_whose_agent_runs_a_backend_the_registry_does_not_record_is_warned_about_by_name(controller, tmp_path):
+    # (the fake backend, a test stand-in: the warning said the agent "did not say which it runs",
+    # and the next one that it runs fake)
+    agent = start_agent(tmp_path, name="fake-agent", backend="fake")
+    try:
+        r = post_host(controller, {"name": "stand-in", "addr": agent.url, "token": agent.token, "capacity": DECLARED})
+    finally:
+        agent.stop()
+    assert (r.status_code, r.json()["backend"]) == (201, "firecracker"), r.text
+    backend_warnings = [w for w in r.json()["warnings"] if w.startswith("backend: ")]
+    assert backend_warnings[0].startswith("backend: none given and the host agent runs fake, which is not one the "
+                                          "registry records (firecracker, qemu); registered as firecracker"), \
+        backend_warnings
+    assert not any("did not say" in w for w in backend_warnings), backend_warnings
+
+
 def test_re_adding_a_known_host_that_cannot_be_probed_keeps_its_backend(controller, tmp_path):
     # probed once (the agent runs qemu), then re-added while unreachable: qemu stays, said so
     agent = start_agent(tmp_path, name="known-agent")

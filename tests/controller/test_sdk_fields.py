@@ -67,3 +67,25 @@ def test_the_cli_shows_one_move_by_its_id(fleet):
     got = cli("mv-nope")
     assert got.returncode == 1 and "not_found" in got.stderr, got
     assert [m["id"] for m in json.loads(cli("--json").stdout)] == [move["id"]]
+
+
+def test_the_cli_lists_one_hosts_vms(fleet):
+    import json
+    import subprocess
+
+    from support import FUSE
+
+    for h in ("h1", "h2"):
+        fleet.add(h, fleet.agent(h))
+    fleet.client.vms.create(BODY, host="h1", name="one")
+    fleet.client.vms.create(BODY, host="h2", name="two")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(FUSE + ["controller", "--url", fleet.ctl.url, "vms", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    got = cli("--host", "h2", "--json")
+    assert got.returncode == 0 and [v["name"] for v in json.loads(got.stdout)] == ["two"], got
+    assert sorted(v["name"] for v in json.loads(cli("--json").stdout)) == ["one", "two"]
+    got = cli("--host", "nope")
+    assert got.returncode == 1 and "not_found" in got.stderr, got

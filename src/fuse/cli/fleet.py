@@ -37,10 +37,11 @@ def _vm_rows(vms):
 
 
 @vms_app.callback(invoke_without_command=True)
-def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json")) -> None:
+def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json"),
+             host: Optional[str] = typer.Option(None, help="Only this host's VMs (listing).")) -> None:
     if ctx.invoked_subcommand is None:
         with api_errors(json_), _client() as c:
-            vms = c.vms.list()
+            vms = c.vms.list(host)
         emit_json(vms) if json_ else table(VM_COLUMNS, _vm_rows(vms))
 
 

@@ -380,7 +380,10 @@ class HostRegistry:
         probed_backend = (probed or {}).get("backend")
         if probed_backend in BACKENDS:
             return probed_backend
-        why = "the host agent was not probed" if probed is None else "the host agent did not say which it runs"
+        why = ("the host agent was not probed" if probed is None
+               else "the host agent did not say which it runs" if not probed_backend
+               else f"the host agent runs {probed_backend}, which is not one the registry records "
+                    f"({', '.join(sorted(BACKENDS))})")
         old = self.store.get_host(host_id)
         if old and old["backend"] in BACKENDS:
             warnings.append(f"backend: none given and {why}; kept {old['backend']}, as registered before")
