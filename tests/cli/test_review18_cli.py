@@ -128,3 +128,11 @@ def test_the_mcp_tool_words_a_missing_or_unknown_argument_in_one_sentence(tmp_pa
                      "unknown argument 'extra': the tool takes method, path, body",
                      "unknown argument 'bdy': the tool takes method, path, body"]
     assert not good.is_error and json.loads(good.content[0].text)["status"] == 200
+
+
+@pytest.mark.parametrize("follow", [["--no-follow"], ["--follow"]])
+def test_a_negative_wait_is_refused_as_the_api_refuses_it(follow):
+    # (not following, --wait-s is never sent: it exited 0 where GET /v1/events?wait_s=-1 is 400)
+    r = subprocess.run(FUSE + ["controller", "--url", "unix:///nonexistent.sock", "events", "--wait-s", "-1"] + follow,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--wait-s" in r.stderr and "0 or more" in r.stderr, r

@@ -174,8 +174,8 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
     """The merged event stream (follows by default; Ctrl-C stops). Following is
     `client.events.follow`: across a controller restart it tries again from the last
     cursor for `--reconnect-s` seconds, so no event is printed twice or skipped (issue 4)."""
-    if not math.isfinite(wait_s):  # (following, the controller refuses it; not following, it is not sent)
-        raise typer.BadParameter("must be a number of seconds", param_hint="'--wait-s'")
+    if not math.isfinite(wait_s) or wait_s < 0:  # (refused whether or not it is sent: not following, it is not)
+        raise typer.BadParameter("must be a number of seconds, 0 or more", param_hint="'--wait-s'")
     with api_errors(json_), _client() as c:
         stream = c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow else _caught_up(c, since)
         try:
