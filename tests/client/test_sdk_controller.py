@@ -65,3 +65,16 @@ def test_the_cli_reads_and_replaces_the_settings(ctl, tmp_path):
     assert got.returncode == 1 and "invalid_argument" in got.stderr and "Traceback" not in got.stderr, got
     with fuse.Client(ctl.url) as c:
         assert c.controller.get()["cert"] == str(files.cert)  # (a refused PUT changed nothing)
+
+
+def test_both_clients_ask_the_health_check(ctl):
+    import asyncio
+
+    with fuse.Client(ctl.url) as c:
+        assert c.health() == {"status": "ok"}
+
+    async def from_async():
+        async with fuse.AsyncClient(ctl.url) as c:
+            return await c.health()
+
+    assert asyncio.run(from_async()) == {"status": "ok"}

@@ -40,7 +40,13 @@ def attach(client: Any, *, asynchronous: bool = False) -> None:
                                      parse=lambda r: json.loads(r.content, parse_float=Decimal)))
         return client._send(Call("GET", "/v1/usage", params=params))
 
+    def health():
+        """`{"status": "ok"}` from GET /v1/healthz (no token needed); the controller
+        answers 503 db_unavailable (an ApiError) when it cannot reach its database."""
+        return client._send(Call("GET", "/v1/healthz", timeout=10))
+
     client.usage = usage
+    client.health = health
     for attr, (mod, cls) in RESOURCES.items():
         if asynchronous:
             cls = ASYNC_RESOURCES.get(attr, cls)
