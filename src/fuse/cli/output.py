@@ -66,7 +66,7 @@ def fail(code: str, message: str, details: dict[str, Any] | None = None, *, json
 
 @contextlib.contextmanager
 def api_errors(json_: bool = False) -> Iterator[None]:
-    """Turn what talking to the controller may raise into `fail` (exit 1);
+    """Turn what talking to the controller may raise into `fail` (exit 1; a bad --url or --token, 2);
     pass the command's ``--json`` so a program gets its error as JSON."""
     try:
         yield
@@ -74,7 +74,7 @@ def api_errors(json_: bool = False) -> Iterator[None]:
         fail(err.code or str(err.status), err.message, err.details, json_=json_)
     except httpx.TransportError as err:  # (the SDK turns these into ApiError; kept for safety)
         fail("unreachable", f"cannot reach the controller: {err}", json_=json_)
-    except ValueError as err:  # a malformed --url / $FUSE_URL
-        fail("invalid_argument", str(err), json_=json_)
+    except ValueError as err:  # a malformed --url / $FUSE_URL or --token: a bad flag, refused before anything is asked
+        fail("invalid_argument", str(err), json_=json_, exit_code=2)
     except OSError as err:
         fail("io_error", str(err), json_=json_)
