@@ -248,7 +248,7 @@ def plan_cmd(
     except (ValueError, OSError) as e:  # the --model file: not JSON, or unreadable
         _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}", json_=as_json)
     if as_json:
-        typer.echo(result.model_dump_json(indent=2))
+        emit_json(result.model_dump(mode="json"))  # (keys sorted, as every other --json)
         return
     render(result, Console())
     if result.added:
