@@ -32,6 +32,7 @@ def test_json_output_round_trips_and_model_resolves_a_what_if(tmp_path):
     assert r.exit_code == 0, r.output
     plan = ElasticPlan.model_validate_json(r.stdout)
     assert sum(a.count for a in plan.assignments) == 3
+    assert list(json.loads(r.stdout)) == sorted(json.loads(r.stdout))  # (keys sorted, as every --json)
     body = json.loads(plan.json)
     body["model"]["constraints"]["max_new_hosts"] = 1  # what if only one machine may be added?
     f = tmp_path / "model.json"
