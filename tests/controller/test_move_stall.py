@@ -38,7 +38,8 @@ def test_a_target_that_stops_reading_fails_the_copy_after_the_io_timeout(fleet):
 
         wait_until(ended, timeout=60, interval=0.1, what="the copy's step to fail")
         stalled = time.monotonic() - seen["at"]
-        assert stalled < IO + 3, f"the step failed {stalled:.1f} s after the last chunk got through"
+        # (the old code took 2 × IO + ~0.4 s; the reason may ask both hosts for up to 2 s more)
+        assert stalled < IO + 4.5, f"the step failed {stalled:.1f} s after the last chunk got through"
         assert f"did not answer within {IO:g} s during copying" in fleet.client.moves.get(move["id"])["reason"]
     finally:
         os.kill(new.popen.pid, signal.SIGCONT)
