@@ -237,7 +237,7 @@ def test_a_drain_a_stopping_replica_cancels_lets_its_lease_go_and_a_finished_one
     class Replica(MoveDrains):
         def __init__(self, instance: str, drain_secs: float):
             self.store, self.ctl, self._drains, self.drain_secs = store, types.SimpleNamespace(instance=instance), {}, drain_secs
-            self.ran = []
+            self._held_drains, self.ran = set(), []
 
         async def _drain(self, host_id):
             self.ran.append(host_id)
@@ -264,6 +264,22 @@ def test_a_drain_a_stopping_replica_cancels_lets_its_lease_go_and_a_finished_one
         assert c.resume_drains(takeover=True) == []  # done: a live replica leaves it alone
         assert c.resume_drains() == ["old"]  # a replica's start resumes it, as one controller's does
         await c._drains["old"]
+        # A replica whose renewals failed long enough for another to take its drain over stops its own
+        # at its next renewal; one only waiting for the lease is left waiting.
+        d, e = Replica("d", 60), Replica("e", 60)
+        mine = d._drain_task("old")
+        await asyncio.sleep(0.2)
+        waiting = e._drain_task("old")
+        await asyncio.sleep(0.2)
+        e.renew_drains()
+        assert not waiting.done() and e.ran == []
+        lease = store.get_setting(_drain_key("old"))
+        store.put_setting(_drain_key("old"), lease | {"owner": "f"})  # (f took it over)
+        d.renew_drains()
+        with pytest.raises(asyncio.CancelledError):
+            await mine
+        assert store.get_setting(_drain_key("old"))["owner"] == "f"  # (d's stop leaves f's lease be)
+        waiting.cancel()
 
     asyncio.run(scenario())
     store.close()

@@ -76,12 +76,14 @@ class MoveDrains(MoveRecords):
             if host is None or host["state"] != "draining":
                 return {"host": host_id, "moved": [], "stuck": [], "finished": []}
         done = True
+        self._held_drains.add(host_id)
         try:
             return await (self._resumed_drain(host_id) if resumed else self._drain(host_id))
         except asyncio.CancelledError:
             done = False  # (this replica stops: the lease is let go, for a live one to take the drain over)
             raise
         finally:
+            self._held_drains.discard(host_id)
             try:
                 self._end_drain(host_id, done)
             except Exception as exc:  # (the lease runs out by itself; a live replica then runs the drain again)
@@ -136,7 +138,7 @@ class MoveDrains(MoveRecords):
         """Renew the lease of every drain this replica runs (the janitor, every second)."""
         now = time.time()
         for host_id, task in list(self._drains.items()):
-            if task.done():
+            if task.done() or host_id not in self._held_drains:  # (one waiting for the lease holds none)
                 continue
             key = _drain_key(host_id)
             with self.store.tx() as c:
@@ -144,6 +146,12 @@ class MoveDrains(MoveRecords):
                 if lease and lease.get("owner") == self.ctl.instance and not lease.get("done"):
                     c.execute(update(settings_t).where(settings_t.c.key == key)
                               .values(value=lease | {"until": now + LEASE_S}))
+                    continue
+            if lease and lease.get("owner") not in (None, self.ctl.instance):
+                # (another replica took the drain over while this one's renewals failed: one
+                # drain of a host at a time, so this one stops; the move under way finishes)
+                log.warning("host %s: replica %s took its drain over; stopping this one", host_id, lease.get("owner"))
+                task.cancel()
 
     async def _resumed_drain(self, host_id: str) -> dict[str, Any]:
         self.store.add_event("host_drain_resumed", {"id": host_id}, host=host_id)

@@ -39,6 +39,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self.store = ctl.store
         self._tasks: dict[str, asyncio.Task] = {}
         self._drains: dict[str, asyncio.Task] = {}  # per host: the drain in progress, which a second call joins
+        self._held_drains: set[str] = set()  # the hosts whose drain lease this replica holds (drain.py)
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
         self._tidying: asyncio.Task | None = None
