@@ -22,10 +22,9 @@ import hashlib
 import time
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select
 
 from ...errors import FuseError
-from ..store import settings as settings_t
 from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from ..store import moves as moves_t
 from .records import ACTIVE, LEASE_S, MoveRecords, log
@@ -113,15 +112,11 @@ class MoveDrains(MoveRecords):
         unless another replica holds it live."""
         key, now = _drain_key(host_id), time.time()
         with self.store.tx() as c:
-            lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+            lease = self.store.get_setting(key, conn=c)
             if (lease and not lease.get("done") and lease.get("owner") != self.ctl.instance
                     and lease.get("until", 0) > now):
                 return False
-            value = {"host": host_id, "owner": self.ctl.instance, "until": now + LEASE_S}
-            if lease is None:
-                c.execute(insert(settings_t).values(key=key, value=value))
-            else:
-                c.execute(update(settings_t).where(settings_t.c.key == key).values(value=value))
+            self.store.put_setting(key, {"host": host_id, "owner": self.ctl.instance, "until": now + LEASE_S}, c)
         return True
 
     def _end_drain(self, host_id: str, done: bool = True) -> None:
@@ -129,10 +124,9 @@ class MoveDrains(MoveRecords):
         lease go at once (the replica stops mid-drain: a live one takes it over)."""
         key = _drain_key(host_id)
         with self.store.tx() as c:
-            lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+            lease = self.store.get_setting(key, conn=c)
             if lease and lease.get("owner") == self.ctl.instance:
-                c.execute(update(settings_t).where(settings_t.c.key == key)
-                          .values(value=lease | ({"done": True} if done else {"until": 0})))
+                self.store.put_setting(key, lease | ({"done": True} if done else {"until": 0}), c)
 
     def renew_drains(self) -> None:
         """Renew the lease of every drain this replica runs (the janitor, every second)."""
@@ -142,10 +136,9 @@ class MoveDrains(MoveRecords):
                 continue
             key = _drain_key(host_id)
             with self.store.tx() as c:
-                lease = c.execute(select(settings_t.c.value).where(settings_t.c.key == key)).scalar_one_or_none()
+                lease = self.store.get_setting(key, conn=c)
                 if lease and lease.get("owner") == self.ctl.instance and not lease.get("done"):
-                    c.execute(update(settings_t).where(settings_t.c.key == key)
-                              .values(value=lease | {"until": now + LEASE_S}))
+                    self.store.put_setting(key, lease | {"until": now + LEASE_S}, c)
                     continue
             if lease and lease.get("owner") not in (None, self.ctl.instance):
                 # (another replica took the drain over while this one's renewals failed: one

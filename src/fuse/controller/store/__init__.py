@@ -415,15 +415,22 @@ class Store:
             return False
 
     # ---- settings ----------------------------------------------------------
-    def get_setting(self, key: str, default: Any = None) -> Any:
-        with self.read() as c:
-            v = c.execute(select(settings.c.value).where(settings.c.key == key)).scalar_one_or_none()
+    def get_setting(self, key: str, default: Any = None, conn: Connection | None = None) -> Any:
+        q = select(settings.c.value).where(settings.c.key == key)
+        if conn is not None:
+            v = conn.execute(q).scalar_one_or_none()
+        else:
+            with self.read() as c:
+                v = c.execute(q).scalar_one_or_none()
         return default if v is None else v
 
-    def put_setting(self, key: str, value: Any) -> None:
-        with self.tx() as c:
-            if c.execute(select(settings.c.key).where(settings.c.key == key)).first():
-                c.execute(update(settings).where(settings.c.key == key).values(value=value))
-            else:
-                c.execute(insert(settings).values(key=key, value=value))
+    def put_setting(self, key: str, value: Any, conn: Connection | None = None) -> None:
+        """Write a setting, in ``conn``'s transaction when given, else in one of its own."""
+        if conn is None:
+            with self.tx() as c:
+                return self.put_setting(key, value, c)
+        if conn.execute(select(settings.c.key).where(settings.c.key == key)).first():
+            conn.execute(update(settings).where(settings.c.key == key).values(value=value))
+        else:
+            conn.execute(insert(settings).values(key=key, value=value))
 
