@@ -204,3 +204,52 @@ def test_events_of_a_create_through_the_other_name_awaiting_its_reply_carry_that
     vms._name("h0", "v5", -1)
     store_fleet.upsert_vms("h0", [record("v5", time.time() - 1)])  # the reply: nothing left to move
     assert tags(store_fleet) == [(1, "v5", "h0"), (2, "v6", "cc")]
+
+
+# ---- the second name's VMs (black-box review of issue 2) ----------------------------
+
+def vm_state(client, name: str) -> str | None:
+    return next((v["state"] for v in client.vms.list() if v["name"] == name), None)
+
+
+def test_a_vm_of_the_name_that_does_not_read_the_log_follows_the_agents_state(fleet):
+    """The first name reads the machine's log for both; a VM created through the second
+    that died stayed `running` under it (and held its deregister off) until a restart."""
+    import os
+    import signal
+
+    a = fleet.agent("a1")
+    fleet.add("ha", a)
+    fleet.add("hb", a)  # ha sorts first: it reads the machine's log
+    vb = fleet.client.vms.create(shape("vb", host="hb"))
+    va = fleet.client.vms.create(shape("va", host="ha"))
+    for vm in (va, vb):
+        os.kill(vm["pid"], signal.SIGKILL)
+    wait_until(lambda: vm_state(fleet.client, "va") == "failed", what="va failed")
+    wait_until(lambda: vm_state(fleet.client, "vb") == "failed", what="vb failed through the other name")
+    assert {v["name"]: v["host"] for v in fleet.client.vms.list()} == {"va": "ha", "vb": "hb"}
+    fleet.client.hosts.deregister("hb")  # a finished VM does not hold it (was 409: "still has vm vb")
+
+
+def test_a_finished_vm_of_a_deregistered_name_stays_listed_the_same_across_a_restart(fleet):
+    """A finished VM of a name deregistered while the machine keeps another name is listed
+    under that name at once, as the controller lists it after a restart (it was gone,
+    and came back after one)."""
+    import os
+    import signal
+
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.add("h2", a)
+    vm = fleet.client.vms.create(shape("dead1", host="h1"))
+    os.kill(vm["pid"], signal.SIGKILL)
+    wait_until(lambda: vm_state(fleet.client, "dead1") == "failed", what="dead1 failed")
+    fleet.client.hosts.deregister("h1")
+    before = sorted((v["name"], v["host"], v["state"]) for v in fleet.client.vms.list())
+    assert before == [("dead1", "h2", "failed")], before
+    removed = [e for e in fleet.client.events.list(0, limit=500)["events"] if e["type"] == "host_removed"]
+    assert removed[-1]["finished_vms"] == ["dead1"] and removed[-1]["finished_vms_kept_by"] == "h2", removed
+    fleet.restart()
+    settle()
+    after = sorted((v["name"], v["host"], v["state"]) for v in fleet.client.vms.list())
+    assert after == before, (before, after)

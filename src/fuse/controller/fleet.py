@@ -259,15 +259,21 @@ class Fleet:
             agent = c.execute(select(hosts_t.c.agent_id).where(hosts_t.c.id == host_id)).scalar_one_or_none()
             aliases = [h for (h,) in c.execute(select(hosts_t.c.id).where(
                 hosts_t.c.agent_id == agent, hosts_t.c.id != host_id))] if agent else []
+            # the machine's VMs recorded under its other names: one name reads the machine's
+            # log for all of them, so its list updates theirs too (their own pollers read no
+            # events while it does: a VM of another name that died stayed running here)
+            elsewhere = {n: h for n, h in c.execute(select(vms_t.c.name, vms_t.c.host).where(
+                vms_t.c.host.in_(aliases)))} if aliases else {}
             for r in records:
                 if r.get("state") == "deleted":
                     continue
-                if aliases and r["name"] not in known:
-                    held = vms_t.c.name == r["name"], vms_t.c.host.in_(aliases)
-                    if c.execute(select(vms_t.c.host).where(*held)).first():
-                        if replace:
-                            continue  # listed under the machine's other name
-                        c.execute(vms_t.delete().where(*held))
+                if r["name"] not in known and r["name"] in elsewhere:
+                    if replace:  # listed under the machine's other name: it stays there
+                        c.execute(update(vms_t).where(vms_t.c.name == r["name"], vms_t.c.host == elsewhere[r["name"]])
+                                  .values(vcpus=r["shape"]["vcpus"], mem_mib=r["shape"]["mem_mib"], state=r["state"],
+                                          record=r))
+                        continue
+                    c.execute(vms_t.delete().where(vms_t.c.name == r["name"], vms_t.c.host.in_(aliases)))
                 if r.get("move_id") and r["name"] not in known and c.execute(select(vms_t.c.host).where(
                         vms_t.c.name == r["name"], vms_t.c.host != host_id)).first():
                     continue  # a moved VM's source copy, waiting to be removed: the VM lives elsewhere now

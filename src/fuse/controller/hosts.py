@@ -211,8 +211,20 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
     return agent_facts(url, resp.content)
 
 
+# The GPU inventory a host holds: what its agent reports, never declared (the Fuse
+# orchestrator's records carry them; a declared list is ignored, with a warning).
+INVENTORY = ("gpu_devices", "mig_instances", "mig_instance_uuids")
+
+
 def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
     out = cap.model_copy(deep=True)
+    out.mig_instances, out.mig_instance_uuids = [], []
+    out.gpu_devices = [GPUDevice.model_validate(d) for d in (probed or {}).get("gpu_devices", [])] if backend == "qemu" else []
+    for field in INVENTORY:
+        if getattr(cap, field) and getattr(cap, field) != getattr(out, field):
+            warnings.append(f"capacity.{field}: the GPU inventory is what the host agent reports, never "
+                            f"declared; the declared value is ignored"
+                            + ("" if backend == "qemu" else f" (a {backend} host passes no GPU through)"))
     if probed is None:
         out.firecracker = out.firecracker_pinned = ""
         return out
@@ -231,7 +243,7 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     real_kind = (probed.get("gpu_kind", "") or "") if backend == "qemu" else ""
     if not cap.gpu_kind:
         out.gpu_kind = real_kind
-    elif cap.gpu_kind != real_kind:
+    elif not _same_gpu(cap.gpu_kind, real_kind, probed.get("gpu_devices", []) if backend == "qemu" else []):
         # Quoted as the probe reports it (repr, like the declared value), so "" when it
         # found no GPU, with the reason in words beside it: the probe never says 'none'.
         machine_kind = probed.get("gpu_kind", "") or ""
@@ -256,7 +268,6 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
             out.mig_profiles = real_mig
         for name, count in sorted((cap.mig_profiles or {}).items()):
             _warn_above_probe(f"capacity.mig_profiles[{name!r}]", count, int(real_mig.get(name, 0)), warnings)
-        out.gpu_devices = probed.get("gpu_devices", [])
         out.firecracker = out.firecracker_pinned = ""
     else:
         # Declared values are ignored: these are only ever what the agent said.
@@ -265,6 +276,17 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     if probed.get("backend") and probed["backend"] != backend:
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
     return out
+
+
+def _same_gpu(declared: str, label: str, devices: list[dict]) -> bool:
+    """Does a declared gpu_kind name the GPU the probe found? The probe's label
+    ("nvidia:A100"), its model alone ("A100") or a device's name as nvidia-smi prints
+    it ("NVIDIA A100-SXM4-80GB") all do, in any case: only another GPU disagrees."""
+    if not label:
+        return False
+    want = declared.strip().casefold()
+    names = {label, label.split(":", 1)[-1], *(d.get("model", "") for d in devices)}
+    return want in {n.casefold() for n in names if n}
 
 
 ZERO_WHY = {"storage_gb": " (less than 1 GiB free where the agent keeps its VMs)"}
@@ -436,21 +458,33 @@ class HostRegistry:
         """Remove the host: 409 while a VM that is not `FINISHED` is assigned to it (the
         message names one), while a create placed there waits on its answer, or while a
         move still needs it. Finished VMs go with it: their rows leave the store (so no
-        name of theirs lingers on a host that is no more), their records stay on the agent."""
-        from .store import vms as vms_t
+        name of theirs lingers on a host that is no more), their records stay on the agent.
+        A machine still registered under another name keeps them, listed under that name
+        (the first, sorted), as its poller would list them after a restart."""
+        from sqlalchemy import select, update
+
+        from .store import hosts as hosts_t, vms as vms_t
 
         with self.store.tx() as conn:
-            if self.store.get_host(host_id, conn) is None:
+            row = self.store.get_host(host_id, conn)
+            if row is None:
                 raise NotFound(f"host {host_id} not found")
             if why := self._holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}")
             if why := _move_holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}", code="move_in_progress")
             finished = [v["name"] for v in self.store.vms_on(host_id, conn)]  # (all FINISHED: _holds)
-            conn.execute(vms_t.delete().where(vms_t.c.host == host_id))
+            agent = row.get("agent_id") or ""
+            heir = conn.execute(select(hosts_t.c.id).where(hosts_t.c.agent_id == agent, hosts_t.c.id != host_id)
+                                .order_by(hosts_t.c.id).limit(1)).scalar() if agent and finished else None
+            if heir is not None:
+                conn.execute(update(vms_t).where(vms_t.c.host == host_id).values(host=heir))
+            else:
+                conn.execute(vms_t.delete().where(vms_t.c.host == host_id))
             self.store.delete_host(conn, host_id)
-            self.store.add_event("host_removed", {"id": host_id, **({"finished_vms": finished} if finished else {})},
-                                 host=host_id, conn=conn)
+            data = {"id": host_id, **({"finished_vms": finished} if finished else {}),
+                    **({"finished_vms_kept_by": heir} if heir is not None else {})}
+            self.store.add_event("host_removed", data, host=host_id, conn=conn)
 
     def _holds(self, conn, host_id: str) -> str | None:
         """Why VMs tie ``host_id`` to its machine (one assigned that is not

@@ -61,9 +61,10 @@ class HostCapacity(Record):
     @field_validator("cpus", "ram_mb", "storage_gb", "vm_count", "gpus", mode="before")
     @classmethod
     def _a_number(cls, v):
-        """A figure is a number: `True` or "3" is refused where the record is made (the
-        SDK's, before anything is sent), as the REST API refuses them, never read as 1 or 3."""
-        if isinstance(v, (bool, str)):
+        """A figure is a whole number: `True`, "3" or 2.0 is refused where the record is made
+        (the SDK's, before anything is sent), as the REST API refuses them, never read as 1, 3
+        or 2."""
+        if isinstance(v, (bool, str, float)):
             raise PydanticCustomError("int_type", "Input should be a valid integer")  # (the REST API's words)
         return v
 

@@ -47,7 +47,7 @@ class BadAddress(InvalidArgument, ValueError):
 
 @dataclass(frozen=True)
 class Address:
-    text: str               # as given: what is stored and shown
+    text: str               # as given: what is stored and shown (normalise_address: the scheme in lower case)
     kind: str               # local | http | ssh | tls
     host: str = ""          # lower case; an IPv6 literal without its brackets
     port: int | None = None  # None: the scheme's default
@@ -62,7 +62,7 @@ def parse_address(addr: str) -> Address:
     scheme, sep, rest = addr.partition("://")
     if not sep:
         return _tls(addr)
-    kind = KINDS.get(scheme)
+    kind = KINDS.get(scheme.lower())  # (a scheme is case-insensitive: RFC 3986)
     if kind is None:
         raise BadAddress(_not_a_form(addr))
     if kind == "local":
@@ -104,7 +104,7 @@ def normalise_address(addr: str) -> str:
         return addr
     scheme, _, rest = addr.partition("://")
     authority, slash, path = rest.partition("/")
-    return f"{scheme}://{authority}{(slash + path).rstrip('/')}"
+    return f"{scheme.lower()}://{authority}{(slash + path).rstrip('/')}"
 
 
 def transport_kind(addr: str) -> str:
