@@ -42,7 +42,9 @@ def wait_move(fleet, move_id, timeout=60):
 
 def restart(fleet, env):
     fleet.restart(env=env)
-    wait_until(lambda: all(h.connected for h in fleet.client.hosts.list()), what="the controller sees the hosts")
+    # (60 s: on a loaded machine a host's first polls after the restart may fail, and back off)
+    wait_until(lambda: all(h.connected for h in fleet.client.hosts.list()), timeout=60,
+               what="the controller sees the hosts")
 
 
 def events(fleet, type_):

@@ -130,3 +130,48 @@ def test_a_frozen_ssh_host_shows_disconnected_in_bounded_time_and_every_reason_q
                 os.kill(pid, signal.SIGCONT)
         ctl.close()
         agent.proc.stop()
+
+
+def test_the_first_request_to_a_host_that_just_froze_quotes_the_time_it_really_waited(
+        sshd, own_sshd, processes, tmp_path):
+    """Found by a black-box review of issue 7: the first call after the freeze reused an
+    idle channel, waited until SSH keepalive dropped the silent connection, then took
+    that for the agent closing the idle channel and dialled again: 10.7 s, its reason
+    quoting the redial's 5 s. A connection dropped as silent is not retried: the call
+    ends there, and its reason says how long it waited."""
+    proc, port, known = own_sshd
+    agent = start_agent(processes, tmp_path / "agent", socket_path=tmp_path / "agent" / "run" / "agent.sock",
+                        backend="fake")
+    env = {**sshd.env(f"{FUSE} host relay --socket {agent.socket}"), "FUSE_SSH_KNOWN_HOSTS": str(known)}
+    del env["FUSE_SSH_CONNECT_TIMEOUT"]
+    ctl = start_controller(processes, tmp_path / "ctl", env=env)
+    c = ctl.client()
+    frozen: list[int] = []
+    try:
+        c.hosts.add("frozen", f"ssh://root@127.0.0.1:{port}", capacity={"vm_count": 2})
+        deadline = time.monotonic() + 20
+        while not c.hosts.get("frozen").connected:
+            assert time.monotonic() < deadline, "the host never showed connected"
+            time.sleep(0.1)
+        c.vms.create(name="v1", shape={"vcpus": 1, "mem_mib": 128}, entry="true", host="frozen")
+        for _ in range(3):
+            c.vms.console("v1")  # (channels to reuse: the poller's and these)
+        _signal_tree(proc.proc.pid, signal.SIGSTOP, frozen)
+        asked = time.monotonic()
+        with pytest.raises(fuse.ApiError) as info:
+            c.vms.console("v1")
+        took = time.monotonic() - asked
+        quoted = [float(t) for t in re.findall(r"within ([0-9.]+) s", info.value.message)]
+        assert len(quoted) == 1, (took, info.value.message)
+        assert took - 1.5 < quoted[0] <= took + 0.2, (took, info.value.message)
+        # (a request already on its way waits for the agent until the connection is found
+        # silent: a channel another request could not open in STALL_S, or SSH keepalive
+        # unanswered, 10 s after the server's last word; never a second dial on top)
+        assert took < 2 * STALL_S + 1.5, (took, info.value.message)
+        assert "relay" not in info.value.message, info.value.message  # (no relay ended: the host froze)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        ctl.close()
+        agent.proc.stop()

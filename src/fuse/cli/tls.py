@@ -77,12 +77,14 @@ def cert_issue(
 ) -> None:
     """Issue a host's serving certificate or, with --client, the controller's.
 
-    A --name that is neither an IP address nor a DNS name is invalid_argument,
-    exit 2, and nothing is written."""
-    from ..transport.tls import issue_cert
+    A --name that is neither an IP address nor a DNS name, or is `ca` (its files would
+    be the CA's own ca.pem and ca.key), is invalid_argument, exit 2, and nothing is written."""
+    from ..transport.tls import clashes_with_ca, issue_cert
 
     if why := name_problem(name):
         fail("invalid_argument", f"--name: {why}", json_=json_, exit_code=2)
+    if why := clashes_with_ca(name):
+        fail("invalid_argument", why, json_=json_, exit_code=2)
     try:
         files = issue_cert(ca, name, out, client=client, days=days, overwrite=force)
     except (OSError, ValueError) as err:

@@ -72,6 +72,7 @@ CONNECT_TIMEOUT_S = 5.0   # FUSE_SSH_CONNECT_TIMEOUT's default
 KEEPALIVE_S = 5.0         # a keepalive after this long without a word from the server...
 KEEPALIVE_COUNT_MAX = 1   # ...and the connection is dropped once this many went unanswered (10 s silent)
 IDLE_CHANNEL_S = 2.0
+REUSE_RACE_S = 1.0  # a reused idle channel closed within this of our request: the agent's close raced it
 IDLE_CONNECTION_S = 60.0
 MAX_CHANNELS = 8
 READ_SIZE = 1 << 18
@@ -172,6 +173,12 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
         raise HostUnreachable(f"cannot reach {t.hostport} over SSH: {exc.strerror or exc}") from None
 
 
+def _keepalive_lost(cause: BaseException | None) -> bool:
+    """Whether asyncssh dropped the connection as silent (its own words: "Server not
+    responding to keepalive"): the host froze."""
+    return isinstance(cause, asyncssh.ConnectionLost) and "keepalive" in str(cause.reason)
+
+
 class _NoAnswer(Exception):
     """No whole response head came on the channel: safe to retry on a fresh one.
     `cause`: what broke the read (None: the relay closed its output)."""
@@ -184,8 +191,9 @@ class _NoAnswer(Exception):
 class _Channel:
     """One relay process: an HTTP/1.1 keep-alive connection to the agent."""
 
-    def __init__(self, process: asyncssh.SSHClientProcess):
+    def __init__(self, process: asyncssh.SSHClientProcess, conn: asyncssh.SSHClientConnection | None = None):
         self.process = process
+        self.conn = conn             # the connection it runs on
         self.http = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
         self.reused = False
@@ -212,22 +220,27 @@ class _Channel:
                 self.seen += data[:SEEN_MAX - len(self.seen)]
             self.http.receive_data(data)  # b"" is end of stream: h11 decides if that was fine
 
-    async def failure(self, target: SshTarget, relay: str, cause: BaseException | None) -> HostUnreachable:
+    async def failure(self, target: SshTarget, relay: str, cause: BaseException | None,
+                      silent: bool = False) -> HostUnreachable:
         """Why no response came, as the error to raise, in one sentence. Only a relay
         that ended is asked why (`reason`): one that answered in another protocol is
         not the agent (`NotAnAgent`), and one whose SSH connection was dropped as silent
-        (keepalive unanswered: the host froze) never ended, the host did not answer."""
+        (keepalive unanswered, or ``silent``: another request found it so; the host
+        froze) never ended, the host did not answer."""
         if isinstance(cause, h11.RemoteProtocolError) and self.seen and not self.seen.startswith(b"HTTP/"):
             said = bytes(self.seen).decode(errors="replace").splitlines()[0][:40] or repr(bytes(self.seen[:16]))
             return NotAnAgent(f"the relay command `{relay}` on {target.hostport} answered with something that is "
                               f"not HTTP ({said!r}), so it is not a fuse agent: FUSE_SSH_RELAY must run "
                               "`fuse host relay`, which hands each request to the host agent")
-        # (asyncssh's own words for the connection it dropped: "Server not responding to keepalive")
-        if isinstance(cause, asyncssh.ConnectionLost) and "keepalive" in str(cause.reason):
+        if _keepalive_lost(cause):
             waited = asyncio.get_running_loop().time() - self.sent_at
-            silent = KEEPALIVE_S * (KEEPALIVE_COUNT_MAX + 1)
+            quiet = KEEPALIVE_S * (KEEPALIVE_COUNT_MAX + 1)
             return HostUnreachable(f"{target} did not answer within {waited:.1f} s: the SSH server said nothing "
-                                   f"for {silent:g} s (keepalive went unanswered), so the connection was dropped")
+                                   f"for {quiet:g} s (keepalive went unanswered), so the connection was dropped")
+        if silent:
+            waited = asyncio.get_running_loop().time() - self.sent_at
+            return HostUnreachable(f"{target} did not answer within {waited:.1f} s: its SSH connection went silent "
+                                   "(a new channel did not open in time), so it was dropped")
         return HostUnreachable(await self.reason(target, relay))
 
     async def reason(self, target: SshTarget, relay: str) -> str:
@@ -277,6 +290,9 @@ class _Shared:
         self.idle: list[_Channel] = []
         self.users = 0
         self._closer: asyncio.TimerHandle | None = None
+        # connections dropped because they went silent (a channel did not open in time):
+        # what ended their other channels' requests was the host, not their relays
+        self.silent: weakref.WeakSet = weakref.WeakSet()
 
     async def connection(self, opts: SshOptions, timeout: float, deadline: float) -> asyncssh.SSHClientConnection:
         """The open connection, or a new one by `deadline` (another request may be
@@ -340,11 +356,12 @@ class _Shared:
             try:
                 process = await asyncio.wait_for(conn.create_process(opts.relay, encoding=None),
                                                  max(deadline - loop.time(), 0.01))
-                return _Channel(process)
+                return _Channel(process, conn)
             except asyncio.TimeoutError:
                 # (before OSError, which a TimeoutError also is: taken for a dead connection,
                 # it dialled again and a frozen host cost twice the time the reason quotes)
                 # The connection is silent: drop it, so the next request dials afresh.
+                self.silent.add(conn)
                 self.lost(conn)
                 raise HostUnreachable(f"{self.target.hostport} did not open an SSH channel within "
                                       f"{timeout:g} s") from None
@@ -480,10 +497,15 @@ class SshTransport(httpx.AsyncBaseTransport):
             try:
                 head = await self._exchange(ch, request, read_t, write_t)
             except _NoAnswer as no:
-                if attempt == 0 and ch.reused and replayable and request.method in IDEMPOTENT:
-                    shared.discard(ch)  # the agent closed this idle channel as we reused it
+                # the agent closed this idle channel as we reused it: at once, and not because
+                # the host went silent (a connection keepalive dropped after seconds of silence
+                # is a frozen host: dialling again cost a second bound the reason did not quote)
+                silent = _keepalive_lost(no.cause) or (ch.conn is not None and ch.conn in shared.silent)
+                raced = asyncio.get_running_loop().time() - ch.sent_at < REUSE_RACE_S and not silent
+                if attempt == 0 and ch.reused and raced and replayable and request.method in IDEMPOTENT:
+                    shared.discard(ch)
                     continue
-                err = await ch.failure(self.target, opts.relay, no.cause)
+                err = await ch.failure(self.target, opts.relay, no.cause, silent=silent)
                 shared.discard(ch)
                 raise err from None
             except asyncio.TimeoutError:

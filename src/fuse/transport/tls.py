@@ -125,6 +125,16 @@ def _alt_names(name: str) -> list[x509.GeneralName]:
     return names
 
 
+def clashes_with_ca(name: str) -> str | None:
+    """Why ``name``'s files (NAME.pem, NAME.key) would be the CA's own (ca.pem, ca.key),
+    or None: issued under that name, the certificate went over the copy of the CA beside
+    it, or, issued into the CA's directory, over the CA itself."""
+    if f"{name}.pem" in (CA_CERT, CA_KEY) or f"{name}.key" in (CA_CERT, CA_KEY):
+        return (f"--name {name!r}: its files would be the CA's own ({CA_CERT}, {CA_KEY}); "
+                "name the host by its address or DNS name")
+    return None
+
+
 def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days: int = CERT_DAYS,
                overwrite: bool = False) -> CertFiles:
     """Issue `name`'s certificate from the CA in `ca_dir` into `out`
@@ -133,6 +143,8 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
     controller's); otherwise it is a host's serverAuth certificate."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"--name must be a plain name, not {name!r}")
+    if why := clashes_with_ca(name):
+        raise ValueError(why)
     ca_cert, ca_key = load_ca(ca_dir)
     out = Path(out)
     key = ec.generate_private_key(ec.SECP256R1())
