@@ -33,6 +33,22 @@ async def test_a_tls_listener_that_never_shakes_hands_says_so_with_the_real_time
     assert err.http_status == 502 and err.maybe_sent is False
 
 
+async def test_an_https_listener_that_never_shakes_hands_says_so_not_that_it_refused_the_connection():
+    """Found by a black-box review of issue 7: an https:// address whose listener accepted the
+    TCP connection and then said nothing read "did not accept the connection within 1 s"
+    (only a mutual-TLS address was told the handshake was what timed out)."""
+    silent = socket.socket()
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        addr = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        err, took = await unreachable(HostConnection(addr, "tok", timeout=1.0))
+    finally:
+        silent.close()
+    assert took < 5
+    assert err.message == f"{addr} did not complete the TLS handshake within 1 s", err.message
+
+
 async def test_a_tls_address_that_hangs_up_at_once_is_not_a_certificate_refused(pki):
     """A port that accepts and closes at once (a port forward with nothing behind it) read
     as the host refusing the controller's certificate: an operator reissued certificates."""

@@ -50,7 +50,18 @@ def serve(
     no_socket: bool = typer.Option(False, "--no-socket", help="Serve TCP only."),  # (a flag: no --no-no-socket)
 ) -> None:
     """Serve the controller API."""
-    from ..controller.app import create_app
+    from ..envsettings import BadSetting, seconds
+
+    try:  # (the moves', creates' and the pool's timings are read as their modules load)
+        import importlib
+
+        from ..controller.app import create_app
+        from ..transport.ssh import CONNECT_TIMEOUT_S
+        for module in ("moves", "vms", "pool.elastic_host"):
+            importlib.import_module(f"fuse.controller.{module}")
+        seconds("FUSE_SSH_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)  # (read per connection: checked once here)
+    except BadSetting as err:
+        fail("invalid_argument", str(err), exit_code=2)
     from ..controller.service import Controller, default_controller_socket
     from ..serving import SocketInUse, serve as run, socket_in_use
     from .host import exit_socket_in_use, hold_state_dir

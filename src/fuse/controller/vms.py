@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import time
 from typing import Any, Optional
@@ -14,6 +13,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import ValidationError
 
+from ..envsettings import seconds
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
 from ..models.vm import CreateVmRequest
@@ -33,14 +33,14 @@ JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 # A create its host may have got but did not answer keeps the host tied (no
 # deregister, no new url) until the host says whether the VM is there: at most
 # this long, should the host never answer again.
-UNANSWERED_SECS = float(os.environ.get("FUSE_CREATE_UNANSWERED_S", "600"))
+UNANSWERED_SECS = seconds("FUSE_CREATE_UNANSWERED_S", 600.0)
 # The host says it has no such VM twice, this far apart: the create never
 # reached it, or will not land now (two reads, so a request still on its way
 # when the first was answered has had time to be admitted).
 ABSENT_CONFIRM_SECS = 2.0
 # A replica's placing rows (shared PostgreSQL store) outlive it by at most this long: each
 # is renewed every quarter of it while its create or wake waits on the host
-PLACING_LEASE_SECS = float(os.environ.get("FUSE_PLACING_LEASE_S", "60"))
+PLACING_LEASE_SECS = seconds("FUSE_PLACING_LEASE_S", 60.0)
 
 
 class ControllerCreateVm(CreateVmRequest):

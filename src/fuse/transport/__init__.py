@@ -164,7 +164,7 @@ def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[st
     if isinstance(exc, httpx.TimeoutException):
         # Before the text checks: a timed-out handshake's chain mentions SSL, and an
         # exception's class name ("ConnectTimeout") is not a reason.
-        return _timed_out(exc, addr, address.kind == "tls" and handshake == "cut"), False
+        return _timed_out(exc, addr, handshake == "cut"), False
     text = _said(chain)
     low = " ".join(str(c).lower() for c in chain)
     if any(isinstance(c, ConnectionRefusedError) for c in chain):
@@ -437,8 +437,8 @@ class HostConnection:
                          "http11.receive_response_headers.complete"):
                 shook.append(event)
 
-        if self.kind == "tls":
-            kw["extensions"] = {"trace": trace}
+        if self.kind == "tls" or self.address.text.lower().startswith("https://"):
+            kw["extensions"] = {"trace": trace}  # (whether a TLS handshake began: see _describe)
         self._busy += 1
         try:
             attempt = 0

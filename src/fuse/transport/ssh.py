@@ -64,6 +64,7 @@ import asyncssh
 import h11
 import httpx
 
+from ..envsettings import seconds
 from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from .address import BadAddress, parse_address
 
@@ -117,7 +118,7 @@ class SshOptions:
         return cls(key=os.environ.get("FUSE_SSH_KEY") or None,
                    known_hosts=os.environ.get("FUSE_SSH_KNOWN_HOSTS") or str(Path.home() / ".ssh/known_hosts"),
                    relay=os.environ.get("FUSE_SSH_RELAY") or DEFAULT_RELAY,
-                   connect_timeout=float(os.environ.get("FUSE_SSH_CONNECT_TIMEOUT") or CONNECT_TIMEOUT_S))
+                   connect_timeout=seconds("FUSE_SSH_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S))
 
 
 # ---------------------------------------------------------------- connecting

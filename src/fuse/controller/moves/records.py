@@ -16,12 +16,12 @@ out of time with the host and its limit (for the move's reason) and reads a 404 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 from sqlalchemy import select, update
 
+from ...envsettings import seconds
 from ...errors import HostUnreachable, NotFound
 from ..store import ACTIVE_MOVES, moves as moves_t
 from ..vms import agent_not_found
@@ -35,7 +35,7 @@ STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the 
 # A move belongs to the controller that drives it for as long as it renews
 # its lease; with several replicas on one PostgreSQL store, a replica takes
 # over (finishes or rolls back) only moves whose driver stopped renewing.
-LEASE_S = float(os.environ.get("FUSE_MOVE_LEASE_S", "5"))
+LEASE_S = seconds("FUSE_MOVE_LEASE_S", 5.0)
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     "starting": frozenset({"sleeping", "rolling_back"}),
@@ -50,7 +50,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 # Per-request limit while copying: a target whose network vanished must fail
 # the move (and bring the VM home) in bounded time, not hang it.
-IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
+IO_TIMEOUT = seconds("FUSE_MOVE_IO_TIMEOUT", 30.0)
 # The limit for the calls on a moving VM's path that do little on the host: the
 # target beginning its incoming side (an admission check and a reservation) and
 # aborting one that was never woken (removing files). They answer in milliseconds;
@@ -58,7 +58,7 @@ IO_TIMEOUT = float(os.environ.get("FUSE_MOVE_IO_TIMEOUT", "30"))
 # meanwhile, is better brought home than kept down for IO_TIMEOUT (or the 60 s a
 # begin used to have). A chunk, a verify (hashing every file) or a wake may take
 # long on a healthy host and keep their own limits.
-QUICK_TIMEOUT = float(os.environ.get("FUSE_MOVE_QUICK_TIMEOUT", "10"))
+QUICK_TIMEOUT = seconds("FUSE_MOVE_QUICK_TIMEOUT", 10.0)
 
 
 def timed_out(exc: BaseException) -> bool:

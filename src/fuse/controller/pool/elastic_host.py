@@ -18,10 +18,10 @@ that the budget, scale-in (``reconcile``) and the controller read them without i
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime, timezone
 
+from ...envsettings import seconds
 from ...errors import FuseError
 from ...models.pool import ElasticHost
 from .model import ceil_to
@@ -56,7 +56,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 LIVE = ("creating", "booting", "joined", "cordoned", "offline")
 # A replica renews ``updated_at`` of the hosts it is creating every third of this: one not
 # renewed this long was left ``creating`` by a controller that stopped (``ElasticPool._settle``).
-CREATE_LEASE_SECS = float(os.environ.get("FUSE_POOL_CREATE_LEASE_S", "30"))
+CREATE_LEASE_SECS = seconds("FUSE_POOL_CREATE_LEASE_S", 30.0)
 JOIN_GRACE_SECS = 300  # beyond the type's boot time before a silent machine is offline
 
 

@@ -1,0 +1,28 @@
+"""Seconds an operator may set in the environment (FUSE_SSH_CONNECT_TIMEOUT, the moves'
+timeouts, leases): read by one rule, so that a value that is no positive number of
+seconds is a one-sentence error when the process starts, not a traceback at import or
+a 500 at the first request that reads it."""
+
+from __future__ import annotations
+
+import math
+import os
+
+
+class BadSetting(ValueError):
+    """An environment setting that cannot be what it names."""
+
+
+def seconds(name: str, default: float) -> float:
+    """``name``'s value in seconds (``default`` when unset or empty): a positive, finite
+    number, else ``BadSetting`` naming the variable and the value."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadSetting(f"{name}={raw!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise BadSetting(f"{name}={raw!r} must be a positive number of seconds")
+    return value
