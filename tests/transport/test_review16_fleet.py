@@ -122,3 +122,30 @@ def test_a_certificate_not_valid_yet_is_refused_naming_its_dates(pki):
                                f"{c.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC to "
                                f"{c.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC (is this machine's clock right?)")
     files.check_dates()  # valid now
+
+
+def test_put_controller_refuses_a_hosts_server_certificate_as_the_controllers(controller, pki):
+    """Found by a black-box review of issue 7: a host's serverAuth certificate was taken (200)
+    and every mutual-TLS host refused the controller from then on."""
+    put_identity(controller, pki.controller)
+    cert, key, _ = pki.files(pki.host, "127.0.0.1")
+    r = controller.http().put("/v1/controller", json={"cert": cert, "key": key, "ca": str(pki.ca / "ca.pem")})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["message"]) == ("invalid_argument", (
+        f"cert: {cert} is not a client certificate (its purposes: serverAuth), so every mutual-TLS host would "
+        "refuse it; issue the controller's with `fuse host cert issue --client`")), err
+    assert controller.http().get("/v1/controller").json()["cert"] == str(pki.controller / "controller.pem")
+
+
+def test_put_controller_refuses_a_ca_file_holding_no_ca(controller, pki):
+    """A leaf given as the CA was taken too: no host's certificate verifies against it."""
+    put_identity(controller, pki.controller)
+    cert, key, _ = pki.files(pki.controller, "controller")
+    leaf = pki.host / "127.0.0.1.pem"
+    r = controller.http().put("/v1/controller", json={"cert": cert, "key": key, "ca": str(leaf)})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_argument" and err["message"].startswith(
+        f"ca: {leaf} holds a certificate that is not a CA's (O=fuse,CN=127.0.0.1)"), err
+    assert controller.http().get("/v1/controller").json()["ca"] == str(pki.controller / "ca.pem")

@@ -125,6 +125,37 @@ class TlsSettings:
                                 "machine's clock right?)")
 
 
+    def check_purposes(self) -> None:
+        """IdentityError when a file cannot serve its purpose though it loads: the
+        certificate is not for a TLS client (its extended key usage names others: a
+        host's serverAuth certificate, which every mutual-TLS host would refuse), or the
+        CA file holds a certificate that is no CA (a leaf, which signs no host's)."""
+        from cryptography import x509  # imported only where used
+
+        with open(self.cert, "rb") as f:
+            cert = x509.load_pem_x509_certificates(f.read())[0]
+        try:
+            usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        except x509.ExtensionNotFound:
+            usage = None  # (no extended key usage: any purpose)
+        if usage is not None and x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
+            names = ", ".join(getattr(o, "_name", o.dotted_string) for o in usage)
+            raise IdentityError(f"cert: {self.cert} is not a client certificate (its purposes: {names}), so "
+                                "every mutual-TLS host would refuse it; issue the controller's with "
+                                "`fuse host cert issue --client`")
+        with open(self.ca, "rb") as f:
+            cas = x509.load_pem_x509_certificates(f.read())
+        for ca in cas:
+            try:
+                is_ca = ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+            except x509.ExtensionNotFound:
+                is_ca = False
+            if not is_ca:
+                raise IdentityError(f"ca: {self.ca} holds a certificate that is not a CA's "
+                                    f"({ca.subject.rfc4514_string()}), which signs no host's certificate; give "
+                                    "the CA's ca.pem (`fuse host ca create`)")
+
+
 # Identity failures already logged, so a poller meeting one every second logs it once.
 _told: set[str] = set()
 

@@ -38,7 +38,9 @@ async def get_controller(request: Request) -> dict:
             responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), a file that is "
                                      "not there, a key that is not the certificate's, a CA file holding no "
                                      "certificate, a certificate that is not valid now (expired or not yet valid: "
-                                     "the message names the file and its dates), or a body that does not parse"))
+                                     "the message names the file and its dates), a certificate that is not a "
+                                     "client's (a host's serverAuth one), a CA file holding a certificate that is "
+                                     "no CA, or a body that does not parse"))
 async def put_controller(request: Request, body: ControllerSettings) -> dict:
     given = [f for f in ("cert", "key", "ca") if getattr(body, f)]
     if given and len(given) != 3:
@@ -57,6 +59,10 @@ async def put_controller(request: Request, body: ControllerSettings) -> dict:
             tls.check_dates()
         except IdentityError as exc:
             raise InvalidArgument(f"cert: {exc}") from None
+        try:  # nor one that is not a client's, nor a CA file holding no CA
+            tls.check_purposes()
+        except IdentityError as exc:
+            raise InvalidArgument(str(exc)) from None
     ctl = request.app.state.ctl
     ctl.store.put_setting("controller", body.model_dump(exclude_none=True))
     return _public(ctl.settings())
