@@ -273,7 +273,8 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         # Declared values are ignored: these are only ever what the agent said.
         out.firecracker = probed.get("firecracker", "") or ""
         out.firecracker_pinned = probed.get("firecracker_pinned", "") or ""
-    if probed.get("backend") and probed["backend"] != backend:
+    if probed.get("backend") and probed["backend"] != backend and not any(w.startswith("backend:") for w in warnings):
+        # (unless the backend was taken from the probe, whose warning says it already)
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
     return out
 
