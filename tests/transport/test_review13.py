@@ -233,3 +233,30 @@ def test_an_unreachable_hosts_reason_and_the_hint_to_declare_are_one_sentence(wr
     assert r.json()["error"]["message"] == (
         f"connection to http://127.0.0.1:{port} was refused: is the host agent running (or declare "
         "capacity.ram_mb, capacity.storage_gb explicitly to register without a probe)?")
+
+
+def test_a_controller_key_gone_missing_is_named_without_its_path_in_replies_and_with_it_in_the_log(
+        pki, processes, tmp_path):
+    """Found by a black-box review of issue 7: GET /v1/controller never shows the key's path,
+    but a 502 and the host_disconnected event showed it to any holder of the API token."""
+    tls_agent = fake_agent(processes, tmp_path / "tls-agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
+    ctl = start_controller(processes, tmp_path / "ctl")
+    http = ctl.http()
+    try:
+        d = tmp_path / "identity"
+        shutil.copytree(pki.controller, d)
+        r = http.put("/v1/controller", json={"cert": str(d / "controller.pem"), "key": str(d / "controller.key"),
+                                             "ca": str(d / "ca.pem")})
+        assert r.status_code == 200, r.text
+        (d / "controller.key").unlink()
+        r = http.post("/v1/hosts", json={"id": "tls", "url": tls_agent.tls_addr, "backend": "qemu",
+                                         "capacity": {"vm_count": 2}})
+        assert r.status_code == 502, r.text
+        message = r.json()["error"]["message"]
+        assert ("the controller's key (its path is in the controller's log) cannot be read "
+                "(No such file or directory)") in message, message
+        assert str(d / "controller.key") not in message
+        time.sleep(0.5)
+        assert f"the controller's key {d / 'controller.key'} cannot be read" in ctl.proc.text()
+    finally:
+        ctl.close()

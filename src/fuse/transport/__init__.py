@@ -166,7 +166,10 @@ def _identity_context(tls: TlsSettings, addr: str) -> ssl.SSLContext:
     try:
         ctx = tls.context()
     except IdentityError as exc:
-        err = NotTrusted(f"TLS with {addr} cannot start: {exc}; PUT /v1/controller with a usable cert, key and ca")
+        # the key's path stays in the controller's log: replies and events, which any holder
+        # of the API token reads, never show it (as GET /v1/controller does not)
+        said = str(exc).replace(tls.key, "(its path is in the controller's log)") if tls.key else str(exc)
+        err = NotTrusted(f"TLS with {addr} cannot start: {said}; PUT /v1/controller with a usable cert, key and ca")
         err.maybe_sent = False  # (nothing went out: a create may try another host)
         if str(exc) not in _told:
             _told.add(str(exc))
