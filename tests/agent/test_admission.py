@@ -72,5 +72,14 @@ def test_memory_pressure_reads_psi_and_memavailable(tmp_path):
     (tmp_path / "meminfo").write_text("MemTotal: 4000000 kB\nMemAvailable: 1048576 kB\n")
     assert memory_pressure(512, 256, proc=tmp_path) is None
     assert "1024 MiB available" in memory_pressure(900, 256, proc=tmp_path)
+    # an ask the machine's available memory cannot hold is that, not pressure (found by a
+    # black-box review of issue 3: "under memory pressure" while the host reported none)
+    assert memory_pressure(900, 256, proc=tmp_path) == (
+        "not enough memory available on the machine: 1024 MiB available (MemAvailable), 900 MiB asked plus "
+        "256 MiB host reserve")
+    (tmp_path / "meminfo").write_text("MemTotal: 4000000 kB\nMemAvailable: 204800 kB\n")
+    assert memory_pressure(0, 256, proc=tmp_path) == (
+        "host under memory pressure: 200 MiB available, less than its 256 MiB host reserve")
+    (tmp_path / "meminfo").write_text("MemTotal: 4000000 kB\nMemAvailable: 1048576 kB\n")
     (tmp_path / "pressure/memory").write_text("some avg10=55.10 avg60=1 avg300=1 total=9\n")
     assert "avg10=55.1" in memory_pressure(0, 256, proc=tmp_path)

@@ -66,6 +66,10 @@ async def test_delete_of_a_running_vm_leaves_no_process_and_a_killed_vm_is_faile
     os.kill((await host.client.get("/v1/host/vms/b")).json()["pid"], signal.SIGKILL)
     vm = await host.wait_state("b", {"failed", "exited"}, timeout=10)
     assert vm["state"] == "failed" and "without the guest reporting" in vm["reason"]
+    # what only the live process used goes with it (a black-box review of issue 3 found the dead
+    # pid's file and the QMP socket left in the failed VM's dir; a VM that exited leaves neither)
+    left = sorted(p.name for p in host.vms.vm_dir("b").iterdir())
+    assert not {"qemu.pid", "qmp.sock"} & set(left), left
     summary = host.vms.summary()
     assert summary["vm_count"] == 0 and summary["free_mem_mib"] == 4096 - 256
 

@@ -54,8 +54,11 @@ def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc")) 
             if line.startswith("MemAvailable:"):
                 available = int(line.split()[1]) // 1024
                 if available < ask_mib + reserve_mib:
+                    if ask_mib:  # (the machine has memory; not this much of it)
+                        return (f"not enough memory available on the machine: {available} MiB available "
+                                f"(MemAvailable), {ask_mib} MiB asked plus {reserve_mib} MiB host reserve")
                     return (f"host under memory pressure: {available} MiB available, "
-                            f"{ask_mib} MiB asked plus {reserve_mib} MiB reserve")
+                            f"less than its {reserve_mib} MiB host reserve")
     except (OSError, ValueError):
         pass
     return None

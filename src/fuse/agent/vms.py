@@ -661,6 +661,8 @@ class VmManager:
         if not reap(vm.pid):  # (its last threads still ending: collected on a later tick)
             self._unreaped.add(vm.pid)
         vm.pid = None
+        with contextlib.suppress(OSError):
+            self.backend.ended(_bare_spec(self, vm))
         if status is None:
             why = "agent restarted during boot" if vm.state == "creating" else \
                 "the hypervisor process ended without the guest reporting an exit status"

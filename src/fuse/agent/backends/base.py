@@ -117,6 +117,10 @@ class Backend(ABC):
     @abstractmethod
     async def stop(self, spec: BootSpec) -> None: ...
 
+    def ended(self, spec: BootSpec) -> None:
+        """The VM's process ended by itself (its guest powered off, or it was killed):
+        remove what only a live process uses (pid file, sockets). Nothing by default."""
+
     @abstractmethod
     async def sleep(self, spec: BootSpec) -> list[str]:
         """Write state files into ``spec.state_dir``; return their names."""

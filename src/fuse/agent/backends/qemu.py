@@ -409,8 +409,13 @@ class QemuBackend(Backend):
 
     async def stop(self, spec: BootSpec) -> None:
         await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
-        qmp_path(spec.vm_dir).unlink(missing_ok=True)
-        entry_path(spec.vm_dir).unlink(missing_ok=True)
+        self.ended(spec)
+
+    def ended(self, spec: BootSpec) -> None:
+        # (QEMU removes them itself on a clean exit; a killed one left a dead pid and
+        # its QMP socket behind in a failed VM's dir)
+        for path in (spec.vm_dir / "qemu.pid", qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
+            path.unlink(missing_ok=True)
 
     async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
         """Write the entry, one base64 line, to the guest's COM2 once it is
