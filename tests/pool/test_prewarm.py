@@ -198,3 +198,34 @@ def test_a_placement_names_its_machine_local_only_for_an_agent_on_the_controller
                                                               "dev-1": "dev-1"}
     finally:
         ctl.store.close()
+
+
+def test_prewarms_asked_at_once_are_placed_one_at_a_time_and_the_ones_with_no_room_are_refused(tmp_path, procs):
+    """Found by a black-box review of seed 001: four prewarms of 1000 MiB asked at once, one
+    1024 MiB machine and no more to buy (its type's limit), were 2 to 4 accepted, all placed
+    on that machine, nothing bought, and only one ever got ready."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        client.pool.link_cloud("dev", "local", {"backend": "fake", "limits": {"local.small": 1}, "types": [
+            {"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.36}]})
+        (added,) = client.pool.cloud_add_host("dev", "local.small", ttl_hours=1)
+        wait_until(lambda: next(h for h in client.pool.cloud_hosts() if h.name == added.name).state == "joined",
+                   timeout=60, interval=0.3, what="the machine joined")
+
+        def prewarm(_):
+            with fuse.Client(ctl.url) as c:
+                try:
+                    return c.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=1000,
+                                                                       ttl_secs=600)).id
+                except fuse.ApiError as err:
+                    return (err.status, err.code)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(prewarm, range(4)))
+        accepted = [a for a in answers if isinstance(a, str)]
+        assert len(accepted) == 1, answers
+        assert sorted(a for a in answers if not isinstance(a, str)) == [(409, "budget_exceeded")] * 3, answers
+        assert [h.name for h in client.pool.cloud_hosts()] == [added.name]  # nothing bought
+        ready(client, accepted[0], 1, timeout=60)

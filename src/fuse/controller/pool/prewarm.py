@@ -118,6 +118,10 @@ class PrewarmService:
         self.ctl = ctl
         self.store = ctl.store
         self._fill_lock = asyncio.Lock()
+        # placing a prewarm's VMs and recording where they go, one at a time: two prewarms
+        # placed at once each read the room the other was about to take (both accepted on a
+        # host with room for one, and one never got ready)
+        self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
 
     # ---- records ---------------------------------------------------------------
@@ -237,16 +241,19 @@ class PrewarmService:
         check_shape(cpus, mem, " and ".join(learned))
         count = opts.count or 1
         ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs  # (at least 1: PrewarmOptions)
-        placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
-        pw_id = "pw-" + secrets.token_hex(3)
-        rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count, "on": on,
-               "ttl_secs": ttl, "expires_at": min(U64, int(time.time()) + ttl), "placements": placements,
-               "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type, "region": opts.region}
-        with self.store.tx() as c:
-            c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
-            # (``prewarm`` names it on the wire, where the event's own ``id`` replaces this one)
-            self.store.add_event("prewarm_added", {"id": pw_id, "prewarm": pw_id, "image": image, "count": count,
-                                                   "placements": placements, "new_hosts": new_hosts}, conn=c)
+        async with self._room_lock:
+            placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
+            pw_id = "pw-" + secrets.token_hex(3)
+            rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count,
+                   "on": on, "ttl_secs": ttl, "expires_at": min(U64, int(time.time()) + ttl),
+                   "placements": placements, "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type,
+                   "region": opts.region}
+            with self.store.tx() as c:
+                c.execute(insert(prewarms_t).values(id=pw_id, record=rec, created_at=time.time()))
+                # (``prewarm`` names it on the wire, where the event's own ``id`` replaces this one)
+                self.store.add_event("prewarm_added", {"id": pw_id, "prewarm": pw_id, "image": image,
+                                                       "count": count, "placements": placements,
+                                                       "new_hosts": new_hosts}, conn=c)
         asyncio.get_running_loop().create_task(self.fill())
         return self.view(rec)
 
@@ -543,6 +550,11 @@ class PrewarmService:
 
     async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True, buy: bool = True
                            ) -> tuple[dict | None, dict[str, int], list[str]] | None:
+        async with self._room_lock:  # (as a new prewarm's placing: ``_room_lock``)
+            return await self._placed_again(rec, n, off, say, buy)
+
+    async def _placed_again(self, rec: dict, n: int, off: str | None, say: bool, buy: bool
+                            ) -> tuple[dict | None, dict[str, int], list[str]] | None:
         """Place ``n`` VMs of prewarm ``rec`` where its own solve puts them (buying under
         the budget and pins when no host has room, unless ``buy`` is False), taking them
         off host ``off``, which the solve leaves out (None: VMs no placement holds, their
