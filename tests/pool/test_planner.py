@@ -226,6 +226,19 @@ def test_an_unplaced_reason_names_the_cap_that_stopped_it_not_every_cap_set():
     assert u.reason == "no room within the caps: monthly_usd_left=0.35 ($0.3028 planned)", u.reason
 
 
+def test_an_unplaced_reason_names_a_used_up_type_limit_beside_the_cap_the_other_type_breaks():
+    # (found by a black-box review of seed 001) the small type's limit is used up, the big
+    # one costs more than the $/h left: it named only the $/h cap, which a small machine fits
+    m = PlanModel(groups=[DemandGroup(name="g", count=2, cpus=1, mem_mib=1000, kind="container")],
+                  hosts=[PoolHost(name="h", vcpus=1, mem_mib=1024, own=False, usd_per_hour=0.36)],
+                  offers=[offer("local.small", 1, 1024, 0.36, limit=0), offer("local.big", 4, 8192, 1.44)],
+                  constraints=Constraints(max_usd_per_hour=0.37), time_limit_secs=2.0)
+    (u,) = plan(m).unplaced
+    assert u.count == 1
+    assert u.reason == ("no room within the caps: max_usd_per_hour=0.37 ($0.0000/h used), "
+                        "limit local.small=0 (all used)"), u.reason
+
+
 @pytest.mark.parametrize("group, constraints, says, not_says", [
     (dict(no_scale=True), {}, "no new machine may: no_scale (2 machine types)", "max_new_hosts"),
     (dict(devices_only=True), {}, "no new machine may: devices_only (2 machine types)", "max_new_hosts"),

@@ -177,6 +177,9 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
     c = model.constraints
     fits = [] if g is None else [o for o in model.offers
                                  if offer_reject(model.groups[g], o, c) is None]
+    # (a type whose limit is used up is no longer one that fits: that limit is what stops it)
+    limited = [] if g is None else [o for o in model.offers
+                                    if offer_reject(model.groups[g], o, c) in (None, "type limit 0")]
     bought = [] if sol is None else [model.offers[m.offer] for m in sol.machines]
     hosts_new = sum(not o.one_space for o in bought)
     usd_h = sum(o.usd_per_hour for o in bought)
@@ -212,7 +215,7 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
         if o.limit is not None:
             n = sum(b is o for b in bought)
             out.append((f"limit {o.type_name}={o.limit}" + (" (all used)" if n >= o.limit else ""),
-                        n >= o.limit and o in fits))
+                        n >= o.limit and o in limited))
     return out
 
 
