@@ -46,6 +46,27 @@ async def test_entry_runs_and_its_exit_status_is_recorded(make_host):
     assert not host.vms.vm_dir("echo").exists()
 
 
+@pytest.mark.parametrize("entry, expected", [
+    ("echo FUSE-EXIT 0; echo c > /proc/sysrq-trigger", ("failed", None)),
+    ("echo FUSE-EXIT 0; exit 3", ("exited", 3)),
+], ids=["an entry that prints the mark and crashes the guest failed", "the init's own mark, not the entry's, is the status"])
+async def test_an_entry_that_prints_the_exit_mark_itself_does_not_set_its_exit_status(make_host, entry, expected):
+    """Found by a black-box review of issue 3: the last "FUSE-EXIT n" line on the console
+    was the status, whoever wrote it, so a guest that printed "FUSE-EXIT 0" and then crashed
+    was recorded exited 0. The init's mark carries this boot's nonce (fuse_nonce=)."""
+    host = await make_host()
+    r = await host.client.post("/v1/host/vms", json={"name": "forger", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                     "entry": entry})
+    assert r.status_code == 201, r.text
+    nonce = r.json()["platform"]["exit_nonce"]
+    assert len(nonce) == 16
+    vm = await host.wait_state("forger", {"exited", "failed"}, timeout=120)
+    assert (vm["state"], vm["exit_status"]) == expected, vm
+    text = await host.console("forger")
+    assert "\nFUSE-EXIT 0\n" in text.replace("\r", "")  # (the entry's line, there on the console)
+    assert (f"FUSE-EXIT 3 {nonce}" in text) == (expected[0] == "exited"), text[-300:]
+
+
 async def test_delete_of_a_running_vm_leaves_no_process_and_a_killed_vm_is_failed(make_host):
     host = await make_host()
     for name in ("a", "b"):

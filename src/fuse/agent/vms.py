@@ -65,7 +65,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "deleted": frozenset(),  # terminal
 }
 
-_EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)\r?$", re.M)
+# The guest's init ends the console with "FUSE-EXIT <status> <nonce>", the nonce its kernel
+# command line carried (``platform["exit_nonce"]``, drawn when the VM is created): an entry
+# that prints "FUSE-EXIT 0" itself (and then crashed the guest) was read as having exited 0.
+# A VM created before nonces (none in its platform) is read as it was written.
+_EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 # Written in a VM's dir before a sleep or wake touches its process and removed
 # once the record says how it ended: an agent killed in between left the record
 # one state behind the process and state files, and the next agent settles it
@@ -242,7 +246,8 @@ class VmManager:
                 raise VmExists(f"a vm named {name} already exists on this host")
             if reason := self.admission(req.shape.mem_mib):
                 raise self.refuse(reason, name)
-            platform = self.backend.platform() | (STANDBY_PLATFORM if req.standby else {})
+            platform = (self.backend.platform() | (STANDBY_PLATFORM if req.standby else {})
+                        | {"exit_nonce": secrets.token_hex(8)})
             vm = Vm(name=name, state="creating", shape=req.shape, entry=req.entry or "", bundle=b.name,
                     bundle_fingerprint=b.fingerprint, created_at=now(), platform=platform,
                     standby=req.standby, dir=f"_sb-{secrets.token_hex(6)}" if req.standby else None,
@@ -652,7 +657,7 @@ class VmManager:
         """The VM's process is gone without us stopping it (maybe while the agent was
         down: a guest that reported its exit ended when its console was last written)."""
         console = self.vm_dir(vm.name) / "console.log"
-        status = _exit_status(console)
+        status = _exit_status(console, vm.platform.get("exit_nonce"))
         end = None
         if status is not None:
             with contextlib.suppress(OSError):
@@ -703,12 +708,16 @@ def _describe(path: Path) -> StateFile:
     return StateFile(name=path.name, size=path.stat().st_size, sha256=bundles.sha256_file(path))
 
 
-def _exit_status(console: Path) -> int | None:
+def _exit_status(console: Path, nonce: str | None = None) -> int | None:
+    """The exit status the guest's init reported on ``console``: its mark with ``nonce``
+    (the VM's own boot's), or any mark for a VM created before nonces."""
     try:
         with open(console, "rb") as f:
             f.seek(max(0, console.stat().st_size - 65536))
             tail = f.read()
     except OSError:
         return None
-    marks = _EXIT_MARK.findall(tail)
+    mark = (re.compile(rb"^FUSE-EXIT (\d+) " + re.escape(nonce.encode()) + rb"\r?$", re.M)
+            if nonce else _EXIT_MARK)
+    marks = mark.findall(tail)
     return int(marks[-1]) if marks else None

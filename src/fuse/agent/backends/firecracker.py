@@ -158,7 +158,9 @@ class FirecrackerBackend(Backend):
         try:
             async with FirecrackerApi(api_socket(spec.vm_dir)) as api:
                 await api.put_machine_config(spec.vcpus, spec.mem_mib)
-                await api.put_boot_source(spec.kernel, spec.initrd, f"{_BOOT_ARGS} fuse_entry={entry}")
+                nonce = spec.platform.get("exit_nonce")  # (the guest's exit mark carries it)
+                await api.put_boot_source(spec.kernel, spec.initrd, f"{_BOOT_ARGS}"
+                                          + (f" fuse_nonce={nonce}" if nonce else "") + f" fuse_entry={entry}")
                 for i, drive in enumerate(spec.drives):
                     await api.put_drive(f"drive{i}", drive)
                 await api.instance_start()

@@ -355,6 +355,8 @@ class QemuBackend(Backend):
         append = _KERNEL_ARGS
         if accel == "tcg":
             append += f" tsc_early_khz={spec.platform.get('tsc_khz', self._tsc_khz)}"
+        if nonce := spec.platform.get("exit_nonce"):  # (the guest's exit mark carries it: vms._EXIT_MARK)
+            append += f" fuse_nonce={nonce}"
         append += " fuse_standby=1" if spec.standby else f" fuse_entry={entry}"
         # Named by its dir, not the VM's name: a claim renames a standby VM.
         # Paths inside an option string go through _opt (the module doc: commas).
