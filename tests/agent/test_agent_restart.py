@@ -147,6 +147,30 @@ async def test_a_vm_that_ends_while_the_agent_is_down_is_metered_to_its_end(tmp_
         await second.close()
 
 
+async def test_a_vm_killed_while_the_agent_is_down_is_metered_to_when_it_was_last_seen(tmp_path, bundle_dir):
+    # (found by a black-box review of issue 3: with no exit reported, its wall seconds and
+    # MiB·s ran to the restart that found it gone: an agent down an hour billed the hour)
+    import os
+
+    state = await _run_and_stop(tmp_path, bundle_dir, "held", "sleep 600")
+    (pid,) = qemu_pids(str(state / "vms" / "held"))
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    while qemu_pids(str(state / "vms" / "held")):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(4)  # the agent is down for a while after the VM died
+    second = VmManager(state, "qemu", ram_mb=2048, cpus=2)
+    await second.start()
+    try:
+        assert second.get("held").state == "failed"
+        seg = second.metering.segments[0]
+        assert seg["end"] <= killed + 0.5, (seg, killed)  # not the restart's time, 4 s later
+        assert seg["end"] >= seg["start"]
+    finally:
+        await second.delete("held")
+        await second.close()
+
+
 async def test_an_orphan_killed_on_start_is_metered_no_longer(tmp_path, bundle_dir):
     state = await _run_and_stop(tmp_path, bundle_dir, "lost", "sleep 600")
     (state / "vms" / "lost" / "vm.json").unlink()  # its record gone: the process is an orphan now

@@ -283,3 +283,27 @@ def test_a_cpu_reading_is_on_disk_within_a_second_and_before_it_is_reported(tmp_
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_metering_puts_when_a_vm_was_last_seen_on_disk_every_few_seconds_even_idle(tmp_path, monkeypatch):
+    """The end of a VM whose process ends while the agent is down is when it was last seen
+    alive: an idle VM (its CPU reading unchanged) has that persisted too, at least every
+    SEEN_PERSIST_S, not only when its CPU reading changes."""
+    from fuse.agent import metering as m
+
+    clock = [1000.0]
+    monkeypatch.setattr(m, "cpu_seconds", lambda pid: 1.0)
+    monkeypatch.setattr(m.time, "monotonic", lambda: clock[0])
+    meter = m.Metering(tmp_path / "metering.json")
+    meter.start("idle", 128, pid=1, now=10.0)
+    clock[0] += m.PERSIST_S
+    meter.sample("idle")  # the first reading changes the CPU figure: saved
+    on_disk = lambda: json.loads((tmp_path / "metering.json").read_text())["segments"][0].get("seen")  # noqa: E731
+    first = on_disk()
+    assert first is not None
+    clock[0] += m.SEEN_PERSIST_S / 2
+    meter.sample("idle")
+    assert on_disk() == first  # (unchanged CPU: not written every tick)
+    clock[0] += m.SEEN_PERSIST_S
+    meter.sample("idle")
+    assert on_disk() > first and meter.last_seen("idle") == on_disk()

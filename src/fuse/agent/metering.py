@@ -39,8 +39,11 @@ process that ends while the agent is down has left /proc and was not the new
 agent's child, so the CPU seconds it used after its last persisted reading
 cannot be read any more: that reading is at most ``PERSIST_S`` (plus half a
 second) older than the crash, and what the VM used while the agent was
-down is not metered. Its wall seconds and MiB·s are: they run to its end
-(the console's last write when its guest reported an exit).
+down is not metered. Its wall seconds and MiB·s run to its end: the console's
+last write when its guest reported an exit, else the last moment it is known
+to have been alive — when an agent last saw it (persisted at least every
+``SEEN_PERSIST_S``) or its console was last written, whichever is later — never
+to the restart that found it gone (an agent down an hour billed the hour).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ _FIELDS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
 # At most one write of the metering file a second for CPU readings: a crash
 # loses at most this much of them (see the module doc).
 PERSIST_S = 1.0
+# ...and at least every this many seconds while VMs run, the last time each was seen alive
+# (the end of a VM whose process ends while the agent is down)
+SEEN_PERSIST_S = 5.0
 _MICROSECOND = Decimal("0.000001")
 
 
@@ -125,8 +131,15 @@ class Metering:
         if cpu > seg["cpu_s"]:
             seg["cpu_s"] = cpu
             self._dirty = True
-        if self._dirty and time.monotonic() - self._saved_at >= PERSIST_S:
+        since = time.monotonic() - self._saved_at
+        if (self._dirty and since >= PERSIST_S) or since >= SEEN_PERSIST_S:
             self.save()
+
+    def last_seen(self, vm: str) -> float | None:
+        """When ``vm``'s open segment's process was last seen alive, as persisted
+        (None when it never was)."""
+        seg = self._open_segment(vm)
+        return None if seg is None else seg.get("seen")
 
     def stop(self, vm: str, now: float | None = None) -> None:
         """``vm``'s process ended (or is about to: call before killing it,

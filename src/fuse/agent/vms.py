@@ -513,7 +513,7 @@ class VmManager:
                     vm.pid = pid
                     adopting.append(vm)
                 else:
-                    self._ended(vm)
+                    self._ended(vm, while_down=True)
         # Side by side, each bounded by the backend (its QMP deadlines): a hung
         # hypervisor costs the agent's start that bound once, not the whole host
         # (it is adopted with a warning: its process is watched as any other).
@@ -653,15 +653,22 @@ class VmManager:
             self.save(vm)
             self.events.emit("vm_ready", vm=vm.name)
 
-    def _ended(self, vm: Vm) -> None:
-        """The VM's process is gone without us stopping it (maybe while the agent was
-        down: a guest that reported its exit ended when its console was last written)."""
+    def _ended(self, vm: Vm, while_down: bool = False) -> None:
+        """The VM's process is gone without us stopping it: just now, or ``while_down``
+        (found gone by an agent starting). A guest that reported its exit ended when its
+        console was last written; one that did not, found gone, when it was last known
+        alive (fuse.agent.metering), not when this agent came to see it gone."""
         console = self.vm_dir(vm.name) / "console.log"
         status = _exit_status(console, vm.platform.get("exit_nonce"))
+        written = None
+        with contextlib.suppress(OSError):
+            written = min(console.stat().st_mtime, time.time())
         end = None
         if status is not None:
-            with contextlib.suppress(OSError):
-                end = min(console.stat().st_mtime, time.time())
+            end = written
+        elif while_down:
+            known = [t for t in (self.metering.last_seen(vm.name), written) if t is not None]
+            end = max(known) if known else None
         self.metering.stop(vm.name, now=end)
         if not reap(vm.pid):  # (its last threads still ending: collected on a later tick)
             self._unreaped.add(vm.pid)
