@@ -311,3 +311,20 @@ async def test_a_state_dir_with_a_comma_in_its_path_boots_sleeps_and_wakes(make_
     argv = host.vms.backend.argv(spec)
     options = [a for a in argv[1:] if "," in a and not a.startswith("/")]
     assert options and all("c,d" not in a.replace(",,", "") for a in options), options
+
+
+async def test_a_wake_from_a_truncated_state_file_fails_and_leaves_the_vm_asleep_with_no_socket(make_host):
+    # (a black-box review of issue 3: the failed wake left a stale QMP socket in the VM's dir)
+    host = await make_host()
+    await _counting(host, upto=2)
+    assert (await host.client.post("/v1/host/vms/counter/sleep")).json()["state"] == "sleeping"
+    (state,) = host.vms.vm_dir("counter").rglob("state.bin")
+    with open(state, "r+b") as f:
+        f.truncate(state.stat().st_size // 2)
+    r = await host.client.post("/v1/host/vms/counter/wake")
+    assert (r.status_code, r.json()["error"]["code"]) == (500, "wake_failed"), r.text
+    vm = (await host.client.get("/v1/host/vms/counter")).json()
+    assert vm["state"] == "sleeping" and vm["pid"] is None
+    assert not qemu_pids(str(host.vms.vm_dir("counter")))
+    left = sorted(p.name for p in host.vms.vm_dir("counter").iterdir())
+    assert not {"qemu.pid", "qmp.sock"} & set(left), left

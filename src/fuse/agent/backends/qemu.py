@@ -395,6 +395,7 @@ class QemuBackend(Backend):
         reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
         pid = read_pidfile(spec.vm_dir / "qemu.pid")
         if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
+            self.ended(spec)  # (a wake from a bad state file left its QMP socket behind)
             raise BackendError(f"qemu failed to start (exit {proc.returncode}): "
                                f"{_launch_failure(err_path, proc.returncode, incoming)}")
         for sock in (qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
