@@ -194,3 +194,19 @@ def test_under_json_a_malformed_controller_url_is_invalid_argument():
     # (a bad flag, refused before anything is asked: exit 2, as under `fuse pool`; it was 1)
     err = json_error(run("ftp://nowhere", "controller", "hosts", "list", "--json", code=2))
     assert err["code"] == "invalid_argument" and "ftp://nowhere" in err["message"]
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://127.0.0.1:abc", "Invalid port: 'abc'"),
+    ("http://999.1.1.1:80", "Invalid IPv4 address"),
+    ("http://127.0.0.1:99999", "has port 99999: a port is 1-65535"),
+    ("http://:8080", "names no host"),
+    ("unix://", "names no socket"),
+], ids=["a port that is no number", "an IPv4 address that is none", "a port past 65535", "no host", "no socket"])
+@pytest.mark.parametrize("group", [["controller", "hosts", "list"], ["pool", "budget"]], ids=["controller", "pool"])
+def test_a_controller_url_that_cannot_be_one_is_refused_as_a_bad_flag(url, says, group):
+    # (a README audit: a traceback and exit 1 for the first two, a dial and "unreachable"
+    # for the others; it is refused before anything is asked, exit 2, in one line)
+    r = run(url, *group, code=2)
+    assert "Traceback" not in r.stderr and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -20,5 +20,11 @@ def test_a_capacity_figure_that_is_no_number_is_refused_by_the_sdk(field, value)
 
 
 def test_numbers_still_make_a_capacity():
-    cap = fuse.HostCapacity(cpus=2, vm_count=3, ram_mb=2048.0)
+    cap = fuse.HostCapacity(cpus=2, vm_count=3, ram_mb=2048)
     assert (cap.cpus, cap.vm_count, cap.ram_mb) == (2, 3, 2048)
+
+
+def test_a_figure_given_as_a_float_is_refused_as_the_api_refuses_it():
+    # (a black-box review of issue 2: the API answers 400 to 2048.0, the SDK sent it as 2048)
+    with pytest.raises(pydantic.ValidationError):
+        fuse.HostCapacity(cpus=2, vm_count=3, ram_mb=2048.0)

@@ -245,12 +245,14 @@ def test_the_pool_and_prewarm_calls_are_described_and_answer_through_the_tool(tm
         reap(tmp_path)
 
 
-def test_a_malformed_controller_url_is_one_line_and_exit_1():
+def test_a_malformed_controller_url_is_one_line_and_exit_2():
+    # (exit 2, a flag refused before anything is asked, as under every command group: a
+    # README audit found `fuse mcp` alone exiting 1)
     import subprocess
 
     r = subprocess.run([sys.executable, "-m", "fuse.cli", "mcp"], env={**os.environ, "FUSE_URL": "ftp://x"},
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert r.stderr.strip().splitlines() == [
         "error: invalid_argument: url 'ftp://x' must be unix:///path or http(s)://host:port"], r.stderr
 

@@ -18,7 +18,7 @@ def mcp(
         server = build_server(url, token)
     except ValueError as err:  # a malformed --url / $FUSE_URL: one line, as every command says it
         typer.echo(f"error: invalid_argument: {err}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None  # (a flag refused before anything is asked: README)
     server.run("stdio")
 
 

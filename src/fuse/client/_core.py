@@ -169,10 +169,30 @@ def resolve_url(url: str | None) -> tuple[str, str | None]:
         from ..controller.service import default_controller_socket
         return "http://fuse", str(default_controller_socket())
     if url.startswith("unix://"):
+        if not url[len("unix://"):]:
+            raise ValueError(f"url {url!r} names no socket: unix:///path/to/controller.sock")
         return "http://fuse", url[len("unix://"):]
-    if url.startswith(("http://", "https://")):
+    if url.lower().startswith(("http://", "https://")):
+        _check_http_url(url)
         return url.rstrip("/"), None
     raise ValueError(f"url {url!r} must be unix:///path or http(s)://host:port")
+
+
+def _check_http_url(url: str) -> None:
+    """``ValueError`` saying why ``url`` cannot be a controller's http(s) address (a port
+    that is no port, a host that is no host): said where the client is made, not as
+    httpx's traceback at the first call, nor as "unreachable" after dialling port 99999."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ValueError(f"url {url!r} is not an http(s)://host:port address: {exc}") from None
+    if not parsed.host:
+        raise ValueError(f"url {url!r} names no host: http(s)://host:port")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"url {url!r} has port {port}: a port is 1-65535")
 
 
 def headers(token: str | None) -> dict[str, str]:
