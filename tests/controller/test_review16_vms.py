@@ -49,6 +49,23 @@ def test_a_bundle_no_active_host_has_is_invalid_argument_whatever_a_cordoned_hos
         assert client.vms.list() == []
 
 
+def test_an_unknown_bundle_is_invalid_argument_though_a_host_is_disconnected(tmp_path, procs):
+    # (a README audit: an active host whose agent is down turned the 400 into fleet_full;
+    # placement passes it by, so it is no host the create may go to)
+    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        register(client, "a", a)
+        client.hosts.register(fuse.RegisterHostRequest(
+            id="down", url="http://127.0.0.1:9", token="t", backend="qemu",  # (nothing listens: declared)
+            capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2, storage_gb=10)))
+        with pytest.raises(fuse.ApiError) as e:
+            client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="true", bundle="nope")
+        assert (e.value.status, e.value.code) == (400, "invalid_argument"), e.value
+        assert "no host has bundle nope" in e.value.message and "there are: linux" in e.value.message, e.value
+        assert client.vms.list() == []
+
+
 def test_a_standby_vm_is_refused_through_the_controller(tmp_path, procs):
     procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
     procs.append(ctl := start_controller(tmp_path))

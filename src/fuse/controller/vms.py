@@ -324,13 +324,20 @@ class VmService:
         if not names:
             return  # (no host at all: fleet_full says so)
         have: set[str] = set()
+        asked = 0
         for h in names:
             view = self.fleet.views.get(h) if self.fleet else None
+            if host is None and view is not None and not view.connected:
+                continue  # (placement passes a disconnected host by: it is no host the create may go to)
             listed = view.summary.get("bundles") if view is not None else None
             if listed is None:
                 return  # (it did not say: its admission decides)
             have |= {b.get("name") for b in listed if isinstance(b, dict)}
-        if host is None and on != "local" and self.ctl.pool.cloud_names():
+            asked += 1
+        buys = host is None and on != "local" and bool(self.ctl.pool.cloud_names())
+        if not asked and host is None and not buys:
+            return  # (none connected and nothing to buy: fleet_full says so, host by host)
+        if buys:
             have |= self.ctl.pool.images()  # (what a machine bought for it would have)
         if bundle not in have:
             what = f"host {host} has no bundle {bundle}" if host is not None else f"no host has bundle {bundle}"
