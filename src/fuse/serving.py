@@ -155,6 +155,10 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     def stop() -> None:
         for s, _ in servers:
             s.should_exit = True
+        # requests that wait on purpose (a long poll) end now rather than hold the stop up:
+        # the server waits for every request in flight before it lets the process go
+        if (stopping := getattr(getattr(app, "state", None), "stopping", None)) is not None:
+            stopping()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -174,6 +174,7 @@ def create_app(ctl: Controller) -> FastAPI:
     app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
     app.add_middleware(BearerFirst, token=ctl.token, open=OPEN_PATHS)  # every other route needs it
     app.state.ctl = ctl
+    app.state.stopping = ctl.events.stop_waiting  # (fuse.serving: a long poll answers at once on a stop)
     app.state.pool_snapshot = ctl.pool_snapshot
 
     @app.exception_handler(DBAPIError)

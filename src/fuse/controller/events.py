@@ -32,6 +32,14 @@ def wire(row: dict) -> dict[str, Any]:
 class EventService:
     def __init__(self, ctl):
         self.ctl = ctl
+        self._stopping = False
+
+    def stop_waiting(self) -> None:
+        """The controller is stopping: long polls answer with what they have now (a follower
+        carries on from its cursor at the next controller) instead of holding the stop up for
+        up to their wait_s (a `fuse controller events` open kept a stopping controller, its
+        state dir locked, for 29 s)."""
+        self._stopping = True
 
     async def list(self, since: int = 0, wait_s: float = 0, limit: int = 100) -> dict[str, Any]:
         if since < 0:
@@ -51,7 +59,7 @@ class EventService:
             since = newest
         while True:
             rows = store.events_after(since, limit)
-            if rows or time.monotonic() >= deadline:
+            if rows or time.monotonic() >= deadline or self._stopping:
                 break
             changed = self.ctl.fleet.changed if self.ctl.fleet else asyncio.Event()
             changed.clear()
