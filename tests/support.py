@@ -320,8 +320,12 @@ def end_fake_vm(agent, name: str, exit_status: int | None) -> None:
     console first (the entry finished: exited), or without (the process died: failed)."""
     vm_dir = Path(agent.state_dir) / "vms" / name
     if exit_status is not None:
+        # (with the boot's nonce, as the guest's init writes it: fuse.agent.vms._EXIT_MARK)
+        import json
+
+        nonce = json.loads((vm_dir / "vm.json").read_text()).get("platform", {}).get("exit_nonce")
         with open(vm_dir / "console.log", "a") as f:
-            f.write(f"FUSE-EXIT {exit_status}\n")
+            f.write(f"FUSE-EXIT {exit_status}{' ' + nonce if nonce else ''}\n")
     os.kill(int((vm_dir / "fake.pid").read_text().split()[0]), signal.SIGKILL)
 
 

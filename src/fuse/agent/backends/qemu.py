@@ -520,6 +520,7 @@ class QemuBackend(Backend):
         except BaseException as exc:
             ended = self.pid(spec) is None
             await kill_and_wait(pid, str(spec.vm_dir))
+            self.ended(spec)  # (its QMP socket and pid file go with it)
             if ended and isinstance(exc, BackendError):
                 # it detached, then ended in the load while QMP was greeting it (a hang-up, not
                 # a reason): what is wrong with the state, as for a launch that ended so
