@@ -32,8 +32,12 @@ def test_a_bundle_no_host_has_is_invalid_argument_naming_the_bundles_there_are(t
         assert client.vms.list() and not [v for v in client.vms.list() if v["name"] != "x"]
 
 
-def test_a_bundle_no_active_host_has_is_invalid_argument_whatever_a_cordoned_host_did_not_say(tmp_path, procs):
-    """A cordoned host that never answered (so never listed its bundles) turned it into fleet_full."""
+@pytest.mark.parametrize("cordoned", [True, False],
+                         ids=["a cordoned host that never answered", "an active host that is disconnected"])
+def test_a_bundle_no_host_the_create_may_go_to_has_is_invalid_argument(tmp_path, procs, cordoned):
+    """A host the create may not go to, which never answered (so never listed its bundles),
+    turned it into fleet_full: cordoned (review 16), or active but disconnected (a README
+    audit: placement passes it by)."""
     procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
     procs.append(ctl := start_controller(tmp_path))
     with fuse.Client(ctl.url) as client:
@@ -41,24 +45,8 @@ def test_a_bundle_no_active_host_has_is_invalid_argument_whatever_a_cordoned_hos
         client.hosts.register(fuse.RegisterHostRequest(
             id="dead", url="http://127.0.0.1:9", token="t", backend="qemu",  # (nothing listens: declared)
             capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2, storage_gb=10)))
-        client.hosts.cordon("dead")
-        with pytest.raises(fuse.ApiError) as e:
-            client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="true", bundle="nope")
-        assert (e.value.status, e.value.code) == (400, "invalid_argument"), e.value
-        assert "no host has bundle nope" in e.value.message and "there are: linux" in e.value.message, e.value
-        assert client.vms.list() == []
-
-
-def test_an_unknown_bundle_is_invalid_argument_though_a_host_is_disconnected(tmp_path, procs):
-    # (a README audit: an active host whose agent is down turned the 400 into fleet_full;
-    # placement passes it by, so it is no host the create may go to)
-    procs.append(a := start_agent(tmp_path, backend="fake", name="a"))
-    procs.append(ctl := start_controller(tmp_path))
-    with fuse.Client(ctl.url) as client:
-        register(client, "a", a)
-        client.hosts.register(fuse.RegisterHostRequest(
-            id="down", url="http://127.0.0.1:9", token="t", backend="qemu",  # (nothing listens: declared)
-            capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2, storage_gb=10)))
+        if cordoned:
+            client.hosts.cordon("dead")
         with pytest.raises(fuse.ApiError) as e:
             client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="true", bundle="nope")
         assert (e.value.status, e.value.code) == (400, "invalid_argument"), e.value
