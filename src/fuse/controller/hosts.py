@@ -219,7 +219,8 @@ INVENTORY = ("gpu_devices", "mig_instances", "mig_instance_uuids")
 def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
     out = cap.model_copy(deep=True)
     out.mig_instances, out.mig_instance_uuids = [], []
-    out.gpu_devices = [GPUDevice.model_validate(d) for d in (probed or {}).get("gpu_devices", [])] if backend == "qemu" else []
+    probed_devices = (probed or {}).get("gpu_devices", []) if backend == "qemu" else []
+    out.gpu_devices = [GPUDevice.model_validate(d) for d in probed_devices]
     for field in INVENTORY:
         if getattr(cap, field) and getattr(cap, field) != getattr(out, field):
             warnings.append(f"capacity.{field}: the GPU inventory is what the host agent reports, never "
@@ -243,7 +244,7 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     real_kind = (probed.get("gpu_kind", "") or "") if backend == "qemu" else ""
     if not cap.gpu_kind:
         out.gpu_kind = real_kind
-    elif not _same_gpu(cap.gpu_kind, real_kind, probed.get("gpu_devices", []) if backend == "qemu" else []):
+    elif not _same_gpu(cap.gpu_kind, real_kind, probed_devices):
         # Quoted as the probe reports it (repr, like the declared value), so "" when it
         # found no GPU, with the reason in words beside it: the probe never says 'none'.
         machine_kind = probed.get("gpu_kind", "") or ""
@@ -273,8 +274,8 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         # Declared values are ignored: these are only ever what the agent said.
         out.firecracker = probed.get("firecracker", "") or ""
         out.firecracker_pinned = probed.get("firecracker_pinned", "") or ""
+    # (unless the backend was taken from the probe, whose warning says it already)
     if probed.get("backend") and probed["backend"] != backend and not any(w.startswith("backend:") for w in warnings):
-        # (unless the backend was taken from the probe, whose warning says it already)
         warnings.append(f"backend: registered as {backend} but the host agent runs {probed['backend']}")
     return out
 
