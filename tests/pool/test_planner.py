@@ -95,6 +95,20 @@ def test_a_hosts_pin_no_plan_can_meet_is_proven_and_nothing_bought():
     assert any("no plan meets the pins" in line for line in p.explain)
 
 
+def test_a_hosts_pin_whose_counts_do_not_split_onto_machines_is_solved_machine_by_machine():
+    # two machines for two 3-vCPU VMs and a 2-vCPU one: two 4-vCPU machines hold the 8 vCPUs
+    # as a sum but not as machines (first fit placed two VMs and stopped, the time unused);
+    # one 6-vCPU and one 4-vCPU machine hold all three
+    groups = [group(2, 3, 1024, name="a", duration_secs=3600), group(1, 2, 1024, name="b", duration_secs=3600)]
+    m = PlanModel(groups=groups, offers=[offer("four", 4, 8192, 0.10), offer("six", 6, 8192, 0.22)],
+                  constraints=Constraints(exact_new_hosts=2), time_limit_secs=1.0)
+    p = plan(m)
+    assert p.unplaced == [] and len(p.new_hosts) == 2
+    assert sorted(h.type_name for h in p.new_hosts) == ["four", "six"]
+    assert p.solver == "exact" and p.lower_bound_usd == p.projected_usd
+    assert sum(greedy(m.sorted()).placed(2)) == 2  # (first fit's plan: one VM fewer)
+
+
 def test_quota_family_caps_vcpus():
     o = SMALL.model_copy(update={"quota_family": "std"})
     p = plan(PlanModel(groups=[group(4)], offers=[o], constraints=Constraints(quotas={"std": 4})))

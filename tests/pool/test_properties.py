@@ -5,6 +5,7 @@ bound, the bound is below every plan, and FFD is never better."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.planner import plan, solve
@@ -47,6 +48,21 @@ def test_exact_plans_match_brute_force(model):
     if solver == "exact":
         assert sum(sol.placed(len(m.groups))) == best_placed
         assert abs(cost_usd(m, sol) - best_cost) <= 1e-4
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(small_models(max_vms=4), st.integers(0, 3))
+def test_a_hosts_pin_places_the_most_brute_force_places_at_its_cost(model, pin):
+    # with time to spare the planner finds the best plan of whole machines under the pin
+    # (the aggregate model's counts need not split onto them; the per-machine model does)
+    c = model.constraints.model_copy(update={"exact_new_hosts": pin, "max_new_hosts": None})
+    m = model.model_copy(update={"constraints": c}).sorted()
+    sol, solver, lb, _ = solve(m)
+    best_placed, best_cost = brute_force(m)
+    assert violations(m, sol) == []
+    assert sum(sol.placed(len(m.groups))) == best_placed
+    assert abs(cost_usd(m, sol) - best_cost) <= 1e-4
+    assert solver == "exact" and lb <= cost_usd(m, sol) + 1e-6
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

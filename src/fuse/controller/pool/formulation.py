@@ -121,18 +121,65 @@ def undominated_offers(model: PlanModel) -> list[int]:
     return [t for t in range(len(model.offers)) if t not in dom]
 
 
-def build(model: PlanModel, kept: list[int]) -> Formulation:
-    """The aggregate model over existing hosts and the kept offers (no objective yet)."""
-    from ortools.sat.python import cp_model
+@dataclass
+class Cell:
+    """New machines of one offer in one billing class: who may go there and what one costs."""
 
+    t: int  # the offer
+    k: int  # its billing class: the groups' durations allowed on t, sorted
+    delta: int  # the class's duration δ_k (its machines are billed for it)
+    on: list[int]  # groups allowed on t with duration ≤ δ_k
+    q: dict[int, int]  # VMs of each of those groups one machine holds
+    ub: int  # the most machines of the cell any plan may have (caps applied)
+    kappa: int  # micro-USD one machine costs (κ_tk)
+    cap_cpu: int  # sellable vCPUs of one machine
+
+
+def cells(model: PlanModel, kept: list[int]) -> tuple[dict[int, list[int]], list[Cell]]:
+    """The billing classes of each kept offer (t -> [δ_k]) and their cells, by (t, k)."""
     c, groups = model.constraints, model.groups
-    f = Formulation(m=cp_model.CpModel())
-    m = f.m
-    placed: list[list[Any]] = [[] for _ in groups]
-    tie_terms, tie_max = [], 0
-    cost_terms = []
+    classes: dict[int, list[int]] = {}
+    out: list[Cell] = []
+    for t in kept:
+        o = model.offers[t]
+        ok = [g for g, grp in enumerate(groups) if offer_reject(grp, o, c) is None]
+        if not ok:
+            continue
+        deltas = sorted({groups[g].duration_secs for g in ok})
+        classes[t] = deltas
+        cap_cpu = offer_vcpus(o, c)
+        for k, delta in enumerate(deltas):
+            on = [g for g in ok if groups[g].duration_secs <= delta]
+            ub = sum(groups[g].count for g in on)
+            for lim in (o.limit, c.max_new_hosts if not o.one_space else None, c.exact_new_hosts if not o.one_space else None):
+                if lim is not None:
+                    ub = min(ub, lim)
+            if c.max_usd_per_hour is not None and o.usd_per_hour > 0:
+                ub = min(ub, int(c.max_usd_per_hour / o.usd_per_hour + 1e-9))
+            if ub <= 0:
+                continue
+            q = {g: 1 if o.one_space else fits_per_machine(groups[g], cap_cpu, o.mem_mib) for g in on}
+            kappa = int(o.usd_per_hour * billed_secs(o, delta) * MICRO // 3600)
+            out.append(Cell(t=t, k=k, delta=delta, on=on, q=q, ub=ub, kappa=kappa, cap_cpu=cap_cpu))
+    return classes, out
 
-    # existing hosts: explicit machines, so exact
+
+@dataclass
+class Terms:
+    """What the rows over the whole plan sum: built by the machines' part, closed by ``close_rows``."""
+
+    placed: list[list[Any]]
+    cost: list[Any] = field(default_factory=list)
+    tie: list[Any] = field(default_factory=list)
+    usd: list[Any] = field(default_factory=list)  # micro-USD/h of new machines
+    hosts: list[Any] = field(default_factory=list)  # new machines that are hosts (not sandboxes)
+    family: dict[str, list[Any]] = field(default_factory=dict)  # quota family -> vCPUs
+    tie_max: int = 0
+
+
+def existing_hosts(f: Formulation, model: PlanModel, terms: Terms) -> None:
+    """The existing hosts: explicit machines, so exact."""
+    c, groups, m = model.constraints, model.groups, f.m
     for h, host in enumerate(model.hosts):
         on_h = []
         extra = []
@@ -148,14 +195,14 @@ def build(model: PlanModel, kept: list[int]) -> Formulation:
                 expr = m.new_int_var(0, cap, f"x{g}_{h}")
                 f._hint_vars["x", g, h] = expr
             f.x[g, h] = expr
-            placed[g].append(expr)
+            terms.placed[g].append(expr)
             on_h.append((grp, expr))
             kappa = int(host.usd_per_hour * extra_secs(host, grp.duration_secs) * MICRO // 3600)
             if kappa > 0:
                 extra.append((kappa, expr, grp.count))
             if not host.own:
-                tie_terms.append(expr)
-                tie_max += grp.count
+                terms.tie.append(expr)
+                terms.tie_max += grp.count
         if not on_h:
             continue
         m.add(sum(gr.cpus * e for gr, e in on_h) <= host_vcpus(host, c))
@@ -168,94 +215,97 @@ def build(model: PlanModel, kept: list[int]) -> Formulation:
                 y = m.new_bool_var("")
                 m.add(expr <= n * y)
                 m.add(e_h >= kappa * y)
-            cost_terms.append(e_h)
+            terms.cost.append(e_h)
+
+
+def machines_of(model: PlanModel, cell: Cell, n: Any, terms: Terms) -> None:
+    """What ``n`` machines of ``cell`` add to the rows over the whole plan."""
+    o = model.offers[cell.t]
+    terms.cost.append(cell.kappa * n)
+    terms.usd.append(round(o.usd_per_hour * MICRO) * n)
+    if not o.one_space:
+        terms.hosts.append(n)
+    terms.family.setdefault(o.quota_family, []).append(o.vcpus * n)
+
+
+def close_rows(f: Formulation, model: PlanModel, terms: Terms) -> None:
+    """The caps, quotas, hosts pin and budget over the whole plan; placed counts and cost."""
+    c, groups, m = model.constraints, model.groups, f.m
+    for fam, fam_terms in terms.family.items():
+        if fam in c.quotas:
+            m.add(sum(fam_terms) <= c.quotas[fam])
+    if c.max_usd_per_hour is not None:
+        m.add(sum(terms.usd) <= int(c.max_usd_per_hour * MICRO + 1e-6))
+    if c.max_new_hosts is not None:
+        m.add(sum(terms.hosts) <= c.max_new_hosts)
+    if c.exact_new_hosts is not None:
+        m.add(sum(terms.hosts) == c.exact_new_hosts)
+    for g, placed in enumerate(terms.placed):
+        expr = sum(placed) if placed else 0
+        if placed:
+            # for a together group this is Σ n_g·w ≤ n_g, i.e. at most one machine
+            m.add(expr <= groups[g].count)
+        f.placed.append(expr)
+    f.cost = sum(terms.cost) if terms.cost else 0
+    if c.monthly_usd_left is not None:
+        m.add(f.cost <= int(c.monthly_usd_left * MICRO))
+
+
+def build(model: PlanModel, kept: list[int]) -> Formulation:
+    """The aggregate model over existing hosts and the kept offers (no objective yet)."""
+    from ortools.sat.python import cp_model
+
+    groups = model.groups
+    f = Formulation(m=cp_model.CpModel())
+    m = f.m
+    terms = Terms(placed=[[] for _ in groups])
+    existing_hosts(f, model, terms)
 
     # new machines: counts per (type, billing class)
     ready = m.new_int_var(0, max((model.offers[t].boot_secs for t in kept), default=0), "ready")
-    per_family: dict[str, list[Any]] = {}
-    usd_terms, host_terms = [], []
     total = sum(g.count for g in groups)
-    for t in kept:
+    f.classes, all_cells = cells(model, kept)
+    by_type: dict[int, list[Any]] = {}
+    for cell in all_cells:
+        t, k, o = cell.t, cell.k, model.offers[cell.t]
+        n = m.new_int_var(0, cell.ub, f"n{t}_{k}")
+        f.n[t, k] = n
+        f._hint_vars["n", t, k] = n
+        f.groups_on[t, k] = cell.on
+        by_type.setdefault(t, []).append(n)
+        vms = []
+        for g in cell.on:
+            grp = groups[g]
+            if grp.together:
+                w = m.new_bool_var(f"wn{g}_{t}_{k}")
+                f._hint_vars["w", "z", g, t, k] = w
+                expr = grp.count * w
+                m.add(w <= n)
+            else:
+                expr = m.new_int_var(0, min(grp.count, cell.q[g] * cell.ub), f"z{g}_{t}_{k}")
+                f._hint_vars["z", g, t, k] = expr
+                m.add(expr <= cell.q[g] * n)
+            f.z[g, t, k] = expr
+            terms.placed[g].append(expr)
+            vms.append((grp, expr))
+            terms.tie.extend([expr, expr])
+        m.add(sum(gr.cpus * e for gr, e in vms) <= cell.cap_cpu * n)
+        m.add(sum(gr.mem_mib * e for gr, e in vms) <= o.mem_mib * n)
+        m.add(sum(e for _, e in vms) >= n)  # no empty machine
+        if o.one_space:
+            m.add(sum(e for _, e in vms) <= n)
+        machines_of(model, cell, n, terms)
+    for t, n_type in by_type.items():
         o = model.offers[t]
-        ok = [g for g, grp in enumerate(groups) if offer_reject(grp, o, c) is None]
-        if not ok:
-            continue
-        deltas = sorted({groups[g].duration_secs for g in ok})
-        f.classes[t] = deltas
-        cap_cpu = offer_vcpus(o, c)
-        n_type = []
-        for k, delta in enumerate(deltas):
-            on = [g for g in ok if groups[g].duration_secs <= delta]
-            ub = sum(groups[g].count for g in on)
-            for lim in (o.limit, c.max_new_hosts if not o.one_space else None, c.exact_new_hosts if not o.one_space else None):
-                if lim is not None:
-                    ub = min(ub, lim)
-            if c.max_usd_per_hour is not None and o.usd_per_hour > 0:
-                ub = min(ub, int(c.max_usd_per_hour / o.usd_per_hour + 1e-9))
-            if ub <= 0:
-                continue
-            n = m.new_int_var(0, ub, f"n{t}_{k}")
-            f.n[t, k] = n
-            f._hint_vars["n", t, k] = n
-            f.groups_on[t, k] = on
-            n_type.append(n)
-            vms = []
-            for g in on:
-                grp = groups[g]
-                q = 1 if o.one_space else fits_per_machine(grp, cap_cpu, o.mem_mib)
-                if grp.together:
-                    w = m.new_bool_var(f"wn{g}_{t}_{k}")
-                    f._hint_vars["w", "z", g, t, k] = w
-                    expr = grp.count * w
-                    m.add(w <= n)
-                else:
-                    expr = m.new_int_var(0, min(grp.count, q * ub), f"z{g}_{t}_{k}")
-                    f._hint_vars["z", g, t, k] = expr
-                    m.add(expr <= q * n)
-                f.z[g, t, k] = expr
-                placed[g].append(expr)
-                vms.append((grp, expr))
-                tie_terms.extend([expr, expr])
-            m.add(sum(gr.cpus * e for gr, e in vms) <= cap_cpu * n)
-            m.add(sum(gr.mem_mib * e for gr, e in vms) <= o.mem_mib * n)
-            m.add(sum(e for _, e in vms) >= n)  # no empty machine
-            if o.one_space:
-                m.add(sum(e for _, e in vms) <= n)
-            kappa = int(o.usd_per_hour * billed_secs(o, delta) * MICRO // 3600)
-            cost_terms.append(kappa * n)
-            usd_terms.append(round(o.usd_per_hour * MICRO) * n)
-            if not o.one_space:
-                host_terms.append(n)
-        if not n_type:
-            continue
         used = m.new_bool_var(f"u{t}")
         m.add(sum(n_type) <= (o.limit if o.limit is not None else total) * used)
         m.add(ready >= o.boot_secs * used)
         if o.limit is not None:
             m.add(sum(n_type) <= o.limit)
-        per_family.setdefault(o.quota_family, []).extend(o.vcpus * n for n in n_type)
-    tie_max += 2 * total + max((model.offers[t].boot_secs for t in kept), default=0)
-
-    for fam, terms in per_family.items():
-        if fam in c.quotas:
-            m.add(sum(terms) <= c.quotas[fam])
-    if c.max_usd_per_hour is not None:
-        m.add(sum(usd_terms) <= int(c.max_usd_per_hour * MICRO + 1e-6))
-    if c.max_new_hosts is not None:
-        m.add(sum(host_terms) <= c.max_new_hosts)
-    if c.exact_new_hosts is not None:
-        m.add(sum(host_terms) == c.exact_new_hosts)
-    for g, terms in enumerate(placed):
-        expr = sum(terms) if terms else 0
-        if terms:
-            # for a together group this is Σ n_g·w ≤ n_g, i.e. at most one machine
-            m.add(expr <= groups[g].count)
-        f.placed.append(expr)
-    f.cost = sum(cost_terms) if cost_terms else 0
-    if c.monthly_usd_left is not None:
-        m.add(f.cost <= int(c.monthly_usd_left * MICRO))
-    f.tie = sum(tie_terms) + ready
-    f.tie_max = tie_max
+    terms.tie_max += 2 * total + max((model.offers[t].boot_secs for t in kept), default=0)
+    close_rows(f, model, terms)
+    f.tie = sum(terms.tie) + ready
+    f.tie_max = terms.tie_max
     return f
 
 

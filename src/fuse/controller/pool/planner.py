@@ -67,6 +67,12 @@ dominance (``formulation.dominators``). The searches end 10% of the time limit
 (at most 0.25 s) and 20 µs per VM before it (at most 30% in all), so the answer,
 checked and explained, is back within it.
 
+An answer still unproven with time left, of a small model (at most ``slots.MAX_SLOTS``
+machines), is solved once more with every new machine named (``slots``: the per-machine
+model, exact, so its answers pack, the ``hosts`` pin included): ``exact`` when it proves
+both the most VMs placed and the least cost, else its plan when it places more or costs
+less (the aggregate answer that did not pack, completed by first fit, is what it mends).
+
 Labels (``solver``): ``exact`` when the plan is proven optimal — stage 1 proved
 its placed count the most possible (or nothing was left unplaced by first fit)
 and its cost meets the bound. ``exact-incumbent`` for the best plan the exact
@@ -147,6 +153,7 @@ TAIL_SHARE, TAIL_SECS, TAIL_PER_VM = 0.05, 0.25, 2e-5  # (measured: 5 ms past th
 NO_PLAN_MEETS_PINS = "no plan meets the pins and caps together (proven): nothing is placed or bought"
 PARTIAL_PLAN = ("time limit reached before a plan placing the most VMs the models allow was found: the pattern "
                 "LP's whole machines, the rest by first fit")
+PER_MACHINE = "time limit reached (the per-machine model): a cheaper plan may exist"
 STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed was proven: "
                    "a plan placing more may exist")
 
@@ -182,11 +189,35 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
         # is not an optimal plan unless ``target`` is proven the most placeable
         most_proven = st == "optimal" or target == total
     sol, label, lb, notes = _solve_target(model, kept, base, target, deadline)
+    if label != "exact" and (got := _per_machine(model, kept, sol, lb, target if most_proven else None,
+                                                 deadline)) is not None:
+        return got  # (its proofs are of whole machines: no relaxation's count to meet)
     if label == "exact" and (not most_proven or sum(sol.placed(len(model.groups))) < target):
         # (fewer than stage 1's count: the pattern LP placed no more within the caps, which the
         # aggregate model, a relaxation, could not tell; the most placeable is then not proven)
         return sol, "exact-incumbent", lb, notes + [STAGE1_UNPROVEN]
     return sol, label, lb, notes
+
+
+def _per_machine(model: PlanModel, kept: list[int], sol: Solution, lb: float, most_known: int | None,
+                 deadline: float) -> tuple[Solution, str, float, list[str]] | None:
+    """An unproven answer of a small model given to the per-machine model (``slots``) with
+    the time left: ``exact`` when that proves both stages, else its plan when it places more
+    or costs less; None when it changes nothing (too big, no time, nothing better)."""
+    from fuse.controller.pool import slots
+
+    got = slots.solve(model, kept, sol, most_known, deadline)
+    if got is None or violations(model, got.sol):
+        return None
+    if got.most_proven and got.cost_proven and not better(model, sol, got.sol):
+        return got.sol, "exact", cost_usd(model, got.sol), []
+    if not better(model, got.sol, sol):
+        return None
+    # a bound for plans placing fewer VMs also bounds those placing more
+    placed = sum(sol.placed(len(model.groups)))
+    bound = max(got.bound_usd, lb if placed <= sum(got.sol.placed(len(model.groups))) else 0.0)
+    return (got.sol, "exact-incumbent", min(bound, cost_usd(model, got.sol)),
+            [PER_MACHINE] + ([] if got.most_proven else [STAGE1_UNPROVEN]))
 
 
 def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int,
