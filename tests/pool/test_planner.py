@@ -87,6 +87,15 @@ def test_hosts_pin_spreads_over_exactly_that_many_machines():
     assert len(p.new_hosts) == 3 and sum(a.count for a in p.assignments) == 4
 
 
+def test_a_hosts_pin_evens_the_vms_out_over_its_machines_at_the_same_cost():
+    # first fit filled the first machine and gave the others one VM each: 10, 1 and 1
+    m = PlanModel(groups=[group(12, 1, 1024)], offers=[BIG], constraints=Constraints(exact_new_hosts=3))
+    p = plan(m)
+    per_machine = sorted(a.count for a in p.assignments)
+    assert per_machine == [4, 4, 4] and len(p.new_hosts) == 3
+    assert p.solver == "exact" and p.projected_usd == pytest.approx(3 * billed_secs(BIG, 3600) * 0.36 / 3600)
+
+
 def test_a_hosts_pin_no_plan_can_meet_is_proven_and_nothing_bought():
     # three machines, each holding at least one VM, for two VMs: no plan at all
     p = plan(PlanModel(groups=[group(2, 1, 1024)], offers=[BIG], constraints=Constraints(exact_new_hosts=3)))

@@ -13,6 +13,11 @@ deterministic pass on whichever plan was chosen:
       dropped when the plan's cost does not rise: a running host's extra billed
       time may equal the machine's price, and then the plan is ready sooner.
 
+  (c) Under a ``hosts`` pin the new machines of one type are evened out: a VM moves
+      from the fullest to the emptiest while they differ by two or more and the
+      move changes no bill (the operator asked for N machines: 4, 4 and 4 VMs,
+      not 10, 1 and 1, at the same cost).
+
 ``together`` groups stay where they are (they must share one machine), and a
 ``hosts`` pin (``exact_new_hosts``) keeps every new machine. The pass never raises
 ``cost_usd`` and never breaks a constraint: when its plan does (``violations``),
@@ -21,7 +26,15 @@ places a different number of VMs, or costs more, the original is returned.
 
 from __future__ import annotations
 
-from fuse.controller.pool.model import PlanModel, billed_secs, extra_secs, host_reject, host_slots, host_vcpus
+from fuse.controller.pool.model import (
+    PlanModel,
+    billed_secs,
+    extra_secs,
+    host_reject,
+    host_slots,
+    host_vcpus,
+    offer_vcpus,
+)
 from fuse.controller.pool.solution import Machine, Solution, cost_usd, violations
 
 EPS = 1e-9
@@ -159,15 +172,47 @@ def _empty_new(model: PlanModel, sol: Solution, allowed: list[list[bool]]) -> So
     return Solution(on_hosts=on_hosts, machines=kept)
 
 
+def _even_out(model: PlanModel, sol: Solution) -> Solution:
+    """(c): the hosts pin's machines of each type, evened out at the same bills."""
+    if model.constraints.exact_new_hosts is None or len(sol.machines) < 2:
+        return sol
+    c, groups = model.constraints, model.groups
+    machines = [Machine(offer=m.offer, counts=dict(m.counts)) for m in sol.machines]
+    by_offer: dict[int, list[Machine]] = {}
+    for m in machines:
+        by_offer.setdefault(m.offer, []).append(m)
+    for t, same in by_offer.items():
+        o = model.offers[t]
+        if len(same) < 2 or o.one_space:
+            continue
+        cap_cpu, cap_mem = offer_vcpus(o, c), o.mem_mib
+        for _ in range(sum(sum(m.counts.values()) for m in same)):  # each move narrows the spread
+            same.sort(key=lambda m: sum(m.counts.values()))
+            low, high = same[0], same[-1]
+            if sum(high.counts.values()) - sum(low.counts.values()) < 2:
+                break
+            low_dur = max(groups[g].duration_secs for g in low.counts)
+            cpu_free = cap_cpu - sum(groups[g].cpus * k for g, k in low.counts.items())
+            mem_free = cap_mem - sum(groups[g].mem_mib * k for g, k in low.counts.items())
+            g = next((g for g in sorted(high.counts) if not groups[g].together
+                      and groups[g].cpus <= cpu_free and groups[g].mem_mib <= mem_free
+                      and billed_secs(o, max(low_dur, groups[g].duration_secs)) == billed_secs(o, low_dur)), None)
+            if g is None:
+                break  # (what the fullest holds fits the emptiest only at a higher bill, or not at all)
+            high.counts[g] -= 1
+            if high.counts[g] == 0:
+                del high.counts[g]
+            low.counts[g] = low.counts.get(g, 0) + 1
+    return Solution(on_hosts=dict(sol.on_hosts), machines=machines)
+
+
 def prefer_order(model: PlanModel, sol: Solution, *, exact: bool = False) -> Solution:
     """``sol`` with its VMs moved up the preference order at no extra cost; ``sol`` itself
     when the result would break a constraint, place a different number of VMs, cost more,
     or (``exact``: ``sol`` was proven least-cost) cost less, which would mean a wrong proof."""
-    if not model.hosts:
-        return sol
     allowed = _allowed(model)
     try:
-        out = _empty_new(model, _to_own(model, sol, allowed), allowed)
+        out = _even_out(model, _empty_new(model, _to_own(model, sol, allowed), allowed) if model.hosts else sol)
     except (ArithmeticError, IndexError, KeyError, ValueError):  # a guard: the plan stands as it is
         return sol
     before, after = cost_usd(model, sol), cost_usd(model, out)
