@@ -15,7 +15,9 @@ slot of its own (notation: ``planner``):
   hosts pin and the budget exactly as in the aggregate model.
 
 So every answer packs, and the model is exact: stage 1 (the most VMs placed)
-and stage 2 (the least cost for that many) proven here prove the plan.
+and stage 2 (the least cost for that many) proven here prove the plan. When a
+relaxation has proven the most placeable, stage 2 is tried at that count first:
+whole machines mostly hold it, and then one solve proves both.
 Slots are ordered by their cell (a used slot's index above every unused one's
 0), so each plan is searched in one order of its machines, not J! of them.
 J, the slots, is the most machines a plan can use: each holds a VM, so at most
@@ -37,6 +39,7 @@ from fuse.controller.pool.solution import Machine, Solution
 
 MAX_SLOTS, MAX_CELLS = 100, 4000
 MIN_SECS = 0.05  # less time left than this: not started
+BUILD_SECS = 25e-6  # per (slot, cell) pair: building the model (0.1 s at MAX_CELLS, measured)
 
 
 @dataclass
@@ -177,33 +180,54 @@ def realise(sm: SlotModel, solver: Any) -> Solution:
 def solve(model: PlanModel, kept: list[int], start: Solution, most_known: int | None,
           deadline: float) -> Answer | None:
     """The per-machine model's best plan by ``deadline``, or None (too big, out of time,
-    nothing found). ``most_known``: a count already proven the most placeable, if any."""
+    nothing found). ``most_known``: the most VMs any plan may place, when proven (by a
+    relaxation: whole machines may hold fewer)."""
     _, all_cells = F.cells(model, kept)
     n_slots = slots_needed(model, all_cells)
-    if n_slots > MAX_SLOTS or n_slots * len(all_cells) > MAX_CELLS or deadline - time.monotonic() < MIN_SECS:
+    size = n_slots * len(all_cells)
+    if n_slots > MAX_SLOTS or size > MAX_CELLS or deadline - time.monotonic() < MIN_SECS + BUILD_SECS * size:
         return None
     total = sum(g.count for g in model.groups)
     placed = sum(start.placed(len(model.groups)))
-    most, most_proven, best = placed, placed >= total or most_known == placed, start
-    if not most_proven:  # stage 1: the most VMs placeable
-        sm = build(model, kept, n_slots)
-        sm.f.m.maximize(sum(sm.f.placed))
-        hint(sm, model, start)
-        st, solver = F.run(sm.f, model, 0.5 * (deadline - time.monotonic()))
-        if st == "optimal" or st == "feasible":
-            found = int(round(solver.objective_value))
-            most_proven = st == "optimal"
-            if found > most:
-                most, best = found, realise(sm, solver)
-    if deadline - time.monotonic() < MIN_SECS:
-        return Answer(best, most_proven, False, 0.0) if best is not start else None
-    # stage 2: the least cost placing that many
+    if placed >= total or (most_known is not None and placed >= most_known):
+        return _least_cost(model, kept, n_slots, start, placed, True, deadline)
+    if most_known is not None:
+        # the relaxation's most, tried at once: whole machines mostly hold it, and then
+        # this one solve proves both the count and the cost
+        got = _least_cost(model, kept, n_slots, start, most_known, True, deadline, or_infeasible=True)
+        if got != "infeasible":
+            return got
+    # stage 1: the most VMs placeable
     sm = build(model, kept, n_slots)
-    sm.f.m.add(sum(sm.f.placed) >= most)
-    sm.f.m.minimize(sm.f.cost)
-    hint(sm, model, best)
-    st, solver = F.run(sm.f, model, deadline - time.monotonic())
+    sm.f.m.maximize(sum(sm.f.placed))
+    hint(sm, model, start)
+    st, solver = F.run(sm.f, model, 0.5 * (deadline - time.monotonic()))
     if st not in ("optimal", "feasible"):
-        return Answer(best, most_proven, False, 0.0) if best is not start else None
+        return None
+    most = int(round(solver.objective_value))
+    if most <= placed and st != "optimal":
+        return None  # (nothing more found, nothing proven)
+    best = realise(sm, solver) if most > placed else start
+    got = _least_cost(model, kept, n_slots, best, max(most, placed), st == "optimal", deadline)
+    if got is None and best is not start:
+        return Answer(best, st == "optimal", False, 0.0)
+    return got
+
+
+def _least_cost(model: PlanModel, kept: list[int], n_slots: int, start: Solution, at_least: int,
+                most_proven: bool, deadline: float, or_infeasible: bool = False) -> Answer | str | None:
+    """Stage 2: the least cost placing ``at_least`` VMs, from ``start``; "infeasible" (when
+    ``or_infeasible``) if no plan places that many."""
+    if deadline - time.monotonic() < MIN_SECS:
+        return None
+    sm = build(model, kept, n_slots)
+    sm.f.m.add(sum(sm.f.placed) >= at_least)
+    sm.f.m.minimize(sm.f.cost)
+    hint(sm, model, start)
+    st, solver = F.run(sm.f, model, deadline - time.monotonic())
+    if st == "infeasible" and or_infeasible:
+        return "infeasible"
+    if st not in ("optimal", "feasible"):
+        return None
     bound = max(0, math.ceil(solver.best_objective_bound - 1e-6)) / F.MICRO
     return Answer(realise(sm, solver), most_proven, st == "optimal", bound)
