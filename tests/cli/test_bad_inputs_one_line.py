@@ -87,6 +87,8 @@ def state_commands(state: Path) -> dict[str, list[str]]:
                                             "--state-dir", str(state)],
         "host probe": ["host", "probe", "--state-dir", str(state)],
         "host probe --json": ["host", "probe", "--state-dir", str(state), "--json"],
+        "bundle list": ["bundle", "list", "--state-dir", str(state)],
+        "bundle list --json": ["bundle", "list", "--state-dir", str(state), "--json"],
     }
 
 

@@ -218,3 +218,64 @@ def test_a_recreate_no_host_could_take_keeps_the_running_vm(make_fleet, caplog):
         assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h1"), caplog.text
         assert placed(fleet.client) == [("keep", 1, 128), ("keep", 1, 4096 - 128)]
         assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"vcpus": 65}, "shape.vcpus"),
+    ({"vcpus": 32}, "below the floor of 160 MiB"),  # 32 vCPUs at 128 MiB
+    ({"vmBundle": "nosuch"}, "bundle nosuch is on no active host"),
+    ({"vmEntry": "x" * 1400}, "entry is longer than 1300 bytes"),
+], ids=["more vCPUs than a VM may have", "memory below the floor for its vCPUs", "a bundle no host has",
+        "an entry too long for the kernel command line"])
+@pytest.mark.parametrize("asleep", [False, True], ids=["running", "sleeping"])
+def test_a_recreate_the_controller_would_refuse_keeps_the_vm(make_fleet, caplog, change, says, asleep):
+    """Review 21: the old VM was deleted and then the create refused (400), leaving the
+    trial no VM; a sleeping one lost its saved state with it."""
+    fleet = make_fleet()
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "keep", "vcpus": 1, "memMiB": 128}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        if asleep:
+            assert svc.deallocate_host(p) == (Status.SUCCEEDED, {})
+        before = where(fleet.client)
+        assert provision(svc, {**p, **change})[0] == Status.FAILED
+        assert says in caplog.text and "is kept" in caplog.text
+        assert where(fleet.client) == before == [("keep", before[0][1], "sleeping" if asleep else "running")]
+        assert placed(fleet.client) == [("keep", 1, 128)]  # never deleted, never recreated
+        assert svc.deprovision_host(p) == (Status.SUCCEEDED, {})
+
+
+def test_a_recreate_onto_a_host_at_its_vm_count_policy_keeps_the_vm(make_fleet, caplog):
+    fleet = make_fleet()
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "keep", "vcpus": 1, "memMiB": 128, "vmHost": "h1"}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        for i in range(8):  # h2's vm_count policy is 8
+            fleet.client.vms.create({"name": f"f{i}", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x",
+                                     "host": "h2"})
+        assert provision(svc, {**p, "vmHost": "h2"})[0] == Status.FAILED
+        assert "vmHost h2 is at its vm_count policy (8 VMs)" in caplog.text
+        assert ("keep", "h1", "running") in where(fleet.client)
+        # on its own host the old VM's slot is counted free: a new shape there is recreated
+        status, info = provision(svc, {**p, "memMiB": 256})
+        assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h1"), caplog.text
+
+
+def test_a_provision_as_a_move_of_the_vm_starts_waits_for_the_move(make_fleet):
+    """Review 21: while the move had not yet put the VM to sleep, the VM still showed
+    running on its source and the provision answered SUCCEEDED at once: the trial then
+    ran while the VM slept and woke on another host."""
+    fleet = make_fleet(env={"FUSE_TEST_PAUSE_AT": "starting:3"})
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "mv", "vcpus": 1, "memMiB": 128}
+        assert provision(svc, {**p, "vmHost": "h1"})[0] == Status.SUCCEEDED
+        move = fleet.client.moves.create("mv", to="h2")
+        assert fleet.client.vms.get("mv")["state"] == "running"  # (the move has not slept it yet)
+        status, info = provision(svc, p)
+        assert status == Status.SUCCEEDED, info
+        assert info["vmHost"] == "h2"  # taken as the move left it
+        assert fleet.client.moves.get(move["id"])["state"] == "done"
+        assert where(fleet.client) == [("mv", "h2", "running")]

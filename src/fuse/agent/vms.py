@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
-from ..models.vm import ClaimRequest, CreateVmRequest, StateFile, Vm
+from ..models.vm import MAX_ENTRY_BYTES, ClaimRequest, CreateVmRequest, StateFile, Vm
 from ..paths import private_dir, private_opener
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
-from .backends.base import (MAX_ENTRY_BYTES, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
+from .backends.base import (STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
                             kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 from pathlib import Path
 from typing import Optional
@@ -73,7 +75,14 @@ def list_(state_dir: Optional[Path] = typer.Option(None), json_: bool = typer.Op
     """The bundles this host has."""
     from ..agent.bundle import list_bundles
 
-    rows = list_bundles(_state_dir(state_dir))
+    state = _state_dir(state_dir)
+    # a dir not made yet has no bundles; one under a regular file is a mistake to say
+    there = next((p for p in (state, *state.absolute().parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        from .host import state_dir_problem
+        fail("io_error", state_dir_problem(state, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                                                                     str(there))), json_=json_)
+    rows = list_bundles(state)
     if json_:
         emit_json(rows)
     else:

@@ -24,11 +24,13 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import httpx
+from pydantic import ValidationError
 
 import fuse
 from fuse.client._core import Call
 from fuse.client.moves import MovesAPI
 from fuse.client.vms import VmsAPI
+from fuse.models.vm import MAX_ENTRY_BYTES, CreateVmRequest
 
 from ._mlos_operations import Operation, OperationFailed, OperationTimedOut
 from ._mlos_params import VmSpec
@@ -188,12 +190,24 @@ class ControllerCalls:
         return vm
 
     def _no_room(self, op: Operation, spec: VmSpec, vm: dict) -> str | None:
-        """Why no host could take the recreated VM, read before the old one
-        is deleted (None: one could). The controller's host records decide:
-        the pinned host must be registered, active and answering; some
-        candidate must have the memory (the hosts' hard limit; vCPUs are
-        time-shared), counting what the old VM frees on its own host. The
-        host's admission still has the final word on the create itself."""
+        """Why the recreated VM could not be created, read before the old one
+        is deleted (None: it could). The new VM must be one the controller
+        takes (its shape within the bounds and above the memory floor, its
+        entry short enough: the create's own rules, checked here), and the
+        controller's host records decide where: the pinned host must be
+        registered, active and answering; some candidate must have the
+        trial's bundle, a VM slot under its vm_count policy and the memory
+        (the hosts' hard limit; vCPUs are time-shared), counting what the old
+        VM frees on its own host. The host's admission still has the final
+        word on the create itself."""
+        body = {k: v for k, v in spec.body().items() if k != "host"}
+        try:
+            CreateVmRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return f"the controller would refuse the new vm ({'.'.join(map(str, first['loc']))}: {first['msg']})"
+        if len(body["entry"].encode()) > MAX_ENTRY_BYTES:
+            return f"the controller would refuse the new vm (entry is longer than {MAX_ENTRY_BYTES} bytes)"
         op.check(f"reading the hosts before recreating vm {spec.name}")
         hosts = {h.id: h for h in self.client.hosts.list()}
         if spec.host and spec.host not in hosts:
@@ -205,6 +219,20 @@ class ControllerCalls:
         cands = [hosts[spec.host]] if spec.host else [h for h in hosts.values() if h.state == "active" and h.connected]
         if not cands:
             return "no host is active and answering"
+        bundle = body.get("bundle") or "linux"
+        # (a host whose agent has not said which bundles it has is not ruled out, as in placement)
+        cands = [h for h in cands if not h.bundles or bundle in {b.get("name") for b in h.bundles}]
+        if not cands:
+            return f"bundle {bundle} is on no {'vmHost ' + spec.host if spec.host else 'active host'}"
+
+        def slots_left(h) -> int:
+            own = vm["host"] == h.id
+            return h.capacity.vm_count - h.allocated.vm_count + (1 if own else 0)
+
+        cands = [h for h in cands if slots_left(h) > 0]
+        if not cands:
+            return (f"vmHost {spec.host} is at its vm_count policy ({hosts[spec.host].capacity.vm_count} VMs)"
+                    if spec.host else "every host with the bundle is at its vm_count policy")
 
         def free_mem(h) -> int:
             own = vm["host"] == h.id and vm["state"] == "running"

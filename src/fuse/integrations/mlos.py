@@ -269,7 +269,10 @@ class FuseVMService(Service):
             spec = VmSpec.from_params(params, self.config)
             if not self._busy():  # nothing queued or in flight could change the answer: look now
                 try:
-                    vm = self._calls.lookup(spec.name, spec.host, started + self._poll_timeout)
+                    # a move of the VM first (its VM still shows running on the source while the
+                    # move puts it to sleep): the operation waits it out and takes the VM as left
+                    moving = self._calls.moving(spec.name, started + self._poll_timeout)
+                    vm = None if moving else self._calls.lookup(spec.name, spec.host, started + self._poll_timeout)
                 except OperationTimedOut as err:
                     _LOG.warning("fuse: provision of vm %s: %s", spec.name, err)
                 else:

@@ -23,6 +23,7 @@ from pydantic import WithJsonSchema
 
 from .. import __version__
 from ..client import _core
+from ..client.pool import POOL_TIMEOUT
 
 TOOL_NAME = "fuse_controller"
 ARGUMENTS = ("method", "path", "body")
@@ -111,8 +112,8 @@ def call_timeout(method: str, path: str, default: float = REQUEST_TIMEOUT) -> fl
         return 120.0
     if parts[:2] == ["v1", "hosts"] and method == "POST" and params.get("action") == "drain":
         return 3600.0
-    if parts[:2] in (["v1", "pool"], ["v1", "prewarms"]) and method != "GET":
-        return 600.0
+    if parts[:2] in (["v1", "pool"], ["v1", "prewarms"]):
+        return POOL_TIMEOUT  # every pool call, reads too (a read may wait on a cloud's answer)
     return default
 
 

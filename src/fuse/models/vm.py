@@ -31,6 +31,10 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 # it stays 30+ MiB above the boot limit at every count and leaves the entry
 # 45+ MiB of MemAvailable (1 vCPU at 128 MiB: 60 MiB; 16 at 128: 47; 32 at 160: 59).
 MIN_MEM_MIB = 128
+# The entry travels base64-encoded on the kernel command line (x86
+# COMMAND_LINE_SIZE is 2048; base64 grows it by 4/3; fixed arguments ~150).
+# A standby VM's entry comes as one base64 line, well inside a tty's 4095.
+MAX_ENTRY_BYTES = 1300
 MEM_BASE_MIB = 96
 MEM_PER_VCPU_MIB = 2
 

@@ -30,10 +30,6 @@ from ..bundle import BOOT_FILES
 
 CONSOLE = "console.log"
 STATE_DIR = "state"
-# The entry travels base64-encoded on the kernel command line (x86
-# COMMAND_LINE_SIZE is 2048; base64 grows it by 4/3; fixed arguments ~150).
-# A standby VM's entry comes as one base64 line, well inside a tty's 4095.
-MAX_ENTRY_BYTES = 1300
 # The platform of a VM booted standby: its guest waits for the entry on a
 # serial line. It is part of the platform because a woken (or moved) VM
 # must get the command line it booted with, claimed or not.
