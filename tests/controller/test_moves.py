@@ -264,7 +264,7 @@ def test_the_source_keeps_a_running_vms_room_while_it_moves(fleet):
     ("unknown target", "unknown_host"), ("same host", "same_host"), ("exited vm", "not_movable"),
     ("unknown vm", "not_movable"),
     ("second move", "move_in_progress"), ("no other host", "no_target"), ("target down", "host_unreachable"),
-    ("other bundle", "arch_mismatch"),
+    ("other bundle", "arch_mismatch"), ("same bundle under another name", "arch_mismatch"),
 ], ids=lambda x: x if " " in str(x) else None)
 def test_refusals(fleet, tmp_path, case, code):
     fleet.add("src")
@@ -300,18 +300,27 @@ def test_refusals(fleet, tmp_path, case, code):
     elif case == "target down":
         fleet.agents["dst"].stop()
         wait_until(lambda: not fleet.client.hosts.get("dst").connected, what="disconnect")
-    elif case == "other bundle":
+    elif case in ("other bundle", "same bundle under another name"):
+        # (review 21: the same bytes as "linux3" were taken, the VM slept, and the target's
+        # agent, which looks the bundle up by the VM's bundle name, then refused the move)
+        import shutil
         from support import fake_bundle
         fleet.agents["dst"].stop()
-        fake_bundle(fleet.agents["dst"].state_dir, fingerprint="another-bundle")
+        has = [("linux", "another-bundle")] + ([("linux3", "fake-bundle-0001")] if "name" in case else [])
+        shutil.rmtree(fleet.agents["dst"].state_dir / "bundles" / "linux")
+        for name, fingerprint in has:
+            fake_bundle(fleet.agents["dst"].state_dir, name=name, fingerprint=fingerprint)
         port = int(fleet.agents["dst"].url.rsplit(":", 1)[1])
         fleet.procs.append(start_agent(tmp_path, backend="fake", name="agent-dst", port=port))
         wait_until(lambda: fleet.client.hosts.get("dst").connected and
-                   fleet.client.hosts.get("dst").bundles[0]["fingerprint"] == "another-bundle", timeout=30,
+                   sorted((b["name"], b["fingerprint"]) for b in fleet.client.hosts.get("dst").bundles) == has,
+                   timeout=30,
                    what="reconnect with the other bundle")
     with pytest.raises(fuse.ApiError) as info:
         fleet.client.moves.create("job1", **kw)
     assert (info.value.status, info.value.code) == (409, code)
+    if case == "same bundle under another name":
+        assert "it has those bytes as linux3" in info.value.message
     if case == "second move":  # the first move goes on undisturbed
         first = fleet.client.moves.list()[0]
         assert fleet.wait_move(first["id"])["state"] == "done"

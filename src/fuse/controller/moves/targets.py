@@ -45,9 +45,15 @@ class MoveTargets(MoveRecords):
         s, t = self.fleet.views[source].summary, self.fleet.views[target].summary
         if s.get("platform") != t.get("platform"):
             return f"platform differs: {s.get('platform')} on {source}, {t.get('platform')} on {target}"
-        fps = {b.get("fingerprint") for b in t.get("bundles", [])}
-        if vm.get("bundle_fingerprint") not in fps:
-            return f"host {target} lacks bundle {vm.get('bundle')} with fingerprint {vm.get('bundle_fingerprint', '')[:12]}"
+        # the target's agent looks the bundle up by the VM's bundle name, then checks its
+        # fingerprint: the same bytes under another name are no bundle for it
+        fp, name = vm.get("bundle_fingerprint"), vm.get("bundle")
+        bundles = t.get("bundles", [])
+        if not any(b.get("fingerprint") == fp and (not name or b.get("name") == name) for b in bundles):
+            elsewhere = sorted(b.get("name") for b in bundles if b.get("fingerprint") == fp and b.get("name"))
+            return (f"host {target} lacks bundle {name} with fingerprint {(fp or '')[:12]}"
+                    + (f" (it has those bytes as {', '.join(elsewhere)}: a VM wakes only in a bundle of its "
+                       f"own name)" if elsewhere else ""))
         # (only a Firecracker VM's state depends on the release: seed 000 has it "" on qemu hosts,
         # and a qemu agent that merely finds a firecracker binary on PATH must not block a move)
         if ("firecracker" in (s.get("backend"), t.get("backend"))
