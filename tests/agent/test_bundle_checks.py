@@ -62,6 +62,10 @@ BAD = {
     "a file that is not the one hashed": tampered,
     "another format": lambda s: write_manifest(s, "bad", {
         **make_bundle(s, "bad"), "format": b.FORMAT + 1}),
+    # (review 21: a bundle built before the exit line carried the boot's nonce had every VM
+    # that ended recorded failed, and was listed like any other)
+    "another fuse's guest init": lambda s: write_manifest(s, "bad", {
+        **make_bundle(s, "bad"), "inputs": {"init_sha256": "0" * 64}}),
     "a directory name no bundle may have": lambda s: shutil.move(make_bundle(s, "x") and s / "bundles/x",
                                                                  s / "bundles/Bad Name"),
 }
@@ -83,6 +87,16 @@ def test_a_bad_bundle_is_skipped_with_its_reason_logged_and_the_good_ones_listed
         assert b.list_bundles(tmp_path) == listed
     assert not [r for r in caplog.records if r.name == "fuse.bundle"]
     assert b.get_bundle(tmp_path, "bad") is None and b.get_bundle(tmp_path, "linux").fingerprint == good["fingerprint"]
+
+
+def test_a_bundle_built_with_another_init_says_to_rebuild_it_and_one_with_this_init_is_used(tmp_path):
+    stale = make_bundle(tmp_path, "old")
+    write_manifest(tmp_path, "old", {**stale, "inputs": {"init_sha256": "0" * 64}})
+    assert b.load_bundle(tmp_path, "old") == ("bundle old is not usable: its guest init is not this fuse's (built "
+                                              "by another version of fuse): rebuild it (fuse bundle build --name old)")
+    this = make_bundle(tmp_path, "new")
+    write_manifest(tmp_path, "new", {**this, "inputs": {"init_sha256": hashlib.sha256(b.guest_init()).hexdigest()}})
+    assert b.get_bundle(tmp_path, "new").fingerprint == this["fingerprint"]
 
 
 def test_why_a_bundle_cannot_be_used_is_a_value(tmp_path):

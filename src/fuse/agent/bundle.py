@@ -36,6 +36,7 @@ before any process starts (it used to reach QEMU and end in 500).
 from __future__ import annotations
 
 import gzip
+import functools
 import hashlib
 import io
 import json
@@ -96,6 +97,11 @@ def sha256_file(path: Path) -> str:
 def guest_init() -> bytes:
     """fuse's guest init script (package data)."""
     return resources.files("fuse.agent").joinpath("guest/init").read_bytes()
+
+
+@functools.lru_cache(maxsize=1)
+def _init_sha256() -> str:
+    return hashlib.sha256(guest_init()).hexdigest()
 
 
 # -- kernel -----------------------------------------------------------------
@@ -325,6 +331,12 @@ def _check(path: Path, needs: tuple[str, ...] = ()) -> Bundle | str:
         return "its manifest has no kernel"
     if manifest.get("format", FORMAT) != FORMAT:
         return f"its manifest is format {manifest['format']!r}; this agent reads format {FORMAT}"
+    built_init = (manifest.get("inputs") or {}).get("init_sha256") if isinstance(manifest.get("inputs"), dict) else None
+    if files and built_init is not None and built_init != _init_sha256():
+        # the guest's init speaks to this agent (its exit line, its nonce, standby): one from
+        # another fuse would have every VM that ends recorded failed, or never claimed
+        return (f"its guest init is not this fuse's (built by another version of fuse): "
+                f"rebuild it (fuse bundle build --name {path.name})")
     if not isinstance(files, dict) or not all(
             isinstance(f, str) and _FILE_NAME.fullmatch(f) and isinstance(h, str) and _HEX64.fullmatch(h)
             for f, h in files.items()):
