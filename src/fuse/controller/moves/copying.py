@@ -117,6 +117,7 @@ class MoveCopy(MoveRecords):
                                               f"{exc}") from exc
         except asyncio.CancelledError:
             stop.set()
+            job.add_done_callback(lambda f: f.cancelled() or f.exception())  # (its error is this stop's)
             for sock in sockets:  # the copying thread's splice fails at once, so shutdown does not wait on it
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

@@ -59,6 +59,9 @@ IO_TIMEOUT = seconds("FUSE_MOVE_IO_TIMEOUT", 30.0)
 # begin used to have). A chunk, a verify (hashing every file) or a wake may take
 # long on a healthy host and keep their own limits.
 QUICK_TIMEOUT = seconds("FUSE_MOVE_QUICK_TIMEOUT", 10.0)
+# A controller that stops settles the moves it drives (the VM home, or through) for at
+# most this long before it exits; a move still unsettled then is the next run's to settle
+STOP_SETTLE_S = seconds("FUSE_MOVE_STOP_SETTLE_S", 10.0)
 
 
 def timed_out(exc: BaseException) -> bool:

@@ -24,7 +24,7 @@ from ..store import moves as moves_t
 from .copying import MoveCopy
 from .drain import MoveDrains
 from .janitor import MoveJanitor
-from .records import ACTIVE, LEASE_S
+from .records import ACTIVE, LEASE_S, STOP_SETTLE_S
 from .rollback import MoveRollback
 from .steps import MoveSteps
 from .targets import MoveTargets, refuse
@@ -43,6 +43,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self._lock = asyncio.Lock()
         self._janitor: asyncio.Task | None = None
         self._tidying: asyncio.Task | None = None
+        self._stopping = False  # close() began: a move cut short settles now (`_run`)
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -137,11 +138,20 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self.resume_drains()
 
     async def close(self) -> None:
-        tasks = [*self._drains.values(), *self._tasks.values(),
-                 *(t for t in (self._janitor, self._tidying) if t is not None)]
-        for t in tasks:
+        """Stop: the drains and the janitor at once; each move this controller drives is
+        cut short and settled as the next run would settle it (forward when the target may
+        run the VM, else home), within STOP_SETTLE_S: a stop does not leave a VM asleep
+        mid-copy until some controller starts again. What is not settled by then is."""
+        self._stopping = True
+        others = [*self._drains.values(), *(t for t in (self._janitor, self._tidying) if t is not None)]
+        moves = [t for t in self._tasks.values() if not t.done()]
+        for t in [*others, *moves]:
             t.cancel()
-        for t in tasks:
+        if moves:
+            _, late = await asyncio.wait(moves, timeout=STOP_SETTLE_S)
+            for t in late:
+                t.cancel()  # (a host that does not answer: the next run settles it, as before)
+        for t in [*others, *moves]:
             try:
                 await t
             except (asyncio.CancelledError, Exception):

@@ -15,7 +15,7 @@ import asyncio
 from ...errors import FuseError
 from ..store import vms as vms_t
 from . import hooks
-from .records import IO_TIMEOUT, MoveRecords, log, timed_out
+from .records import ACTIVE, IO_TIMEOUT, MoveRecords, log, timed_out
 
 
 class MoveSteps(MoveRecords):
@@ -53,7 +53,17 @@ class MoveSteps(MoveRecords):
             await self._finish(row)
             return
         except asyncio.CancelledError:
-            raise
+            if not self._stopping:
+                raise
+            # this controller stops (close): the move is settled now, as the next run would
+            # settle it, rather than left with its VM asleep until some controller starts
+            asyncio.current_task().uncancel()
+            row = self._row(move_id)
+            if row["state"] in ACTIVE and not woken:
+                self._set(move_id, reason=f"the controller stopped during {row['state']}")
+            log.warning("move %s: the controller stops during %s; settling it", move_id, row["state"])
+            await self._recover(self._row(move_id))
+            return
         except Exception as exc:
             reason, target_hung = await self._failure(self._row(move_id), step, exc)
             log.warning("move %s failed: %s", move_id, reason)
