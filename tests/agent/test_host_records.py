@@ -143,6 +143,43 @@ def test_an_event_after_a_torn_last_line_is_kept(tmp_path):
     third.close()
 
 
+def test_an_id_whose_line_a_crash_tore_out_is_never_given_again(tmp_path):
+    """Review 21: a power loss cut the last line (id 2, already read by a controller); the
+    restarted agent gave 2 to its next event, which the controller, holding a 2, never took."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.emit("tick")
+    log.emit("served")
+    log.close()
+    path.write_bytes(path.read_bytes()[:-12])  # the last line cut short
+    again = EventLog(path)
+    assert again.emit("tock")["id"] == 3
+    assert [(e["id"], e["type"]) for e in again.list(limit=10)] == [(1, "tick"), (2, "events_lost"), (3, "tock")]
+    again.close()
+
+
+@pytest.mark.parametrize("lose", ["rotated away", "restored from an older copy"])
+def test_a_log_that_lost_its_tail_goes_on_from_its_ids(tmp_path, lose):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    for i in range(3):
+        log.emit("tick", n=i)
+    older = path.read_bytes()
+    for i in range(3, 5):
+        log.emit("tick", n=i)
+    log.close()
+    if lose == "rotated away":
+        path.rename(tmp_path / "events.jsonl.1")
+    else:
+        path.write_bytes(older)
+    again = EventLog(path)
+    assert again.emit("after")["id"] == 6  # (a controller's cursor at 5 takes it)
+    assert [e["type"] for e in again.list(since=5)] == ["after"]
+    lost = [e["id"] for e in again.list(limit=10) if e["type"] == "events_lost"]
+    assert lost == ([] if lose == "rotated away" else [4, 5])
+    again.close()
+
+
 async def test_events_over_http_reject_a_page_over_500(make_host):
     host = await make_host(bundle=False)
     r = await host.client.get("/v1/host/events", params={"limit": 501})

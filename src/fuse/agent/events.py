@@ -2,6 +2,14 @@
 increasing ids, persisted as JSON lines so ids keep increasing across agent
 restarts and a controller can resume with ``since``.
 
+An id is never given twice, even when the log loses its tail: the next id is
+also kept in ``events.jsonl.next`` (written before each line), so a log
+rotated away, deleted or restored from an older copy starts at the next id,
+not at 1, and ids a crash tore out of the log (a power loss cutting its last
+line) come back as ``events_lost`` events: a controller that already read
+them keeps what it read, and one that did not learns they are gone. (A
+controller keys host events by their id: a reused id would never reach it.)
+
 A page (``GET /v1/host/events``) is ``{"events": [...], "next": id,
 "last_id": id}``; pass ``next`` as the next ``since``. As in the
 controller's merged stream (``fuse.controller.events``), a ``since`` beyond
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,7 @@ MAX_WAIT_S = 60.0  # a long poll's wait, at most (a longer one is cut to this, a
 # reads them from there), found through a byte offset kept every BLOCK ids.
 KEEP = 20_000
 BLOCK = 1_000
+LOST_MAX = 100_000  # ids a log may have lost and get back as events_lost (more: .next is not believed)
 
 
 class EventLog:
@@ -39,6 +49,12 @@ class EventLog:
         self.path = path
         self._events: list[dict[str, Any]] = []
         self._next = 1
+        private_dir(path.parent)
+        self._next_file = os.open(path.with_name(path.name + ".next"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            kept_next = int(os.pread(self._next_file, 32, 0).split()[0])
+        except (ValueError, IndexError):  # none yet (a new state dir, an older agent's)
+            kept_next = 1
         self._marks: list[tuple[int, int]] = []  # (id, byte offset of its line), every BLOCK ids
         self._size = 0  # bytes in the file
         # Python >= 3.10 events bind to a loop only when awaited.
@@ -57,11 +73,16 @@ class EventLog:
             if self._events:
                 self._next = self._events[-1]["id"] + 1
             self._events = self._events[-KEEP:]
-        private_dir(path.parent)
         self._file = open(path, "ab", buffering=0, opener=private_opener)  # 0600 whatever the umask
         if self._size and not _ends_line(path):
             self._file.write(b"\n")  # (after a torn last line: the next event starts a line of its own)
             self._size += 1
+        if not self._events:
+            self._next = max(self._next, kept_next)  # (the log is new, or lost: go on from its ids)
+        elif kept_next - self._next <= LOST_MAX:  # (the ids stay dense: each lost one is given back)
+            for _ in range(self._next, kept_next):
+                self.emit("events_lost", reason="the event log lost this id's line (torn by a crash, or "
+                                                "the log restored from an older copy)")
 
     def _mark(self, event_id: int) -> None:
         if event_id % BLOCK == 0 or not self._marks:
@@ -78,6 +99,7 @@ class EventLog:
             event["vm"] = vm
         event.update(data)
         self._next += 1
+        os.pwrite(self._next_file, f"{self._next:020d}\n".encode(), 0)  # before the line: never reused
         self._events.append(event)
         if len(self._events) > 2 * KEEP:
             del self._events[:-KEEP]
@@ -153,6 +175,7 @@ class EventLog:
 
     def close(self) -> None:
         self._file.close()
+        os.close(self._next_file)
 
 
 def _ends_line(path: Path) -> bool:
