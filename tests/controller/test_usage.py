@@ -6,6 +6,7 @@ reasons beside them. The e2e file runs it against real agents."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -121,6 +122,15 @@ def test_a_bad_window_is_400_before_any_host_is_asked(ctl, query, why):
     hosts = stand_in_fleet(ctl, {"h1": host_answer()})
     r = get_usage(ctl, query)
     assert r.status_code == 400 and r.json()["error"] == {"code": "invalid_argument", "message": why}
+    assert hosts["h1"].asked == []
+
+
+def test_a_from_less_than_a_second_ahead_is_in_the_future_too(ctl):
+    # (review 21: to, left out, is now rounded up to the second, and only to < from was checked)
+    hosts = stand_in_fleet(ctl, {"h1": host_answer()})
+    r = get_usage(ctl, f"?from={time.time() + 0.6:.3f}")
+    assert r.status_code == 400 and r.json()["error"] == {"code": "invalid_argument",
+                                                         "message": "to must not be before from"}
     assert hosts["h1"].asked == []
 
 

@@ -279,7 +279,10 @@ def window(start: str | None, end: str | None, now: float | None = None) -> tupl
     from, a from in the future with no to included."""
     t0, t1 = instant(start, "from"), instant(end, "to")
     t0 = 0 if t0 is None else _whole(t0)
-    t1 = math.ceil(time.time() if now is None else now) if t1 is None else _whole(t1)
+    now = time.time() if now is None else now
+    if t1 is None and t0 > now:  # (not against now rounded up: a from up to 1 s ahead passed)
+        raise InvalidArgument("to must not be before from")
+    t1 = math.ceil(now) if t1 is None else _whole(t1)
     if t1 < t0:
         raise InvalidArgument("to must not be before from")
     return t0, t1
