@@ -78,3 +78,26 @@ def test_both_clients_ask_the_health_check(ctl):
             return await c.health()
 
     assert asyncio.run(from_async()) == {"status": "ok"}
+
+
+def test_relative_paths_are_the_callers_and_the_api_refuses_them(ctl, tmp_path, monkeypatch):
+    """Review 21: the SDK sent "ca.pem" as given; the controller read it from its own working
+    directory (400, or another file), and PUT kept it relative, so a controller started
+    elsewhere later lost its identity."""
+    import httpx
+
+    from fuse.transport.tls import create_ca, issue_cert
+
+    create_ca(tmp_path / "ca")
+    issue_cert(tmp_path / "ca", "controller", tmp_path / "id", client=True)
+    monkeypatch.chdir(tmp_path)  # the README's form: files named from where the caller stands
+    with fuse.Client(ctl.url) as c:
+        got = c.controller.configure(cert="id/controller.pem", key="id/controller.key", ca="id/ca.pem")
+    assert got["cert"] == str(tmp_path / "id" / "controller.pem") and got["ca"] == str(tmp_path / "id" / "ca.pem")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(ctl.socket)), base_url="http://c", timeout=30) as api:
+        r = api.put("/v1/controller", json={"cert": "id/controller.pem", "key": "id/controller.key", "ca": "id/ca.pem"})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "code": "invalid_argument",
+            "message": "cert: id/controller.pem is a relative path: give an absolute one (the controller reads it, "
+                       "from wherever it runs)"}
+        assert api.get("/v1/controller").json()["cert"] == str(tmp_path / "id" / "controller.pem")

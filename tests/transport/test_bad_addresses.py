@@ -33,6 +33,10 @@ BAD = {
     "an ssh port that is not a number": ("ssh://u@127.0.0.1:abc", "port 'abc' is not a number"),
     "an ssh address with no host": ("ssh://u@", "names no host"),
 }
+# only where an address is registered (review 21: stored as given, it was read from the
+# controller's working directory): a host stored so before still loads
+RELATIVE = ("unix://run/agent.sock", "the socket path run/agent.sock is relative: give an absolute one "
+            "(unix:///run/agent.sock)")
 FORMS = {
     "seed 000's form": lambda host_id, addr: {"id": host_id, "url": addr, "token": "t", "backend": "qemu",
                                               "capacity": {"vm_count": 1}},
@@ -74,6 +78,15 @@ def test_registering_an_address_with_is_refused_as_a_client_error_and_stores_not
     host_id = f"bad-{list(BAD).index(what)}-{list(FORMS).index(form)}"
     assert_refused(api.post("/v1/hosts", json=FORMS[form](host_id, addr)), addr, problem)
     assert host_id not in host_ids(api)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_registering_a_relative_socket_path_is_refused_and_stores_nothing(api, form):
+    addr, problem = RELATIVE
+    before = host_ids(api)
+    r = api.post("/v1/hosts", json=FORMS[form]("rel-sock", addr))
+    assert_refused(r, addr, problem)
+    assert host_ids(api) == before
 
 
 @pytest.mark.parametrize("what", BAD)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from ._core import Call
@@ -19,7 +20,10 @@ class ControllerAPI:
                   placement: str = "best_fit") -> dict:
         """Replace the settings (PUT): the client certificate, key and CA the controller
         presents to mutual-TLS hosts (all three, or none) and the placement policy;
-        returns them as `get` does. A certificate that does not load with its key and
-        CA, or is not valid now, is 400 and changes nothing."""
-        body = {k: v for k, v in (("cert", cert), ("key", key), ("ca", ca)) if v is not None}
+        returns them as `get` does. Relative paths are taken from this process's working
+        directory (sent absolute: the controller refuses relative ones). A certificate that
+        does not load with its key and CA, or is not valid now, is 400 and changes nothing."""
+        # paths as the caller means them: the controller reads files by absolute path only
+        body = {k: os.path.abspath(v) if v else v for k, v in (("cert", cert), ("key", key), ("ca", ca))
+                if v is not None}
         return self._send(Call("PUT", "/v1/controller", body=body | {"placement": placement}))

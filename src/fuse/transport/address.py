@@ -96,10 +96,15 @@ def parse_address(addr: str) -> Address:
 
 def normalise_address(addr: str) -> str:
     """`addr` as the registry stores and compares it (`BadAddress` when it is
-    not one): an http(s) or ssh address without trailing slashes, which name
+    not one, or a unix:// socket path that is relative): an http(s) or ssh address without trailing slashes, which name
     nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is `/p`).
     Anything else as given. (Neither has a query or fragment: `parse_address`.)"""
     a = parse_address(addr)
+    if a.kind == "local" and a.path and not a.path.startswith("/"):
+        # (unix://run/a.sock is the path run/a.sock, read from the controller's working
+        # directory, whichever that is when it dials: three slashes for an absolute one;
+        # refused where an address is registered, so one stored before still loads)
+        raise _bad(addr, f"the socket path {a.path} is relative: give an absolute one (unix:///{a.path})")
     if a.kind not in ("http", "ssh"):
         return addr
     scheme, _, rest = addr.partition("://")

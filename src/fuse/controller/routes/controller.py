@@ -35,8 +35,8 @@ async def get_controller(request: Request) -> dict:
 
 
 @router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).",
-            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), a file that is "
-                                     "not there, a key that is not the certificate's, a CA file holding no "
+            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), a relative "
+                                     "path, a file that is not there, a key that is not the certificate's, a CA file holding no "
                                      "certificate, a certificate that is not valid now (expired or not yet valid: "
                                      "the message names the file and its dates), a certificate that is not a "
                                      "client's (a host's serverAuth one), a CA file holding a certificate that is "
@@ -46,6 +46,11 @@ async def put_controller(request: Request, body: ControllerSettings) -> dict:
     if given and len(given) != 3:
         raise InvalidArgument("cert, key and ca go together: give all three or none")
     for f in given:
+        if not Path(getattr(body, f)).is_absolute():
+            # (read from the controller's working directory, not the caller's; and again by
+            # a controller started elsewhere: kept relative, it named another file or none)
+            raise InvalidArgument(f"{f}: {getattr(body, f)} is a relative path: give an absolute one "
+                                  "(the controller reads it, from wherever it runs)")
         if not Path(getattr(body, f)).is_file():
             raise InvalidArgument(f"{f}: no file at {getattr(body, f)}")
     if given:
