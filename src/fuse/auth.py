@@ -23,7 +23,8 @@ class BearerFirst:
     async def __call__(self, scope, receive, send):
         if (scope["type"] == "http" and self.expected and not scope.get("fuse_trusted")
                 and scope["path"] not in self.open and not self._allowed(scope)):
-            resp = JSONResponse(Unauthorized("missing or wrong bearer token").body(), status_code=401)
+            resp = JSONResponse(Unauthorized("missing or wrong bearer token").body(), status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})  # (RFC 9110: a 401 names its scheme)
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from .errors import FuseError, error_body
 
@@ -74,5 +75,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = _STATUS_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Allow: every method the path takes, not the first route's alone
+            headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
+
+
+def _methods(request: Request) -> list[str]:
+    """The methods some route takes at the request's path (Starlette's 405 names one route's)."""
+    return [m for m in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+            if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in request.app.routes)]

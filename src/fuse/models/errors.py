@@ -45,10 +45,16 @@ def document_400_not_422(doc: dict[str, Any]) -> dict[str, Any]:
         schemas.pop(name, None)
     for model in (ErrorDetail, ErrorBody):
         schemas.setdefault(model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
+    envelope = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
-            rs = op.get("responses", {})
-            if rs.pop("422", None) is not None and "400" not in rs:
-                rs["400"] = {"description": "invalid_argument: the request does not parse or a value is out of range",
-                             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+            rs = op.setdefault("responses", {})
+            rs.pop("422", None)
+            # every route refuses a query parameter it does not take (GETs with none included)
+            rs.setdefault("400", {"description": "invalid_argument: the request does not parse, a value is out "
+                                                 "of range, or a query parameter the route does not take",
+                                  "content": envelope})
+            rs.setdefault("500", {"description": "internal: an unexpected failure (the server's log has the "
+                                                 "details); where a host failed, its own code passes through "
+                                                 "(sleep_failed, say)", "content": envelope})
     return doc

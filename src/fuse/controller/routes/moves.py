@@ -10,8 +10,9 @@ from ...models.moves import Move, MoveList, MoveRequest
 
 router = APIRouter(tags=["moves"])
 
-REFUSALS = ("not_movable (no such VM, or not running or sleeping), same_host, unknown_host, arch_mismatch (platform, bundle fingerprint or Firecracker "
-            "release differ), no_target (none has room, or the named target is cordoned or draining, has a VM of "
+REFUSALS = ("not_movable (no such VM, or not running or sleeping), ambiguous_vm (the name is on several hosts: "
+            "give host; `hosts` lists them), same_host, unknown_host, arch_mismatch (platform, the VM's bundle (its "
+            "name with its fingerprint) or Firecracker release differ), no_target (none has room, or the named target is cordoned or draining, has a VM of "
             "that name, or still holds the copy a failed move of this VM left there and could not remove yet; the "
             "VM is left untouched; when best fit found no target among other hosts, `hosts` maps each to its reason), "
             "move_in_progress, host_unreachable (the source or the target does not answer)")
