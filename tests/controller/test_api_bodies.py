@@ -180,3 +180,24 @@ def test_aliases_and_models_that_set_extra_themselves_are_respected():
     assert unknown_fields(PrewarmOptions, {"count": 2}) == []  # forbid: pydantic reports its own extras
     assert unknown_fields(ControllerCreateVm, VM | {"shape": {"vcpus": 1, "memMib": 1}})[0]["loc"] == \
         ("shape", "memMib")
+
+
+# ---- a value given twice (review 21: the last was taken, the first dropped without a word) ----
+
+@pytest.mark.parametrize("query, name, values", [
+    ("/v1/vms?host=h2&host=h3", "host", "h2, h3"),
+    ("/v1/usage?from=1761955200&from=5", "from", "1761955200, 5"),
+    ("/v1/events?since=0&since=3", "since", "0, 3"),
+], ids=["a filter", "a window's start", "a cursor"])
+def test_a_query_parameter_given_twice_is_refused(client, query, name, values):
+    r = client.get(query)
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": "invalid_argument", "message": f"query parameter {name}: given 2 times ({values}): give it once"}
+
+
+def test_a_json_key_given_twice_is_refused_and_nothing_is_created(client):
+    raw = b'{"name": "dupkey", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x", "entry": "y"}'
+    r = client.post("/v1/vms", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": "invalid_argument", "message": "entry: appears twice in one JSON object: give it once"}
+    assert client.get("/v1/vms").json()["vms"] == []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import email.message
+import json
 import types
 from typing import Annotated, Any, Iterable, Optional, Union, get_args, get_origin
 from urllib.parse import unquote_to_bytes
@@ -151,6 +152,8 @@ async def reject_unknown_fields(request: Request) -> None:
         return
     if broken := not_text(value, ("body",)):
         raise RequestValidationError(broken)
+    if twice := duplicate_keys(await request.body()):
+        raise RequestValidationError(twice)
     annotation = field.field_info.annotation
     extras = unknown_fields(annotation, value, ("body",))
     if not extras:
@@ -161,6 +164,25 @@ async def reject_unknown_fields(request: Request) -> None:
     except ValidationError as exc:
         others = [e | {"loc": ("body", *e["loc"])} for e in exc.errors()]
     raise RequestValidationError(extras + others, body=value)
+
+
+def duplicate_keys(raw: bytes) -> list[dict[str, Any]]:
+    """A JSON object naming a key twice (``{"entry": "x", "entry": "y"}``): the parser keeps
+    the last, so the caller's first is dropped without a word; refused instead."""
+    seen: list[dict[str, Any]] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        for k in dict.fromkeys(k for k in keys if keys.count(k) > 1):
+            seen.append({"type": "value_error", "loc": ("body", k), "input": None,
+                         "msg": "appears twice in one JSON object: give it once"})
+        return dict(items)
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except ValueError:
+        return []
+    return seen
 
 
 async def reject_unknown_query(request: Request) -> None:
@@ -179,6 +201,10 @@ async def reject_unknown_query(request: Request) -> None:
         todo += d.dependencies
     extras = []
     for key in dict.fromkeys(request.query_params.keys()):
+        if key in known and len(given := request.query_params.getlist(key)) > 1:
+            # (one value a parameter: the last was taken, the others dropped without a word)
+            extras.append({"type": "value_error", "loc": ("query", key), "input": given,
+                           "msg": f"given {len(given)} times ({', '.join(given)}): give it once"})
         if key not in known:
             near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
             extras.append({"type": "extra_forbidden", "loc": ("query", key), "msg": "Extra inputs are not permitted",

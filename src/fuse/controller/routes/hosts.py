@@ -144,8 +144,6 @@ async def get_host(request: Request, host_id: str) -> Host:
 async def host_action(request: Request, host_id: str,
                       action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
     ctl = _ctl(request)
-    if len(request.query_params.getlist("action")) > 1:  # (one call, one action: not the last one given)
-        raise InvalidArgument("action: give one action (cordon, uncordon or drain), not several")
     if action == "drain":
         ctl.hosts.get(host_id)  # 404 before anything changes
         return JSONResponse(await ctl.drain(host_id))
