@@ -144,7 +144,8 @@ def test_several_problems_are_named_together(client):
      "unknown field regoin (did you mean region?)"),
     ("POST", "/v1/hosts", {"id": "h", "url": "local", "capacity": {"vm_count": 4, "ram_gb": 8}},
      "unknown field capacity.ram_gb (did you mean ram_mb?)"),
-    ("POST", "/v1/hosts", {"id": "h", "url": "local", "name": "h"}, "unknown field name"),
+    ("POST", "/v1/hosts", {"id": "h", "url": "local", "name": "h"},
+     "name: is id in seed 004's form: give id or name, not both"),
     ("POST", "/v1/moves", {"vm": "a", "too": "h2"}, "unknown field too (did you mean to?)"),
     ("PUT", "/v1/controller", {"placement": "best_fit", "plaecment": "x"},
      "unknown field plaecment (did you mean placement?)"),
@@ -201,3 +202,19 @@ def test_a_json_key_given_twice_is_refused_and_nothing_is_created(client):
     assert r.status_code == 400 and r.json()["error"] == {
         "code": "invalid_argument", "message": "entry: appears twice in one JSON object: give it once"}
     assert client.get("/v1/vms").json()["vms"] == []
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"name": "", "addr": "local"}, "name: must not be empty"),
+    ({"name": "h", "addr": ""}, "addr: must not be empty"),
+    ({"id": "", "url": "local", "capacity": {"vm_count": 1}}, "id: must not be empty"),
+    ({"name": "h", "addr": "local", "url": "local"}, "addr: is url in seed 004's form: give url or addr, not both"),
+], ids=["an empty name", "an empty addr", "an empty id", "both spellings of the url"])
+def test_a_host_field_is_named_as_the_caller_spelt_it(client, body, expected):
+    # (review 21: seed 004's form was told "id is required" and "url is required")
+    assert refused(client.post("/v1/hosts", json=body)) == expected
+
+
+def test_an_empty_on_is_refused_as_an_empty_host_is(client):
+    msg = refused(client.post("/v1/vms", json=VM | {"on": ""}))
+    assert msg.startswith("on must name where the VM may go"), msg

@@ -187,6 +187,9 @@ class VmService:
         except ValidationError as exc:
             first = exc.errors()[0]
             raise InvalidArgument(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        if req.on == "":  # (as host "" is: a value that names nothing is no default)
+            raise InvalidArgument("on must name where the VM may go: auto, local, a linked cloud's name or "
+                                  "host:NAME (leave it out for auto)")
         on = req.on or "auto"
         if on.startswith("host:"):
             if req.host is not None and req.host != on[5:]:

@@ -48,7 +48,15 @@ def _register_body(body: dict[str, Any]) -> tuple[RegisterHostRequest, bool]:
         spelt["url"] = "addr" if short else "url (or addr)"
     if "id" not in body:
         spelt["id"] = "id (or name)"
-    errors = unknown_fields(RegisterHostRequest, body)
+    errors = []
+    for long, brief in (("id", "name"), ("url", "addr")):
+        if long in given and brief in given:  # (one field, spelt both ways: which was meant?)
+            errors.append({"type": "value_error", "loc": (brief,), "input": given[brief],
+                           "msg": f"is {long} in seed 004's form: give {long} or {brief}, not both"})
+            body.pop(brief, None)
+        elif body.get(long) == "":  # (named as the caller spelt it, not by the service's later check)
+            errors.append({"type": "value_error", "loc": (long,), "input": "", "msg": "must not be empty"})
+    errors += unknown_fields(RegisterHostRequest, body)
     try:
         # strict: a capacity of `true` or `"3"` is a mistake to name, not a 1 or a 3 to guess
         # (the record itself stays lenient: the SDK reads answers with it)
