@@ -104,6 +104,17 @@ async def test_an_impossible_declaration_is_refused_before_anything_is_reserved(
     assert host.vms.vms == {} and host.vms.summary()["free_mem_mib"] == free
 
 
+@pytest.mark.parametrize("move_id", [".", ".."])
+async def test_a_move_id_a_url_path_would_resolve_away_is_refused(make_host, move_id):
+    # (review 21: ".." took a reservation that DELETE .../incoming/.. could never reach)
+    host = await make_host(backend="fake", ram_mb=1024)
+    free = host.vms.summary()["free_mem_mib"]
+    r = await host.client.post("/v1/host/incoming", json=_body(host, move_id, [_declared(b"x")]))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
+    assert "move_id" in r.json()["error"]["message"]
+    assert host.vms.vms == {} and host.vms.summary()["free_mem_mib"] == free
+
+
 async def test_a_move_bigger_than_the_free_disk_is_refused_with_the_figures(make_host):
     host = await make_host(backend="fake")
     huge = {"name": "state.bin", "size": 10 * 2**40, "sha256": "0" * 64}

@@ -174,7 +174,8 @@ class IncomingVm(Record):
 class IncomingRequest(Record):
     """``POST /v1/host/incoming``: the receiving side of a move."""
 
-    move_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    # (not "." or "..": a URL path resolves those away, so DELETE .../incoming/.. could not abort it)
+    move_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
     vm: IncomingVm
     platform: dict[str, Any]
     files: list[StateFile] = Field(min_length=1)
