@@ -329,6 +329,19 @@ def test_refusals(fleet, tmp_path, case, code):
         assert fleet.running_copies("job1") == ["src"]
 
 
+def test_a_host_a_move_just_left_takes_the_next_move_at_once(fleet):
+    """Review 21: right after a VM moved off a host at its agent's --max-vms, a move onto
+    that host was refused ("its agent's max_vms 1 reached") until its next poll."""
+    fleet.add("a")
+    fleet.add("b", extra=["--max-vms", "1"])
+    for name in ("m1", "m2"):
+        fleet.client.vms.create(vm_body(name, host="a", mem=256))
+    for name, to in (("m1", "b"), ("m1", "a"), ("m2", "b")):  # the last straight after m1 left b
+        m = fleet.wait_move(fleet.client.moves.create(name, to=to)["id"])
+        assert m["state"] == "done", m
+    assert sorted(fleet.host_vms("b")) == ["m2"] and sorted(fleet.host_vms("a")) == ["m1"]
+
+
 def _check_home_or_moved(fleet, name, expect=None):
     copies = fleet.running_copies(name)
     assert len(copies) == 1, f"vm {name} runs on {copies}"

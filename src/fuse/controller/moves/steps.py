@@ -11,6 +11,7 @@ or, when the target already runs it, finishes the move forward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from ...errors import FuseError
 from ..store import vms as vms_t
@@ -156,6 +157,11 @@ class MoveSteps(MoveRecords):
         (the removal answers 404 if it had happened)."""
         removed = await self._remove_source(row)
         hooks.crash_point("removed")
+        if removed:
+            # the source's figures as they are now, not at its last poll: a move back to it
+            # right after was refused by its agent's max_vms for up to a poll interval
+            with contextlib.suppress(FuseError):
+                await self.fleet.refresh(row["source"])
         # (a reason a step left on the way, a wake's lost reply say, does not outlive the
         # move's success: `reason` says why a move failed)
         self._set(row["id"], "done", source_removed=removed, reason="")
