@@ -83,16 +83,23 @@ def test_a_sleeping_vm_that_can_wake_nowhere_is_failed_and_kept_asleep(make_flee
         assert placed(fleet.client).count(("keep", 1, 256)) == 1
 
 
-def test_a_provision_while_the_controller_moves_the_vm_waits_for_the_move(make_fleet):
-    # Each copied chunk pauses a second: the move holds the VM asleep a while.
-    fleet = make_fleet(env={"FUSE_TEST_CHUNK_DELAY": "1.0"})
+@pytest.mark.parametrize("env, when", [
+    ({"FUSE_TEST_CHUNK_DELAY": "1.0"}, "copying"),  # each copied chunk pauses a second
+    # (review 21: before the move slept it, the VM still showed running on its source and the
+    # provision answered SUCCEEDED at once; the trial then ran while it slept and moved)
+    ({"FUSE_TEST_PAUSE_AT": "starting:3"}, "starting"),
+], ids=["while the move copies", "as the move starts, the vm still running"])
+def test_a_provision_while_the_controller_moves_the_vm_waits_for_the_move(make_fleet, env, when):
+    fleet = make_fleet(env=env)
     svc = service(fleet)
     with svc:
         p = {"vmName": "mv", "vcpus": 1, "memMiB": 128}
         assert provision(svc, {**p, "vmHost": "h1"})[0] == Status.SUCCEEDED
         move = fleet.client.moves.create("mv", to="h2")
-        wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == "copying", timeout=30,
-                   what="the move to copy")
+        wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == when, timeout=30,
+                   what=f"the move at {when}")
+        if when == "starting":
+            assert fleet.client.vms.get("mv")["state"] == "running"
         status, info = provision(svc, p)
         assert status == Status.SUCCEEDED, info
         assert info["vmHost"] == "h2"  # where the move took it, woken by the move
@@ -261,21 +268,3 @@ def test_a_recreate_onto_a_host_at_its_vm_count_policy_keeps_the_vm(make_fleet, 
         # on its own host the old VM's slot is counted free: a new shape there is recreated
         status, info = provision(svc, {**p, "memMiB": 256})
         assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h1"), caplog.text
-
-
-def test_a_provision_as_a_move_of_the_vm_starts_waits_for_the_move(make_fleet):
-    """Review 21: while the move had not yet put the VM to sleep, the VM still showed
-    running on its source and the provision answered SUCCEEDED at once: the trial then
-    ran while the VM slept and woke on another host."""
-    fleet = make_fleet(env={"FUSE_TEST_PAUSE_AT": "starting:3"})
-    svc = service(fleet)
-    with svc:
-        p = {"vmName": "mv", "vcpus": 1, "memMiB": 128}
-        assert provision(svc, {**p, "vmHost": "h1"})[0] == Status.SUCCEEDED
-        move = fleet.client.moves.create("mv", to="h2")
-        assert fleet.client.vms.get("mv")["state"] == "running"  # (the move has not slept it yet)
-        status, info = provision(svc, p)
-        assert status == Status.SUCCEEDED, info
-        assert info["vmHost"] == "h2"  # taken as the move left it
-        assert fleet.client.moves.get(move["id"])["state"] == "done"
-        assert where(fleet.client) == [("mv", "h2", "running")]
