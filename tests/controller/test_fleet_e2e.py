@@ -199,6 +199,20 @@ def test_running_vms_are_adopted_on_registration_and_block_deregister(fleet):
     fleet.client.hosts.deregister("h1")
 
 
+def test_a_hosts_events_up_to_its_deregister_reach_the_stream(fleet):
+    """Review 21: events the agent made within its last poll interval (a VM created and
+    deleted on it directly) never reached the stream once the host was removed."""
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    cursor = fleet.client.events.list(0)["next_cursor"]
+    auth = {"Authorization": f"Bearer {a.token}"}
+    httpx.post(a.url + "/v1/host/vms", json=shape(name="brief"), headers=auth, timeout=30).raise_for_status()
+    httpx.delete(a.url + "/v1/host/vms/brief", headers=auth, timeout=30).raise_for_status()
+    fleet.client.hosts.deregister("h1")  # within the poll interval of the delete
+    seen = [(e["type"], e.get("vm"), e.get("to")) for e in fleet.client.events.list(cursor)["events"]]
+    assert ("vm_state", "brief", "deleted") in seen and seen[-1][0] == "host_removed", seen
+
+
 def test_event_cursor_resumes_across_a_controller_restart(fleet, tmp_path):
     fleet.add("h1", fleet.agent("a1"))
     fleet.client.vms.create(shape(name="one"))

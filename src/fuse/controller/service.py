@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 import sys
@@ -17,6 +19,7 @@ from .store import Store, engine_url
 
 
 WINDOWS_PIPE = r"\\.\pipe\fuse-controller"
+LAST_READ_S = 2.0  # a deregister reads the host's events once more, for at most this long
 
 
 def default_controller_socket() -> Path:
@@ -219,6 +222,11 @@ class Controller:
         return await self.hosts.register(req, backend_from_probe, then=poll)
 
     async def deregister_host(self, host_id: str) -> None:
+        if self.fleet is not None and host_id in self.fleet.views:
+            # its events up to now join the stream first: once it is removed nothing reads them
+            # (best effort, bounded: a host that does not answer is removed all the same)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.fleet.refresh(host_id), LAST_READ_S)
         self.hosts.deregister(host_id)
         if self.fleet is not None:
             await self.fleet.sync_hosts()
