@@ -185,6 +185,15 @@ def test_plan_with_no_controller_on_the_default_socket_says_it_plans_offline(no_
     assert {h["provider"] for h in json.loads(r.stdout)["new_hosts"]} == {"aws"}
 
 
+def test_the_url_may_come_before_the_subcommand_as_under_fuse_controller(empty, tmp_path):
+    # (review 21: `fuse pool --url X hosts` was "No such option: --url", exit 2)
+    r = CliRunner().invoke(app, ["pool", "--url", empty.url, "hosts", "--json"], env={"FUSE_URL": ""})
+    assert r.exit_code == 0 and json.loads(r.stdout) == [], r.output
+    r = CliRunner().invoke(app, ["pool", "--url", f"unix://{tmp_path}/nope.sock", "plan", "--count", "2"],
+                           env={"FUSE_URL": ""})
+    assert r.exit_code == 1 and "error: unreachable: cannot reach the controller" in r.stderr, r.output
+
+
 def test_plan_with_a_url_never_plans_offline(tmp_path):
     # the controller named is the one asked: no answer is an error, not a what-if
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "2"], env={"FUSE_URL": f"unix://{tmp_path}/nope.sock"})

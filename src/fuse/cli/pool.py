@@ -48,10 +48,19 @@ cloud_app = typer.Typer(help="The clouds the pool buys machines in.", no_args_is
 app.add_typer(cloud_app, name="cloud")
 
 
+# ``fuse pool --url X hosts`` as ``fuse controller --url X ...`` takes it (a subcommand's own wins)
+_group: dict[str, Optional[str]] = {"url": None, "token": None}
+
+
 @app.callback()
-def _pool() -> None:
+def _pool(
+    url: Optional[str] = typer.Option(None, "--url", help="Controller: unix:///path or http(s)://host:port "
+                                                          "(also after the subcommand; default: its socket)."),
+    token: Optional[str] = typer.Option(None, "--token", help="Controller token (TCP)."),
+) -> None:
     """The elastic pool: plans, linked clouds, cloud hosts, budget, scale-in and prewarm."""
-    # a callback keeps ``plan`` a subcommand even if it were the only one
+    # (a callback also keeps ``plan`` a subcommand even if it were the only one)
+    _group.update(url=url, token=token)
 
 
 # ---- talking to a controller ------------------------------------------------
@@ -98,6 +107,7 @@ def _controller(url: str | None, token: str | None, json_: bool = False, offline
     ``output.api_errors`` ends ``fuse controller``'s; a malformed ``--url`` is a usage
     error, exit 2. ``offline_ok``: no controller listening raises ``_NoController`` instead."""
     from fuse.client import ApiError, Client
+    url, token = url or _group["url"], token or _group["token"]
     try:
         client = Client(url or None, token)
     except ValueError as e:  # a malformed --url
@@ -264,7 +274,7 @@ def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest
     from fuse.controller.service import default_controller_socket
 
     try:
-        with _controller(url, token, as_json, offline_ok=not url) as c:
+        with _controller(url, token, as_json, offline_ok=not (url or _group["url"])) as c:
             return c.pool.cloud_plan(req)
     except _NoController as e:
         sock = default_controller_socket()
