@@ -194,6 +194,13 @@ def test_the_url_may_come_before_the_subcommand_as_under_fuse_controller(empty, 
     assert r.exit_code == 1 and "error: unreachable: cannot reach the controller" in r.stderr, r.output
 
 
+def test_a_time_limit_the_controller_does_not_take_is_said_not_silently_dropped(empty):
+    r = CliRunner().invoke(app, ["pool", "plan", "--count", "1", "--kind", "container", "--time-limit", "0.5"],
+                           env={"FUSE_URL": empty.url})
+    assert r.exit_code == 0, r.output
+    assert "note: --time-limit is for offline plans: the controller planned with its own limit" in r.stderr
+
+
 def test_plan_with_a_url_never_plans_offline(tmp_path):
     # the controller named is the one asked: no answer is an error, not a what-if
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "2"], env={"FUSE_URL": f"unix://{tmp_path}/nope.sock"})

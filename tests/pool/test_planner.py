@@ -6,7 +6,7 @@ import pytest
 
 from fuse.controller.pool.catalogue import catalogue_source, default_catalogue
 from fuse.controller.pool.greedy import greedy
-from fuse.controller.pool.model import Constraints, DemandGroup, PlanModel, PoolHost, billed_secs
+from fuse.controller.pool.model import Constraints, DemandGroup, Offer, PlanModel, PoolHost, billed_secs
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.solution import cost_usd
 
@@ -94,6 +94,61 @@ def test_a_hosts_pin_evens_the_vms_out_over_its_machines_at_the_same_cost():
     per_machine = sorted(a.count for a in p.assignments)
     assert per_machine == [4, 4, 4] and len(p.new_hosts) == 3
     assert p.solver == "exact" and p.projected_usd == pytest.approx(3 * billed_secs(BIG, 3600) * 0.36 / 3600)
+
+
+def test_a_hosts_pin_evens_out_one_group_beside_another_billed_shorter():
+    # (review 21: the emptiest machine held the short VM, so nothing moved: 3, 2 and 1)
+    groups = [group(6, 2, 2048, name="long", duration_secs=3600), group(1, 1, 512, name="short", duration_secs=60)]
+    m = PlanModel(groups=groups, offers=[BIG.model_copy(update={"billing_step_secs": 1, "billing_min_secs": 0})],
+                  constraints=Constraints(exact_new_hosts=4))
+    p = plan(m)
+    per_machine = {}
+    for a in p.assignments:
+        per_machine.setdefault(a.new_index, {})[a.group] = a.count
+    longs = sorted(c.get("long", 0) for c in per_machine.values() if "short" not in c)
+    assert longs == [2, 2, 2] and len(p.new_hosts) == 4, per_machine
+    assert p.solver == "exact"
+
+
+@pytest.mark.parametrize("constraints, says", [
+    (Constraints(exact_new_hosts=3, max_usd_per_hour=0.5), "(the cheapest 3 cost $1.0800/h, over max_usd_per_hour=0.5)"),
+    (Constraints(exact_new_hosts=3, max_new_hosts=2), "(max_new_hosts=2 allows fewer)"),
+], ids=["the $/h cap", "the new-host cap"])
+def test_a_hosts_pin_no_plan_can_meet_says_what_stops_it(constraints, says):
+    # (review 21: the reason named the pin alone, never the cap that made it impossible)
+    p = plan(PlanModel(groups=[group(3, 1, 1024)], offers=[BIG], constraints=constraints))
+    assert p.unplaced[0].count == 3 and says in p.unplaced[0].reason, p.unplaced[0].reason
+
+
+def test_a_hosts_pin_where_no_machine_may_go_says_so_though_the_hosts_have_room():
+    own = PoolHost(name="own1", vcpus=8, mem_mib=8192, own=True, region="home")
+    p = plan(PlanModel(groups=[group(2, 1, 1024, region="home")], hosts=[own], offers=[BIG],
+                       constraints=Constraints(exact_new_hosts=1)))
+    assert p.unplaced[0].reason == ("hosts=1: the request adds exactly 1 machine, and no new machine may take it: "
+                                    "region is not home")
+
+
+def test_a_together_group_the_hosts_pin_would_split_is_proven_to_have_no_plan():
+    # (review 21: first fit answered, "the exact plan was not better", for a plan no model has)
+    p = plan(PlanModel(groups=[group(7, 1, 512, together=True)], offers=[BIG],
+                       constraints=Constraints(exact_new_hosts=2)))
+    assert p.solver == "exact" and p.new_hosts == [] and p.unplaced[0].count == 7
+    assert any("no plan meets the pins" in line for line in p.explain)
+
+
+@pytest.mark.parametrize("step", [2**31, 2**32 - 1, 2**52], ids=["2^31 s", "the u32 most", "2^52 s (review 21: billed 0 s)"])
+def test_a_billing_step_far_longer_than_the_work_bills_one_whole_step(step):
+    # (model_copy checks nothing: the arithmetic itself is what is tested, past the u32 bound too)
+    o = BIG.model_copy(update={"billing_step_secs": step, "billing_min_secs": 0})
+    assert billed_secs(o, 60) == step
+
+
+def test_an_offer_or_host_figure_beyond_what_first_fit_can_hold_is_refused():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="mem_mib"):
+        Offer.model_validate(BIG.model_dump() | {"mem_mib": 2**63})
+    with pytest.raises(ValidationError, match="max_vms"):
+        PoolHost(name="h", vcpus=1, mem_mib=1024, max_vms=2**70)
 
 
 def test_a_hosts_pin_no_plan_can_meet_is_proven_and_nothing_bought():

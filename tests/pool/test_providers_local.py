@@ -76,10 +76,16 @@ def alive(pid: int) -> bool:
     ({"types": [{"name": "x", "vcpus": 0, "mem_mib": 512, "usd_per_hour": 0}]}, "types[0].vcpus"),
     ({"types": [{"name": "x/y", "vcpus": 1, "mem_mib": 512, "usd_per_hour": 0}]}, "types[0].name"),
     ({"types": [{"name": "x", "vcpus": 1, "mem_mib": 512, "usd_per_hour": 0, "gpu": "a100"}]}, "types[0].gpu"),
+    # (review 21: 2^63 MiB linked, then every plan was a 500; a 2^52 s step billed nothing)
+    ({"types": [{"name": "x", "vcpus": 1, "mem_mib": 2**63, "usd_per_hour": 0}]}, "types[0].mem_mib"),
+    ({"types": [{"name": "x", "vcpus": 1, "mem_mib": 512, "usd_per_hour": 1, "billing_step_secs": 2**52}]},
+     "types[0].billing_step_secs"),
+    ({"types": [{"name": "x", "vcpus": 1, "mem_mib": 512, "usd_per_hour": float("nan")}]}, "types[0].usd_per_hour"),
 ], ids=["an unknown option is named", "an unknown backend is named", "a zero vm_count is named",
         "an empty region is named", "a bundle_dir without a bundle is named", "an empty type list is named",
         "a type without a price names the field", "a type without vCPUs names the field",
-        "a type name with a slash is named", "an unknown type field is named"])
+        "a type name with a slash is named", "an unknown type field is named", "a size beyond u32 is named",
+        "a billing step beyond u32 is named", "a price that is no number is named"])
 def test_link_refuses_bad_options_naming_the_field(options, field, state):
     with pytest.raises(InvalidArgument) as err:
         link("local", "dev", options, state)

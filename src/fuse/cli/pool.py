@@ -249,6 +249,9 @@ def plan_cmd(
             if result is None:  # no controller on the default socket: what if, offline
                 kw = {} if time_limit is None else {"time_limit_secs": time_limit}
                 result = solve_plan(model_from_request(_request(**given), [], **kw))
+            elif time_limit is not None:  # (a request carries no limit: the controller's own was used)
+                typer.echo("note: --time-limit is for offline plans: the controller planned with its own limit",
+                           err=True)
     except FuseError as e:
         _fail(e.code, e.message, json_=as_json)
     except ValidationError as e:  # a --model file that is not a model

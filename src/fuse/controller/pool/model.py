@@ -28,6 +28,7 @@ KVM_KINDS = frozenset({"vm", "microvm"})
 KINDS = frozenset({"container", "vm", "microvm"})
 ARCHES = ("amd64", "arm64")
 U32 = 2**32 - 1
+MAX_FIGURE = 2**53  # a host's declared capacity figures go this high (fuse.models.hosts.MAX_AMOUNT)
 
 
 class _Data(BaseModel):
@@ -71,8 +72,9 @@ class PoolHost(_Data):
     """A machine already in the pool, with the room it has free now."""
 
     name: str
-    vcpus: int = Field(ge=0)  # free vCPUs
-    mem_mib: int = Field(ge=0)  # free MiB
+    # (at most a host's declared figures: 2^53; an edited model's 2^70 overflowed first fit's arrays)
+    vcpus: int = Field(ge=0, le=MAX_FIGURE)  # free vCPUs
+    mem_mib: int = Field(ge=0, le=MAX_FIGURE)  # free MiB
     arch: str = "amd64"
     kvm: bool = True
     own: bool = True  # an operator's device: free to use
@@ -80,10 +82,10 @@ class PoolHost(_Data):
     region: str = ""
     type_name: str = ""  # a cloud host's machine type ("" on own devices)
     usd_per_hour: float = Field(default=0.0, ge=0)
-    paid_secs_left: int = Field(default=0, ge=0)  # already-billed time still ahead
-    billing_step_secs: int = Field(default=1, ge=1)
+    paid_secs_left: int = Field(default=0, ge=0, le=U32)  # already-billed time still ahead
+    billing_step_secs: int = Field(default=1, ge=1, le=U32)
     # VMs it may still take: its vm_count policy less the VMs on it (None: no limit)
-    max_vms: int | None = Field(default=None, ge=0)
+    max_vms: int | None = Field(default=None, ge=0, le=MAX_FIGURE)
     # a cloud host scale-in cordoned: running and paid, so counted; the VMs placed uncordon it
     scaler_cordoned: bool = False
     # False: CPU only ranks here (time-shared, as placement has it on every host in the pool;
@@ -105,17 +107,17 @@ class Offer(_Data):
     type_name: str
     region: str
     arch: str
-    vcpus: int = Field(ge=1)
-    mem_mib: int = Field(ge=1)  # usable: RAM less what the agent and OS keep
-    disk_gb: int = 0
+    vcpus: int = Field(ge=1, le=U32)  # (u32: a linked type's 2^63 MiB broke every plan)
+    mem_mib: int = Field(ge=1, le=U32)  # usable: RAM less what the agent and OS keep
+    disk_gb: int = Field(default=0, ge=0, le=U32)
     gpu: str = ""
     kvm: bool = False
     metal: bool = False
     usd_per_hour: float = Field(ge=0)
-    billing_step_secs: int = Field(default=1, ge=1)
-    billing_min_secs: int = Field(default=0, ge=0)
-    boot_secs: int = Field(default=90, ge=0)
-    limit: int | None = Field(default=None, ge=0)  # at most this many of the type
+    billing_step_secs: int = Field(default=1, ge=1, le=U32)
+    billing_min_secs: int = Field(default=0, ge=0, le=U32)
+    boot_secs: int = Field(default=90, ge=0, le=U32)
+    limit: int | None = Field(default=None, ge=0, le=U32)  # at most this many of the type
     quota_family: str = ""
     one_space: bool = False  # a one-VM supplier's sandbox (Modal), not a host
 
@@ -186,8 +188,10 @@ class PlanModel(_Data):
 
 
 def ceil_to(secs: float, step: int) -> int:
-    """``secs`` rounded up to a whole number of ``step``-second billing steps."""
-    return int(math.ceil(max(secs, 0) / step - 1e-9)) * step
+    """``secs`` rounded up to a whole number of ``step``-second billing steps (in
+    integers: ``secs / step`` in floats rounded 60 s on a 2^52 s step down to none)."""
+    whole = max(math.ceil(secs - 1e-9), 0)
+    return -(-whole // step) * step
 
 
 def billed_secs(offer: Offer, duration_secs: int) -> int:

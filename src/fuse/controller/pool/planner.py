@@ -210,7 +210,8 @@ def _per_machine(model: PlanModel, kept: list[int], sol: Solution, lb: float, mo
     if got is None or violations(model, got.sol):
         return None
     if got.most_proven and got.cost_proven and not better(model, sol, got.sol):
-        return got.sol, "exact", cost_usd(model, got.sol), []
+        none = not any(got.sol.placed(len(model.groups)))
+        return got.sol, "exact", cost_usd(model, got.sol), [NO_PLAN_MEETS_PINS] if none else []
     if not better(model, got.sol, sol):
         return None
     # a bound for plans placing fewer VMs also bounds those placing more

@@ -186,19 +186,26 @@ def _even_out(model: PlanModel, sol: Solution) -> Solution:
         if len(same) < 2 or o.one_space:
             continue
         cap_cpu, cap_mem = offer_vcpus(o, c), o.mem_mib
-        for _ in range(sum(sum(m.counts.values()) for m in same)):  # each move narrows the spread
-            same.sort(key=lambda m: sum(m.counts.values()))
-            low, high = same[0], same[-1]
-            if sum(high.counts.values()) - sum(low.counts.values()) < 2:
-                break
+
+        def movable(high: Machine, low: Machine) -> int | None:
+            """A group of ``high`` one VM of which ``low`` takes at the same bill, or None."""
             low_dur = max(groups[g].duration_secs for g in low.counts)
             cpu_free = cap_cpu - sum(groups[g].cpus * k for g, k in low.counts.items())
             mem_free = cap_mem - sum(groups[g].mem_mib * k for g, k in low.counts.items())
-            g = next((g for g in sorted(high.counts) if not groups[g].together
-                      and groups[g].cpus <= cpu_free and groups[g].mem_mib <= mem_free
-                      and billed_secs(o, max(low_dur, groups[g].duration_secs)) == billed_secs(o, low_dur)), None)
-            if g is None:
-                break  # (what the fullest holds fits the emptiest only at a higher bill, or not at all)
+            return next((g for g in sorted(high.counts) if not groups[g].together
+                         and groups[g].cpus <= cpu_free and groups[g].mem_mib <= mem_free
+                         and billed_secs(o, max(low_dur, groups[g].duration_secs)) == billed_secs(o, low_dur)), None)
+
+        for _ in range(sum(sum(m.counts.values()) for m in same)):  # each move narrows the spread
+            same.sort(key=lambda m: sum(m.counts.values()))
+            # the fullest and the emptiest that can take one of its VMs at the same bill (the
+            # emptiest itself may hold work billed shorter: the next one is tried)
+            move = next(((high, low, g) for high in reversed(same) for low in same
+                         if sum(high.counts.values()) - sum(low.counts.values()) >= 2
+                         and (g := movable(high, low)) is not None), None)
+            if move is None:
+                break
+            high, low, g = move
             high.counts[g] -= 1
             if high.counts[g] == 0:
                 del high.counts[g]

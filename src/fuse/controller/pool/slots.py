@@ -202,6 +202,8 @@ def solve(model: PlanModel, kept: list[int], start: Solution, most_known: int | 
     sm.f.m.maximize(sum(sm.f.placed))
     hint(sm, model, start)
     st, solver = F.run(sm.f, model, 0.5 * (deadline - time.monotonic()))
+    if st == "infeasible" or (st == "optimal" and round(solver.objective_value) == 0):
+        return Answer(Solution(), True, True, 0.0)  # (no plan places a VM: the pins admit none)
     if st not in ("optimal", "feasible"):
         return None
     most = int(round(solver.objective_value))

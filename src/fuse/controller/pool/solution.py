@@ -190,8 +190,12 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
                     f"max_new_hosts: at most {n} new host{'s' if n > 1 else ''}" + (f" (all {n} used)" if hosts_new >= n else ""),
                     hosts_new >= n and any(not o.one_space for o in fits)))
     if c.exact_new_hosts is not None:
-        out.append(("hosts=0: the request adds no machine" if c.exact_new_hosts == 0 else
-                    f"hosts={c.exact_new_hosts}: the request adds exactly {c.exact_new_hosts} machines", True))
+        n = c.exact_new_hosts
+        said = ("hosts=0: the request adds no machine" if n == 0 else
+                f"hosts={n}: the request adds exactly {n} machine{'s' if n > 1 else ''}")
+        if n > 0 and hosts_new != n:
+            said += _pin_blocked(model, fits, n)
+        out.append((said, True))
     if c.max_usd_per_hour is not None:
         least = min((o.usd_per_hour for o in fits), default=0.0)
         reached = usd_h + least > c.max_usd_per_hour + 1e-9
@@ -217,6 +221,26 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
             out.append((f"limit {o.type_name}={o.limit}" + (" (all used)" if n >= o.limit else ""),
                         n >= o.limit and o in limited))
     return out
+
+
+def _pin_blocked(model: PlanModel, fits: list, n: int) -> str:
+    """What keeps ``n`` new machines (the hosts pin) from being bought at all, in words
+    (" (...)"), or "": the new-host cap, the types' limits, the $/h cap."""
+    c = model.constraints
+    hosts = sorted((o for o in fits if not o.one_space), key=lambda o: o.usd_per_hour)
+    if c.max_new_hosts is not None and c.max_new_hosts < n:
+        return f" (max_new_hosts={c.max_new_hosts} allows fewer)"
+    cheapest: list[float] = []
+    for o in hosts:  # the n cheapest machines the types' limits allow
+        cheapest += [o.usd_per_hour] * min(n - len(cheapest), n if o.limit is None else o.limit)
+        if len(cheapest) >= n:
+            break
+    if len(cheapest) < n:
+        return f" (the machine types that can take it allow {len(cheapest)} in all)" if hosts else ""
+    if c.max_usd_per_hour is not None and sum(cheapest) > c.max_usd_per_hour + 1e-9:
+        return (f" (the cheapest {n} cost ${sum(cheapest):.4f}/h, over "
+                f"max_usd_per_hour={round(c.max_usd_per_hour, 6)})")
+    return ""
 
 
 def unplaced_reason(model: PlanModel, g: int, sol: Solution | None = None) -> str:
@@ -248,6 +272,10 @@ def unplaced_reason(model: PlanModel, g: int, sol: Solution | None = None) -> st
     # why the hosts take none of it, when none does (a full host's vm_count, its room...)
     hosts = f"no host can take it: {said_hosts(on_hosts)}" if on_hosts and not on_hosts[None] else ""
     if on_offers[None] == 0:  # (a request's no_scale or devices_only, allow_metal, pins: not the caps)
+        if c.exact_new_hosts:  # (the hosts may have room: the pin's machines are what cannot be)
+            n = c.exact_new_hosts
+            return (f"hosts={n}: the request adds exactly {n} machine{'s' if n > 1 else ''}, and no new "
+                    "machine may take it: " + (said_offers(on_offers) if on_offers else "no offers"))
         return ("no room left on the hosts that can hold it, and no new machine may: " + said_offers(on_offers)
                 if on_offers else "no room left on the hosts that can hold it, and no offers")
     checks = _cap_checks(model, sol, g)

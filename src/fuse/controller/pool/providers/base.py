@@ -143,12 +143,16 @@ class OptionReader:
         return list(value)
 
 
-def number(where: str, value: Any, *, minimum: float = 0, integer: bool = False) -> Any:
-    """A number from an option's nested field (``types[0].vcpus``)."""
+U32 = 2**32 - 1  # the planner's figures (sizes, seconds, counts) are u32, as the seed types them
+
+
+def number(where: str, value: Any, *, minimum: float = 0, integer: bool = False, maximum: float = U32) -> Any:
+    """A number from an option's nested field (``types[0].vcpus``): finite, and at most
+    ``maximum`` (a type of 2^63 MiB linked fine, then broke every plan with a 500)."""
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value < minimum:
+    if isinstance(value, bool) or not ok or not minimum <= value <= maximum:
         kind = "an integer" if integer else "a number"
-        raise InvalidArgument(f"option {where} must be {kind} >= {minimum:g} (got {value!r})",
+        raise InvalidArgument(f"option {where} must be {kind} from {minimum:g} to {maximum:g} (got {value!r})",
                               details={"option": where})
     return value
 
