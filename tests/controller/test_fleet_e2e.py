@@ -167,6 +167,21 @@ def test_disconnect_and_reconnect(fleet):
     assert types.count("host_connected") == 2
 
 
+def test_a_second_names_vm_count_refusal_says_the_machines_vms_count(fleet):
+    """Review 21: the second name showed its own allocated count (1 of 3) while a create
+    to it was refused for the machine's 3 VMs, the refusal naming only the policy."""
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.add("h1b", a, vm_count=3)
+    for n in ("x", "y"):
+        fleet.client.vms.create(shape(name=n, host="h1"))
+    fleet.client.vms.create(shape(name="z", host="h1b"))
+    assert fleet.client.hosts.get("h1b").allocated.vm_count == 1
+    e = err(fleet.client.vms.create, shape(name="w", host="h1b"))
+    assert e.code == "fleet_full" and e.details["hosts"] == {
+        "h1b": "vm_count policy 3 reached (the VMs of this machine count, under h1b, h1)"}
+
+
 def test_an_agent_restarted_with_a_new_identity_is_recorded_on_its_hosts(fleet):
     a = fleet.agent("a1")
     port = int(a.url.rsplit(":", 1)[1])

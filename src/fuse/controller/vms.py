@@ -304,6 +304,11 @@ class VmService:
         for d in decisions:
             for h, why in d.reasons.items():
                 filtered.setdefault(h, why)
+        names = machine_names(self.store.list_hosts()) if any(
+            why.startswith("vm_count policy") for why in filtered.values()) else {}
+        for h, why in filtered.items():  # (a name's own count is not what its policy is held to)
+            if why.startswith("vm_count policy") and len(others := [n for n in names.get(h, [h]) if n != h]):
+                filtered[h] = f"{why} (the VMs of this machine count, under {', '.join([h, *others])})"
         pool = f"; {reasons['elastic pool']}" if "elastic pool" in reasons else ""  # e.g. the budget's cap
         if among is not None and req.host is None:  # the hosts ``on`` left out say so too
             registered = [r["id"] for r in self.store.list_hosts()]
