@@ -55,6 +55,8 @@ class FleetArrays:
     usable: np.ndarray  # connected, active, not under memory pressure (reasons kept separately)
     # where the host agent's own VM-count limit (its --max-vms) is the lower one (`with_agent_limits`)
     agent_limited: np.ndarray | None = None
+    # a host registered under several names (one agent) -> them all: its VM count is the machine's
+    machine_names: dict[str, list[str]] | None = None
 
     # Ask-independent work, done once per fleet snapshot and shared by every decision on it.
     @cached_property
@@ -203,6 +205,9 @@ class Decision:
                 out[hid] = f"its agent's max_vms {int(f.vm_limit[i])} reached"
             else:
                 out[hid] = f"vm_count policy {int(f.vm_limit[i])} reached"
+                if names := (f.machine_names or {}).get(hid):  # (the count is not this name's alone)
+                    under = ", ".join([hid, *(n for n in names if n != hid)])
+                    out[hid] += f" (the VMs of this machine count, under {under})"
         return out
 
 

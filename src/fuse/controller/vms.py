@@ -140,6 +140,7 @@ class VmService:
         cv, cm, fv, fm, cnt, lim, usable = [], [], [], [], [], [], []
         reasons: dict[str, str] = {}
         agent_limits: dict[str, int | None] = {}  # the agents' own --max-vms, from their summaries
+        shared: dict[str, list[str]] = {}  # the hosts one machine has under several names -> those names
         for r in rows:  # (one pass of plain lists: at 10,000 hosts this loop is the snapshot's cost)
             hid, cap = r["id"], r["capacity"]
             # One machine under several names (one agent identity): what any of its names
@@ -152,6 +153,7 @@ class VmService:
             else:
                 a = {k: sum(alloc.get(h, none).get(k, 0) for h in names) for k in ("cpus", "ram_mb", "vm_count")}
                 p = sum((pending.get(h, zero) for h in names), zero)
+                shared[hid] = names
             view = views.get(hid)
             s = view.summary if view else none
             c_cpus, c_mem = cap.get("cpus", 0), cap.get("ram_mb", 0)
@@ -176,7 +178,7 @@ class VmService:
                 (("cv", cv), ("cm", cm), ("fv", fv), ("fm", fm), ("cnt", cnt), ("lim", lim))}
         usable = np.array(usable, dtype=bool)
         fleet = FleetArrays([r["id"] for r in rows], cols["cv"], cols["cm"], cols["fv"], cols["fm"], cols["cnt"],
-                            cols["lim"], usable)
+                            cols["lim"], usable, machine_names=shared)
         # a host whose agent's own VM-count limit is reached is left out with that reason
         # rather than asked and refusing (its admission still has the final word)
         return with_agent_limits(fleet, agent_limits), reasons
@@ -304,11 +306,6 @@ class VmService:
         for d in decisions:
             for h, why in d.reasons.items():
                 filtered.setdefault(h, why)
-        names = machine_names(self.store.list_hosts()) if any(
-            why.startswith("vm_count policy") for why in filtered.values()) else {}
-        for h, why in filtered.items():  # (a name's own count is not what its policy is held to)
-            if why.startswith("vm_count policy") and len(others := [n for n in names.get(h, [h]) if n != h]):
-                filtered[h] = f"{why} (the VMs of this machine count, under {', '.join([h, *others])})"
         pool = f"; {reasons['elastic pool']}" if "elastic pool" in reasons else ""  # e.g. the budget's cap
         if among is not None and req.host is None:  # the hosts ``on`` left out say so too
             registered = [r["id"] for r in self.store.list_hosts()]

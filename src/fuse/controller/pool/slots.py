@@ -120,9 +120,8 @@ def build(model: PlanModel, kept: list[int], n_slots: int) -> SlotModel:
         sm.v.append(v)
     by_type: dict[int, list[Any]] = {}
     for i, cell in enumerate(all_cells):
-        n = sum(sm.s[j][i] for j in range(n_slots)) if n_slots else 0
-        f.n[cell.t, cell.k] = n
-        if n_slots:
+        n = sum(s[i] for s in sm.s)  # N_tk (0 with no slots)
+        if sm.s:
             m.add(n <= cell.ub)
         by_type.setdefault(cell.t, []).append(n)
         F.machines_of(model, cell, n, terms)
