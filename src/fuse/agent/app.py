@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,18 +32,50 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         # Absolute: QEMU runs daemonized (its working directory is /), and the paths
-        # the agent hands it (state files to save and load) must still name this dir.
-        self.state_dir = Path(self.state_dir).absolute()
+        # the agent hands it (state files to save and load) must still name this dir;
+        # resolved: an agent started on it through a symlink finds its VMs' processes
+        # (known by the paths in their command lines) as one started on the real path.
+        self.state_dir = Path(self.state_dir).resolve()
+
+
+def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
+    """Why an agent of ``backend`` cannot serve ``state_dir`` (an error code and a line), or
+    None: its hypervisor is
+    not installed, or the dir holds live VMs of another backend (serving them would find
+    their processes gone and record them failed, then kill them as orphans)."""
+    from .backends.qemu import qemu_missing
+
+    if backend == "qemu" and (missing := qemu_missing()):
+        return "io_error", missing
+    others: dict[str, list[str]] = {}
+    for path in sorted((state_dir / "vms").glob("*/vm.json")):
+        try:
+            vm = json.loads(path.read_text())
+            theirs = (vm.get("platform") or {}).get("backend") or backend
+            if vm.get("state") in ("creating", "running", "sleeping", "incoming") and theirs != backend:
+                others.setdefault(str(theirs), []).append(str(vm.get("name")))
+        except (OSError, ValueError, AttributeError):
+            continue  # (a record the agent cannot read is skipped by it too)
+    if others:
+        theirs, names = next(iter(others.items()))
+        return "invalid_argument", (f"state dir {state_dir} holds vms of the {theirs} backend ({', '.join(names[:5])}"
+                f"{', ...' if len(names) > 5 else ''}): serve it with --backend {theirs}, "
+                "or delete them with that backend first")
+    return None
 
 
 def agent_id(state_dir: Path) -> str:
     """A stable identity for this agent, so a controller that reaches one
     machine under two names can tell (usage counts it once)."""
     path = state_dir / "agent-id"
-    if not path.exists():
-        with open(path, "w", opener=private_opener) as f:  # owner-only, as every state file
+    if not path.exists() or not (ident := path.read_text().strip()):
+        # (an empty one: torn by a crash as it was first written, so never handed out)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", opener=private_opener) as f:  # owner-only, as every state file
             f.write(uuid.uuid4().hex + "\n")
-    return path.read_text().strip()
+        os.replace(tmp, path)
+        ident = path.read_text().strip()
+    return ident
 
 
 def _vm_manager(cfg: AgentConfig):
@@ -62,6 +96,8 @@ def create_app(cfg: AgentConfig) -> FastAPI:
         vms = _vm_manager(cfg)
         app.state.vms = vms
         app.state.events = getattr(vms, "events", None)
+        if app.state.events is not None:  # (fuse.serving: a long poll answers at once on a stop)
+            app.state.stopping = app.state.events.stop_waiting
         if vms is not None:
             await vms.start()
         try:

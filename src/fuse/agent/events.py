@@ -21,7 +21,9 @@ handed back is a real one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -39,6 +41,8 @@ MAX_WAIT_S = 60.0  # a long poll's wait, at most (a longer one is cut to this, a
 KEEP = 20_000
 BLOCK = 1_000
 LOST_MAX = 100_000  # ids a log may have lost and get back as events_lost (more: .next is not believed)
+
+log = logging.getLogger("fuse.agent")
 
 
 class EventLog:
@@ -59,6 +63,8 @@ class EventLog:
         self._size = 0  # bytes in the file
         # Python >= 3.10 events bind to a loop only when awaited.
         self._changed = asyncio.Event()
+        self._stopping = False
+        self._unwritten = False  # the last line could not be written (disk full): logged once
         if path.exists():
             with open(path, "rb") as f:
                 for line in f:
@@ -105,8 +111,20 @@ class EventLog:
             del self._events[:-KEEP]
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
         self._mark(event["id"])
-        self._file.write(line)
-        self._size += len(line)
+        try:
+            if self._file.write(line) != len(line):  # (unbuffered: a full disk takes part of it)
+                raise OSError(f"wrote part of the line of event {event['id']}")
+            self._size += len(line)
+            self._unwritten = False
+        except OSError as exc:
+            # Served from memory all the same (its id stays taken: .next was written); the
+            # log keeps whole lines only, so the next line does not land on a torn one.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._file.fileno(), self._size)
+            if not self._unwritten:
+                log.warning("event log %s: cannot write event %d (%s); events are served from "
+                            "memory until it can", self.path, event["id"], exc)
+            self._unwritten = True
         self._changed.set()
         self._changed = asyncio.Event()
         return event
@@ -150,7 +168,7 @@ class EventLog:
         """Return when an event newer than ``since`` exists, or after
         ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while self.last_id <= since and (left := deadline - time.monotonic()) > 0:
+        while self.last_id <= since and not self._stopping and (left := deadline - time.monotonic()) > 0:
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
             except TimeoutError:
@@ -172,6 +190,13 @@ class EventLog:
         await self.wait(since, wait_s)
         items = self.list(since, limit)
         return {"events": items, "next": items[-1]["id"] if items else since, "last_id": self.last_id}
+
+    def stop_waiting(self) -> None:
+        """The agent is stopping: long polls answer with what they have now (the poller
+        carries on from its cursor at the next agent) instead of holding the stop up for
+        up to their wait_s (the state dir stays locked until the server ends)."""
+        self._stopping = True
+        self._changed.set()
 
     def close(self) -> None:
         self._file.close()

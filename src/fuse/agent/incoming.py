@@ -50,19 +50,41 @@ class IncomingMoves:
         self.entries: dict[str, dict[str, Any]] = {}
 
     def load(self) -> None:
+        """Take up the moves in flight when the last agent stopped. A copy whose move
+        record cannot be read (an agent crash tearing it, from before these were written
+        whole) or is missing is dropped: the VM is still at its source, whose move fails
+        on this target and brings it home (or was failed already)."""
         private_dir(self.dir)
         for path in sorted(self.dir.glob("*.json")):
-            entry = json.loads(path.read_text())
-            vm = self.mgr.vms.get(entry["name"])
-            if vm is not None and vm.state == "incoming" and vm.move_id == entry["move_id"]:
-                self.entries[entry["move_id"]] = entry
+            try:
+                entry = json.loads(path.read_text())
+                name, move_id = entry["name"], entry["move_id"]
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            vm = self.mgr.vms.get(name)
+            if vm is not None and vm.state == "incoming" and vm.move_id == move_id:
+                self.entries[move_id] = entry
             else:
                 path.unlink()  # its VM was installed or removed before a crash
+        for vm in list(self.mgr.vms.values()):
+            if vm.state == "incoming" and vm.move_id not in self.entries:
+                move_id = vm.move_id
+                self.mgr.transition(vm, "deleted", f"move {move_id}'s record on this host was lost in a crash")
+                self.mgr.events.emit("incoming_aborted", vm=vm.name, move_id=move_id,
+                                     reason="its record on this host was lost in a crash: the copy is dropped")
 
     def _persist(self, entry: dict[str, Any]) -> None:
         private_dir(self.dir)  # (owner-only whatever the umask, as every agent state file)
-        with open(self.dir / f"{entry['move_id']}.json", "w", opener=private_opener) as f:
-            f.write(json.dumps(entry))
+        path = self.dir / f"{entry['move_id']}.json"
+        tmp = path.with_suffix(".tmp")
+        try:  # whole or not at all: a crash mid-write leaves the last whole record
+            with open(tmp, "w", opener=private_opener) as f:
+                f.write(json.dumps(entry))
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _entry(self, move_id: str) -> dict[str, Any]:
         entry = self.entries.get(move_id)

@@ -49,6 +49,7 @@ to the restart that found it gone (an agent down an hour billed the hour).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -69,6 +70,7 @@ PERSIST_S = 1.0
 # (the end of a VM whose process ends while the agent is down)
 SEEN_PERSIST_S = 5.0
 _MICROSECOND = Decimal("0.000001")
+log = logging.getLogger("fuse.agent")
 
 
 class Metering:
@@ -80,16 +82,46 @@ class Metering:
         self.writes: list[dict[str, Any]] = []
         self._dirty = False  # a CPU reading not on disk yet
         self._saved_at = -math.inf  # time.monotonic() of the last save
+        self._unsaved: OSError | None = None  # why the last write failed, while it does
+        self.damaged: str | None = None  # why the file on disk could not be read, when it could not
         if path.exists():
-            data = json.loads(path.read_text())
-            self.segments, self.writes = data["segments"], data["writes"]
+            try:
+                data = json.loads(path.read_text())
+                self.segments, self.writes = list(data["segments"]), list(data["writes"])
+            except (ValueError, KeyError, TypeError) as exc:
+                # Kept aside, not read: the agent serves (its VMs run on) and meters anew; the
+                # figures up to now are in the damaged file for whoever can mend it.
+                aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+                os.replace(path, aside)
+                self.damaged = f"{path.name} could not be read ({exc}); kept as {aside.name}, metering starts anew"
+                log.warning("metering %s", self.damaged)
 
     def save(self) -> None:
+        """Write the figures to disk (raises what the write raised: a usage reply
+        reports only figures on disk)."""
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
-            f.write(json.dumps({"segments": self.segments, "writes": self.writes}))
-        os.replace(tmp, self.path)
+        self._dirty = True  # until the write below is done
+        try:
+            with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
+                f.write(json.dumps({"segments": self.segments, "writes": self.writes}))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         self._dirty, self._saved_at = False, time.monotonic()
+        self._unsaved = None
+
+    def persist(self) -> None:
+        """``save``, or when the disk refuses (full, read-only) keep the figures in memory
+        and write them at the next chance (the monitor's next reading): a VM's start, sleep
+        or end is recorded all the same; only an agent crash before then loses them."""
+        try:
+            self.save()
+        except OSError as exc:
+            if self._unsaved is None:
+                log.warning("metering %s: cannot write (%s); the figures are kept in memory "
+                            "until it can", self.path, exc)
+            self._unsaved = exc
 
     def _open_segment(self, vm: str) -> dict[str, Any] | None:
         for seg in reversed(self.segments):
@@ -107,7 +139,7 @@ class Metering:
         self.stop(vm, now=now)  # never two open segments for one VM
         self.segments.append({"vm": vm, "created_at": created_at, "start": now, "end": None,
                               "mem_mib": mem_mib, "pid": pid, "cpu_s": 0.0})
-        self.save()
+        self.persist()
 
     def identify(self, vm: str, created_at: str, since: float) -> None:
         """Key the unkeyed segments and writes of name ``vm`` from ``since``
@@ -118,7 +150,7 @@ class Metering:
             if rec["vm"] == vm and rec.get("created_at") is None and rec.get("start", rec.get("time")) >= since:
                 rec["created_at"], changed = created_at, True
         if changed:
-            self.save()
+            self.persist()
 
     def sample(self, vm: str) -> None:
         """Refresh the CPU reading of ``vm``'s live process (the last
@@ -133,7 +165,7 @@ class Metering:
             self._dirty = True
         since = time.monotonic() - self._saved_at
         if (self._dirty and since >= PERSIST_S) or since >= SEEN_PERSIST_S:
-            self.save()
+            self.persist()
 
     def last_seen(self, vm: str) -> float | None:
         """When ``vm``'s open segment's process was last seen alive, as persisted
@@ -150,11 +182,11 @@ class Metering:
             self.sample(vm)
             end = time.time() if now is None else now
             seg["end"] = max(seg["start"], seg.get("seen", seg["start"]), end)
-            self.save()
+            self.persist()
 
     def state_written(self, vm: str, nbytes: int, now: float | None = None, created_at: str | None = None) -> None:
         self.writes.append({"vm": vm, "created_at": created_at, "time": now or time.time(), "bytes": int(nbytes)})
-        self.save()
+        self.persist()
 
     def usage(self, start: float = 0.0, end: float | None = None, now: float | None = None) -> dict[str, Any]:
         """Per-VM rows (one per VM: name and ``created_at``) and totals for

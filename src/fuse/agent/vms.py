@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
 import re
 import secrets
@@ -76,6 +78,7 @@ _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 # (``_settle_interrupted``).
 SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
 CONSOLE_CHUNK = 64 * 1024
+log = logging.getLogger("fuse.agent")
 MONITOR_INTERVAL = 0.1
 
 
@@ -90,8 +93,9 @@ class VmManager:
     def __init__(self, state_dir: Path, backend: str = "qemu", *, ram_mb: int, cpus: int,
                  max_vms: int | None = None, reserve_mib: int = 256,
                  pressure: Callable[[int], str | None] | None = None):
-        # absolute: QEMU runs daemonized (working dir /) and is handed paths under it
-        self.state_dir = Path(state_dir).absolute()
+        # absolute: QEMU runs daemonized (working dir /) and is handed paths under it;
+        # resolved: its processes are known by those paths, whichever way the dir was named
+        self.state_dir = Path(state_dir).resolve()
         self.root = self.state_dir / "vms"
         # Owner-only whatever the umask (README: every directory fuse creates is 0700): a VM's
         # dir holds its record, console, state files and QMP socket.
@@ -102,6 +106,8 @@ class VmManager:
         self.pressure = pressure or (lambda ask: memory_pressure(ask, reserve_mib))
         self.events = EventLog(self.state_dir / "events.jsonl")
         self.metering = Metering(self.state_dir / "metering.json")
+        if self.metering.damaged:
+            self.events.emit("metering_damaged", reason=self.metering.damaged)
         self.incoming = IncomingMoves(self)
         private_dir(self.incoming.dir)  # (before it makes it: its mkdir follows the umask)
         # Whether /dev/kvm answers; whether a guest boots under it is the
@@ -134,9 +140,13 @@ class VmManager:
         path = self.vm_dir(vm.name) / "vm.json"
         private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
-            f.write(vm.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
+                f.write(vm.model_dump_json(indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # (a full disk: no empty or partial record left beside it)
+            raise
 
     def transition(self, vm: Vm, to: str, reason: str | None = None) -> None:
         """Move ``vm`` to state ``to``: checked, recorded, persisted, announced."""
@@ -145,7 +155,7 @@ class VmManager:
         entry: dict[str, Any] = {"state": to, "time": now().isoformat()}
         if reason:
             entry["reason"] = reason
-        before, vm.state = vm.state, to
+        before, reason_before, vm.state = vm.state, vm.reason, to
         vm.history.append(entry)
         if to in ("failed",) and reason:
             vm.reason = reason
@@ -153,7 +163,14 @@ class VmManager:
             shutil.rmtree(self.vm_dir(vm.name), ignore_errors=True)
             self.vms.pop(vm.name, None)
         else:
-            self.save(vm)
+            try:
+                self.save(vm)
+            except OSError:
+                # not recorded, so not made: the record in memory stays what the disk says
+                # (the monitor tries an ended VM again on its next tick)
+                vm.state, vm.reason = before, reason_before
+                vm.history.pop()
+                raise
         data = {"from": before, "to": to} | ({"reason": reason} if reason else {})
         if to == "exited":
             data["exit_status"] = vm.exit_status
@@ -254,17 +271,44 @@ class VmManager:
                     history=[{"state": "creating", "time": now().isoformat()}])
             self.vms[name] = vm
             shutil.rmtree(self.vm_dir(name), ignore_errors=True)  # leftovers of a crashed delete
-            self.save(vm)
+            try:
+                self.save(vm)
+            except OSError as exc:
+                self._unmake(vm)
+                raise _unrecorded(name, exc) from exc
             self.events.emit("vm_state", vm=name, to="creating")
         async with self.lock(name):
             try:
                 vm.pid = await self.backend.start(self.spec(vm))
             except (BackendError, OSError) as exc:
-                self.transition(vm, "failed", str(exc))
+                try:
+                    self.transition(vm, "failed", str(exc))
+                except OSError as unrecorded:
+                    # nothing runs and its failure cannot be recorded: it was never made
+                    await self._unmake_stopped(vm)
+                    raise _unrecorded(name, unrecorded) from exc
                 raise FuseError(f"vm {name} failed to boot: {exc}", code="boot_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
-            self.transition(vm, "running")
+            try:
+                self.transition(vm, "running")
+            except OSError as exc:
+                # it booted, but its record cannot say so: stopped and unmade, not left
+                # running behind a record that says creating
+                self.metering.stop(name)
+                await self._unmake_stopped(vm)
+                raise _unrecorded(name, exc) from exc
         return vm
+
+    def _unmake(self, vm: Vm) -> None:
+        """Forget a VM whose creation could not be recorded (no process runs for it)."""
+        self.vms.pop(vm.name, None)
+        shutil.rmtree(self.vm_dir(vm.name) if vm.dir is None else self.root / vm.dir, ignore_errors=True)
+        self.events.emit("vm_state", vm=vm.name, to="deleted", reason="its record could not be written")
+
+    async def _unmake_stopped(self, vm: Vm) -> None:
+        with contextlib.suppress(BackendError, OSError):
+            await self.backend.stop(_bare_spec(self, vm))
+        self._unmake(vm)
 
     async def delete(self, name: str, move_id: str | None = None) -> None:
         """Stop (no process left) and remove a VM and its files."""
@@ -317,7 +361,7 @@ class VmManager:
             # Its process, and so its metering segment, carries on under the new name.
             if seg := self.metering._open_segment(name):
                 seg["vm"] = new
-                self.metering.save()
+                self.metering.persist()
             self.events.emit("vm_claimed", vm=new, previous_name=name)
         return vm
 
@@ -358,7 +402,10 @@ class VmManager:
                 raise Conflict(f"vm {name} is standby (waiting for its entry); claim or delete it")
             spec = self.spec(vm)
             self.metering.sample(name)
-            self._set_mark(vm, SLEEP_MARK, {"move_id": move_id})
+            try:
+                self._set_mark(vm, SLEEP_MARK, {"move_id": move_id})
+            except OSError as exc:  # (a full disk: the VM runs on, as after any failed sleep)
+                raise FuseError(f"vm {name} could not sleep: {exc}", code="sleep_failed") from exc
             try:
                 if self.backend.pid(spec) is None:
                     raise BackendError(f"vm {name} has no running process")
@@ -413,13 +460,16 @@ class VmManager:
                     if reason := self.admission(vm.shape.mem_mib):
                         raise self.refuse(reason, name)
                     vm.reserved = True  # counted from here, so no create takes the room
-            spec = self.spec(vm)
-            self._set_mark(vm, WAKE_MARK)
             try:
+                spec = self.spec(vm)  # (its bundle gone: 500 bundle_missing)
+                self._set_mark(vm, WAKE_MARK)
                 vm.pid = await self.backend.wake(spec)
-            except (BackendError, OSError) as exc:
-                self._clear_mark(vm, WAKE_MARK)
+            except (BackendError, OSError, FuseError) as exc:
+                with contextlib.suppress(OSError):
+                    self._clear_mark(vm, WAKE_MARK)
                 vm.reserved = vm.move_role == "target"  # an arrived copy keeps its room
+                if isinstance(exc, FuseError):
+                    raise
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
             vm.files, vm.move_id, vm.move_role = [], None, None
@@ -434,9 +484,13 @@ class VmManager:
     def _set_mark(self, vm: Vm, mark: str, data: dict[str, Any] | None = None) -> None:
         path = self.vm_dir(vm.name) / mark
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", opener=private_opener) as f:
-            json.dump(data or {}, f)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", opener=private_opener) as f:
+                json.dump(data or {}, f)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _clear_mark(self, vm: Vm, mark: str) -> None:
         (self.vm_dir(vm.name) / mark).unlink(missing_ok=True)
@@ -594,8 +648,9 @@ class VmManager:
                 cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if marker not in cmd or not any(h in cmd for h in ("qemu-system", "firecracker")):
-                continue
+            program = os.path.basename(cmd.split("\0", 1)[0])
+            if marker not in cmd or not program.startswith(("qemu-system", "firecracker")):
+                continue  # (a grep or an editor naming a VM's files is no hypervisor)
             d = cmd.split(marker, 1)[1].split("/", 1)[0]
             vm = by_dir.get(d)
             if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
@@ -613,7 +668,7 @@ class VmManager:
         for vm in self.vms.values():
             if vm.state == "running":
                 self.metering.sample(vm.name)
-        self.metering.save()
+        self.metering.persist()
         self.events.close()
 
     async def _settle_accel(self, b: bundles.Bundle) -> None:
@@ -623,22 +678,38 @@ class VmManager:
             await probe(b, self.kvm_device)
 
     async def _watch(self) -> None:
+        """Notice VMs whose process ended, standby VMs ready, and take CPU readings, every
+        MONITOR_INTERVAL. A step that fails (a full disk refusing a record) is tried again
+        on the next tick: the watch itself never ends but with the agent."""
         ticks = 0
+        failing: set[str] = set()  # (logged once while a step keeps failing)
         while True:
             await asyncio.sleep(MONITOR_INTERVAL)
             ticks += 1
             self._unreaped = {pid for pid in self._unreaped if not reap(pid)}
             for vm in list(self.vms.values()):
-                if vm.state != "running" or self.lock(vm.name).locked():
-                    continue  # a sleep/delete in progress owns the process
-                if self.backend.pid(_bare_spec(self, vm)) is None:
-                    self._ended(vm)
-                    continue
-                if vm.standby and not vm.ready:
-                    self._check_ready(vm)
-                if ticks % 5 == 0:  # twice a second: the reading an exit leaves is at most
-                    # 0.5 s old, persisted at most PERSIST_S later (fuse.agent.metering)
-                    self.metering.sample(vm.name)
+                try:
+                    self._watch_one(vm, ticks)
+                    failing.discard(vm.name)
+                except Exception as exc:  # noqa: BLE001 (one VM's failed step stops no watching)
+                    if vm.name not in failing:
+                        log.warning("vm %s: the monitor's step failed (%s: %s); it is tried again",
+                                    vm.name, type(exc).__name__, exc)
+                    failing.add(vm.name)
+            if ticks % 10 == 0 and self.metering._dirty:
+                self.metering.persist()  # (figures a full disk refused, with no VM running to save them)
+
+    def _watch_one(self, vm: Vm, ticks: int) -> None:
+        if vm.state != "running" or self.lock(vm.name).locked():
+            return  # a sleep/delete in progress owns the process
+        if self.backend.pid(_bare_spec(self, vm)) is None:
+            self._ended(vm)
+            return
+        if vm.standby and not vm.ready:
+            self._check_ready(vm)
+        if ticks % 5 == 0:  # twice a second: the reading an exit leaves is at most
+            # 0.5 s old, persisted at most PERSIST_S later (fuse.agent.metering)
+            self.metering.sample(vm.name)
 
     def _check_ready(self, vm: Vm) -> None:
         """A standby VM is ready once its guest printed the standby mark (the
@@ -672,16 +743,28 @@ class VmManager:
         self.metering.stop(vm.name, now=end)
         if not reap(vm.pid):  # (its last threads still ending: collected on a later tick)
             self._unreaped.add(vm.pid)
-        vm.pid = None
+        pid, vm.pid = vm.pid, None
         with contextlib.suppress(OSError):
             self.backend.ended(_bare_spec(self, vm))
-        if status is None:
-            why = "agent restarted during boot" if vm.state == "creating" else \
-                "the hypervisor process ended without the guest reporting an exit status"
-            self.transition(vm, "failed", why)
-        else:
-            vm.exit_status = status
-            self.transition(vm, "exited")
+        try:
+            if status is None:
+                why = "agent restarted during boot" if vm.state == "creating" else \
+                    "the hypervisor process ended without the guest reporting an exit status"
+                self.transition(vm, "failed", why)
+            else:
+                vm.exit_status = status
+                self.transition(vm, "exited")
+        except OSError:
+            vm.pid = pid  # not recorded (a full disk): the monitor finds it ended again
+            raise
+
+
+def _unrecorded(name: str, exc: OSError) -> FuseError:
+    """The refusal of a create whose record cannot be written: a full disk is the host
+    full (409 ``host_full``: a controller tries another host), any other write error 500."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return HostFull(f"no room on this host's disk for vm {name}'s files ({exc.strerror})")
+    return FuseError(f"vm {name} could not be recorded on this host's disk: {exc}", code="io_error")
 
 
 def _created(vm: Vm) -> str:

@@ -78,8 +78,8 @@ def serve(
     backend: str = typer.Option("qemu", help="qemu or firecracker (fake: a test stand-in)."),
     socket: Optional[Path] = typer.Option(None, help="Owner-only unix socket for the local transport "
                                           "(default: the standard agent socket when --listen is not given)."),
-    max_vms: Optional[int] = typer.Option(None, help="VM-count policy enforced by admission."),
-    reserve_mib: int = typer.Option(256, help="Memory kept for the host itself."),
+    max_vms: Optional[int] = typer.Option(None, min=0, help="VM-count policy enforced by admission."),
+    reserve_mib: int = typer.Option(256, min=0, help="Memory kept for the host itself."),
     tls_cert: Optional[Path] = typer.Option(None, help="Serve mutual TLS with this certificate..."),
     tls_key: Optional[Path] = typer.Option(None, help="...its key..."),
     tls_ca: Optional[Path] = typer.Option(None, help="...accepting only clients this CA signed."),
@@ -117,6 +117,9 @@ def serve(
     hold_state_dir(state_dir, "host agent")
     if socket and socket_in_use(socket):
         exit_socket_in_use(socket, "host agent")
+    from ..agent.app import startup_problem
+    if problem := startup_problem(state_dir.resolve(), backend):  # (one line, not a traceback from its startup)
+        fail(*problem)
     from ..agent.backends.base import become_subreaper
     become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
@@ -140,6 +143,7 @@ def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its 
           backend: str = typer.Option("qemu", help="The backend whose accelerator to settle: qemu or firecracker."),
           json_: bool = typer.Option(False, "--json")) -> None:
     """Print this machine's hardware facts, as the agent would report them."""
+    from ..agent.backends.qemu import qemu_missing
     from ..agent.probe import host_facts
 
     if backend not in ("qemu", "firecracker", "fake"):
@@ -149,6 +153,8 @@ def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its 
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # (a path under a regular file, no permission: one line, as bundle build says it)
         fail("io_error", state_dir_problem(state_dir, exc), json_=json_)
+    if backend == "qemu" and (missing := qemu_missing()):
+        fail("io_error", missing, json_=json_)
     facts = host_facts(state_dir, backend)
     if json_:
         emit_json(facts)

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from ...controller.validation import JSON_HINT, reject_unknown_fields
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, NotFound
 from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..metering import exact_json, window
 from ..vms import VmManager
@@ -104,7 +104,11 @@ async def list_files(request: Request, name: str) -> dict[str, Any]:
 async def read_file(request: Request, name: str, file: str, offset: int = 0,
                     length: int = Query(default=4 * 2**20, ge=1, le=MAX_READ)) -> Response:
     path = _vms(request).state_file(name, file)
-    size = path.stat().st_size
+    gone = NotFound(f"vm {name}'s state file {file} is listed but gone from this host's disk")
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise gone from None
     if not 0 <= offset <= size:
         raise InvalidArgument(f"offset {offset} is outside {file} ({size} bytes)")
 
@@ -114,7 +118,10 @@ async def read_file(request: Request, name: str, file: str, offset: int = 0,
             return os.pread(fd, min(length, size - offset), offset)
         finally:
             os.close(fd)
-    data = await asyncio.to_thread(_read)
+    try:
+        data = await asyncio.to_thread(_read)
+    except FileNotFoundError:
+        raise gone from None
     return Response(content=data, media_type="application/octet-stream",
                     headers={"X-File-Size": str(size), "X-Offset": str(offset)})
 

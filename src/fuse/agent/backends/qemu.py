@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -75,6 +76,13 @@ def host_tsc_khz() -> int:
         if m := re.search(r"cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text()):
             return int(float(m.group(1)) * 1000)
     return 2_000_000
+
+
+def qemu_missing() -> str | None:
+    """Why no VM can start here when QEMU is not installed, or None."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not on PATH: install QEMU (Debian: apt-get install qemu-system-x86)"
+    return None
 
 
 def qemu_version() -> str:
