@@ -107,6 +107,18 @@ def test_a_move_asked_as_soon_as_the_host_answers_again_removes_the_copy_and_goe
     assert "job1" not in host_vms(leftover.src)
 
 
+def test_a_host_holding_a_failed_moves_copy_cannot_be_pointed_at_another_agent(fleet, leftover):
+    """As deregistering it is refused (move_in_progress): pointed at another agent, the
+    clean-up would go there and the copy on the first would be nobody's to remove."""
+    other = fleet.agent("agent-other")
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.add("dst", other)
+    assert (info.value.status, info.value.code) == (409, "move_in_progress"), info.value
+    assert leftover.first["id"] in info.value.message and "clean-up pending" in info.value.message
+    assert fleet.client.hosts.get("dst").url == leftover.proxy.url
+    assert host_vms(leftover.dst)["job1"]["state"] == "incoming"  # the copy is still in the books to remove
+
+
 # ---- what the OpenAPI document says of it ----------------------------------------
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"

@@ -19,6 +19,7 @@ import httpx
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..client import ApiError
@@ -43,11 +44,13 @@ def emit_json(obj: Any) -> None:
 
 
 def table(columns: list[str], rows: Iterable[Iterable[Any]], title: str | None = None) -> None:
-    t = Table(title=title)
+    """Rows as a table, every cell shown as written (a host id or label of ``[bold]x[/bold]``
+    or ``[/]`` is text, not rich's markup)."""
+    t = Table(title=None if title is None else escape(title))
     for c in columns:
-        t.add_column(c)
+        t.add_column(escape(c))
     for r in rows:
-        t.add_row(*["" if v is None else str(v) for v in r])
+        t.add_row(*["" if v is None else escape(str(v)) for v in r])
     console.print(t)
 
 

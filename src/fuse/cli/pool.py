@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fuse.controller.pool.model import PlanModel
@@ -165,15 +166,15 @@ def render(plan: ElasticPlan, console: Console) -> None:
         table_.add_column(col)
     for a in plan.assignments:
         where = a.host if a.host else f"new #{a.new_index} {plan.new_hosts[a.new_index].type_name}"
-        table_.add_row(a.group, where, str(a.count))
-    for u in plan.unplaced:
-        table_.add_row(u.group, f"[red]unplaced[/red]: {u.reason}", str(u.count))
+        table_.add_row(escape(a.group), escape(where), str(a.count))
+    for u in plan.unplaced:  # (names and reasons as written: text, not rich's markup)
+        table_.add_row(escape(u.group), f"[red]unplaced[/red]: {escape(u.reason)}", str(u.count))
     console.print(table_)
     console.print(f"new machines: {len(plan.new_hosts)}  added ${plan.added_usd_per_hour:.4f}/h  "
                   f"projected ${plan.projected_usd:.4f}  lower bound ${plan.lower_bound_usd:.4f}  "
                   f"ready in {plan.ready_in_secs} s")
     for line in plan.explain:
-        console.print(f"  {line}", highlight=False)
+        console.print(f"  {escape(line)}", highlight=False)
 
 
 REQUEST_FLAGS = {  # option -> parameter: what ``--model`` cannot take (the model holds it already)

@@ -38,6 +38,7 @@ from ..models.mig import mig_profile_problem
 from ..tokens import token_problem
 from ..transport import HostConnection, TlsSettings, normalise_address, parse_address
 from .resources import Resources
+from .pool.model import ARCHES
 from .store import Store
 
 PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
@@ -219,7 +220,10 @@ INVENTORY = ("gpu_devices", "mig_instances", "mig_instance_uuids")
 def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
     out = cap.model_copy(deep=True)
     out.mig_instances, out.mig_instance_uuids = [], []
-    probed_devices = (probed or {}).get("gpu_devices", []) if backend == "qemu" else []
+    # GPUs pass through on qemu hosts only: as registered, and as the agent runs (when it says)
+    runs = (probed or {}).get("backend")
+    passes_gpus = backend == "qemu" and (runs not in BACKENDS or runs == "qemu")
+    probed_devices = (probed or {}).get("gpu_devices", []) if passes_gpus else []
     out.gpu_devices = [GPUDevice.model_validate(d) for d in probed_devices]
     for field in INVENTORY:
         if getattr(cap, field) and getattr(cap, field) != getattr(out, field):
@@ -239,9 +243,12 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         else:
             _warn_above_probe(f"capacity.{field}", declared, real, warnings)
     out.arch = probed.get("arch", "") or out.arch
+    if out.arch and out.arch not in ARCHES:
+        warnings.append(f"arch: the host agent runs on {out.arch}; the elastic planner plans amd64 and arm64 "
+                        "machines only, so its plans leave this host out")
     # Only qemu hosts pass GPUs through (validate): on a firecracker host the
     # machine's GPUs are nobody's capacity, so the probe does not name them.
-    real_kind = (probed.get("gpu_kind", "") or "") if backend == "qemu" else ""
+    real_kind = (probed.get("gpu_kind", "") or "") if passes_gpus else ""
     if not cap.gpu_kind:
         out.gpu_kind = real_kind
     elif not _same_gpu(cap.gpu_kind, real_kind, probed_devices):
@@ -259,8 +266,9 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
     if backend == "qemu":
         # (a probed entry dropped is said only when the probe's entries are taken: declared
         # mig_profiles replace them whole)
-        real_gpus = int(probed.get("gpus", 0))
-        real_mig = _valid_mig(probed.get("mig_profiles") or {}, [] if cap.mig_profiles else warnings)
+        real_gpus = int(probed.get("gpus", 0)) if passes_gpus else 0
+        real_mig = _valid_mig(probed.get("mig_profiles") or {} if passes_gpus else {},
+                              [] if cap.mig_profiles else warnings)
         if cap.gpus == 0:
             out.gpus = real_gpus
         else:
@@ -369,6 +377,12 @@ class HostRegistry:
         if from_probe:
             backend = validate(req.model_copy(update={"backend": self._backend_from_probe(req.id, probed,
                                                                                           warnings)}))
+        runs = (probed or {}).get("backend")
+        if runs in BACKENDS and runs != "qemu" and (req.capacity.gpus > 0 or req.capacity.mig_profiles):
+            # (the rule is the machine's: a host registered as qemu whose agent runs firecracker
+            # passes no GPU through all the same)
+            field = "capacity.gpus > 0" if req.capacity.gpus > 0 else "capacity.mig_profiles"
+            raise InvalidArgument(f"only qemu hosts may declare {field}: the host agent at {req.url} runs {runs}")
         cap = merge_capacity(req.capacity, backend, probed, warnings)
         now = time.time()
         with self.store.tx() as conn:
@@ -377,6 +391,8 @@ class HostRegistry:
                 # (a finished VM does not hold it, as for deregister: module docstring)
                 if why := self._holds(conn, req.id):
                     raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}")
+                if why := _move_holds(conn, req.id):  # (its clean-up would reach the new url's agent)
+                    raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}", code="move_in_progress")
             row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
                        backend=backend, labels=req.labels or {}, capacity=cap.model_dump(mode="json"),
                        state=old["state"] if old else "active",

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fuse.controller.pool.catalogue import default_catalogue
-from fuse.controller.pool.model import KINDS, Constraints, DemandGroup, Offer, PlanModel, PoolHost
+from fuse.controller.pool.model import ARCHES, KINDS, Constraints, DemandGroup, Offer, PlanModel, PoolHost
 from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import ElasticPlanRequest
 
@@ -84,8 +84,12 @@ def history_from_vms(vms: Iterable[Mapping[str, Any]],
 
 
 def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
-    """A ``PoolHost`` from one snapshot dict, or None when the host takes no new work."""
+    """A ``PoolHost`` from one snapshot dict, or None when the host takes no new work
+    (or none the planner plans: a machine of an architecture it has no offers or
+    requests of, riscv64 say, is left out of the plan, not the reason it fails)."""
     if str(d.get("state", "")).lower() in UNUSABLE_STATES:
+        return None
+    if str(d.get("arch") or "amd64") not in ARCHES:
         return None
     return PoolHost(
         name=str(d["name"]), vcpus=max(0, int(d.get("free_vcpus", d.get("cpus", 0)))),

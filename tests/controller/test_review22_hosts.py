@@ -1,0 +1,62 @@
+"""Host registry, from review 22 (seed 000, against a real controller and agents): a host
+of an architecture the planner does not plan is left out of plans (every plan was a 500);
+the GPU rule is the machine's (a firecracker agent registered as qemu with GPUs is 400);
+the CLI shows ids as written, not as rich markup."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import fuse
+from fuse import HostCapacity, RegisterHostRequest
+from fuse.controller.pool.request import hosts_from_snapshot
+from support import FUSE, api_error, start_agent
+from test_registry import FACTS, impostor  # noqa: F401 (the fixture: a stand-in that answers the probe)
+
+
+def test_a_host_of_an_arch_the_planner_does_not_plan_is_left_out_of_plans_not_a_500(client, impostor):  # noqa: F811
+    impostor.body = json.dumps({**FACTS, "arch": "riscv64"}).encode()
+    impostor.content_type = "application/json"
+    host = client.hosts.register(RegisterHostRequest(id="rv", url=impostor.url, token="t",
+                                                     capacity=HostCapacity(vm_count=2)))
+    assert host.capacity.arch == "riscv64"
+    assert [w for w in host.warnings if w.startswith("arch:")] == [
+        "arch: the host agent runs on riscv64; the elastic planner plans amd64 and arm64 machines only, "
+        "so its plans leave this host out"]
+    plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=512))  # (was: 500)
+    assert all(a.host != "rv" for a in plan.assignments)
+
+
+def test_the_planners_snapshot_leaves_out_a_host_of_another_arch():
+    snap = [{"name": "rv", "arch": "riscv64", "free_vcpus": 4, "free_mem_mib": 8192},
+            {"name": "x", "arch": "amd64", "free_vcpus": 4, "free_mem_mib": 8192}]
+    assert [h.name for h in hosts_from_snapshot(snap)] == ["x"]
+
+
+def test_a_firecracker_agent_registered_as_qemu_may_not_declare_gpus(client, tmp_path):
+    agent = start_agent(tmp_path, backend="firecracker", name="fc")
+    try:
+        for cap in ({"gpus": 2}, {"mig_profiles": {"1g.10gb": 4}}):
+            err = api_error(client.hosts.register, RegisterHostRequest(
+                id="fc", url=agent.url, token=agent.token, backend="qemu",
+                capacity=HostCapacity.model_validate({"vm_count": 2, **cap})))
+            assert (err.status, err.code) == (400, "invalid_argument"), err
+            assert err.message.startswith("only qemu hosts may declare capacity.") and "runs firecracker" in err.message
+        assert client.hosts.list() == []
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("host_id", ["[bold red]boom[/bold red]", "a[/]b"])
+def test_the_cli_shows_host_ids_as_written(controller, client, agent, host_id):
+    client.hosts.register(RegisterHostRequest(id=host_id, url=agent.url, token=agent.token,
+                                              capacity=HostCapacity(vm_count=2)))
+    for args in (["hosts", "list"], ["hosts", "get", host_id]):
+        r = subprocess.run(FUSE + ["controller", "--url", controller.url, *args], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "COLUMNS": "250"})
+        assert r.returncode == 0, r.stderr  # (a "[/]" crashed every host table: MarkupError)
+        assert host_id in r.stdout, r.stdout  # (not "boom", its markup taken for styling)
