@@ -279,6 +279,10 @@ class _Channel:
             self.process.close()
 
 
+class _SessionsFull(Exception):
+    """sshd refused one more session on a live connection: its MaxSessions is lower than ours."""
+
+
 class _Shared:
     """The one SSH connection to a target (per event loop) and its idle channels."""
 
@@ -287,6 +291,7 @@ class _Shared:
         self.conn: asyncssh.SSHClientConnection | None = None
         self.lock = asyncio.Lock()
         self.open = 0                 # channels open, busy or idle (sshd's MaxSessions counts both)
+        self.most = MAX_CHANNELS      # at most open: lower once sshd refuses a session (its MaxSessions)
         self.wake = asyncio.Event()   # a channel came back or closed
         self.idle: list[_Channel] = []
         self.users = 0
@@ -308,6 +313,7 @@ class _Shared:
             if self.conn is None or self.conn.is_closed():
                 self._drop_idle()
                 self.conn = await _connect(self.target, opts, max(deadline - loop.time(), 0.01), quoted=timeout)
+                self.most = MAX_CHANNELS  # (learnt again of this connection)
             return self.conn
         finally:
             self.lock.release()
@@ -331,17 +337,23 @@ class _Shared:
                     ch.reused = True
                     return ch
                 self.discard(ch)
-            if self.open < MAX_CHANNELS:
+            if self.open < self.most:
                 self.open += 1
                 try:
                     return await self._open(opts, timeout, deadline)
+                except _SessionsFull:
+                    # the sessions open are all sshd allows on one connection: wait for one of
+                    # them to come back, as when ours are all busy (the connection is fine)
+                    self.open -= 1
+                    self.most = max(1, self.open)
+                    continue
                 except BaseException:
                     self.open -= 1
                     self.wake.set()
                     raise
             self.wake.clear()
             if now >= deadline:
-                raise HostUnreachable(f"all {MAX_CHANNELS} SSH channels to {self.target.hostport} stayed busy "
+                raise HostUnreachable(f"all {self.most} SSH channels to {self.target.hostport} stayed busy "
                                       f"for {timeout:g} s")
             try:
                 await asyncio.wait_for(self.wake.wait(), deadline - now)
@@ -367,6 +379,10 @@ class _Shared:
                 raise HostUnreachable(f"{self.target.hostport} did not open an SSH channel within "
                                       f"{timeout:g} s") from None
             except (asyncssh.ChannelOpenError, asyncssh.DisconnectError, OSError) as exc:
+                if isinstance(exc, asyncssh.ChannelOpenError) and not conn.is_closed() and self.open > 1:
+                    # refused by a live connection with sessions open (sshd's MaxSessions below
+                    # ours): not a dead connection, whose loss would end those sessions' requests
+                    raise _SessionsFull() from None
                 # The shared connection died under us (sshd restarted, network
                 # blip): nothing was sent yet, so reconnect once and go on.
                 self.lost(conn)
