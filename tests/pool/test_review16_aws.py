@@ -163,6 +163,22 @@ def test_a_booting_machine_whose_cloud_is_down_goes_offline_past_boot_and_grace(
     assert not any(s.get("joins_in_secs") for s in ctl.pool_snapshot())  # no longer room for plans
 
 
+def test_a_running_machine_whose_agent_never_answers_goes_offline_past_boot_and_grace(app, moto_url, x86_ami):
+    """(review 22: moto's instance runs at once with an address no agent answers on; it stayed
+    ``booting`` for good, offered to plans and counted as ready in 1 s)"""
+    client, ctl = app
+    assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200
+    (h,) = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium"}).json()["hosts"]
+    asyncio.run(ctl.pool.tick())
+    assert ctl.pool.row(h["name"])["state"] == "booting"  # (within its time: it may yet answer)
+    age(ctl, h["name"], ctl.pool.row(h["name"])["boot_secs"] + JOIN_GRACE_SECS + 10)
+    asyncio.run(ctl.pool.tick())
+    row = ctl.pool.row(h["name"])
+    assert row["state"] == "offline", row
+    assert row["record"]["reason"].startswith(f"no agent answered within {row['boot_secs'] + JOIN_GRACE_SECS} s")
+    assert not any(s.get("joins_in_secs") for s in ctl.pool_snapshot())  # no longer room for plans
+
+
 def test_a_machine_past_its_boot_time_is_said_to_be_late_not_joining_in_1_s(app, moto_url, x86_ami):
     client, ctl = app
     assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200

@@ -411,6 +411,8 @@ class VmService:
     async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
         """Take a prewarmed VM of this shape: its host renames it and gives the
         guest the entry (tens of ms). None when no ready one takes it."""
+        from .moves.hooks import pause_point  # (test hook; the moves package imports this module)
+
         prewarm = getattr(self.ctl, "prewarm", None)
         if prewarm is None:
             return None
@@ -421,6 +423,7 @@ class VmService:
             self._check_naming(name, req.host)  # (one began while this one claimed another that failed)
             self._name(host, name, +1)  # a claim names the VM as a create's reservation does
             try:
+                await pause_point("claim")
                 resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",
                                                            json={"name": name, "entry": req.entry}, timeout=90)
                 if resp.status_code != 200:  # another create took it first, or it is gone

@@ -278,13 +278,20 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         was = (registered or {}).get("state")
         if registered is not None and was == "active":
             self.ctl.hosts.set_state(name, "cordoned")  # first: no placement lands while it is looked at
-        if busy := self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm)):
+        pinned = getattr(self.ctl, "prewarm", None) and self.ctl.prewarm.pinned_to(name)
+        if busy := (self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm))
+                    or (pinned and f"prewarm {', '.join(pinned)} is pinned to it (on host:{name}): "
+                                   "remove the prewarm first")):
             if registered is not None and was == "active":
                 self.ctl.hosts.set_state(name, "active")
             raise Conflict(busy)
         prewarm = getattr(self.ctl, "prewarm", None)
         if prewarm is not None:
             await prewarm.release_host(name)
+        if busy := self._work_on(name):  # (a VM with work got there meanwhile: it stays, and so does its host)
+            if registered is not None and was == "active":
+                self.ctl.hosts.set_state(name, "active")
+            raise Conflict(busy)
         for v in self.store.vms_on(name):  # ended VMs end with their machine
             await self.ctl.vms.delete(v["name"], name)
         if row["cloud_id"]:
@@ -301,8 +308,10 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         if vms:
             return (f"{len(vms)} VM{'s' if len(vms) > 1 else ''} on it ({', '.join(vms[:5])}): "
                     "drain it first (fuse controller hosts drain)")
-        if self.ctl.vms.pending_on(name).count:
-            return "a VM is being placed on it"
+        # (a create claiming a prewarmed VM there counts: its standby VM becomes a VM with work)
+        placing = self.ctl.vms.placing_names(name)
+        if self.ctl.vms.pending_on(name).count or placing:
+            return "a VM is being placed on it" + (f" ({', '.join(placing[:5])})" if placing else "")
         return None
 
     def _held_but_by(self, name: str, pw_id: str) -> str | None:
@@ -423,10 +432,13 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             return
         view = self.ctl.fleet.views.get(name) if self.ctl.fleet else None
         if state == "booting":
-            if m.state == "running" and m.address:
-                await self._join(r, m.address, provider)
-            elif now > r["started"] + r["boot_secs"] + JOIN_GRACE_SECS:
-                self._transition(name, "offline", f"no agent answered within {r['boot_secs'] + JOIN_GRACE_SECS} s")
+            joined = m.state == "running" and m.address and await self._join(r, m.address, provider)
+            if not joined and now > r["started"] + r["boot_secs"] + JOIN_GRACE_SECS:
+                # (running at an address whose agent does not answer is not joined either: it
+                # stayed booting for good, offered to plans as "still booting")
+                why = (r.get("record") or {}).get("last_error") if m.state == "running" else None
+                self._transition(name, "offline", f"no agent answered within {r['boot_secs'] + JOIN_GRACE_SECS} s"
+                                 + (f" (last: {why})" if why else ""))
         elif state in ("joined", "cordoned") and view is not None and not view.connected and view.failures >= 3:
             self._transition(name, "offline", f"its agent stopped answering: {view.error}")
         elif state == "cordoned" and (self.store.get_host(name) or {}).get("state") == "active":
@@ -437,7 +449,9 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             elif self.store.get_host(name) is None and m.state == "running" and m.address:
                 await self._join(r, m.address, provider)
 
-    async def _join(self, r: dict, address: str, provider) -> None:
+    async def _join(self, r: dict, address: str, provider) -> bool:
+        """Register the machine's agent as a host: True once it answered, else False with
+        why kept in the row (``last_error``) for the next pass."""
         from ...models.hosts import BACKENDS, HostCapacity, RegisterHostRequest
         # the registry knows the real hypervisors; the local cloud's test stand-in runs VMs the qemu way
         backend = provider.backend if provider.backend in BACKENDS else "qemu"
@@ -450,9 +464,11 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             rec = dict(r["record"] or {}) | {"last_error": exc.message}
             with self.store.tx() as c:
                 c.execute(update(hosts_t).where(hosts_t.c.name == r["name"]).values(record=rec))
-            return
+            r["record"] = rec
+            return False
         rec = dict(self.row(r["name"])["record"] or {}) | {"joined": True}
         self._transition(r["name"], "joined", f"its agent answered at {address}", record=rec)
+        return True
 
     async def wait_joined(self, name: str, timeout: float) -> dict:
         """Until ``name`` joined (its row), or Conflict when it went another way or took too long."""

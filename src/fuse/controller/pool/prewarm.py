@@ -269,6 +269,13 @@ class PrewarmService:
             if host not in snap:
                 raise NotFound(f"host {host} not found")
             h = snap[host]
+            # (its other pins hold on a host as on a plan's choice: a machine of that type, in that region)
+            if opts.instance_type and h.get("type_name") != opts.instance_type:
+                raise FleetFull(f"host {host} is not a {opts.instance_type} machine "
+                                f"({'a ' + h['type_name'] if h.get('type_name') else 'an own host'})")
+            if opts.region and h.get("region") != opts.region:
+                raise FleetFull(f"host {host} is not in region {opts.region} "
+                                f"(its region: {h.get('region') or 'none'})")
             if h.get("bundles") is not None and image not in h["bundles"]:
                 raise InvalidArgument(f"host {host} has no image {image!r} (its guest bundles: "
                                       f"{', '.join(sorted(h['bundles'])) or 'none'}): its VMs would never get ready")
@@ -650,6 +657,11 @@ class PrewarmService:
                 log.info("prewarm %s ended: its machine %s stays: %s", pw_id, host, exc.message)
         return True
 
+    def pinned_to(self, host: str) -> list[str]:
+        """The prewarms pinned to ``host`` (``on: host:NAME``): their VMs go nowhere else."""
+        return sorted(r["id"] for r in self._records()
+                      if (t := parse_on(r["on"])).kind == "host" and t.name == host)
+
     def placed_on(self, host: str) -> set[str]:
         """The prewarms with a placement on ``host`` (its VMs there, or still to come)."""
         return {r["id"] for r in self._records() if r["placements"].get(host, 0) > 0}
@@ -661,6 +673,8 @@ class PrewarmService:
         next refill places those VMs again through the prewarm's solve."""
         if gone:
             self._forget(host)
+            for pw_id in self.pinned_to(host):  # (they could never be ready again)
+                await self.remove(pw_id, f"the host it is pinned to, {host}, is gone")
         for v in self.store.vms_on(host):
             if (v["record"] or {}).get("standby"):
                 try:
