@@ -16,6 +16,7 @@ from fuse import HostCapacity, RegisterHostRequest
 from fuse.controller.pool.request import hosts_from_snapshot
 from support import FUSE, api_error, start_agent
 from test_registry import FACTS, impostor  # noqa: F401 (the fixture: a stand-in that answers the probe)
+from test_review20_hosts import gpu_fleet, register  # noqa: F401 (the fixture: an agent with an A100)
 
 
 def test_a_host_of_an_arch_the_planner_does_not_plan_is_left_out_of_plans_not_a_500(client, impostor):  # noqa: F811
@@ -60,3 +61,25 @@ def test_the_cli_shows_host_ids_as_written(controller, client, agent, host_id):
                            timeout=60, env={**os.environ, "COLUMNS": "250"})
         assert r.returncode == 0, r.stderr  # (a "[/]" crashed every host table: MarkupError)
         assert host_id in r.stdout, r.stdout  # (not "boom", its markup taken for styling)
+
+
+def test_an_agent_that_wants_a_token_none_was_given_for_says_so(client, agent):
+    err = api_error(client.hosts.register, RegisterHostRequest(id="h", url=agent.url, token="",
+                                                               capacity=HostCapacity(vm_count=2)))
+    assert (err.status, err.code) == (502, "unauthorized"), err
+    assert err.message == f"the host agent at {agent.url} requires a token (none was given)"  # (was: "rejected the token")
+
+
+def test_re_registering_with_the_probe_skipped_keeps_what_the_agent_reported(gpu_fleet):  # noqa: F811
+    agent, client, _ = gpu_fleet
+    register(client, agent, "h1", "qemu")
+    first = client.hosts.get("h1").capacity
+    assert first.gpus == 1 and first.gpu_kind == "nvidia:A100" and first.arch
+    agent.stop()  # (unreachable: the three figures declared, it registers without a probe)
+    host = register(client, agent, "h1", "qemu", cpus=2, ram_mb=2048, storage_gb=10)
+    assert any(w.startswith("probe skipped") for w in host.warnings), host.warnings
+    now = client.hosts.get("h1").capacity
+    # (was: gpus 0, gpu_kind '', no devices, arch '': an update wiped them)
+    assert (now.gpus, now.gpu_kind, now.arch, [d.uuid for d in now.gpu_devices]) == (
+        first.gpus, first.gpu_kind, first.arch, [d.uuid for d in first.gpu_devices])
+    assert (now.cpus, now.ram_mb, now.storage_gb) == (2, 2048, 10)

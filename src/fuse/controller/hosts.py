@@ -203,7 +203,8 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
     finally:
         await conn.close()
     if resp.status_code == 401:
-        raise HostUnreachable(f"the host agent at {url} rejected the token", code="unauthorized")
+        raise HostUnreachable(f"the host agent at {url} rejected the token" if token else
+                              f"the host agent at {url} requires a token (none was given)", code="unauthorized")
     if resp.status_code in UNAVAILABLE:
         raise HostUnreachable(f"the host agent at {url} answered HTTP {resp.status_code}{_said(resp)}")
     if resp.status_code != 200:
@@ -217,7 +218,11 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
 INVENTORY = ("gpu_devices", "mig_instances", "mig_instance_uuids")
 
 
-def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str]) -> HostCapacity:
+def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str],
+                   before: dict | None = None) -> HostCapacity:
+    """The capacity to store: ``cap`` as declared, with the probe's facts where they are the
+    agent's to say. ``before``: the capacity stored for this host at this url and backend,
+    whose agent-reported facts stand when the probe is skipped (an update, not a reset)."""
     out = cap.model_copy(deep=True)
     out.mig_instances, out.mig_instance_uuids = [], []
     # GPUs pass through on qemu hosts only: as registered, and as the agent runs (when it says)
@@ -232,6 +237,16 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
                             + ("" if backend == "qemu" else f" (a {backend} host passes no GPU through)"))
     if probed is None:
         out.firecracker = out.firecracker_pinned = ""
+        if before:
+            kept = HostCapacity.model_validate(before)
+            out.arch = out.arch or kept.arch
+            if backend == "qemu":
+                out.gpu_devices = kept.gpu_devices
+                out.gpus = out.gpus or kept.gpus
+                out.gpu_kind = out.gpu_kind or kept.gpu_kind
+                out.mig_profiles = out.mig_profiles or kept.mig_profiles
+            else:
+                out.firecracker, out.firecracker_pinned = kept.firecracker, kept.firecracker_pinned
         return out
     for field in PROBED_FIELDS:
         declared, real = getattr(cap, field), int(probed.get(field, 0))
@@ -383,7 +398,12 @@ class HostRegistry:
             # passes no GPU through all the same)
             field = "capacity.gpus > 0" if req.capacity.gpus > 0 else "capacity.mig_profiles"
             raise InvalidArgument(f"only qemu hosts may declare {field}: the host agent at {req.url} runs {runs}")
-        cap = merge_capacity(req.capacity, backend, probed, warnings)
+        old = self.store.get_host(req.id) if probed is None else None
+        # (the probe skipped: what this host's agent reported when it last answered stands,
+        # where it is the same agent, at the same url, run the same way)
+        before = (old["capacity"] if old and _same_address(old["url"]) == req.url and old["backend"] == backend
+                  else None)
+        cap = merge_capacity(req.capacity, backend, probed, warnings, before)
         now = time.time()
         with self.store.tx() as conn:
             old = self.store.get_host(req.id, conn)
