@@ -139,16 +139,17 @@ def test_a_negative_wait_is_refused_as_the_api_refuses_it(follow):
 
 
 @pytest.mark.parametrize("into_ca", [False, True], ids=["a directory of its own", "the CA's directory, --force"])
-def test_cert_issue_refuses_the_name_ca_whose_files_are_the_cas_own(ca, tmp_path, into_ca):
+@pytest.mark.parametrize("name", ["ca", "CA"])  # (CA.pem is ca.pem where a file system ignores case: macOS's)
+def test_cert_issue_refuses_the_name_ca_whose_files_are_the_cas_own(ca, tmp_path, into_ca, name):
     """Found by a black-box review of issue 7: `--name ca` wrote ca.pem and then the copy of
     the CA over it (exit 0, a key matching no certificate); into the CA's own directory with
     --force it replaced the CA with a leaf, and every later certificate came from that."""
     out = ca if into_ca else tmp_path / "out"
     before = {p.name: p.read_bytes() for p in ca.iterdir()}
-    r = subprocess.run(FUSE + ["host", "cert", "issue", "--ca", str(ca), "--name", "ca", "--out", str(out)]
+    r = subprocess.run(FUSE + ["host", "cert", "issue", "--ca", str(ca), "--name", name, "--out", str(out)]
                        + (["--force"] if into_ca else []), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr == ("error: invalid_argument: --name 'ca': its files would be the CA's own (ca.pem, ca.key); "
+    assert r.stderr == (f"error: invalid_argument: --name '{name}': its files would be the CA's own (ca.pem, ca.key); "
                         "name the host by its address or DNS name\n")
     assert {p.name: p.read_bytes() for p in ca.iterdir()} == before  # the CA untouched
     assert into_ca or not out.exists()

@@ -64,3 +64,25 @@ async def test_more_requests_at_once_than_sshd_allows_sessions_wait_their_turn(
         assert proc.text().count("Accepted publickey") == 1, proc.text()[-2000:]
     finally:
         await ssh.close_all()
+
+
+class _Ended:
+    """What asyncssh leaves of a relay process: its exit status (None: none came) and stderr."""
+
+    def __init__(self, status):
+        self.exit_status = status
+        self.stderr = asyncio.StreamReader()
+        self.stderr.feed_eof()
+
+    async def wait_closed(self):
+        return None
+
+
+@pytest.mark.parametrize("status,said", [
+    (None, "the SSH connection to 127.0.0.1:22 was dropped before the host answered"),
+    (0, "the connection to the host agent through 127.0.0.1:22 was dropped before the host answered "
+        "(its relay ended, exit 0)")])
+async def test_a_request_cut_over_ssh_is_worded_as_over_the_other_transports(status, said):
+    # (was: "the relay on 127.0.0.1:22 ended without answering (exit status None)")
+    target = ssh.SshTarget.parse("ssh://root@127.0.0.1:22")
+    assert await ssh._Channel(_Ended(status)).reason(target, "fuse host relay") == said

@@ -271,7 +271,11 @@ class _Channel:
             return f"{target}: {text}"
         if status:
             return f"the relay command `{relay}` on {target.hostport} failed (exit {status}) without saying why"
-        return f"the relay on {target.hostport} ended without answering (exit status {status})"
+        if status is None:  # (no exit status came: the SSH channel or connection was cut, not the relay)
+            return f"the SSH connection to {target.hostport} was dropped before the host answered"
+        # (the relay ends once the agent hangs up its socket: worded as the other transports word it)
+        return (f"the connection to the host agent through {target.hostport} was dropped before the host "
+                "answered (its relay ended, exit 0)")
 
     def close(self) -> None:
         if not self.closed:

@@ -129,7 +129,8 @@ def clashes_with_ca(name: str) -> str | None:
     """Why ``name``'s files (NAME.pem, NAME.key) would be the CA's own (ca.pem, ca.key),
     or None: issued under that name, the certificate went over the copy of the CA beside
     it, or, issued into the CA's directory, over the CA itself."""
-    if f"{name}.pem" in (CA_CERT, CA_KEY) or f"{name}.key" in (CA_CERT, CA_KEY):
+    # (case-folded: on a file system that ignores case, as macOS's does, CA.pem is ca.pem)
+    if {f"{name}.pem".lower(), f"{name}.key".lower()} & {CA_CERT.lower(), CA_KEY.lower()}:
         return (f"--name {name!r}: its files would be the CA's own ({CA_CERT}, {CA_KEY}); "
                 "name the host by its address or DNS name")
     return None
