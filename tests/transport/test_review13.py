@@ -145,21 +145,35 @@ def test_the_controllers_tls_files_gone_missing_are_a_502_naming_the_file_everyw
 @pytest.mark.parametrize("broken, said", [
     ("ca", "--tls-ca {missing} cannot be read (No such file or directory)"),
     ("key", "--tls-key {other_key} is not the key of --tls-cert {cert}"),
-], ids=["a missing CA file", "a key that is not the certificate's"])
+    # (review 22: these three started and listened; no controller could use them)
+    ("client", "--tls-cert: {cert} is not a server certificate (its purposes: clientAuth), so every controller "
+               "would refuse it; issue the host's without --client"),
+    ("leaf", "--tls-ca: {ca} holds a certificate that is not a CA's (O=fuse,CN=127.0.0.1), which signs no "
+             "certificate to trust; give the CA's ca.pem (`fuse host ca create`)"),
+    ("expired", "--tls-cert {cert} has expired: it was valid from "),
+], ids=["a missing CA file", "a key that is not the certificate's", "a client certificate", "a leaf as the CA",
+        "an expired certificate"])
 def test_an_agent_given_tls_files_it_cannot_serve_with_exits_non_zero_before_its_banner(pki, tmp_path, broken, said):
     cert, key, ca = pki.files(pki.host, "127.0.0.1")
     other_key = str(pki.other_host / "127.0.0.1.key")
     missing = str(tmp_path / "no-such-ca.pem")
     if broken == "ca":
         ca = missing
-    else:
+    elif broken == "key":
         key = other_key
+    elif broken == "client":
+        cert, key, _ = pki.files(pki.controller, "controller")
+    elif broken == "leaf":
+        ca = cert
+    else:
+        cert, key, _ = pki.files(pki.expired, "controller")  # (a client's too: its dates are checked first)
     proc = subprocess.run([FUSE, "host", "serve", "--listen", f"127.0.0.1:{free_port()}", "--backend", "fake",
                            "--state-dir", str(tmp_path / "state"), "--tls-cert", cert, "--tls-key", key,
                            "--tls-ca", ca], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stdout == "", proc.stdout  # no "listen" banner for a listener that never was
-    assert proc.stderr.strip() == "error: " + said.format(missing=missing, other_key=other_key, cert=cert), proc.stderr
+    want = "error: " + said.format(missing=missing, other_key=other_key, cert=cert, ca=ca)
+    assert proc.stderr.strip() == want or (broken == "expired" and proc.stderr.startswith(want)), proc.stderr
 
 
 async def test_a_listener_that_fails_to_start_is_an_error_not_a_quiet_return(tmp_path):

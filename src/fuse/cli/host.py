@@ -98,10 +98,14 @@ def serve(
     if tls_cert or tls_key or tls_ca:
         if not (tls_cert and tls_key and tls_ca):
             raise typer.BadParameter("--tls-cert, --tls-key and --tls-ca go together")
-        from ..transport import IdentityError, tls_context
+        from ..transport import IdentityError, check_ca_file, check_cert_dates, check_cert_purpose, tls_context
         try:  # before the banner: files that cannot serve TLS are an error, not a listener that never starts
             tls_context(ssl.Purpose.CLIENT_AUTH, str(tls_cert), str(tls_key), str(tls_ca),
                         names=("--tls-cert", "--tls-key", "--tls-ca"))
+            # nor files that load but no controller could use: as PUT /v1/controller refuses them
+            check_cert_dates(str(tls_cert), "--tls-cert", "fuse host cert issue")
+            check_cert_purpose(str(tls_cert), "--tls-cert", client=False)
+            check_ca_file(str(tls_ca), "--tls-ca")
         except IdentityError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(STARTUP_FAILURE)

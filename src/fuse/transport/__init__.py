@@ -106,54 +106,78 @@ class TlsSettings:
         certificate is not valid `now` (default: this moment): every mutual-TLS host
         would refuse it. For PUT /v1/controller; at a dial, a certificate that has
         expired since is the host's to refuse, and its refusal says so."""
-        from cryptography import x509  # imported only where used
-
-        name = "the controller's certificate"
-        try:
-            with open(self.cert, "rb") as f:
-                cert = x509.load_pem_x509_certificates(f.read())[0]  # the first is ours; a chain may follow
-        except (OSError, ValueError) as exc:
-            raise IdentityError(f"{name} {self.cert} does not load as a PEM certificate ({exc})") from None
-        now = now or datetime.datetime.now(datetime.timezone.utc)
-        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-        dates = f"{start:%Y-%m-%d %H:%M:%S} UTC to {end:%Y-%m-%d %H:%M:%S} UTC"
-        if now > end:
-            raise IdentityError(f"{name} {self.cert} has expired: it was valid from {dates}; issue a new one "
-                                "(fuse host cert issue --client)")
-        if now < start:
-            raise IdentityError(f"{name} {self.cert} is not valid yet: it is valid from {dates} (is this "
-                                "machine's clock right?)")
-
+        check_cert_dates(self.cert, "the controller's certificate", "fuse host cert issue --client", now)
 
     def check_purposes(self) -> None:
         """IdentityError when a file cannot serve its purpose though it loads: the
         certificate is not for a TLS client (its extended key usage names others: a
         host's serverAuth certificate, which every mutual-TLS host would refuse), or the
         CA file holds a certificate that is no CA (a leaf, which signs no host's)."""
-        from cryptography import x509  # imported only where used
+        check_cert_purpose(self.cert, "cert", client=True)
+        check_ca_file(self.ca, "ca")
 
-        with open(self.cert, "rb") as f:
-            cert = x509.load_pem_x509_certificates(f.read())[0]
-        try:
-            usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        except x509.ExtensionNotFound:
-            usage = None  # (no extended key usage: any purpose)
-        if usage is not None and x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
-            names = ", ".join(getattr(o, "_name", o.dotted_string) for o in usage)
-            raise IdentityError(f"cert: {self.cert} is not a client certificate (its purposes: {names}), so "
+
+def _first_cert(path: str, name: str):
+    from cryptography import x509  # imported only where used
+
+    try:
+        with open(path, "rb") as f:
+            return x509.load_pem_x509_certificates(f.read())[0]  # the first is ours; a chain may follow
+    except (OSError, ValueError) as exc:
+        raise IdentityError(f"{name} {path} does not load as a PEM certificate ({exc})") from None
+
+
+def check_cert_dates(path: str, name: str, reissue: str, now: datetime.datetime | None = None) -> None:
+    """IdentityError (naming the file and its validity dates) when the certificate at
+    ``path`` is not valid ``now``; ``reissue`` is the command that makes a new one."""
+    cert = _first_cert(path, name)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    dates = f"{start:%Y-%m-%d %H:%M:%S} UTC to {end:%Y-%m-%d %H:%M:%S} UTC"
+    if now > end:
+        raise IdentityError(f"{name} {path} has expired: it was valid from {dates}; issue a new one ({reissue})")
+    if now < start:
+        raise IdentityError(f"{name} {path} is not valid yet: it is valid from {dates} (is this "
+                            "machine's clock right?)")
+
+
+def check_cert_purpose(path: str, name: str, *, client: bool) -> None:
+    """IdentityError when the certificate at ``path`` is not for a TLS client (``client``)
+    or server, by its extended key usage (none: any purpose)."""
+    from cryptography import x509  # imported only where used
+
+    cert = _first_cert(path, name)
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return
+    want = x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH
+    if want not in usage:
+        names = ", ".join(getattr(o, "_name", o.dotted_string) for o in usage)
+        if client:
+            raise IdentityError(f"{name}: {path} is not a client certificate (its purposes: {names}), so "
                                 "every mutual-TLS host would refuse it; issue the controller's with "
                                 "`fuse host cert issue --client`")
-        with open(self.ca, "rb") as f:
-            cas = x509.load_pem_x509_certificates(f.read())
-        for ca in cas:
-            try:
-                is_ca = ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-            except x509.ExtensionNotFound:
-                is_ca = False
-            if not is_ca:
-                raise IdentityError(f"ca: {self.ca} holds a certificate that is not a CA's "
-                                    f"({ca.subject.rfc4514_string()}), which signs no host's certificate; give "
-                                    "the CA's ca.pem (`fuse host ca create`)")
+        raise IdentityError(f"{name}: {path} is not a server certificate (its purposes: {names}), so every "
+                            "controller would refuse it; issue the host's without --client")
+
+
+def check_ca_file(path: str, name: str) -> None:
+    """IdentityError when the CA file at ``path`` holds a certificate that is no CA's (a
+    leaf, which signs no certificate to trust)."""
+    from cryptography import x509  # imported only where used
+
+    with open(path, "rb") as f:
+        cas = x509.load_pem_x509_certificates(f.read())
+    for ca in cas:
+        try:
+            is_ca = ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise IdentityError(f"{name}: {path} holds a certificate that is not a CA's "
+                                f"({ca.subject.rfc4514_string()}), which signs no certificate to trust; give "
+                                "the CA's ca.pem (`fuse host ca create`)")
 
 
 # Identity failures already logged, so a poller meeting one every second logs it once.
