@@ -154,6 +154,22 @@ async def test_a_host_refusing_the_certificate_at_the_handshake_is_still_said_so
         server.close()
 
 
+async def test_a_host_refusing_an_expired_certificate_is_said_to_refuse_it_for_its_dates(pki):
+    """(review 22: the reason listed what a certificate must be, unexpired among them, and
+    left the operator to find which: it says so when the controller's has expired)"""
+    server = Server(lambda n, i: True, tls=tls_server_context(pki))
+    cert, key, _ = pki.files(pki.expired, "controller")
+    conn = HostConnection(f"127.0.0.1:{server.port}", tls=TlsSettings(cert, key, str(pki.ca / "ca.pem")))
+    try:
+        with pytest.raises(HostUnreachable) as info:
+            await conn.request("GET", "/v1/host")
+        assert "refused the controller's certificate" in info.value.message, info.value.message
+        assert f"the controller's certificate {cert} has expired: it was valid from " in info.value.message
+    finally:
+        await conn.close()
+        server.close()
+
+
 async def test_local_with_no_agent_names_the_socket_it_looked_for(tmp_path, monkeypatch):
     # "local" means the default socket: the one-sentence reason names that path, not the word
     import fuse.transport as transport

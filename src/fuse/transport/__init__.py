@@ -447,6 +447,7 @@ class HostConnection:
         than an outage. For the registration probe, where that decides what is stored."""
         self.addr = addr
         self.diagnose = diagnose
+        self._tls = tls
         self.address = parse_address(addr)  # BadAddress (400) before anything is dialled
         self.kind = self.address.kind
         self.token = token
@@ -516,6 +517,11 @@ class HostConnection:
                                      or "http11.receive_response_headers.complete" in shook
                                      else "done" if "connection.start_tls.complete" in shook else "cut")
                         why, untrusted = _describe(exc, self.address, handshake=handshake)
+                        if untrusted and self._tls is not None and "refused the controller's certificate" in why:
+                            try:  # (the likeliest cause, when it is so, said: not left to a guess)
+                                self._tls.check_dates()
+                            except IdentityError as expired:
+                                why = f"{why}: {expired}"
                         kind = NotTrusted if untrusted else HostUnreachable
                         # what answered speaks another protocol: a wrong address, not an outage
                         if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
