@@ -14,7 +14,7 @@ import pytest
 import fuse
 from fuse import HostCapacity, RegisterHostRequest
 from fuse.controller.pool.request import hosts_from_snapshot
-from support import FUSE, api_error, start_agent
+from support import FUSE, api_error, start_agent, wait_until
 from test_registry import FACTS, impostor  # noqa: F401 (the fixture: a stand-in that answers the probe)
 from test_review20_hosts import gpu_fleet, register  # noqa: F401 (the fixture: an agent with an A100)
 
@@ -83,3 +83,22 @@ def test_re_registering_with_the_probe_skipped_keeps_what_the_agent_reported(gpu
     assert (now.gpus, now.gpu_kind, now.arch, [d.uuid for d in now.gpu_devices]) == (
         first.gpus, first.gpu_kind, first.arch, [d.uuid for d in first.gpu_devices])
     assert (now.cpus, now.ram_mb, now.storage_gb) == (2, 2048, 10)
+
+
+def test_the_same_agent_reached_another_way_is_re_pointed_with_its_vms_running(fleet):
+    """(was: 409 "still has vm ... assigned" for the agent's own socket: a transport change
+    needed a full drain)"""
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    wait_until(lambda: fleet.client.hosts.get("h1").connected, timeout=30, what="h1 connected")
+    fleet.client.vms.create({"name": "v1", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "count", "host": "h1"})
+    host = fleet.client.hosts.register(RegisterHostRequest(id="h1", url=f"unix://{a.socket}", token=a.token,
+                                                           backend="qemu", capacity=HostCapacity(vm_count=10)))
+    assert host.url == f"unix://{a.socket}"
+    wait_until(lambda: fleet.client.hosts.get("h1").connected, timeout=30, what="h1 connected again")
+    assert fleet.client.vms.get("v1")["state"] == "running"
+    fleet.client.vms.delete("v1")  # (through the new address)
+    other = fleet.agent("a2")  # another agent is still refused while a VM is there
+    fleet.client.vms.create({"name": "v2", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "count", "host": "h1"})
+    err = api_error(fleet.add, "h1", other)
+    assert (err.status, err.code) == (409, "conflict") and "still has vm v2 assigned" in err.message, err

@@ -407,7 +407,10 @@ class HostRegistry:
         now = time.time()
         with self.store.tx() as conn:
             old = self.store.get_host(req.id, conn)
-            if old and _same_address(old["url"]) != req.url:
+            # (the same agent reached another way, its identity the probe's: a transport changed,
+            # not a machine, so nothing of it is stranded)
+            same_agent = bool(probed and old and old.get("agent_id") and probed.get("agent_id") == old["agent_id"])
+            if old and _same_address(old["url"]) != req.url and not same_agent:
                 # (a finished VM does not hold it, as for deregister: module docstring)
                 if why := self._holds(conn, req.id):
                     raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}")
