@@ -72,6 +72,28 @@ def unfill(path: Path) -> None:
         (path / name).unlink(missing_ok=True)
 
 
+@contextlib.asynccontextmanager
+async def counting_on_tmpfs(tmp_path: Path, bundle_dir: Path, name: str):
+    """An agent (VmManager, real QEMU) whose state dir is a 120 MiB tmpfs, with VM ``name``
+    counting: ``(disk, state dir, manager)``; every VM deleted and the disk freed after."""
+    with tmpfs(tmp_path / "disk", "120m") as disk:
+        state = disk / "host"
+        state.mkdir()
+        shutil.copytree(bundle_dir, state / "bundles" / bundle_dir.name)
+        mgr = VmManager(state, "qemu", ram_mb=4096, cpus=2)
+        await mgr.start()
+        try:
+            await mgr.create(CreateVmRequest.model_validate({"name": name, "shape": SHAPE, "entry": COUNTER}))
+            console = mgr.vm_dir(name) / "console.log"
+            await wait_for(lambda: len(counted(console.read_text())) >= 2, f"{name} never counted", 60)
+            yield disk, state, mgr
+        finally:
+            unfill(disk)
+            for v in list(mgr.vms.values()):
+                await mgr.delete(v.name, v.move_id)
+            await mgr.close()
+
+
 async def wait_for(pred, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -81,67 +103,40 @@ async def wait_for(pred, what: str, timeout: float = 30.0) -> None:
 
 @pytest.mark.qemu
 async def test_a_full_disk_stops_neither_the_monitor_nor_leaves_a_create_half_made(tmp_path, bundle_dir):
-    with tmpfs(tmp_path / "disk", "120m") as disk:
-        state = disk / "host"
-        state.mkdir()
-        shutil.copytree(bundle_dir, state / "bundles" / bundle_dir.name)
-        mgr = VmManager(state, "qemu", ram_mb=4096, cpus=2)
-        await mgr.start()
-        try:
-            vm = await mgr.create(CreateVmRequest.model_validate({"name": "d1", "shape": SHAPE, "entry": COUNTER}))
-            console = mgr.vm_dir("d1") / "console.log"
-            await wait_for(lambda: len(counted(console.read_text())) >= 2, "d1 never counted", 60)
-            fill(disk)
-            with pytest.raises(vms_mod.HostFull, match="no room on this host's disk"):
-                await mgr.create(CreateVmRequest.model_validate({"name": "d2", "shape": SHAPE, "entry": "true"}))
-            assert "d2" not in mgr.vms and not (state / "vms" / "d2").exists()
-            assert mgr.summary()["vm_count"] == 1
-            # its QEMU killed behind the agent's back while nothing can be recorded
-            os.kill(vm.pid, signal.SIGKILL)
-            await wait_for(lambda: not qemu_pids(str(state)), "d1's QEMU did not end")
-            await asyncio.sleep(0.5)  # (ticks whose writes the full disk refuses)
-            unfill(disk)
-            # recorded once the disk had room, if not at once (the dead QEMU's pid file and
-            # socket removed free a page): the monitor watches on either way
-            await wait_for(lambda: mgr.get("d1").state == "failed", "the monitor stopped watching", 10)
-            record = json.loads((mgr.vm_dir("d1") / "vm.json").read_text())
-            assert record["state"] == "failed" and mgr.summary()["vm_count"] == 0
-            # and the name d2 is free: nothing of the refused create was kept
+    async with counting_on_tmpfs(tmp_path, bundle_dir, "d1") as (disk, state, mgr):
+        fill(disk)
+        with pytest.raises(vms_mod.HostFull, match="no room on this host's disk"):
             await mgr.create(CreateVmRequest.model_validate({"name": "d2", "shape": SHAPE, "entry": "true"}))
-            await wait_for(lambda: mgr.get("d2").state == "exited", "d2 did not run", 60)
-        finally:
-            unfill(disk)
-            for v in list(mgr.vms.values()):
-                await mgr.delete(v.name, v.move_id)
-            await mgr.close()
+        assert "d2" not in mgr.vms and not (state / "vms" / "d2").exists()
+        assert mgr.summary()["vm_count"] == 1
+        # its QEMU killed behind the agent's back while nothing can be recorded
+        os.kill(mgr.get("d1").pid, signal.SIGKILL)
+        await wait_for(lambda: not qemu_pids(str(state)), "d1's QEMU did not end")
+        await asyncio.sleep(0.5)  # (ticks whose writes the full disk refuses)
+        unfill(disk)
+        # recorded once the disk had room, if not at once (the dead QEMU's pid file and
+        # socket removed free a page): the monitor watches on either way
+        await wait_for(lambda: mgr.get("d1").state == "failed", "the monitor stopped watching", 10)
+        record = json.loads((mgr.vm_dir("d1") / "vm.json").read_text())
+        assert record["state"] == "failed" and mgr.summary()["vm_count"] == 0
+        # and the name d2 is free: nothing of the refused create was kept
+        await mgr.create(CreateVmRequest.model_validate({"name": "d2", "shape": SHAPE, "entry": "true"}))
+        await wait_for(lambda: mgr.get("d2").state == "exited", "d2 did not run", 60)
 
 
 @pytest.mark.qemu
 async def test_a_sleep_on_a_full_disk_fails_cleanly_and_the_vm_runs_on(tmp_path, bundle_dir):
-    with tmpfs(tmp_path / "disk", "120m") as disk:
-        state = disk / "host"
-        state.mkdir()
-        shutil.copytree(bundle_dir, state / "bundles" / bundle_dir.name)
-        mgr = VmManager(state, "qemu", ram_mb=4096, cpus=2)
-        await mgr.start()
-        try:
-            await mgr.create(CreateVmRequest.model_validate({"name": "s1", "shape": SHAPE, "entry": COUNTER}))
-            console = mgr.vm_dir("s1") / "console.log"
-            await wait_for(lambda: len(counted(console.read_text())) >= 2, "s1 never counted", 60)
-            fill(disk)
-            with pytest.raises(vms_mod.FuseError) as err:
-                await mgr.sleep("s1")
-            assert err.value.code == "sleep_failed", err.value
-            assert mgr.get("s1").state == "running"
-            assert sorted(p.name for p in mgr.vm_dir("s1").iterdir() if p.suffix in (".tmp", ".pending")) == []
-            unfill(disk)
-            before = len(counted(console.read_text()))
-            await wait_for(lambda: len(counted(console.read_text())) > before + 1, "s1 stopped counting")
-        finally:
-            unfill(disk)
-            for v in list(mgr.vms.values()):
-                await mgr.delete(v.name, v.move_id)
-            await mgr.close()
+    async with counting_on_tmpfs(tmp_path, bundle_dir, "s1") as (disk, _, mgr):
+        console = mgr.vm_dir("s1") / "console.log"
+        fill(disk)
+        with pytest.raises(vms_mod.FuseError) as err:
+            await mgr.sleep("s1")
+        assert err.value.code == "sleep_failed", err.value
+        assert mgr.get("s1").state == "running"
+        assert sorted(p.name for p in mgr.vm_dir("s1").iterdir() if p.suffix in (".tmp", ".pending")) == []
+        unfill(disk)
+        before = len(counted(console.read_text()))
+        await wait_for(lambda: len(counted(console.read_text())) > before + 1, "s1 stopped counting")
 
 
 async def test_a_wake_that_fails_before_its_hypervisor_starts_gives_its_room_back(tmp_path):

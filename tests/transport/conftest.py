@@ -291,3 +291,31 @@ LogLevel INFO
     processes.append(proc)
     wait_for(tcp_open(port), proc.proc, proc.log, "sshd")
     return Sshd(port, proc, d / "user_key", d / "wrong_key", d / "known_hosts", d / "wrong_known_hosts")
+
+
+def second_sshd(sshd: Sshd, processes, tmp_path: Path, max_sessions: int = 10):
+    """Another sshd on its own port, with the suite's host key and authorised key (and
+    ``max_sessions`` sessions a connection): ``(proc, port, known_hosts)``."""
+    d = sshd.key.parent
+    port = free_port()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {' '.join((d / 'host_key.pub').read_text().split()[:2])}\n")
+    cfg = tmp_path / "sshd_config"
+    cfg.write_text(f"""
+ListenAddress 127.0.0.1
+HostKey {d / 'host_key'}
+PidFile {tmp_path / 'sshd.pid'}
+AuthorizedKeysFile {d / 'authorized_keys'}
+StrictModes no
+UsePAM no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+MaxSessions {max_sessions}
+LogLevel INFO
+""")
+    proc = spawn([SSHD, "-D", "-e", "-f", str(cfg), "-p", str(port)], tmp_path / "sshd.log")
+    processes.append(proc)
+    wait_for(tcp_open(port), proc.proc, proc.log, "sshd")
+    return proc, port, known

@@ -18,7 +18,7 @@ import pytest
 
 import fuse
 
-from .conftest import FUSE, free_port, spawn, start_agent, start_controller, tcp_open, wait_for
+from .conftest import FUSE, second_sshd, start_agent, start_controller
 
 STALL_S = 5.0  # FUSE_SSH_CONNECT_TIMEOUT's documented default, and the poller's per-poll bound
 # The poller marks a host disconnected after two failed polls in a row
@@ -62,28 +62,7 @@ def _signal_tree(root: int, sig: int, done: list[int]) -> None:
 @pytest.fixture
 def own_sshd(sshd, processes, tmp_path):
     """A second sshd on its own port, with the suite's host key and authorised key."""
-    d = sshd.key.parent
-    port = free_port()
-    known = tmp_path / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {' '.join((d / 'host_key.pub').read_text().split()[:2])}\n")
-    cfg = tmp_path / "sshd_config"
-    cfg.write_text(f"""
-ListenAddress 127.0.0.1
-HostKey {d / 'host_key'}
-PidFile {tmp_path / 'sshd.pid'}
-AuthorizedKeysFile {d / 'authorized_keys'}
-StrictModes no
-UsePAM no
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-MaxSessions 10
-LogLevel INFO
-""")
-    proc = spawn(["/usr/sbin/sshd", "-D", "-e", "-f", str(cfg), "-p", str(port)], tmp_path / "sshd.log")
-    processes.append(proc)
-    wait_for(tcp_open(port), proc.proc, proc.log, "sshd")
+    proc, port, known = second_sshd(sshd, processes, tmp_path)
     yield proc, port, known
     proc.stop()
 

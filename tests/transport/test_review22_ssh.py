@@ -12,35 +12,14 @@ import pytest
 
 from fuse.transport import ssh
 
-from .conftest import FUSE, free_port, spawn, tcp_open, wait_for
+from .conftest import FUSE, second_sshd
 from .test_ssh import echo_socket  # noqa: F401 (the fixture: a stand-in agent on a unix socket)
 
 
 @pytest.fixture
 def few_sessions_sshd(sshd, processes, tmp_path):
     """A second sshd with the suite's keys that allows 3 sessions a connection."""
-    d = sshd.key.parent
-    port = free_port()
-    known = tmp_path / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {' '.join((d / 'host_key.pub').read_text().split()[:2])}\n")
-    cfg = tmp_path / "sshd_config"
-    cfg.write_text(f"""
-ListenAddress 127.0.0.1
-HostKey {d / 'host_key'}
-PidFile {tmp_path / 'sshd.pid'}
-AuthorizedKeysFile {d / 'authorized_keys'}
-StrictModes no
-UsePAM no
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-MaxSessions 3
-LogLevel INFO
-""")
-    proc = spawn(["/usr/sbin/sshd", "-D", "-e", "-f", str(cfg), "-p", str(port)], tmp_path / "sshd.log")
-    processes.append(proc)
-    wait_for(tcp_open(port), proc.proc, proc.log, "sshd")
+    proc, port, known = second_sshd(sshd, processes, tmp_path, max_sessions=3)
     yield port, known, proc
     proc.stop()
 
