@@ -97,6 +97,7 @@ class VmService:
         # host's answer), so a create of the same name meanwhile is vm_exists at once
         self._naming: dict[tuple[str, str], int] = {}
         self._waking: set[tuple[str, str]] = set()
+        self._acting: dict[tuple[str, str], list[str]] = {}  # (host, vm name) -> deletes, sleeps, wakes under way
         self._wake_rows: dict[tuple[str, str], str | None] = {}  # (host, vm name) -> its placing row  # (host, vm name): wakes reserved and waiting on the host
         # creates a host did not answer, until it says whether the VM landed: ticket ->
         # (host, vm name, shape); each with the task that asks the host (_settle_unanswered)
@@ -728,30 +729,51 @@ class VmService:
             raise Conflict(f"vm {name} is held by move {row.id} (from {host} to {row.target}): "
                            "wait for it to end", code="move_in_progress")
 
+    def acting_on(self, name: str, host: str) -> str | None:
+        """The delete, sleep or wake of VM ``name`` on ``host`` this controller is asking its
+        host for right now, or None: a move does not start under one (``MoveService.create``)."""
+        doing = self._acting.get((host, name))
+        return doing[-1] if doing else None
+
+    @contextlib.contextmanager
+    def _act_on(self, name: str, host: str, action: str):
+        """Checked and marked in one step (no await between): a move recorded after the check
+        sees the mark and is refused; one recorded before is seen by the check (409)."""
+        self._not_moving(name, host)
+        doing = self._acting.setdefault((host, name), [])
+        doing.append(action)
+        try:
+            yield
+        finally:
+            doing.remove(action)
+            if not doing:
+                self._acting.pop((host, name), None)
+
     async def delete(self, name: str, host: str | None = None) -> None:
         host = self.locate(name, host)
-        self._not_moving(name, host)
-        try:
-            await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
-        except FuseError as exc:
-            if exc.code != "not_found":
-                raise
-        with self.store.tx() as c:
-            c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
-        self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host)
+        with self._act_on(name, host, "delete"):
+            try:
+                await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
+            except FuseError as exc:
+                if exc.code != "not_found":
+                    raise
+            with self.store.tx() as c:
+                c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
+            self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host)
         await self._refresh_room(host)
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
-        self._not_moving(name, host)
-        ask = await self._wake_room(name, host) if action == "wake" else Resources()
-        try:
-            vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120)).json()
-            self.fleet.upsert_vms(host, [vm])  # (before the reservation goes: the woken VM's row holds its room)
-        finally:
-            if ask.count:
-                self._release(host, ask, row=self._wake_rows.pop((host, name), None))
-                self._waking.discard((host, name))
+        with self._act_on(name, host, action):
+            ask = await self._wake_room(name, host) if action == "wake" else Resources()
+            try:
+                vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {},
+                                       timeout=120)).json()
+                self.fleet.upsert_vms(host, [vm])  # (before the reservation goes: the woken VM's row holds its room)
+            finally:
+                if ask.count:
+                    self._release(host, ask, row=self._wake_rows.pop((host, name), None))
+                    self._waking.discard((host, name))
         await self._refresh_room(host)  # (a sleep gave room back, a wake took it)
         return vm | {"host": host}
 

@@ -100,6 +100,9 @@ class MoveJanitor(MoveRecords):
                     self._set(row["id"], cleanup_pending=False, target_clear=True)
                 elif row["state"] == "done" and not rec.get("source_removed") and await self._remove_source(row):
                     self._set(row["id"], source_removed=True)
+                if (row["state"] == "failed" and rec.get("source_wake_pending")
+                        and time.time() >= rec.get("source_wake_next", 0)):
+                    await self._retry_wake(row)
             except FuseError:
                 pass
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from ...errors import FuseError, HostUnreachable, NotFound
 from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, log
+
+
+WAKE_RETRY_FIRST_S, WAKE_RETRY_MAX_S = 2.0, 60.0  # a failed move's source wake, tried again (backing off)
 
 
 class MoveRollback(MoveRecords):
@@ -68,7 +72,31 @@ class MoveRollback(MoveRecords):
                 await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
                                  json={"move_id": move_id, "clear_mark": True}, timeout=30)
             reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
+            if row["record"].get("was_running", True):
+                # it ran before the move: the janitor goes on waking it (a full disk freed, room
+                # back), backing off, until it runs or someone else acted on it (``_retry_wake``)
+                self._set(move_id, source_wake_pending=True, source_wake_next=time.time() + WAKE_RETRY_FIRST_S)
         self._set(move_id, "failed", reason=reason)
+
+    async def _retry_wake(self, row: dict) -> None:
+        """Wake, through the controller as a caller would, the VM a failed move left asleep
+        at home when its source could not wake it; done when it runs or is no longer that
+        asleep, unmarked VM (woken or deleted by hand, or taken by another move)."""
+        rec, name, src = row["record"], row["vm"], row["source"]
+        resp = await self._host(src, "GET", f"/v1/host/vms/{name}", ok=(200, 404), timeout=30)
+        vm = resp.json() if resp.status_code == 200 else None
+        if vm is None or vm["state"] != "sleeping" or vm.get("move_id"):
+            self._set(row["id"], source_wake_pending=False)
+            return
+        try:
+            await self.ctl.vms.act(name, "wake", src)
+        except FuseError as exc:
+            delay = min(WAKE_RETRY_MAX_S, 2 * rec.get("source_wake_delay", WAKE_RETRY_FIRST_S))
+            self._set(row["id"], source_wake_error=exc.message, source_wake_delay=delay,
+                      source_wake_next=time.time() + delay)
+            return
+        self._set(row["id"], source_wake_pending=False)
+        self.store.add_event("move_source_woken", {"move": row["id"], "vm": name}, host=src)
 
     async def _abort_target(self, row: dict, timeout: float = IO_TIMEOUT) -> None:
         await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=timeout)

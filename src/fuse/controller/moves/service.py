@@ -66,6 +66,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 raise refuse("not_movable", exc.message) from None
             if self.active_for(name, source) is not None:
                 raise refuse("move_in_progress", f"vm {name} is already moving")
+            self._not_acted_on(name, source)
             await self.fleet.first_poll(source)
             src_view = self.fleet.views.get(source)
             if src_view is None or not src_view.connected:
@@ -102,6 +103,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 # started a move of it since the look above, and one VM has one move)
                 if (other := self.active_for(name, source, c)) is not None:
                     raise refuse("move_in_progress", f"vm {name} is already moving ({other.id})")
+                self._not_acted_on(name, source)  # (again: a delete may have begun since the look above)
                 c.execute(insert(moves_t).values(
                     id=move_id, vm=name, source=source, target=target, state="starting", created_at=now, updated_at=now,
                     record={"was_running": vm["state"] == "running", "copied_bytes": 0, "total_bytes": 0,
@@ -115,6 +117,13 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             self.fleet.changed.set()
         self._spawn(move_id)
         return self.get(move_id)
+
+    def _not_acted_on(self, name: str, host: str) -> None:
+        """409 ``not_movable`` while a delete, sleep or wake of the VM through this controller
+        waits on its host: a move begun under a delete read ``failed`` with the VM gone."""
+        if (doing := self.ctl.vms.acting_on(name, host)) is not None:
+            word = {"delete": "deleted", "sleep": "put to sleep", "wake": "woken"}.get(doing, doing)
+            raise refuse("not_movable", f"vm {name} is being {word} on {host}: ask again once that has answered")
 
     def active_for(self, name: str, host: str, conn=None):
         """The active move (its ``id`` and ``target``) of VM ``name`` from ``host``, or None."""
