@@ -84,6 +84,11 @@ def test_a_host_whose_unanswered_create_landed_is_not_deregistered_and_keeps_the
                timeout=30, what="job1 recorded on a once a answers")
     err = deregister(fleet)
     assert err is not None and err.code == "conflict" and "still has vm job1 assigned" in err.message, err
+    # the stream says where it went, as for an answered create (review 22: it never said)
+    placed = wait_until(lambda: [e for e in fleet.client.events.list(0, limit=500)["events"]
+                                 if e["type"] == "placed"], timeout=10, what="a placed event")
+    assert [(e["vm"], e["host"], e["vcpus"], e["mem_mib"], e["unanswered"]) for e in placed] == [
+        ("job1", "a", 1, 256, True)]
 
 
 def test_a_host_that_says_the_vm_is_not_there_can_be_deregistered_again(fleet, unanswered):

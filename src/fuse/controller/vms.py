@@ -487,19 +487,25 @@ class VmService:
         recorded, so the host is held by an assigned VM from then on) or absent twice
         ABSENT_CONFIRM_SECS apart. Then, or after UNANSWERED_SECS without a word, or
         once the host is deregistered (by another replica), the host is let go."""
-        host, name, _ = self._unanswered[ticket]
+        host, name, ask = self._unanswered[ticket]
         deadline, absent_at = time.monotonic() + UNANSWERED_SECS, None
+
+        def placed(vm: dict) -> None:  # (the stream says where it went, as for a create answered)
+            self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
+                                            "bundle": vm.get("bundle") or "linux", "unanswered": True}, host=host)
         try:
             while time.monotonic() < deadline:
                 await asyncio.sleep(1)  # (first: it has just not answered)
-                if any(r["host"] == host for r in self.store.vms_named(name)):
-                    return  # recorded meanwhile (the host's poller read its VM list)
+                if row := next((r for r in self.store.vms_named(name) if r["host"] == host), None):
+                    placed(row.get("record") or {})  # recorded meanwhile (the host's poller read its VM list)
+                    return
                 try:
                     resp = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
                 except HostUnreachable:
                     resp = None
                 if resp is not None and resp.status_code == 200:
                     self.fleet.upsert_vms(host, [resp.json()])
+                    placed(resp.json())
                     log.warning("vm %s landed on %s after its create went unanswered: recorded", name, host)
                     return
                 if resp is not None and resp.status_code == 404 and agent_not_found(resp):  # the agent's word
