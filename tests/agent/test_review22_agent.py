@@ -373,3 +373,35 @@ async def test_an_incoming_copy_whose_record_a_crash_tore_is_dropped_and_the_age
         for v in list(again.vms.values()):
             await again.delete(v.name, v.move_id)
         await again.close()
+
+
+async def test_an_install_whose_record_a_full_disk_refuses_is_host_full_and_stays_incoming(tmp_path, monkeypatch):
+    import hashlib
+
+    from fuse.models.vm import IncomingRequest
+
+    state = tmp_path / "host"
+    fake_bundle(state)
+    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2)
+    await mgr.start()
+    try:
+        await mgr.incoming.begin(IncomingRequest.model_validate({
+            "move_id": "m1", "platform": mgr.backend.platform(),
+            "vm": {"name": "v1", "shape": SHAPE, "entry": "x", "bundle": "linux",
+                   "bundle_fingerprint": "fake-bundle-0001"},
+            "files": [{"name": "memory", "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}]}))
+        await mgr.incoming.write("m1", "memory", 0, b"x")
+        real_save = mgr.save
+
+        def full(vm):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(mgr, "save", full)
+        with pytest.raises(vms_mod.HostFull, match="no room on this host's disk for vm v1"):
+            await mgr.incoming.install("m1")  # (was: 500 internal, OSError)
+        assert mgr.get("v1").state == "incoming"
+        monkeypatch.setattr(mgr, "save", real_save)
+        assert (await mgr.incoming.install("m1")).state == "sleeping"  # (the move's retry goes through)
+    finally:
+        for v in list(mgr.vms.values()):
+            await mgr.delete(v.name, v.move_id)
+        await mgr.close()

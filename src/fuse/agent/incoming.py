@@ -248,9 +248,15 @@ class IncomingMoves:
             if entry.get("generation", 0) != generation:  # written to while hashed: not what was checked
                 raise Conflict(f"move {move_id} was written to while its files were checked; install again",
                                code="writes_in_flight")
+            before = vm.files, vm.reserved, vm.move_role
             vm.files = [StateFile(**f) for f in entry["files"]]
             vm.reserved, vm.move_role = True, "target"
-            mgr.transition(vm, "sleeping", f"installed by move {move_id}")
+            try:
+                mgr.transition(vm, "sleeping", f"installed by move {move_id}")
+            except OSError as exc:  # (its record cannot be written: still incoming, as the disk says)
+                from .vms import unrecorded  # (vms imports this module)
+                vm.files, vm.reserved, vm.move_role = before
+                raise unrecorded(vm.name, exc) from exc
             self._forget(move_id)
         return vm
 

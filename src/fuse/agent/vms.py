@@ -275,7 +275,7 @@ class VmManager:
                 self.save(vm)
             except OSError as exc:
                 self._unmake(vm)
-                raise _unrecorded(name, exc) from exc
+                raise unrecorded(name, exc) from exc
             self.events.emit("vm_state", vm=name, to="creating")
         async with self.lock(name):
             try:
@@ -283,10 +283,10 @@ class VmManager:
             except (BackendError, OSError) as exc:
                 try:
                     self.transition(vm, "failed", str(exc))
-                except OSError as unrecorded:
+                except OSError as not_written:
                     # nothing runs and its failure cannot be recorded: it was never made
                     await self._unmake_stopped(vm)
-                    raise _unrecorded(name, unrecorded) from exc
+                    raise unrecorded(name, not_written) from exc
                 raise FuseError(f"vm {name} failed to boot: {exc}", code="boot_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
             try:
@@ -296,7 +296,7 @@ class VmManager:
                 # running behind a record that says creating
                 self.metering.stop(name)
                 await self._unmake_stopped(vm)
-                raise _unrecorded(name, exc) from exc
+                raise unrecorded(name, exc) from exc
         return vm
 
     def _unmake(self, vm: Vm) -> None:
@@ -759,7 +759,7 @@ class VmManager:
             raise
 
 
-def _unrecorded(name: str, exc: OSError) -> FuseError:
+def unrecorded(name: str, exc: OSError) -> FuseError:
     """The refusal of a create whose record cannot be written: a full disk is the host
     full (409 ``host_full``: a controller tries another host), any other write error 500."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
