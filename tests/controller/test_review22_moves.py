@@ -78,3 +78,24 @@ def test_a_vm_a_failed_move_could_not_wake_at_home_is_woken_once_its_host_can(fl
     woken = [e for e in fleet.client.events.list(0, limit=500)["events"] if e["type"] == "move_source_woken"]
     assert [(e["move"], e["vm"]) for e in woken] == [(m["id"], "z")]
     assert fleet.client.vms.get("z")["state"] == "running"
+
+
+def test_a_drain_meeting_a_delete_of_a_vm_waits_for_it_and_moves_the_rest(fleet):
+    src, dst = fleet.agent("agent-src"), fleet.agent("agent-dst")
+    proxy = Proxy(int(src.url.rsplit(":", 1)[1]))
+    try:
+        fleet.add("src", types.SimpleNamespace(url=proxy.url, token=src.token))
+        fleet.add("dst", dst)
+        wait_until(lambda: fleet.client.hosts.get("src").connected, what="src connected")
+        for name in ("z", "y"):
+            fleet.client.vms.create(vm_body(name, host="src"))
+        proxy.hold[b"DELETE /v1/host/vms/z"] = 2.0
+        t = threading.Thread(target=lambda: fleet.client.vms.delete("z"))
+        t.start()
+        time.sleep(0.5)
+        report = fleet.client.hosts.drain("src")
+        t.join(30)
+        assert report["stuck"] == [] and [m["vm"] for m in report["moved"]] == ["y"], report
+        assert on_agent(dst, "y")["state"] == "running" and on_agent(src, "z") is None
+    finally:
+        proxy.close()

@@ -222,6 +222,8 @@ class MoveDrains(MoveRecords):
                     moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
                 continue
             m, err = await self._drain_move(vm["name"], host_id)
+            if m is None and err is None:
+                continue  # (deleted meanwhile)
             if err is not None:
                 if getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
                     finished.append({"vm": vm["name"], "state": err.vm_state})
@@ -239,13 +241,24 @@ class MoveDrains(MoveRecords):
         return True
 
     async def _drain_move(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None]:
-        """Start moving vm ``name`` off ``host_id``: (the move, None) or (None, the refusal).
+        """Start moving vm ``name`` off ``host_id``: (the move, None), (None, the refusal), or
+        (None, None) when a delete of it under way removed it.
         A move of it already under way (the one a controller crash interrupted, which
         recovery settles; another drain's; an operator's) is waited for: done, that is the
         VM's move; failed, the VM is home again and this one starts."""
         try:
             return await self.create({"vm": name, "host": host_id}), None
         except FuseError as exc:
+            if getattr(exc, "acting", None):  # a delete, sleep or wake of it waits on the host: after it
+                deadline = time.monotonic() + DRAIN_MOVE_WAIT_S
+                while self.ctl.vms.acting_on(name, host_id) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                if not any(r["host"] == host_id for r in self.store.vms_named(name)):
+                    return None, None  # deleted: nothing left to move
+                try:
+                    return await self.create({"vm": name, "host": host_id}), None
+                except FuseError as again:
+                    return None, again
             if exc.code != "move_in_progress" or (last := await self._await_moves(name, host_id)) is None:
                 return None, exc
         if last["state"] == "done":

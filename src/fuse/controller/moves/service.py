@@ -123,7 +123,9 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         waits on its host: a move begun under a delete read ``failed`` with the VM gone."""
         if (doing := self.ctl.vms.acting_on(name, host)) is not None:
             word = {"delete": "deleted", "sleep": "put to sleep", "wake": "woken"}.get(doing, doing)
-            raise refuse("not_movable", f"vm {name} is being {word} on {host}: ask again once that has answered")
+            err = refuse("not_movable", f"vm {name} is being {word} on {host}: ask again once that has answered")
+            err.acting = doing  # (a drain waits for it and asks again)
+            raise err
 
     def active_for(self, name: str, host: str, conn=None):
         """The active move (its ``id`` and ``target``) of VM ``name`` from ``host``, or None."""
