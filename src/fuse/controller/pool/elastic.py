@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 from sqlalchemy import insert, select, update
-from sqlalchemy.exc import IntegrityError
 
 from ...errors import Conflict, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticHost, ElasticRemoved
@@ -99,9 +98,11 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                                                       "reason": reason}, host=name, conn=c)
             return row | values | {"state": to, "record": rec}
 
-    def _new_name(self, provider: str) -> str:
+    def _new_name(self, provider: str, taken: list[str] = ()) -> str:
+        """The next free ``<provider>-<n>`` (``taken``: names this transaction holds already)."""
         with self.store.read() as c:
             names = [r[0] for r in c.execute(select(hosts_t.c.name).where(hosts_t.c.provider == provider))]
+        names += list(taken)
         taken = [int(m.group(1)) for n in names if (m := re.fullmatch(re.escape(provider) + r"-(\d+)", n))]
         return f"{provider}-{max(taken, default=0) + 1}"
 
@@ -132,33 +133,30 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         ttl = (ttl_hours or DEFAULT_TTL_HOURS) * 3600 if pinned or ttl_hours else 0
         usd_each = offer.usd_per_hour * (billed if billed is not None else max(
             offer.billing_min_secs, ceil_to(ttl or 3600, offer.billing_step_secs))) / 3600
-        names = []
+        names: list[str] = []
         async with self._lock:
-            self._check_budget(offer, count, usd_each)
             now = time.time()
-            for _ in range(count):
-                for _attempt in range(20):
-                    name = self._new_name(provider)
-                    try:
-                        with self.store.tx() as c:
-                            c.execute(insert(hosts_t).values(
-                                name=name, provider=provider, type_name=offer.type_name, region=offer.region,
-                                cloud_id="", state="creating", started=now, ended=None,
-                                expires=int(now + ttl) if ttl else 0, usd_per_hour=offer.usd_per_hour,
-                                billing_step_secs=offer.billing_step_secs, billing_min_secs=offer.billing_min_secs,
-                                boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
-                                record={"history": [{"state": "creating", "time": now, "reason": ""}],
-                                        "planned_until": now + (billed or 0 if planned_secs is None
-                                                                else planned_secs)},
-                                updated_at=now))
-                            # (``type_name``: an event's ``type`` is its own, "elastic_host")
-                            self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
-                                                                  "type_name": offer.type_name}, host=name, conn=c)
-                        break
-                    except IntegrityError:  # another replica took the name
-                        continue
-                names.append(name)
-                self._creating.add(name)
+            # The caps checked and the machines recorded (``creating``) in one write transaction:
+            # replicas sharing a store take its write lock in turn, so the second sees the first's
+            # machines (two purchases through two replicas at once both passed a $/h cap)
+            with self.store.tx() as c:
+                self._check_budget(offer, count, usd_each)
+                for _ in range(count):
+                    name = self._new_name(provider, taken=names)
+                    c.execute(insert(hosts_t).values(
+                        name=name, provider=provider, type_name=offer.type_name, region=offer.region,
+                        cloud_id="", state="creating", started=now, ended=None,
+                        expires=int(now + ttl) if ttl else 0, usd_per_hour=offer.usd_per_hour,
+                        billing_step_secs=offer.billing_step_secs, billing_min_secs=offer.billing_min_secs,
+                        boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
+                        record={"history": [{"state": "creating", "time": now, "reason": ""}],
+                                "planned_until": now + (billed or 0 if planned_secs is None else planned_secs)},
+                        updated_at=now))
+                    # (``type_name``: an event's ``type`` is its own, "elastic_host")
+                    self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
+                                                          "type_name": offer.type_name}, host=name, conn=c)
+                    names.append(name)
+            self._creating.update(names)
         errors = []
         holder = asyncio.create_task(self._hold(names))
         try:

@@ -79,6 +79,7 @@ LIVED_SECS = 600  # a machine the cloud ends sooner after it was bought did not 
 BACKOFF_FIRST_SECS = 30  # no purchase for this long after the second early end in a row, doubling after
 BACKOFF_MAX_SECS = 1800
 SHAPE_FIELDS = {"vcpus": "cpus", "mem_mib": "memory_mb"}  # the create shape's names -> the prewarm's
+FILL_LEASE_KEY, FILL_LEASE_S = "prewarm_fill_lease", 30.0  # one replica fills at a time (``_leads_fill``)
 
 
 def backoff_secs(early_ends: int) -> int:
@@ -340,11 +341,29 @@ class PrewarmService:
         return out
 
     # ---- filling -------------------------------------------------------------------
+    def _leads_fill(self) -> bool:
+        """Whether this replica fills the prewarms now. Replicas sharing a store fill one at a
+        time, whoever holds the lease (taken when free or lapsed, renewed by each of its fills,
+        lapsing FILL_LEASE_S after its last): two filling at once each saw the same VMs missing
+        and made them (a prewarm of 3 kept 5, then 8, and machines were bought for the extra).
+        A claim through another replica is refilled by the holder's next pass."""
+        if self.store.is_sqlite:
+            return True  # (an SQLite store is one controller's)
+        now, me = time.time(), self.ctl.instance
+        with self.store.tx() as c:  # (the write lock: replicas read and take it in turn)
+            lease = self.store.get_setting(FILL_LEASE_KEY, {}, conn=c)
+            if lease.get("holder") not in (None, me) and lease.get("until", 0) > now:
+                return False
+            self.store.put_setting(FILL_LEASE_KEY, {"holder": me, "until": now + FILL_LEASE_S}, conn=c)
+        return True
+
     async def fill(self) -> None:
         """Create the standby VMs every live prewarm still lacks (one pass)."""
         if self._fill_lock.locked():
             return
         async with self._fill_lock:
+            if not self._leads_fill():
+                return
             now = time.time()
             warm = self.ctl.pool.budget().warm
             for rec in self._records():
