@@ -194,3 +194,30 @@ def test_a_controller_that_hangs_ends_the_follow_reconnect_s_after_its_answer_wa
         ctl.stop()
     assert (info.value.status, info.value.code) == (0, "unreachable")
     assert 1 + GRACE_S - 1 <= took < 1 + GRACE_S + 5 + 3, took
+
+
+def db_away_then_back(tries: list[float], away: int = 3):
+    """A controller that cannot reach its database for its first ``away`` answers (503
+    db_unavailable), then has one event."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        tries.append(time.monotonic())
+        if len(tries) <= away:
+            return httpx.Response(503, json={"error": {"code": "db_unavailable", "message": "the controller cannot "
+                                                       "reach its database (OperationalError); try again"}})
+        return httpx.Response(200, json={"events": [{"id": 1, "type": "host_added", "host": "h"}], "next_cursor": 1})
+    return handle
+
+
+def test_the_follow_carries_on_through_a_controller_whose_database_is_away_for_a_moment():
+    """(review 22: both follows, and so `fuse controller events`, ended at the first 503)"""
+    tries: list[float] = []
+    with fuse.Client("http://c", transport=httpx.MockTransport(db_away_then_back(tries))) as c:
+        assert next(c.events.follow(0, wait_s=1, reconnect_s=10.0))["id"] == 1
+    assert len(tries) == 4
+
+
+async def test_the_async_follow_carries_on_through_a_controller_whose_database_is_away_for_a_moment():
+    tries: list[float] = []
+    async with fuse.AsyncClient("http://c", transport=httpx.MockTransport(db_away_then_back(tries))) as c:
+        assert (await c.events.follow(0, wait_s=1, reconnect_s=10.0).__anext__())["id"] == 1
+    assert len(tries) == 4

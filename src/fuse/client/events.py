@@ -12,6 +12,9 @@ from ._core import UNREACHABLE, ApiError, Call
 RECONNECT_S = 30.0  # how long `follow` keeps trying a controller that does not answer
 FIRST_PAUSE_S, LAST_PAUSE_S = 0.25, 2.0  # its pauses between tries double from the first to the last
 GRACE_S = 10.0  # how long past its wait_s `follow` waits for a long poll's answer
+# what a follow tries again: no controller answering, or one that cannot reach its database
+# for now (503: it serves again once the database is back)
+RETRIED = (UNREACHABLE, "db_unavailable")
 
 
 def _cursor(page: dict, since: int) -> int:
@@ -34,7 +37,7 @@ class _Reconnect:
         """Seconds to wait before the next try, or None: give `err` up. `due`: when the
         failed try's answer was due (a long poll's start plus its wait_s): a controller
         that stopped answering has failed since then, not since the try timed out."""
-        if err.code != UNREACHABLE:
+        if err.code not in RETRIED:
             return None
         now = time.monotonic()
         if self.failing_since is None:
