@@ -94,6 +94,21 @@ async def counting_on_tmpfs(tmp_path: Path, bundle_dir: Path, name: str):
             await mgr.close()
 
 
+@contextlib.asynccontextmanager
+async def fake_agent(state: Path, **kw):
+    """A started agent (VmManager) of the fake backend on ``state`` with a bundle; every VM
+    deleted and the agent closed after."""
+    fake_bundle(state)
+    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2, **kw)
+    await mgr.start()
+    try:
+        yield mgr
+    finally:
+        for v in list(mgr.vms.values()):
+            await mgr.delete(v.name, v.move_id)
+        await mgr.close()
+
+
 async def wait_for(pred, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -141,10 +156,7 @@ async def test_a_sleep_on_a_full_disk_fails_cleanly_and_the_vm_runs_on(tmp_path,
 
 async def test_a_wake_that_fails_before_its_hypervisor_starts_gives_its_room_back(tmp_path):
     state = tmp_path / "host"
-    fake_bundle(state)
-    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2, max_vms=1)
-    await mgr.start()
-    try:
+    async with fake_agent(state, max_vms=1) as mgr:
         await mgr.create(CreateVmRequest.model_validate({"name": "w", "shape": SHAPE, "entry": "x"}))
         await mgr.sleep("w")
         assert mgr.summary()["vm_count"] == 0
@@ -156,20 +168,13 @@ async def test_a_wake_that_fails_before_its_hypervisor_starts_gives_its_room_bac
         assert mgr.summary()["vm_count"] == 0  # (before: 1, and max_vms 1 refused every create)
         fake_bundle(state)
         await mgr.create(CreateVmRequest.model_validate({"name": "other", "shape": SHAPE, "entry": "x"}))
-    finally:
-        for v in list(mgr.vms.values()):
-            await mgr.delete(v.name, v.move_id)
-        await mgr.close()
 
 
 async def test_the_monitor_outlives_a_step_that_fails(tmp_path, monkeypatch):
     """The fast check of the monitor's loop: a record the disk refuses (any OSError) is
     tried again on the next tick, and the other VMs are watched meanwhile."""
     state = tmp_path / "host"
-    fake_bundle(state)
-    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2)
-    await mgr.start()
-    try:
+    async with fake_agent(state) as mgr:
         for name in ("a", "b"):
             await mgr.create(CreateVmRequest.model_validate({"name": name, "shape": SHAPE, "entry": "x"}))
         real_save = mgr.save
@@ -188,10 +193,6 @@ async def test_the_monitor_outlives_a_step_that_fails(tmp_path, monkeypatch):
         refusing.clear()
         await wait_for(lambda: mgr.get("a").state == "failed", "the monitor stopped watching", 10)
         assert [e["vm"] for e in mgr.events.list() if e.get("to") == "failed"] == ["b", "a"]
-    finally:
-        for v in list(mgr.vms.values()):
-            await mgr.delete(v.name, v.move_id)
-        await mgr.close()
 
 
 def test_an_event_the_disk_refuses_is_served_from_memory_and_leaves_whole_lines(tmp_path):
@@ -381,10 +382,7 @@ async def test_an_install_whose_record_a_full_disk_refuses_is_host_full_and_stay
     from fuse.models.vm import IncomingRequest
 
     state = tmp_path / "host"
-    fake_bundle(state)
-    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2)
-    await mgr.start()
-    try:
+    async with fake_agent(state) as mgr:
         await mgr.incoming.begin(IncomingRequest.model_validate({
             "move_id": "m1", "platform": mgr.backend.platform(),
             "vm": {"name": "v1", "shape": SHAPE, "entry": "x", "bundle": "linux",
@@ -401,7 +399,3 @@ async def test_an_install_whose_record_a_full_disk_refuses_is_host_full_and_stay
         assert mgr.get("v1").state == "incoming"
         monkeypatch.setattr(mgr, "save", real_save)
         assert (await mgr.incoming.install("m1")).state == "sleeping"  # (the move's retry goes through)
-    finally:
-        for v in list(mgr.vms.values()):
-            await mgr.delete(v.name, v.move_id)
-        await mgr.close()

@@ -26,29 +26,35 @@ def on_agent(agent, name):
     return r.json() if r.status_code == 200 else None
 
 
-def test_a_move_asked_while_a_delete_of_the_vm_waits_on_its_host_is_refused(fleet):
+@pytest.fixture
+def deleting(fleet):
+    """src (behind a proxy) with VMs z and y, dst, and a delete of z that src holds 2 s,
+    begun 0.5 s ago: ``(src, dst, thread)``."""
     src, dst = fleet.agent("agent-src"), fleet.agent("agent-dst")
     proxy = Proxy(int(src.url.rsplit(":", 1)[1]))
-    try:
-        fleet.add("src", types.SimpleNamespace(url=proxy.url, token=src.token))
-        fleet.add("dst", dst)
-        wait_until(lambda: fleet.client.hosts.get("src").connected, what="src connected")
-        fleet.client.vms.create(vm_body("z", host="src"))
-        proxy.hold[b"DELETE /v1/host/vms/z"] = 2.0  # the delete waits on the host
-        deleted: list = []
-        t = threading.Thread(target=lambda: deleted.append(fleet.client.vms.delete("z")))
-        t.start()
-        time.sleep(0.5)
-        with pytest.raises(fuse.ApiError) as info:
-            fleet.client.moves.create("z", to="dst")
-        assert (info.value.status, info.value.code) == (409, "not_movable"), info.value
-        assert info.value.message == "vm z is being deleted on src: ask again once that has answered"
-        t.join(30)
-        assert deleted == [None]
-        assert fleet.client.moves.list() == []  # (was: a move, 202, then failed with the VM gone)
-        assert on_agent(dst, "z") is None and on_agent(src, "z") is None
-    finally:
-        proxy.close()
+    fleet.add("src", types.SimpleNamespace(url=proxy.url, token=src.token))
+    fleet.add("dst", dst)
+    wait_until(lambda: fleet.client.hosts.get("src").connected, what="src connected")
+    for name in ("z", "y"):
+        fleet.client.vms.create(vm_body(name, host="src"))
+    proxy.hold[b"DELETE /v1/host/vms/z"] = 2.0  # the delete waits on the host
+    t = threading.Thread(target=lambda: fleet.client.vms.delete("z"))
+    t.start()
+    time.sleep(0.5)
+    yield src, dst, t
+    t.join(30)
+    proxy.close()
+
+
+def test_a_move_asked_while_a_delete_of_the_vm_waits_on_its_host_is_refused(fleet, deleting):
+    src, dst, t = deleting
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.moves.create("z", to="dst")
+    assert (info.value.status, info.value.code) == (409, "not_movable"), info.value
+    assert info.value.message == "vm z is being deleted on src: ask again once that has answered"
+    t.join(30)
+    assert fleet.client.moves.list() == []  # (was: a move, 202, then failed with the VM gone)
+    assert on_agent(dst, "z") is None and on_agent(src, "z") is None
 
 
 @pytest.mark.timeout(180)
@@ -80,22 +86,9 @@ def test_a_vm_a_failed_move_could_not_wake_at_home_is_woken_once_its_host_can(fl
     assert fleet.client.vms.get("z")["state"] == "running"
 
 
-def test_a_drain_meeting_a_delete_of_a_vm_waits_for_it_and_moves_the_rest(fleet):
-    src, dst = fleet.agent("agent-src"), fleet.agent("agent-dst")
-    proxy = Proxy(int(src.url.rsplit(":", 1)[1]))
-    try:
-        fleet.add("src", types.SimpleNamespace(url=proxy.url, token=src.token))
-        fleet.add("dst", dst)
-        wait_until(lambda: fleet.client.hosts.get("src").connected, what="src connected")
-        for name in ("z", "y"):
-            fleet.client.vms.create(vm_body(name, host="src"))
-        proxy.hold[b"DELETE /v1/host/vms/z"] = 2.0
-        t = threading.Thread(target=lambda: fleet.client.vms.delete("z"))
-        t.start()
-        time.sleep(0.5)
-        report = fleet.client.hosts.drain("src")
-        t.join(30)
-        assert report["stuck"] == [] and [m["vm"] for m in report["moved"]] == ["y"], report
-        assert on_agent(dst, "y")["state"] == "running" and on_agent(src, "z") is None
-    finally:
-        proxy.close()
+def test_a_drain_meeting_a_delete_of_a_vm_waits_for_it_and_moves_the_rest(fleet, deleting):
+    src, dst, t = deleting
+    report = fleet.client.hosts.drain("src")
+    t.join(30)
+    assert report["stuck"] == [] and [m["vm"] for m in report["moved"]] == ["y"], report
+    assert on_agent(dst, "y")["state"] == "running" and on_agent(src, "z") is None
