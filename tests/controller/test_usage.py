@@ -116,8 +116,12 @@ def test_the_window_is_echoed_as_unix_seconds_and_every_host_is_asked_the_same(c
     ("?to=nan", "to must be unix seconds or an ISO 8601 time"),
     ("?from=", "from is empty: give unix seconds or an ISO 8601 time, or leave it out"),
     ("?from=0&to=1&host=h1", "unknown query parameter host"),
+    ("?from=1_000", "from must be unix seconds or an ISO 8601 time"),
+    ("?from=%201", "from must be unix seconds or an ISO 8601 time"),
+    ("?to=%2B5", "to must be unix seconds or an ISO 8601 time"),
 ], ids=["a from that is no time", "to before from", "a from in the future: after now", "a to that is not a number",
-        "an empty from (review 17: it was the default)", "a parameter usage does not take (review 17: ignored)"])
+        "an empty from (review 17: it was the default)", "a parameter usage does not take (review 17: ignored)",
+        "Python's 1_000 (review 22: read as 1000)", "a leading space (review 22: read as 1)", "a plus sign"])
 def test_a_bad_window_is_400_before_any_host_is_asked(ctl, query, why):
     hosts = stand_in_fleet(ctl, {"h1": host_answer()})
     r = get_usage(ctl, query)

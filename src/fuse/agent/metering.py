@@ -52,6 +52,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from datetime import datetime
 from decimal import Decimal
@@ -276,6 +277,9 @@ def process_started(pid: int | None) -> float | None:
     return time.time() - max(0.0, age)
 
 
+_SECONDS = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
 def instant(value: str | None, what: str) -> float | None:
     """A usage window's end as unix seconds, from unix seconds or an ISO 8601 time
     (what GET /v1/usage takes, on a host and on the controller); None when not given."""
@@ -283,9 +287,9 @@ def instant(value: str | None, what: str) -> float | None:
         return None
     if not value.strip():  # as an empty `since` is: a typo, not a request for the default
         raise InvalidArgument(f"{what} is empty: give unix seconds or an ISO 8601 time, or leave it out")
-    try:
+    if _SECONDS.fullmatch(value):  # (a plain number: not Python's `1_000`, ` 1`, `+1` or `٣`)
         t = float(value)
-    except ValueError:
+    else:
         try:
             t = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         except ValueError:
