@@ -89,6 +89,16 @@ def test_registering_a_relative_socket_path_is_refused_and_stores_nothing(api, f
     assert host_ids(api) == before
 
 
+def test_a_socket_address_with_a_password_is_refused_without_saying_the_password(api):
+    # (review 22: its relative-path refusal masked it once, then quoted the path, password and all)
+    r = api.post("/v1/hosts", json=FORMS["seed 000's form"]("pw-sock", "unix://u:s3cret@/run/agent.sock"))
+    assert r.status_code == 400 and "s3cret" not in r.text, r.text
+    assert r.json()["error"]["message"] == ("address 'unix://u:***@/run/agent.sock' is not valid: unix:// addresses "
+                                            "take no user or password: give the socket's absolute path "
+                                            "(unix:///path/to/agent.sock)")
+    assert "pw-sock" not in host_ids(api)
+
+
 @pytest.mark.parametrize("what", BAD)
 def test_re_registering_a_host_at_an_address_with_is_refused_and_keeps_the_host_as_it_was(api, what):
     """A host whose capacity is all declared registers around an unreachable

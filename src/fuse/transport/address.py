@@ -104,6 +104,9 @@ def normalise_address(addr: str) -> str:
         # (unix://run/a.sock is the path run/a.sock, read from the controller's working
         # directory, whichever that is when it dials: three slashes for an absolute one;
         # refused where an address is registered, so one stored before still loads)
+        if _no_password(addr) != addr:  # (user:password@ before it: neither said back in clear)
+            raise _bad(addr, "unix:// addresses take no user or password: give the socket's absolute path "
+                             "(unix:///path/to/agent.sock)")
         raise _bad(addr, f"the socket path {a.path} is relative: give an absolute one (unix:///{a.path})")
     if a.kind not in ("http", "ssh"):
         return addr
