@@ -54,11 +54,12 @@ def test_mig_profiles_and_labels_reach_the_controller(env):
 
 @pytest.mark.parametrize("flags,code,exit_code", [
     (["--labels", "zone"], "invalid_argument", 2),
+    (["--labels", "a=1", "--labels", "a=2"], "invalid_argument", 2),
     (["--mig-profiles", "1g.10gb"], "invalid_argument", 2),
     (["--backend", "qemu", "--mig-profiles", "1g.10gb=four"], "invalid_argument", 2),
     (["--backend", "qemu", "--mig-profiles", "big=1"], "invalid_argument", 1),
     (["--backend", "firecracker", "--mig-profiles", "1g.10gb=1"], "invalid_argument", 1),
-], ids=["a label without =", "a MIG profile without a count", "a MIG count that is not a number",
+], ids=["a label without =", "a label given twice (review 22: the last was kept)", "a MIG profile without a count", "a MIG count that is not a number",
         "a MIG name the controller refuses", "MIG profiles on a firecracker host"])
 def test_bad_flags_print_the_code_and_exit_non_zero(env, flags, code, exit_code):
     r = add(env, "bad", *flags)

@@ -191,6 +191,9 @@ def _pairs(flag: str, items: list[str], json_: bool = False) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             fail("invalid_argument", f"{flag}: {item!r} is not KEY=VALUE", json_=json_, exit_code=2)
+        if key in out and out[key] != value:  # (as a JSON key given twice is refused: not the last taken)
+            fail("invalid_argument", f"{flag}: {key} is given twice ({out[key]!r} and {value!r})", json_=json_,
+                 exit_code=2)
         out[key] = value
     return out
 
