@@ -398,11 +398,11 @@ class HostRegistry:
             # passes no GPU through all the same)
             field = "capacity.gpus > 0" if req.capacity.gpus > 0 else "capacity.mig_profiles"
             raise InvalidArgument(f"only qemu hosts may declare {field}: the host agent at {req.url} runs {runs}")
-        old = self.store.get_host(req.id) if probed is None else None
+        stored = self.store.get_host(req.id) if probed is None else None
         # (the probe skipped: what this host's agent reported when it last answered stands,
         # where it is the same agent, at the same url, run the same way)
-        before = (old["capacity"] if old and _same_address(old["url"]) == req.url and old["backend"] == backend
-                  else None)
+        before = (stored["capacity"] if stored and _same_address(stored["url"]) == req.url
+                  and stored["backend"] == backend else None)
         cap = merge_capacity(req.capacity, backend, probed, warnings, before)
         now = time.time()
         with self.store.tx() as conn:

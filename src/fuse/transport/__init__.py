@@ -211,7 +211,8 @@ _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpect
             "peer closed connection")
 
 
-def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[str, bool]:
+def _describe(exc: Exception, address: Address, handshake: str = "",
+              identity: "TlsSettings | None" = None) -> tuple[str, bool]:
     """One sentence saying why a host could not be reached, and whether it was a
     matter of trust (a certificate either side refused: a mistake, not an outage).
     `handshake`: this request began a TLS handshake and got no answer: "cut" when the
@@ -230,7 +231,7 @@ def _describe(exc: Exception, address: Address, handshake: str = "") -> tuple[st
     if any(isinstance(c, FileNotFoundError) for c in chain):
         low += " no such file"
     if address.kind == "tls":
-        tls, untrusted = _describe_tls(chain, low, addr, handshake)
+        tls, untrusted = _describe_tls(chain, low, addr, handshake, identity)
         if tls:
             return tls, untrusted
     elif why := _verify_failed(chain, low):
@@ -338,7 +339,8 @@ async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
     return True
 
 
-def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: str) -> tuple[str | None, bool]:
+def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: str,
+                  identity: "TlsSettings | None" = None) -> tuple[str | None, bool]:
     """Say which side of a mutual-TLS handshake said no (and that it is a matter of
     trust). Only the handshake can refuse the controller's certificate: a connection
     that answered before and hangs up now was dropped, and says so."""
@@ -350,8 +352,14 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: st
     # handshake, by hanging up before it answers the request that shook hands.
     hung_up = any(s in low for s in _HUNG_UP)
     if ("alert" in low and "close notify" not in low) or (handshake == "done" and hung_up):
-        return (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
-                "by the host's CA, unexpired, and issued with --client)"), True
+        why = (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
+               "by the host's CA, unexpired, and issued with --client)")
+        if identity is not None:
+            try:  # (the likeliest cause, when it is so, said: not left to a guess)
+                identity.check_dates()
+            except IdentityError as expired:
+                why = f"{why}: {expired}"
+        return why, True
     if handshake == "cut" and hung_up:
         # closed before the handshake's first answer, with no alert: no TLS server said no
         # (a port forward or proxy with nothing behind it looks so), not a certificate to reissue
@@ -516,12 +524,7 @@ class HostConnection:
                         handshake = ("" if "connection.start_tls.started" not in shook
                                      or "http11.receive_response_headers.complete" in shook
                                      else "done" if "connection.start_tls.complete" in shook else "cut")
-                        why, untrusted = _describe(exc, self.address, handshake=handshake)
-                        if untrusted and self._tls is not None and "refused the controller's certificate" in why:
-                            try:  # (the likeliest cause, when it is so, said: not left to a guess)
-                                self._tls.check_dates()
-                            except IdentityError as expired:
-                                why = f"{why}: {expired}"
+                        why, untrusted = _describe(exc, self.address, handshake=handshake, identity=self._tls)
                         kind = NotTrusted if untrusted else HostUnreachable
                         # what answered speaks another protocol: a wrong address, not an outage
                         if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
