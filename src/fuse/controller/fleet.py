@@ -206,15 +206,19 @@ class Fleet:
             ident = summary.get("agent_id", "")
             # (the first answer a poller gets is no change: the adoption below reads the list)
             new_agent = bool(ident and view.agent_id and ident != view.agent_id)
+            other_agent = new_agent
             if ident and ident != view.agent_id:
                 # Usage counts a machine once by its agent identity: keep the
                 # one the agent answers with now (a wiped state dir gives it a new one).
+                row = self.store.get_host(host_id)
+                other_agent = bool(row and row.get("agent_id") and row["agent_id"] != ident)
                 self.store.set_agent_id(host_id, ident)
             if not view.connected or new_agent:
                 # Another agent answers at this address (its state dir wiped, or another
                 # one put there), perhaps between two polls: the VMs the old one ran are
-                # not there, and its event log (whose ids start over) cannot say so.
-                await self._adopt(host_id, conn)
+                # not there, and its event log (whose ids start over) cannot say so:
+                # each is dropped with a ``vm_lost`` event.
+                await self._adopt(host_id, conn, lost=other_agent)
             if ident:
                 view.agent_id = ident  # (after the list was read: a read that failed is tried again)
             view.summary, view.seen_at, view.error, view.failures = summary, time.time(), "", 0
@@ -238,22 +242,26 @@ class Fleet:
         if self.store.set_link(host_id, type_ == "host_connected", type_, {"id": host_id, **data}):
             self.changed.set()
 
-    async def _adopt(self, host_id: str, conn: HostConnection) -> None:
-        """Take in the VMs the host already runs (restarts, leftovers)."""
+    async def _adopt(self, host_id: str, conn: HostConnection, lost: bool = False) -> None:
+        """Take in the VMs the host already runs (restarts, leftovers). ``lost``: another
+        agent than the one recorded answers there, so the VMs it lacks were lost."""
         resp = await conn.request("GET", "/v1/host/vms")
         if resp.status_code != 200:
             return
-        self.upsert_vms(host_id, resp.json().get("vms", []), replace=True)
+        if self.upsert_vms(host_id, resp.json().get("vms", []), replace=True, lost=lost):
+            self.changed.set()
 
-    def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False) -> None:
+    def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False, lost: bool = False) -> bool:
         """Record what ``host_id``'s agent says of its VMs. ``replace``: the whole list (a
-        poller adopting), so rows it lacks go. A machine registered under several names
+        poller adopting), so rows it lacks go (with ``lost``, each with a ``vm_lost`` event:
+        another agent answers there; whether any event was added is returned). A machine registered under several names
         (seed 004 counts it once) lists each VM under one of them: a poller leaves a VM
         another name of the same agent holds where it is; an action through this name
         (a create, a wake, a move's arrival) takes it over."""
         # A copy a move is still bringing in is not the VM yet: the source's is.
         records = [r for r in records if r.get("state") != "incoming" and not (r.get("move_id") and r.get("reserved"))]
         keep = {r["name"] for r in records if r.get("state") != "deleted"}
+        added = False
         with self.store.tx() as c:
             known = {r["name"]: r for r in c.execute(select(vms_t).where(vms_t.c.host == host_id)).mappings()}
             agent = c.execute(select(hosts_t.c.agent_id).where(hosts_t.c.id == host_id)).scalar_one_or_none()
@@ -285,9 +293,16 @@ class Fleet:
                     if aliases and not replace:
                         _retag(c, r, host_id, aliases, agent)
             if replace:
-                for name in known.keys() - keep:
+                for name in sorted(known.keys() - keep):
                     if known[name]["state"] not in ("moving",):
                         c.execute(vms_t.delete().where(vms_t.c.host == host_id, vms_t.c.name == name))
+                        if lost:  # as the pool says of a machine's VMs that went with it
+                            self.store.add_event("vm_lost", {
+                                "vm": name, "id": host_id, "was": known[name]["state"],
+                                "reason": f"another agent answers at host {host_id} (a new agent identity): "
+                                          f"it does not have vm {name}"}, host=host_id, conn=c)
+                            added = True
+        return added
 
     async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str, summary: dict) -> None:
         """One read of up to EVENT_BATCH events, when there are new ones (module docstring)."""
