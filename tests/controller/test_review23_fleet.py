@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import pytest
 
 from support import wait_until
 
@@ -38,3 +41,62 @@ def test_a_vm_deleted_on_its_agent_is_not_called_lost(fleet):
                  timeout=30).raise_for_status()
     wait_until(lambda: fleet.client.vms.list() == [], timeout=40, what="the VM dropped")
     assert not [e for e in fleet.client.events.list(cursor)["events"] if e["type"] == "vm_lost"]
+
+
+def test_a_host_whose_agent_is_gone_is_removed_with_force_and_its_vms_forgotten(fleet):
+    """(was: no way out: a host whose agent was gone for good could not be deregistered while
+    its VMs were recorded, and their delete needed the agent)"""
+    import os
+    import subprocess
+
+    import fuse
+    from support import FUSE
+
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.add("h2", fleet.agent("a2"))
+    fleet.client.vms.create(shape(name="orphan", host="h1", entry="sleep 600"))
+    fleet.client.vms.create(shape(name="other", host="h2", entry="sleep 600"))
+    # while the agent answers, force is refused and nothing changes
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.hosts.deregister("h1", force=True)
+    assert (info.value.status, info.value.code) == (409, "conflict")
+    assert "its agent answers" in info.value.message and "delete or drain its VMs" in info.value.message
+    assert {v["name"] for v in fleet.client.vms.list()} == {"orphan", "other"}
+    cursor = fleet.client.events.list(0)["next_cursor"]
+    a.stop()
+    wait_until(lambda: not fleet.client.hosts.get("h1").connected, what="h1 disconnected")
+    with pytest.raises(fuse.ApiError) as info:  # without force, as the seed says
+        fleet.client.hosts.deregister("h1")
+    assert (info.value.status, info.value.code, info.value.message) == (
+        409, "conflict", "host h1 still has vm orphan assigned")
+    r = subprocess.run(FUSE + ["controller", "hosts", "remove", "h1", "--force", "--json"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "FUSE_URL": fleet.ctl.url})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout) == {"id": "h1", "action": "remove", "ok": True}
+    assert [h.id for h in fleet.client.hosts.list()] == ["h2"]
+    assert [v["name"] for v in fleet.client.vms.list()] == ["other"]
+    events = fleet.client.events.list(cursor)["events"]
+    lost = [e for e in events if e["type"] == "vm_lost"]
+    assert [(e["vm"], e["host"], e["was"]) for e in lost] == [("orphan", "h1", "running")]
+    assert "removed with force" in lost[0]["reason"]
+    removed = [e for e in events if e["type"] == "host_removed"]
+    assert len(removed) == 1 and removed[0]["forgotten_vms"] == ["orphan"]
+    # the name is free again: a VM of that name can be created elsewhere
+    assert fleet.client.vms.create(shape(name="orphan", host="h2"))["host"] == "h2"
+
+
+def test_force_on_a_host_that_refuses_the_token_is_refused(fleet):
+    import fuse
+
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.client.vms.create(shape(name="v", entry="sleep 600"))
+    port = int(a.url.rsplit(":", 1)[1])
+    a.stop()
+    fleet.agent("a1", port=port, token="another-token")  # the same agent, its token rotated
+    wait_until(lambda: not fleet.client.hosts.get("h1").connected, what="h1 disconnected")
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.hosts.deregister("h1", force=True)
+    assert info.value.code == "conflict" and "refuses the controller's token" in info.value.message
+    assert [v["name"] for v in fleet.client.vms.list()] == ["v"]

@@ -271,9 +271,9 @@ def _action(verb: str, name: str):
     """The `hosts NAME HOST` command calling `client.hosts.<verb>`; --json prints
     the API's answer (drain's report), or `{"id", "action", "ok": true}` for the
     calls that answer nothing (204)."""
-    def run(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
+    def run(host_id: str, json_: bool = typer.Option(False, "--json"), force: bool = False) -> None:
         with api_errors(json_), client() as c:
-            report = getattr(c.hosts, verb)(host_id)
+            report = getattr(c.hosts, verb)(host_id, **({"force": True} if force else {}))
         if json_:
             emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})
         else:
@@ -293,8 +293,17 @@ def _action(verb: str, name: str):
     return run
 
 
-for _verb, _name in (("cordon", "cordon"), ("uncordon", "uncordon"), ("drain", "drain"), ("deregister", "remove")):
+for _verb, _name in (("cordon", "cordon"), ("uncordon", "uncordon"), ("drain", "drain")):
     hosts_app.command(_name)(_action(_verb, _name))
+
+
+@hosts_app.command("remove")
+def hosts_remove(host_id: str, json_: bool = typer.Option(False, "--json"),
+                 force: bool = typer.Option(False, "--force", help=(
+                     "The host's agent is gone for good: remove it with its VMs' records (each a vm_lost "
+                     "event); refused while the agent answers."))) -> None:
+    """Remove a host."""
+    _action("deregister", "remove")(host_id, json_=json_, force=force)
 
 
 @app.command()

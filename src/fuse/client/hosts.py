@@ -48,8 +48,10 @@ class HostsAPI:
         (finished: VMs that exited or failed, which need no move and go with the host)."""
         return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600))
 
-    def deregister(self, host_id: str) -> None:
+    def deregister(self, host_id: str, force: bool = False) -> None:
         """Remove the host; 409 conflict while a VM that has not finished (creating, running,
         sleeping, moving) is assigned to it or a create waits on it; exited and failed VMs go
-        with the host."""
-        return self._send(Call("DELETE", path("/v1/hosts", host_id), parse=none))
+        with the host. ``force=True`` is for a host whose agent is gone for good: its VMs'
+        records are dropped with it (``vm_lost`` events); 409 conflict while the agent answers."""
+        return self._send(Call("DELETE", path("/v1/hosts", host_id), params={"force": "true"} if force else None,
+                               parse=none))

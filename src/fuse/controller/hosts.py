@@ -495,13 +495,16 @@ class HostRegistry:
             raise NotFound(f"host {host_id} not found")
         self.store.add_event(f"host_{state}" if state != "active" else "host_uncordoned", {"id": host_id}, host=host_id)
 
-    def deregister(self, host_id: str) -> None:
+    def deregister(self, host_id: str, force: bool = False) -> None:
         """Remove the host: 409 while a VM that is not `FINISHED` is assigned to it (the
         message names one), while a create placed there waits on its answer, or while a
         move still needs it. Finished VMs go with it: their rows leave the store (so no
         name of theirs lingers on a host that is no more), their records stay on the agent.
         A machine still registered under another name keeps them, listed under that name
-        (the first, sorted), as its poller would list them after a restart."""
+        (the first, sorted), as its poller would list them after a restart.
+
+        ``force`` (the caller has found the agent gone): the VMs assigned go with it too,
+        each with a ``vm_lost`` event, unless another name of the machine keeps them."""
         from sqlalchemy import select, update
 
         from .store import hosts as hosts_t, vms as vms_t
@@ -510,30 +513,41 @@ class HostRegistry:
             row = self.store.get_host(host_id, conn)
             if row is None:
                 raise NotFound(f"host {host_id} not found")
-            if why := self._holds(conn, host_id):
+            if why := self._holds(conn, host_id, assigned=not force):
                 raise Conflict(f"host {host_id} {why}")
             if why := _move_holds(conn, host_id):
                 raise Conflict(f"host {host_id} {why}", code="move_in_progress")
-            finished = [v["name"] for v in self.store.vms_on(host_id, conn)]  # (all FINISHED: _holds)
+            on = self.store.vms_on(host_id, conn)
+            finished = [v["name"] for v in on if v["state"] in FINISHED]
+            assigned = [v for v in on if v["state"] not in FINISHED]  # (none unless force: _holds)
             agent = row.get("agent_id") or ""
             heir = conn.execute(select(hosts_t.c.id).where(hosts_t.c.agent_id == agent, hosts_t.c.id != host_id)
-                                .order_by(hosts_t.c.id).limit(1)).scalar() if agent and finished else None
+                                .order_by(hosts_t.c.id).limit(1)).scalar() if agent and on else None
             if heir is not None:
                 conn.execute(update(vms_t).where(vms_t.c.host == host_id).values(host=heir))
             else:
                 conn.execute(vms_t.delete().where(vms_t.c.host == host_id))
+                for v in assigned:
+                    self.store.add_event("vm_lost", {
+                        "vm": v["name"], "id": host_id, "was": v["state"],
+                        "reason": f"host {host_id} was removed with force while its agent did not answer: "
+                                  "the controller no longer tracks the VM (if that agent comes back, "
+                                  "the VM is its own)"}, host=host_id, conn=conn)
             self.store.delete_host(conn, host_id)
             data = {"id": host_id, **({"finished_vms": finished} if finished else {}),
-                    **({"finished_vms_kept_by": heir} if heir is not None else {})}
+                    **({"finished_vms_kept_by": heir} if heir is not None and finished else {}),
+                    **({"forgotten_vms": [v["name"] for v in assigned]} if assigned and heir is None else {}),
+                    **({"vms_kept_by": heir} if assigned and heir is not None else {})}
             self.store.add_event("host_removed", data, host=host_id, conn=conn)
 
-    def _holds(self, conn, host_id: str) -> str | None:
+    def _holds(self, conn, host_id: str, assigned: bool = True) -> str | None:
         """Why VMs tie ``host_id`` to its machine (one assigned that is not
         `FINISHED`, or a create waiting on the host's answer, which may yet land
-        one), or None: what refuses a deregister and a move to another url alike."""
-        assigned = [v for v in self.store.vms_on(host_id, conn) if v["state"] not in FINISHED]
-        if assigned:
-            return f"still has vm {assigned[0]['name']} assigned"
+        one), or None: what refuses a deregister and a move to another url alike.
+        (``assigned`` False: only the creates waiting count.)"""
+        unfinished = [v for v in self.store.vms_on(host_id, conn) if v["state"] not in FINISHED] if assigned else []
+        if unfinished:
+            return f"still has vm {unfinished[0]['name']} assigned"
         placing = self.placing(host_id).count
         if placing > 0:
             names = self.placing_names(host_id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import Conflict, HostUnreachable
 from ..paths import private_dir
 from ..transport import TlsSettings
 from .hosts import HostRegistry, machine_names
@@ -221,13 +221,30 @@ class Controller:
 
         return await self.hosts.register(req, backend_from_probe, then=poll)
 
-    async def deregister_host(self, host_id: str) -> None:
+    async def deregister_host(self, host_id: str, force: bool = False) -> None:
+        """Remove the host (``HostRegistry.deregister``). ``force``: a host whose agent is
+        gone for good, its VMs' records dropped with it (each a ``vm_lost`` event); refused
+        (409 conflict) while the agent answers, where they can be deleted or drained."""
+        answers = ""
         if self.fleet is not None and host_id in self.fleet.views:
             # its events up to now join the stream first: once it is removed nothing reads them
             # (best effort, bounded: a host that does not answer is removed all the same)
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self.fleet.refresh(host_id), LAST_READ_S)
-        self.hosts.deregister(host_id)
+                answers = "its agent answers"
+            except HostUnreachable as exc:
+                if exc.code == "unauthorized":
+                    answers = "its agent answers (it refuses the controller's token)"
+            except Exception:
+                pass
+            if force and not answers and self.fleet.views[host_id].connected:
+                answers = "its agent answered within the last seconds"
+        elif force and self.store.get_host(host_id) is not None:
+            answers = "its agent has not been polled yet"
+        if force and answers:
+            raise Conflict(f"host {host_id} cannot be removed with force: {answers}; force is for a host "
+                           "whose agent is gone for good: delete or drain its VMs instead")
+        self.hosts.deregister(host_id, force=force)
         if self.fleet is not None:
             await self.fleet.sync_hosts()
 

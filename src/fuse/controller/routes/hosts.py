@@ -168,8 +168,12 @@ async def host_action(request: Request, host_id: str,
                                         "one (or a wake) waiting on its answer, or one it did not answer, until it "
                                         "says whether the VM landed (10 minutes at most); "
                                         "move_in_progress: a move still needs it (a copy to wake, abort or "
-                                        "remove there)"),
+                                        "remove there); with force, conflict also while its agent answers"),
                summary="deregisterHost: remove a host with no VMs assigned.")
-async def deregister_host(request: Request, host_id: str) -> Response:
-    await _ctl(request).deregister_host(host_id)
+async def deregister_host(request: Request, host_id: str, force: bool = Query(False, description=(
+        "For a host whose agent is gone for good: remove it with the VMs still assigned to it, the "
+        "controller dropping their records (each a vm_lost event; the host_removed event lists them "
+        "as forgotten_vms). Refused (409 conflict) while the agent answers: delete or drain them "
+        "then. A create or move still waiting on the host refuses it as without force."))) -> Response:
+    await _ctl(request).deregister_host(host_id, force=force)
     return Response(status_code=204)
