@@ -100,3 +100,4 @@ def test_force_on_a_host_that_refuses_the_token_is_refused(fleet):
         fleet.client.hosts.deregister("h1", force=True)
     assert info.value.code == "conflict" and "refuses the controller's token" in info.value.message
     assert [v["name"] for v in fleet.client.vms.list()] == ["v"]
+

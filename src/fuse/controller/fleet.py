@@ -163,6 +163,19 @@ class Fleet:
             if c:
                 await c[2].close()
 
+    async def first_polls(self, ids: list[str], timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until each host of ``ids`` that has a poller has
+        been polled once (answered or not). Right after the controller starts none has, and
+        placement would read every host as disconnected: a create sent in its first second
+        was 409 fleet_full "host is disconnected" on a fleet that answers."""
+        deadline = time.monotonic() + timeout
+
+        def unread(h: str) -> bool:
+            task, view = self._tasks.get(h), self.views.get(h)
+            return task is not None and not task.done() and (view is None or (not view.seen_at and not view.error))
+        while any(unread(h) for h in ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async def refresh(self, host_id: str) -> None:
         """Poll a host now (after registration, or when a caller needs fresh
         figures)."""

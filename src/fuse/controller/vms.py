@@ -34,6 +34,7 @@ JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 # deregister, no new url) until the host says whether the VM is there: at most
 # this long, should the host never answer again.
 UNANSWERED_SECS = seconds("FUSE_CREATE_UNANSWERED_S", 600.0)
+FIRST_POLL_WAIT_S = 6.0  # a create waits at most this for hosts not yet polled once (a poll's timeout is 5 s)
 # The host says it has no such VM twice, this far apart: the create never
 # reached it, or will not land now (two reads, so a request still on its way
 # when the first was answered has had time to be admitted).
@@ -212,6 +213,9 @@ class VmService:
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
         self._check_naming(name, req.host)
+        if self.fleet is not None:  # (a controller just started: its hosts read once first)
+            await self.fleet.first_polls([req.host] if req.host else [r["id"] for r in self.store.list_hosts()],
+                                         FIRST_POLL_WAIT_S)
         if req.bundle:
             self._check_bundle(req.bundle, req.host, among, on)
         if not req.standby:  # (pinned: a standby VM on that host, as placement would put it there)
@@ -631,13 +635,20 @@ class VmService:
         Seed 004: a name used on the chosen host is vm_exists; that create's reservation
         is the name first, and room only after (a pinned host says vm_exists before any
         refusal for room, as it does for a VM it already has)."""
-        placing = [h for h, n in self._naming if n == name]
-        placing += [h for h, n, _ in self._unanswered.values() if n == name]
-        placing += [o[0] for o in others if o[1] == name]
-        mine = sorted(h for h in placing if host is None or h == host)
+        mine = self._creating(name, host, others)
         if mine:
             raise VmExists(f"a vm named {name} is already being created on host {mine[0]} (another create of "
                            "that name waits on the host's answer, or on the host saying whether it landed)")
+
+    def _creating(self, name: str, host: str | None = None,
+                  others: list[tuple[str, str, Resources, str]] | None = None) -> list[str]:
+        """The hosts (sorted) where a create of vm ``name`` is under way (waiting on the host's
+        answer) or unanswered (the host may yet make it): on ``host`` alone when given.
+        ``others``: the other replicas' (read here when None)."""
+        placing = [h for h, n in self._naming if n == name]
+        placing += [h for h, n, _ in self._unanswered.values() if n == name]
+        placing += [o[0] for o in (self._others() if others is None else others) if o[1] == name and o[3] == "create"]
+        return sorted({h for h in placing if host is None or h == host})
 
     def _summary(self, host: str) -> dict | None:
         """The summary the poller last read of ``host`` (each poll stores a new one)."""
@@ -669,6 +680,11 @@ class VmService:
         rows = self.store.vms_named(name)
         if host is not None:
             rows = [r for r in rows if r["host"] == host]
+        if not rows and (creating := self._creating(name, host)):
+            # not recorded yet, but a create of it may still land: not "not found", which a
+            # caller would take for gone (a teardown answered done, and the VM then ran on)
+            raise Conflict(f"vm {name} is being created on host {creating[0]} (the host has not answered its "
+                           "create yet): ask again once it has", details={"host": creating[0], "being_created": True})
         if not rows:
             unknown = host is not None and self.store.get_host(host) is None  # (a misspelt host, say so)
             raise NotFound(f"vm {name} not found" + (f" on host {host}" if host else "")

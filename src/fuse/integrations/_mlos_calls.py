@@ -44,6 +44,13 @@ _MOVE_ENDS = ("done", "failed")
 _PASSING_STATES = ("creating", "incoming")  # a VM leaves these by itself
 
 
+def controller_away(err: fuse.ApiError) -> bool:
+    """The controller gave no answer (not running, restarting, hung) or said its store is
+    away (503 db_unavailable): what comes back by itself, so an operation or a watch tries
+    again within pollTimeout instead of failing the trial."""
+    return err.code == "unreachable" or (err.status == 503 and err.code == "db_unavailable")
+
+
 def _reason(err: fuse.ApiError) -> str:
     """The controller's refusal in one line, with each host's reason when it gave them."""
     hosts = err.details.get("hosts")
@@ -61,6 +68,12 @@ class ControllerCalls:
                  request_timeout: float):
         self._client = client
         self._poll_interval, self._poll_timeout, self._request_timeout = poll_interval, poll_timeout, request_timeout
+        self.reached = False  # the controller has answered this service once: it exists at its url
+
+    def away(self, err: fuse.ApiError) -> bool:
+        """`controller_away`, once the controller has answered this service: a url where
+        none ever answered is a mistake to say at once, not a restart to wait out."""
+        return self.reached and controller_away(err)
 
     @property
     def client(self) -> fuse.Client:
@@ -80,8 +93,12 @@ class ControllerCalls:
                 raise OperationTimedOut(f"no time left for {call.method} {call.path} before pollTimeout")
             limit = call.timeout if call.timeout is not None else self._request_timeout
             try:
-                return self.client._send(replace(call, timeout=min(limit, left)))
+                answer = self.client._send(replace(call, timeout=min(limit, left)))
+                self.reached = True
+                return answer
             except fuse.ApiError as err:
+                if err.status:  # (an answer, though a refusal)
+                    self.reached = True
                 if left < limit and isinstance(err.__cause__, httpx.TimeoutException):
                     raise OperationTimedOut(f"the controller did not answer {call.method} {call.path} "
                                             f"within pollTimeout ({self._poll_timeout:g} s)") from err
@@ -90,12 +107,18 @@ class ControllerCalls:
         return VmsAPI(send), MovesAPI(send)
 
     def _find(self, name: str, host: str | None, until: float) -> dict | None:
-        """The VM `name` on `host` (None: wherever it is), None if there is none."""
+        """The VM `name` on `host` (None: wherever it is), None if there is none. A VM the
+        controller has not recorded yet while a create of it waits on its host (or went
+        unanswered: the host may still make it) is not none: it is `creating` there
+        (`being_created`), and waited for like one."""
         try:
             return self._reads(until)[0].get(name, host=host)
         except fuse.ApiError as err:
             if err.code == "not_found":
                 return None
+            if err.code == "conflict" and err.details.get("being_created"):
+                return {"name": name, "host": err.details.get("host") or host or "", "state": "creating",
+                        "being_created": True}
             raise
 
     def lookup(self, name: str, host: str | None, until: float) -> dict | None:
@@ -131,7 +154,9 @@ class ControllerCalls:
             vm = self.lookup(name, host, op.deadline)
             if vm is not None:
                 op.host = vm["host"]
-            if not moving and (vm is None or not passing or vm["state"] not in _PASSING_STATES):
+            # (a create still in flight is waited out even by a delete: there is nothing to delete yet)
+            if not moving and (vm is None or (not passing and not vm.get("being_created"))
+                               or vm["state"] not in _PASSING_STATES):
                 return vm
             op.pause(self._poll_interval)
             op.check(f"waiting for a move of vm {name} to end" if moving
@@ -141,15 +166,25 @@ class ControllerCalls:
                           act: Callable[[dict | None], dict], passing: bool = True) -> dict:
         """`act` on the settled VM; when the controller answers that a move
         holds it (409 move_in_progress: one started since the look), wait for
-        the move to end and act again on the VM as it is then."""
+        the move to end and act again on the VM as it is then. A controller
+        that does not answer (a restart) is asked again, from a fresh look at
+        the VM, until the deadline: every step converges from what it finds
+        (a create that landed is found, one still in flight is waited for)."""
         while True:
-            vm = self._settle(op, name, host, passing)
             try:
+                vm = self._settle(op, name, host, passing)
                 return act(vm)
             except fuse.ApiError as err:
-                if err.code != "move_in_progress":
+                if err.code == "move_in_progress":
+                    _LOG.info("fuse: vm %s is held by a move (%s); waiting for it to end", name, err.message)
+                elif self.away(err):
+                    _LOG.info("fuse: the controller did not answer (%s); asking again within pollTimeout",
+                              err.message)
+                    op.pause(max(self._poll_interval, 0.5))
+                    op.check(f"asking the controller again about vm {name}")
+                    continue
+                else:
                     raise
-                _LOG.info("fuse: vm %s is held by a move (%s); waiting for it to end", name, err.message)
             op.pause(self._poll_interval)
 
     # ---- operations (on the worker thread) -----------------------------------
@@ -226,7 +261,7 @@ class ControllerCalls:
             return f"bundle {bundle} is on no {'vmHost ' + spec.host if spec.host else 'active host'}"
 
         def slots_left(h) -> int:
-            own = vm["host"] == h.id
+            own = vm["host"] == h.id and vm["state"] == "running"  # (a sleeping VM holds no slot)
             return h.capacity.vm_count - h.allocated.vm_count + (1 if own else 0)
 
         cands = [h for h in cands if slots_left(h) > 0]

@@ -62,6 +62,11 @@ def _number(key: str, value: Any, what: str) -> float:
         raise ValueError(f"{key} must be {what}, not {value!r}") from None
 
 
+# The longest time a config may give: a wait past it is one the platform's clocks cannot time
+# (1e10 s overflowed every wait), and a year is longer than any trial waits in practice.
+MAX_SECONDS = 365 * 24 * 3600
+
+
 def _seconds(config: dict, key: str, default: float, *, zero: bool = False) -> float:
     """A time from the service config: finite and above 0 (at least 0 when
     `zero`). Refused when the service is built, not met as a wait that never
@@ -70,6 +75,8 @@ def _seconds(config: dict, key: str, default: float, *, zero: bool = False) -> f
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         raise ValueError(f"{key} must be a finite number of seconds {'of at least 0' if zero else 'above 0'}, "
                          f"not {config.get(key)!r}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{key} must be at most {MAX_SECONDS} seconds (a year), not {config.get(key)!r}")
     return value
 
 

@@ -275,6 +275,10 @@ class FuseVMService(Service):
                     vm = None if moving else self._calls.lookup(spec.name, spec.host, started + self._poll_timeout)
                 except OperationTimedOut as err:
                     _LOG.warning("fuse: provision of vm %s: %s", spec.name, err)
+                except fuse.ApiError as err:  # (away: the operation asks again within pollTimeout)
+                    if not self._calls.away(err):
+                        raise
+                    _LOG.info("fuse: provision of vm %s: the controller did not answer (%s)", spec.name, err.message)
                 else:
                     if vm is not None and vm["state"] == "running" and not spec.differs(vm):
                         _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
@@ -401,6 +405,12 @@ class FuseVMService(Service):
                 _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); %s", kind, name,
                              self._poll_timeout, f"the vm is {self._described(vm, spec)}" if looked else err)
                 return Status.TIMED_OUT, {}
+            except fuse.ApiError as err:
+                if not self._calls.away(err) or time.monotonic() >= deadline:
+                    raise
+                _LOG.info("fuse: the controller did not answer (%s); asking again within pollTimeout", err.message)
+                time.sleep(min(max(self._poll_interval, 0.5), max(0.0, deadline - time.monotonic())))
+                continue
             looked = True
             if vm is not None and vm.get("host"):
                 seen = vm["host"]

@@ -18,7 +18,9 @@ from ..vms import ControllerCreateVm
 router = APIRouter(tags=["vms"])
 
 NOT_FOUND = "not_found: no such VM (or no such VM on the host given)"
-AMBIGUOUS = "ambiguous_vm: the name is on several hosts (error.hosts lists them); pick one with host"
+AMBIGUOUS = ("ambiguous_vm: the name is on several hosts (error.hosts lists them); pick one with host; "
+             "conflict (error.being_created, error.host): no VM of the name is recorded yet, but a create of it "
+             "is under way or went unanswered there (the host may still make it): ask again once it has answered")
 UNREACHABLE = "host_unreachable: the VM's host does not answer"
 
 
