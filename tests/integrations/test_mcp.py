@@ -113,9 +113,10 @@ def test_register_a_host_create_a_vm_and_read_events_through_the_tool(fleet):
         for path in ("//example.com/v1/vms", "/v1/../../etc/passwd", "/v2/vms"):
             bad = await s.call_tool("fuse_controller", {"method": "GET", "path": path})
             assert bad.is_error and "/v1/" in bad.content[0].text, path
-        # dot segments resolve to the route they name; the OpenAPI document is a call too
-        dotted = await call("GET", "/v1/hosts/../vms")
-        assert dotted["status"] == 200 and "vms" in dotted["body"]
+        # dot segments are refused, not resolved (was: /v1/hosts/x/../victim removed host victim);
+        # the OpenAPI document is a call too
+        dotted = await s.call_tool("fuse_controller", {"method": "GET", "path": "/v1/hosts/../vms"})
+        assert dotted.is_error and "'.' or '..' segments" in dotted.content[0].text
         spec = await call("GET", "/openapi.json")
         assert spec["status"] == 200 and "/v1/moves" in spec["body"]["paths"]
 
@@ -328,3 +329,24 @@ def test_a_controller_that_hangs_is_a_tool_error_within_the_calls_time():
         anyio.run(ask)
     hung.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_a_path_is_sent_as_written_so_an_id_acts_on_its_own_host(fleet):
+    """(was: the tool rewrote the path: DELETE /v1/hosts/edge/ removed host edge, and
+    /v1/hosts/rack#2 removed rack, the '#2' cut off as a fragment)"""
+    a = fleet.agent
+
+    async def steps(s: ClientSession):
+        async def call(method, path, body=None):
+            return answer(await s.call_tool("fuse_controller", {"method": method, "path": path, "body": body}))
+
+        for host_id in ("edge", "edge/", "rack", "rack#2"):
+            r = await call("POST", "/v1/hosts", {"id": host_id, "url": a.url, "token": a.token, "backend": "qemu",
+                                                 "capacity": {"vm_count": 2}})
+            assert r["status"] == 201, r
+        assert (await call("DELETE", "/v1/hosts/edge/"))["status"] == 204
+        assert (await call("DELETE", "/v1/hosts/rack#2"))["status"] == 204
+        left = await call("GET", "/v1/hosts")
+        assert sorted(h["id"] for h in left["body"]["hosts"]) == ["edge", "rack"]
+
+    anyio.run(session_run, server_params(fleet.ctl.url), steps)

@@ -14,7 +14,6 @@ bearer token; `$FUSE_URL` / `$FUSE_TOKEN` when not given.
 
 from __future__ import annotations
 
-import posixpath
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
@@ -39,7 +38,7 @@ under a budget (the elastic pool), and keep VMs prewarmed."""
 
 DESCRIPTION = """\
 Call the fuse fleet controller's REST API and return {"status": <HTTP status>, "body": <JSON answer or null>}.
-method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/ (or /openapi.json), with any query string; body: JSON or omitted.
+method: GET, POST, PUT, PATCH or DELETE; path: relative, starting /v1/ (or /openapi.json), sent as written (no '.' or '..' segments; percent-encode ? in an id), with any query string; body: JSON or omitted.
 Errors are answers too: body is {"error": {"code", "message", ...}}; act on the code. A code's extras (hosts on
 fleet_full) are both beside code and under error.details.
 
@@ -160,14 +159,19 @@ class ControllerCaller:
 
 
 def controller_path(path: str) -> str:
-    """``path`` as the controller route it names: relative (an absolute URL, or ``//host``,
-    would let a prompt point the controller's token at another server), with its dot
-    segments resolved (httpx would resolve ``/v1/../x`` itself), under ``/v1/`` or its
-    OpenAPI document. ValueError otherwise."""
+    """``path`` as the controller route it names, sent as written: relative (an absolute
+    URL, or ``//host``, would let a prompt point the controller's token at another server),
+    under ``/v1/`` or its OpenAPI document. Nothing in it is rewritten: a trailing ``/`` and
+    a ``#`` are part of an id (``#`` goes as ``%23``, not cut off as a fragment), and a ``.``
+    or ``..`` segment, which HTTP clients resolve away (``/v1/hosts/x/../y`` would act on
+    host ``y``), is refused: a literal one is written ``%2E``. ValueError otherwise."""
+    path = path.replace("#", "%23")
     route, sep, query = path.partition("?")
     if not route.startswith("/") or route.startswith("//"):
         raise ValueError(f"path must be relative, starting /v1/ (e.g. /v1/vms), not {path!r}")
-    route = posixpath.normpath(route)
+    if any(seg in (".", "..") for seg in route.split("/")):
+        raise ValueError(f"path must name its route under /v1/ as written, without '.' or '..' segments "
+                         f"(they would be resolved away; percent-encode a literal one as %2E), not {path!r}")
     if not (route.startswith("/v1/") or route in TOP_LEVEL):
         raise ValueError(f"path must start with /v1/ (e.g. /v1/vms) or be {' or '.join(TOP_LEVEL)}, "
                          f"not {path!r}")
