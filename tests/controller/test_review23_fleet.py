@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -101,3 +102,41 @@ def test_force_on_a_host_that_refuses_the_token_is_refused(fleet):
     assert info.value.code == "conflict" and "refuses the controller's token" in info.value.message
     assert [v["name"] for v in fleet.client.vms.list()] == ["v"]
 
+
+
+@pytest.mark.parametrize("gone", ["target", "source"])
+def test_force_settles_a_move_whose_host_is_gone_for_good(fleet, gone):
+    """(was: the move waited on the dead host for good, the VM held by it, and the force
+    deregister refused with 409 move_in_progress: no way out)"""
+    import fuse
+
+    agents = {"a": fleet.agent("a1"), "b": fleet.agent("a2")}
+    fleet.add("a", agents["a"])
+    fleet.add("b", agents["b"])
+    fleet.restart(env={"FUSE_TEST_PAUSE_AT": "copied:120"})  # the move holds after its copy
+    fleet.client.vms.create(shape(name="v1", host="a", entry="sleep 600"))
+    move = fleet.client.moves.create("v1", to="b")
+    wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == "copying", what="copying")
+    time.sleep(1.0)  # (the copy is through: the move waits at the pause)
+    dead = "b" if gone == "target" else "a"
+    agents[dead].stop()
+    wait_until(lambda: not fleet.client.hosts.get(dead).connected, what=f"{dead} disconnected")
+    with pytest.raises(fuse.ApiError) as info:  # without force: the move needs it
+        fleet.client.hosts.deregister(dead)
+    assert info.value.code in ("conflict", "move_in_progress")
+    fleet.client.hosts.deregister(dead, force=True)
+    assert [h.id for h in fleet.client.hosts.list()] == (["a"] if gone == "target" else ["b"])
+    m = fleet.client.moves.get(move["id"])
+    assert m["state"] == "failed", m
+    if gone == "target":  # home: the source woke it
+        assert [(v["name"], v["host"], v["state"]) for v in fleet.client.vms.list()] == [("v1", "a", "running")]
+    else:  # its only copy went with the source: lost, and said so
+        assert fleet.client.vms.list() == []
+        lost = [e for e in fleet.client.events.list(0, limit=500)["events"] if e["type"] == "vm_lost"]
+        assert [(e["vm"], e["host"]) for e in lost] == [("v1", "a")]
+        wait_until(lambda: _incoming(agents["b"]) == [], what="the target's copy aborted")
+
+
+def _incoming(agent) -> list:
+    r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
+    return [v["name"] for v in r.json()["vms"]]

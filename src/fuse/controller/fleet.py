@@ -112,18 +112,9 @@ class Fleet:
                 "platform": s.get("platform", ""), "bundles": s.get("bundles", [])}
 
     async def first_poll(self, host_id: str, timeout: float = 6.0) -> None:
-        """Wait (at most ``timeout`` s: the poll's own request timeout is 5 s) until the
-        host's poller has answered once, when it has not yet: just after a controller
-        starts, every host is "not connected" until then, and a move asked in that
-        second would be refused for it."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = self.views.get(host_id)
-            if v is not None and (v.connected or v.failures or v.error):
-                return
-            if v is None and host_id in self._tasks and self._tasks[host_id].done():
-                return
-            await asyncio.sleep(0.05)
+        """``first_polls`` of one host: a move asked in the controller's first second
+        would be refused for a source "not connected"."""
+        await self.first_polls([host_id], timeout)
 
     # ---- lifecycle -----------------------------------------------------------
     async def start(self) -> None:

@@ -244,7 +244,13 @@ class Controller:
         if force and answers:
             raise Conflict(f"host {host_id} cannot be removed with force: {answers}; force is for a host "
                            "whose agent is gone for good: delete or drain its VMs instead")
-        self.hosts.deregister(host_id, force=force)
+        if force and self.store.get_host(host_id) is not None:
+            # the moves that need it are settled first, as if it held nothing (its copies
+            # went with it): a VM asleep on a live source for a move to it wakes there
+            async with self.moves.forgetting(host_id):
+                self.hosts.deregister(host_id, force=True)
+        else:
+            self.hosts.deregister(host_id, force=force)
         if self.fleet is not None:
             await self.fleet.sync_hosts()
 

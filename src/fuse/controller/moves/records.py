@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
+
+import httpx
 from typing import Any
 
 from sqlalchemy import select, update
@@ -87,6 +89,8 @@ class MoveRecords:
     """Reading, writing and reporting moves, and calling their hosts. The base of
     every part of `MoveService` (which sets ``ctl``, ``store`` and the task tables)."""
 
+    _gone: set[str] | frozenset[str] = frozenset()  # (MoveService's own set: MoveService.forgetting)
+
     @property
     def fleet(self):
         return self.ctl.fleet
@@ -155,6 +159,13 @@ class MoveRecords:
         return self._row(move_id)
 
     async def _host(self, host: str, method: str, path: str, ok=(200, 201, 204), **kw):
+        if host in self._gone:  # removed with force, its agent gone for good: it holds nothing
+            resp = httpx.Response(404, json={"error": {"code": "not_found", "message": (
+                f"host {host} was removed with force (its agent is gone): it holds nothing")}})
+            if 404 in ok:
+                return resp
+            from ..vms import host_error
+            raise host_error(resp, host)
         try:
             resp = await self.fleet.conn(host).request(method, path, **kw)
         except HostUnreachable as exc:

@@ -11,6 +11,7 @@ the persisted row, the task that drives it) and the service's lifecycle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from typing import Any
@@ -25,6 +26,8 @@ from .copying import MoveCopy
 from .drain import MoveDrains
 from .janitor import MoveJanitor
 from .records import ACTIVE, LEASE_S, STOP_SETTLE_S
+
+FORGET_SETTLE_S = 60.0  # a force deregister waits this long for the moves that need the host to settle
 from .rollback import MoveRollback
 from .steps import MoveSteps
 from .targets import MoveTargets, refuse
@@ -44,6 +47,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         self._janitor: asyncio.Task | None = None
         self._tidying: asyncio.Task | None = None
         self._stopping = False  # close() began: a move cut short settles now (`_run`)
+        self._gone: set[str] = set()  # hosts a force deregister declared gone: they hold nothing (`_host`)
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -147,6 +151,50 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         the drain of every host left draining (`drain`)."""
         self._janitor = asyncio.create_task(self._janitor_loop())
         self.resume_drains()
+
+    @contextlib.asynccontextmanager
+    async def forgetting(self, host_id: str, timeout: float = FORGET_SETTLE_S):
+        """For a force deregister of ``host_id``, whose agent is gone for good: the moves
+        that need it are settled as if it held nothing (each of its calls answers 404 from
+        here on): a move whose target is gone goes home (its source wakes the VM), one whose
+        source is gone ends `failed` unless its target already runs the VM (then `done`); a
+        failed move's clean-up there and a done move's source removal there are dropped.
+        The body (the deregister) runs once they are; a move another replica drives, or one
+        not settled within ``timeout`` (its other host does not answer), is left for the
+        deregister's own check to refuse (409 move_in_progress)."""
+        self._gone.add(host_id)
+        try:
+            with self.store.read() as c:
+                rows = [dict(r) for r in c.execute(select(moves_t).where(
+                    (moves_t.c.source == host_id) | (moves_t.c.target == host_id))).mappings()]
+            settling = []
+            for row in rows:
+                rec = row["record"] or {}
+                if row["state"] == "failed" and rec.get("cleanup_pending") and row["target"] == host_id:
+                    self._set(row["id"], cleanup_pending=False, target_clear=True,
+                              cleanup_reason=f"host {host_id} was removed with force: its copy went with it")
+                elif row["state"] == "done" and not rec.get("source_removed") and row["source"] == host_id:
+                    self._set(row["id"], source_removed=True)
+                elif row["state"] in ACTIVE:
+                    task = self._tasks.get(row["id"])
+                    if task is not None and not task.done():
+                        task.cancel()  # (its call to the gone host may wait for minutes)
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+                    elif self._claim(row["id"]) is None:
+                        continue  # another replica drives it
+                    moved = self._row(row["id"])
+                    if moved["state"] in ACTIVE:
+                        self._set(row["id"], reason=(moved["record"] or {}).get("reason") or
+                                  f"host {host_id} was removed with force during {moved['state']}")
+                        task = asyncio.create_task(self._recover(self._row(row["id"])))
+                        self._tasks[row["id"]] = task
+                        settling.append(task)
+            if settling:
+                await asyncio.wait(settling, timeout=timeout)
+            yield
+        finally:
+            self._gone.discard(host_id)
 
     async def close(self) -> None:
         """Stop: the drains and the janitor at once; each move this controller drives is
