@@ -140,3 +140,45 @@ def test_force_settles_a_move_whose_host_is_gone_for_good(fleet, gone):
 def _incoming(agent) -> list:
     r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
     return [v["name"] for v in r.json()["vms"]]
+
+
+def test_an_unanswered_creates_name_stays_held_across_a_controller_restart(fleet):
+    """(was: held in the controller's memory only: after a restart the name was placed again
+    on another host, and the VM ran on both once the first host came back)"""
+    import os
+    import signal
+
+    import fuse
+
+    a1 = fleet.agent("a1")
+    fleet.add("h1", a1)
+    fleet.add("h2", fleet.agent("a2"))
+    os.kill(a1.popen.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(fuse.ApiError) as info:
+            fleet.client.vms.create(shape(name="k", host="h1", entry="sleep 600"))
+        assert (info.value.status, info.value.code) == (502, "host_unreachable")
+        fleet.restart()
+        with pytest.raises(fuse.ApiError) as info:
+            fleet.client.vms.create(shape(name="k", entry="sleep 600"))
+        assert info.value.code == "vm_exists" and "being created on host h1" in info.value.message
+        with pytest.raises(fuse.ApiError) as info:
+            fleet.client.vms.get("k")
+        assert (info.value.status, info.value.code, info.value.details.get("host")) == (409, "conflict", "h1")
+        assert info.value.details.get("being_created") is True
+    finally:
+        os.kill(a1.popen.pid, signal.SIGCONT)
+    # the host, back, says it has no such VM (the create it was sent never ran): the name is free
+    wait_until(lambda: not _being_created(fleet.client, "k"), timeout=60, what="the host's word on vm k")
+    assert fleet.client.vms.create(shape(name="k"))["name"] == "k"
+    assert [v["name"] for v in fleet.client.vms.list()] == ["k"]
+
+
+def _being_created(client, name: str) -> bool:
+    import fuse
+
+    try:
+        client.vms.get(name)
+    except fuse.ApiError as err:
+        return bool(err.details.get("being_created"))
+    return False

@@ -91,6 +91,7 @@ class Controller:
         from .fleet import Fleet
         self.fleet = Fleet(self)
         await self.fleet.start()
+        self.vms.resume_unanswered()
         await self.moves.resume()
         await self.pool.start()
 
@@ -247,6 +248,7 @@ class Controller:
         if force and self.store.get_host(host_id) is not None:
             # the moves that need it are settled first, as if it held nothing (its copies
             # went with it): a VM asleep on a live source for a move to it wakes there
+            self.vms.forget_unanswered(host_id)  # (creates it never answered: they cannot land now)
             async with self.moves.forgetting(host_id):
                 self.hosts.deregister(host_id, force=True)
         else:

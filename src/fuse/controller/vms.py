@@ -34,6 +34,7 @@ JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 # deregister, no new url) until the host says whether the VM is there: at most
 # this long, should the host never answer again.
 UNANSWERED_SECS = seconds("FUSE_CREATE_UNANSWERED_S", 600.0)
+UNANSWERED_POLL_LATE_S = 10.0  # past UNANSWERED_SECS, an unanswered create's host is asked this often
 FIRST_POLL_WAIT_S = 6.0  # a create waits at most this for hosts not yet polled once (a poll's timeout is 5 s)
 # The host says it has no such VM twice, this far apart: the create never
 # reached it, or will not land now (two reads, so a request still on its way
@@ -103,6 +104,7 @@ class VmService:
         # creates a host did not answer, until it says whether the VM landed: ticket ->
         # (host, vm name, shape); each with the task that asks the host (_settle_unanswered)
         self._unanswered: dict[object, tuple[str, str, Resources]] = {}
+        self._unanswered_since: dict[object, float] = {}  # ticket -> when (unix s) the create went unanswered
         self._settling: set[asyncio.Task] = set()
         self._tickets: dict[object, str | None] = {}  # an unanswered create's placing row
         # Replicas sharing a PostgreSQL store each count what the others are placing: a
@@ -458,22 +460,37 @@ class VmService:
         creates it did not answer whose VM it has not yet said it has or lacks. The
         registry keeps the host (no deregister, no new url) while this counts any."""
         out = self.pending_on(host)
-        for h, _, ask in [*self._unanswered.values(), *(o[:3] for o in self._others())]:
+        for h, _, ask in [*self._holding(), *(o[:3] for o in self._others())]:
             if h == host:
                 out = out + ask
         return out
+
+    def _holding(self) -> list[tuple[str, str, Resources]]:
+        """The unanswered creates that still hold their host (room, deregister): for
+        UNANSWERED_SECS. Their VM's name stays held until the host says (``_creating``)."""
+        young = time.time() - UNANSWERED_SECS
+        return [u for t, u in self._unanswered.items() if self._unanswered_since.get(t, 0) > young]
 
     def placing_names(self, host: str) -> list[str]:
         """The names of the VMs ``placing_on`` counts: creates under way on ``host`` and
         creates it did not answer (a wake's VM is in the store, assigned there already)."""
         names = {n for h, n in self._naming if h == host}
-        names |= {n for h, n, _ in self._unanswered.values() if h == host}
+        names |= {n for h, n, _ in self._holding() if h == host}
         names |= {n for h, n, _, kind in self._others() if h == host and kind == "create"}
         return sorted(names)
 
-    def _unanswered_create(self, host: str, name: str, ask: Resources) -> None:
+    def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None) -> None:
+        """Hold the create ``host`` did not answer until the host says whether the VM landed:
+        recorded in the store (``since`` given: read back from it at a start), so the
+        name stays held across a restart and for every replica."""
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
+        self._unanswered_since[ticket] = since or time.time()
+        if since is None:
+            try:
+                self.store.add_unanswered(host, name, ask.vcpus, ask.mem_mib, self._unanswered_since[ticket])
+            except Exception as exc:  # (held in memory all the same)
+                log.warning("vm %s: could not record its unanswered create on %s: %s", name, host, exc)
         task = asyncio.get_running_loop().create_task(self._settle_unanswered(ticket))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
@@ -492,14 +509,24 @@ class VmService:
         ABSENT_CONFIRM_SECS apart. Then, or after UNANSWERED_SECS without a word, or
         once the host is deregistered (by another replica), the host is let go."""
         host, name, ask = self._unanswered[ticket]
-        deadline, absent_at = time.monotonic() + UNANSWERED_SECS, None
+        absent_at, warned = None, False
 
         def placed(vm: dict) -> None:  # (the stream says where it went, as for a create answered)
-            self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
-                                            "bundle": vm.get("bundle") or "linux", "unanswered": True}, host=host)
+            if self.store.drop_unanswered(host, name) or not recorded:  # (one replica says it)
+                self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
+                                                "bundle": vm.get("bundle") or "linux", "unanswered": True}, host=host)
+        recorded = self.store.has_unanswered(host, name)
         try:
-            while time.monotonic() < deadline:
-                await asyncio.sleep(1)  # (first: it has just not answered)
+            while True:
+                old = time.time() - self._unanswered_since[ticket] >= UNANSWERED_SECS
+                if old and not warned:
+                    warned = True
+                    log.warning("vm %s: %s did not say in %.0f s whether its unanswered create landed; the "
+                                "host is no longer held for it, its name is until it says", name, host,
+                                UNANSWERED_SECS)
+                await asyncio.sleep(UNANSWERED_POLL_LATE_S if old else 1)  # (first: it has just not answered)
+                if recorded and not self.store.has_unanswered(host, name):
+                    return  # settled by another replica, or its host removed
                 if row := next((r for r in self.store.vms_named(name) if r["host"] == host), None):
                     placed(row.get("record") or {})  # recorded meanwhile (the host's poller read its VM list)
                     return
@@ -515,13 +542,12 @@ class VmService:
                 if resp is not None and resp.status_code == 404 and agent_not_found(resp):  # the agent's word
                     absent_at = absent_at or time.monotonic()
                     if time.monotonic() - absent_at >= ABSENT_CONFIRM_SECS:
+                        self.store.drop_unanswered(host, name)
                         return
                 else:  # unreachable or an odd answer: absence counts only from answers in a row
                     absent_at = None
-            log.warning("vm %s: %s did not say in %.0f s whether its unanswered create landed; the host "
-                        "is no longer held for it", name, host, UNANSWERED_SECS)
         except NotFound:
-            pass  # the host was deregistered: nothing left to hold
+            self.store.drop_unanswered(host, name)  # the host was deregistered: nothing left to hold
         except asyncio.CancelledError:
             # (this replica stops: the host may still make the VM, so the others go on counting
             # it until its row expires, rather than from now)
@@ -529,7 +555,29 @@ class VmService:
             raise
         finally:
             self._unanswered.pop(ticket, None)
+            self._unanswered_since.pop(ticket, None)
             self._unhold(self._tickets.pop(ticket, None))
+
+    def resume_unanswered(self) -> None:
+        """At the controller's start: go on holding, and asking about, the creates a host
+        did not answer that the store still records (a restart forgot them: the name was
+        placed again elsewhere, and the VM ran twice once the host came back)."""
+        mine = {(h, n) for h, n, _ in self._unanswered.values()}
+        for u in self.store.unanswered():
+            if (u["host"], u["name"]) not in mine:
+                self._unanswered_create(u["host"], u["name"], Resources.vm(u["vcpus"], u["mem_mib"]),
+                                        since=u["since"])
+
+    def forget_unanswered(self, host: str) -> None:
+        """A force deregister of ``host`` (its agent gone for good): its unanswered creates
+        will never land; their names are free."""
+        for ticket, (h, n, _) in list(self._unanswered.items()):
+            if h == host:
+                self.store.drop_unanswered(h, n)
+                self._unanswered.pop(ticket, None)
+        for u in self.store.unanswered():
+            if u["host"] == host:
+                self.store.drop_unanswered(host, u["name"])
 
     async def close(self) -> None:
         for t in list(self._settling) + ([self._renewer] if self._renewer else []):
@@ -628,7 +676,7 @@ class VmService:
             self._naming.pop((host, name), None)
 
     def _check_naming(self, name: str, host: str | None = None,
-                      others: list[tuple[str, str, Resources, str]] = ()) -> None:
+                      others: list[tuple[str, str, Resources, str]] | None = None) -> None:
         """409 vm_exists when another create is placing vm ``name`` on ``host`` (pinned) or,
         for a create placement chooses the host of (``host`` None), anywhere: reserved and
         waiting on the host's answer, or sent and not answered (the host may yet make it).
@@ -648,6 +696,8 @@ class VmService:
         placing = [h for h, n in self._naming if n == name]
         placing += [h for h, n, _ in self._unanswered.values() if n == name]
         placing += [o[0] for o in (self._others() if others is None else others) if o[1] == name and o[3] == "create"]
+        if others is None:  # (and those the store records: another replica's, an earlier run's)
+            placing += [u["host"] for u in self.store.unanswered() if u["name"] == name]
         return sorted({h for h in placing if host is None or h == host})
 
     def _summary(self, host: str) -> dict | None:

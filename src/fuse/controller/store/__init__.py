@@ -22,6 +22,7 @@ from ...paths import private_file
 
 metadata = MetaData()
 WRITE_LOCK_KEY = 0x66757365  # "fuse": the PostgreSQL advisory lock of write transactions
+UNANSWERED = "unanswered:"  # the settings keys of creates a host did not answer (Store.add_unanswered)
 
 hosts = Table(
     "hosts", metadata,
@@ -277,6 +278,39 @@ class Store:
         conn.execute(delete(hosts).where(hosts.c.id == host_id))
         conn.execute(delete(host_cursors).where(host_cursors.c.host == host_id))
         conn.execute(delete(settings).where(settings.c.key == "link:" + hashlib.sha1(host_id.encode()).hexdigest()))
+        for u in self.unanswered(conn):  # (nothing can land on a host that is no more)
+            if u["host"] == host_id:
+                self.drop_unanswered(host_id, u["name"], conn)
+
+    # ---- creates a host did not answer --------------------------------------
+    # (kept here, not only in the controller's memory: a restart, and every replica, must
+    # still hold the VM's name until the host says whether it landed, or the name is
+    # placed again elsewhere and the VM runs twice once the host comes back)
+    @staticmethod
+    def _unanswered_key(host: str, name: str) -> str:
+        return UNANSWERED + hashlib.sha1(f"{host}\0{name}".encode()).hexdigest()
+
+    def add_unanswered(self, host: str, name: str, vcpus: int, mem_mib: int, since: float) -> None:
+        self.put_setting(self._unanswered_key(host, name),
+                         {"host": host, "name": name, "vcpus": vcpus, "mem_mib": mem_mib, "since": since})
+
+    def unanswered(self, conn: Connection | None = None) -> list[dict]:
+        """Every create a host did not answer whose VM it has not said it has or lacks."""
+        q = select(settings.c.value).where(settings.c.key.like(UNANSWERED + "%"))
+        if conn is not None:
+            return [dict(v) for v in conn.execute(q).scalars()]
+        with self.read() as c:
+            return [dict(v) for v in c.execute(q).scalars()]
+
+    def has_unanswered(self, host: str, name: str) -> bool:
+        return self.get_setting(self._unanswered_key(host, name)) is not None
+
+    def drop_unanswered(self, host: str, name: str, conn: Connection | None = None) -> bool:
+        """Remove it; whether it was there (one remover wins: it alone reports the VM)."""
+        if conn is None:
+            with self.tx() as c:
+                return self.drop_unanswered(host, name, c)
+        return conn.execute(delete(settings).where(settings.c.key == self._unanswered_key(host, name))).rowcount > 0
 
     # ---- vms ---------------------------------------------------------------
     def vms_on(self, host_id: str, conn: Connection | None = None) -> list[dict]:
