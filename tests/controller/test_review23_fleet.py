@@ -182,3 +182,17 @@ def _being_created(client, name: str) -> bool:
     except fuse.ApiError as err:
         return bool(err.details.get("being_created"))
     return False
+
+
+def test_an_entry_past_the_limit_is_refused_by_the_controller_before_any_host(fleet):
+    """(was: placed, and a 50 MB entry sent on to the host, whose admission refused it)"""
+    import fuse
+
+    fleet.add("h1", fleet.agent("a1"))
+    cursor = fleet.client.events.list(0)["next_cursor"]
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.vms.create(shape(name="big", entry="x" * 1301))
+    assert (info.value.status, info.value.code, info.value.message) == (
+        400, "invalid_argument", "entry is longer than 1300 bytes")
+    assert [e["type"] for e in fleet.client.events.list(cursor)["events"]] == []
+    assert fleet.client.vms.create(shape(name="ok", entry="x" * 1300))["name"] == "ok"

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from ..envsettings import seconds
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
-from ..models.vm import CreateVmRequest
+from ..models.vm import MAX_ENTRY_BYTES, CreateVmRequest
 from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
@@ -193,6 +193,8 @@ class VmService:
         except ValidationError as exc:
             first = exc.errors()[0]
             raise InvalidArgument(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        if req.entry is not None and len(req.entry.encode()) > MAX_ENTRY_BYTES:  # (the host's own rule, said
+            raise InvalidArgument(f"entry is longer than {MAX_ENTRY_BYTES} bytes")  # before any host is asked)
         if req.on == "":  # (as host "" is: a value that names nothing is no default)
             raise InvalidArgument("on must name where the VM may go: auto, local, a linked cloud's name or "
                                   "host:NAME (leave it out for auto)")
