@@ -126,14 +126,16 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
     listed = (await dst.client.get("/v1/host/incoming")).json()["incoming"]
     assert [(i["move_id"], i["state"], i["received_bytes"]) for i in listed] == [("mv1", "receiving", 0)]
 
-    size = vm["files"][0]["size"]
-    # Copy the chunks in reverse order: offsets, not arrival order, place them.
-    for offset in reversed(range(0, size, CHUNK)):
-        data = (await src.client.get("/v1/host/vms/counter/files/state.bin",
-                                     params={"offset": offset, "length": CHUNK})).content
-        r = await dst.client.put("/v1/host/incoming/mv1/files/state.bin", params={"offset": offset},
-                                 content=data)
-        assert r.status_code == 200, r.text
+    # every file it declared: its state and, for a move, its serial log so far
+    assert [f["name"] for f in vm["files"]] == ["state.bin", "console.log"]
+    for f in vm["files"]:
+        # Copy the chunks in reverse order: offsets, not arrival order, place them.
+        for offset in reversed(range(0, f["size"], CHUNK)):
+            data = (await src.client.get(f"/v1/host/vms/counter/files/{f['name']}",
+                                         params={"offset": offset, "length": CHUNK})).content
+            r = await dst.client.put(f"/v1/host/incoming/mv1/files/{f['name']}", params={"offset": offset},
+                                     content=data)
+            assert r.status_code == 200, r.text
     installed = (await dst.client.post("/v1/host/incoming/mv1/install")).json()
     assert installed["state"] == "sleeping" and installed["move_id"] == "mv1" and installed["reserved"]
     assert installed["move_role"] == "target"
@@ -144,10 +146,11 @@ async def test_a_vm_moves_to_another_host_and_keeps_counting(make_host):
     assert woke["state"] == "running" and woke["move_id"] is None
     assert (await src.client.delete("/v1/host/vms/counter", params={"move_id": "mv1"})).status_code == 204
     assert src.vms.summary()["free_mem_mib"] == 4096 - 256
-    # The console moved with nothing: the destination log starts after the move.
-    await dst.wait_console("counter", lambda t: len(counted(t)) >= 3)
+    # The console moved with it (was: the destination log started after the move): the whole
+    # count, on from where it slept
+    await dst.wait_console("counter", lambda t: len(counted(t)) >= before + 3)
     numbers = counted(await dst.console("counter"))
-    assert numbers[0] == before and numbers == list(range(before, before + len(numbers)))
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) and len(numbers) >= before + 3
 
 
 async def test_incoming_checks_hashes_and_abort_frees_everything(make_host):

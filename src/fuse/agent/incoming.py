@@ -32,6 +32,7 @@ from ..errors import Conflict, InvalidArgument, NotFound, VmExists
 from ..models.vm import IncomingRequest, StateFile, Vm
 from ..paths import private_dir, private_opener
 from . import bundle as bundles
+from .backends.base import CONSOLE, MOVED_CONSOLE
 
 if TYPE_CHECKING:
     from .vms import VmManager
@@ -249,7 +250,7 @@ class IncomingMoves:
                 raise Conflict(f"move {move_id} was written to while its files were checked; install again",
                                code="writes_in_flight")
             before = vm.files, vm.reserved, vm.move_role
-            vm.files = [StateFile(**f) for f in entry["files"]]
+            vm.files = [StateFile(**f) for f in entry["files"] if f["name"] != MOVED_CONSOLE]
             vm.reserved, vm.move_role = True, "target"
             try:
                 mgr.transition(vm, "sleeping", f"installed by move {move_id}")
@@ -257,6 +258,10 @@ class IncomingMoves:
                 from .vms import unrecorded  # (vms imports this module)
                 vm.files, vm.reserved, vm.move_role = before
                 raise unrecorded(vm.name, exc) from exc
+            log = self._path_of(entry, MOVED_CONSOLE)
+            if any(f["name"] == MOVED_CONSOLE for f in entry["files"]) and log.exists():
+                # the VM's serial log so far: its console here carries on from it (QEMU appends)
+                os.replace(log, mgr.vm_dir(vm.name) / CONSOLE)
             self._forget(move_id)
         return vm
 

@@ -35,7 +35,7 @@ from ..paths import private_dir, private_opener
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
-from .backends.base import (STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
+from .backends.base import (MOVED_CONSOLE, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
                             kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves
@@ -392,6 +392,8 @@ class VmManager:
                 if move_id != vm.move_id:
                     # It held no room asleep and a failed move leaves it asleep
                     # here, so marking reserves nothing.
+                    moved = await asyncio.to_thread(_console_for_move, _bare_spec(self, vm))
+                    vm.files = [f for f in vm.files if f.name != MOVED_CONSOLE] + moved
                     vm.move_id, vm.move_role = move_id, "source"
                     self.save(vm)
                     self.events.emit("vm_marked", vm=name, move_id=move_id)
@@ -422,6 +424,8 @@ class VmManager:
             self.metering.stop(name)
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
             self.metering.state_written(name, sum(f.size for f in vm.files), created_at=_created(vm))
+            if move_id:  # its serial log goes with it: the target's carries on from it
+                vm.files += await asyncio.to_thread(_console_for_move, spec)
             vm.move_id, vm.pid = move_id, None
             vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
@@ -775,6 +779,18 @@ def _created(vm: Vm) -> str:
 
 def _holds_memory(vm: Vm) -> bool:
     return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and (vm.reserved or vm.return_room))
+
+
+def _console_for_move(spec: BootSpec) -> list[StateFile]:
+    """A copy of the VM's serial log beside its state files, for a move to take along (a
+    moved VM's console showed only what it printed on its new host), described as they
+    are; none when it has no log."""
+    copy = spec.state_dir / MOVED_CONSOLE
+    try:
+        shutil.copyfile(spec.console, copy)
+    except FileNotFoundError:
+        return []
+    return [_describe(copy)]
 
 
 def _check_entry(entry: str) -> None:

@@ -30,6 +30,7 @@ from ..bundle import BOOT_FILES
 
 CONSOLE = "console.log"
 STATE_DIR = "state"
+MOVED_CONSOLE = "console.log"  # in STATE_DIR: a moving VM's serial log so far, copied with its state
 # The platform of a VM booted standby: its guest waits for the entry on a
 # serial line. It is part of the platform because a woken (or moved) VM
 # must get the command line it booted with, claimed or not.
