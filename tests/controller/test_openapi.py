@@ -179,3 +179,19 @@ def test_a_405_names_every_method_the_path_takes(tmp_path, method, path, allow):
 def test_a_401_names_the_bearer_scheme(tmp_path):
     r = TestClient(create_app(Controller(tmp_path, token="t0ken"))).get("/v1/hosts")
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_pool_bodies_list_seed_001s_camel_case_names_too(served):
+    """(was: the request schemas named only the snake_case fields and allowed no other, so a
+    generated client or validating gateway refused the camelCase ones the controller takes)"""
+    schemas = served["components"]["schemas"]
+    request = schemas["ElasticPlanRequest"]["properties"]
+    assert {"memoryMb", "memory_mb", "maxUsdPerHour", "max_usd_per_hour", "instanceType"} <= set(request)
+    assert request["memoryMb"]["description"].startswith("memory_mb, as seed 001 spells it")
+    assert "newHosts" not in schemas["ElasticPlan"]["properties"]  # answers are snake_case only
+
+
+def test_the_document_is_valid_openapi(served):
+    from openapi_spec_validator import validate
+
+    validate(served)  # raises on any error

@@ -42,6 +42,22 @@ def _either(name: str) -> AliasChoices:
 class _Record(BaseModel):
     model_config = ConfigDict(populate_by_name=True, alias_generator=AliasGenerator(validation_alias=_either))
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        """As input (a request body), each field under its camelCase name too, as it is
+        accepted: a schema with only the snake_case names (and no other property
+        allowed) had a generated client or a validating gateway refuse ``memoryMb``."""
+        schema = handler(core_schema)
+        if handler.mode == "validation":
+            target = handler.resolve_ref_schema(schema)
+            props = target.get("properties", {})
+            for name in list(props):
+                camel = to_camel(name)
+                if camel != name and camel not in props:
+                    props[camel] = {k: v for k, v in props[name].items() if k != "title"} | {
+                        "description": f"{name}, as seed 001 spells it (give one of the two, not both)"}
+        return schema
+
 
 SeedRecord = _Record  # for request bodies of the pool's API beyond the seed's records (both spellings)
 
