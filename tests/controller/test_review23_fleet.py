@@ -196,3 +196,21 @@ def test_an_entry_past_the_limit_is_refused_by_the_controller_before_any_host(fl
         400, "invalid_argument", "entry is longer than 1300 bytes")
     assert [e["type"] for e in fleet.client.events.list(cursor)["events"]] == []
     assert fleet.client.vms.create(shape(name="ok", entry="x" * 1300))["name"] == "ok"
+
+
+def test_a_move_to_an_agent_just_back_is_not_refused_on_a_stale_view(fleet):
+    """(was: 409 host_unreachable "target host b is not connected" though its agent answered,
+    until its poller, backing off, tried it again)"""
+    fleet.add("a", fleet.agent("a1"))
+    b = fleet.agent("a2")
+    port = int(b.url.rsplit(":", 1)[1])
+    fleet.add("b", b)
+    fleet.client.vms.create(shape(name="v", host="a", entry="sleep 600"))
+    b.stop()
+    wait_until(lambda: not fleet.client.hosts.get("b").connected, what="b disconnected")
+    time.sleep(8)  # (the poller backs off: 1, 2, 4 s...)
+    fleet.agent("a2", port=port)
+    m = fleet.client.moves.create("v", to="b")
+    done = wait_until(lambda: (x := fleet.client.moves.get(m["id"]))["state"] in ("done", "failed") and x,
+                      timeout=60, what="the move")
+    assert done["state"] == "done", done

@@ -111,11 +111,6 @@ class Fleet:
                 "free_mem_mib": int(s.get("free_mem_mib", 0)), "memory_pressure": bool(s.get("memory_pressure")),
                 "platform": s.get("platform", ""), "bundles": s.get("bundles", [])}
 
-    async def first_poll(self, host_id: str, timeout: float = 6.0) -> None:
-        """``first_polls`` of one host: a move asked in the controller's first second
-        would be refused for a source "not connected"."""
-        await self.first_polls([host_id], timeout)
-
     # ---- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
         self._sync = asyncio.create_task(self._sync_loop())

@@ -71,7 +71,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             if self.active_for(name, source) is not None:
                 raise refuse("move_in_progress", f"vm {name} is already moving")
             self._not_acted_on(name, source)
-            await self.fleet.first_poll(source)
+            await self.fleet.first_polls([source], 6.0)
             src_view = self.fleet.views.get(source)
             if src_view is None or not src_view.connected:
                 raise refuse("host_unreachable", f"source host {source} is not connected")
@@ -93,8 +93,12 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 raise refuse("unknown_host", f"host {to} is not registered")
             # just after a start the pollers have not answered yet: the target's (or, for
             # best fit, every host's) first poll decides whether it is connected
-            await asyncio.gather(*(self.fleet.first_poll(h) for h in ([to] if to is not None
-                                                                         else [r["id"] for r in self.store.list_hosts()])))
+            await self.fleet.first_polls([to] if to is not None else [r["id"] for r in self.store.list_hosts()], 6.0)
+            if to is not None and not getattr(self.fleet.views.get(to), "connected", False):
+                # a named target its poller saw fail may be back already (an agent restarted: the
+                # poller backs off up to 30 s): asked once now rather than refused on a stale view
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.fleet.refresh(to), 5.0)
             # Before anything touches the VM: a copy of it an earlier failed move left on a
             # host (cleanup pending) would fail this move's arrival there after the sleep.
             leftovers = await self._clear_leftovers(name, source, to)
