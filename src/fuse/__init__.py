@@ -8,7 +8,13 @@
 """
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING
+
+# asyncssh (the SSH transport) still names DSA keys, which cryptography 51 deprecates with a
+# warning at import: five lines on stderr before every CLI command's one-line answer. fuse
+# never uses DSA; the warning is not ours to show.
+warnings.filterwarnings("ignore", message=r"DSA is deprecated", module=r"asyncssh(\.|$)")
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they load on first use
     from .client import ApiError, AsyncClient, Client, is_conflict, is_invalid_argument, is_not_found
