@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 DEFAULT_TIMEOUT = 60.0
+INVALID_ANSWER = "invalid_answer"  # the code of an ApiError for an answer that is not the API's (no error body, not JSON)
 UNREACHABLE = "unreachable"  # the code of an ApiError for a request that got no answer (status 0)
 
 
@@ -86,7 +87,13 @@ def finish(call: Call, resp: httpx.Response) -> Any:
     if call.not_found is not NO_VALUE and resp.status_code == 404:
         return call.not_found
     check(resp)
-    return call.parse(resp)
+    try:
+        return call.parse(resp)
+    except ValueError as exc:  # (not JSON, or not the record it should be: pydantic's errors are ValueErrors)
+        raise ApiError(resp.status_code, INVALID_ANSWER,
+                       f"{call.method} {call.path} was answered {resp.status_code} with a body that is not the "
+                       f"API's ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): "
+                       "is the url a fuse controller?") from exc
 
 
 def path(base: str, *parts: str) -> str:
@@ -129,7 +136,11 @@ def check(resp: httpx.Response) -> None:
         if isinstance(err.get("details"), dict):
             details.update(err["details"])
     except Exception:
-        message = resp.text[:500] or message
+        pass
+    if not code:  # not the API's error body (a proxy's page, say): said so, with what came
+        code = INVALID_ANSWER
+        message = (f"answered {resp.status_code} {resp.reason_phrase} without the API's error body "
+                   f"(is the url a fuse controller?): {' '.join(resp.text.split())[:300]}")
     raise ApiError(resp.status_code, code, message, details)
 
 
