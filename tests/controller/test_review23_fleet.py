@@ -214,3 +214,34 @@ def test_a_move_to_an_agent_just_back_is_not_refused_on_a_stale_view(fleet):
     done = wait_until(lambda: (x := fleet.client.moves.get(m["id"]))["state"] in ("done", "failed") and x,
                       timeout=60, what="the move")
     assert done["state"] == "done", done
+
+
+def test_a_vm_moved_back_through_a_second_name_keeps_its_past_events_tags(fleet):
+    """(was: its events from its first stay on the machine, under the first name, handed out
+    already, were retagged with the second name, and that stay's usage moved with them)"""
+    import fuse
+
+    a = fleet.agent("a1")
+    fleet.add("ha", a)
+    fleet.add("hb", fleet.agent("a2"))
+    fleet.client.vms.create(shape(name="v", host="ha", entry="sleep 600"))
+
+    def tags():
+        return {e["id"]: e["host"] for e in fleet.client.events.list(0, limit=500)["events"]
+                if e.get("vm") == "v" and "host_event_id" in e}
+    wait_until(lambda: tags(), what="v's events")
+    before = tags()
+    assert set(before.values()) == {"ha"}
+    fleet.client.hosts.register(fuse.RegisterHostRequest(
+        id="ha2", url=f"unix://{a.socket}", token=a.token, backend="qemu",
+        capacity=fuse.HostCapacity(vm_count=10, ram_mb=4096, cpus=4)))
+    for to in ("hb", "ha2"):
+        m = fleet.client.moves.create("v", to=to)
+        done = wait_until(lambda: (x := fleet.client.moves.get(m["id"]))["state"] in ("done", "failed") and x,
+                          timeout=60, what=f"the move to {to}")
+        assert done["state"] == "done", done
+    assert fleet.client.vms.get("v")["host"] == "ha2"
+    time.sleep(2.5)  # (the pollers read the machine's log again)
+    after = tags()
+    assert {i: after[i] for i in before} == before
+    assert "ha2" in after.values()  # its events since it came back are the new name's

@@ -441,10 +441,17 @@ def _retag(c: Connection, record: dict, host_id: str, aliases: list[str], agent_
     """A VM recorded under ``host_id`` by an action through it (a create, a move's arrival)
     takes its events along: those the machine's log gave before the store knew the VM
     (read in the moment between the agent's first event and the action's reply) were
-    tagged with the name that read them."""
+    tagged with the name that read them. Only those since the VM came to this machine (its
+    record's first history entry: its create, or a move's arrival): the events of an earlier
+    stay of the VM there, under the other name, were handed out with that name and keep it
+    (they were retagged since its creation: a VM moved back through the second name took
+    its past there, and that past's usage, along)."""
     try:
         since = datetime.fromisoformat(str(record.get("created_at"))).timestamp() - 0.001
-    except ValueError:
+        history = record.get("history") or []
+        if history and history[0].get("time"):
+            since = max(since, datetime.fromisoformat(str(history[0]["time"])).timestamp() - 0.001)
+    except (ValueError, TypeError, AttributeError):
         return
     try:
         with c.begin_nested():
