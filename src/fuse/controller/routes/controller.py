@@ -35,7 +35,8 @@ async def get_controller(request: Request) -> dict:
 
 
 @router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).",
-            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), a relative "
+            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), none of them "
+                                     "given while the controller has an identity (null each to clear it), a relative "
                                      "path, a file that is not there, a key that is not the certificate's, a CA file holding no "
                                      "certificate, a certificate that is not valid now (expired or not yet valid: "
                                      "the message names the file and its dates), a certificate that is not a "
@@ -43,6 +44,12 @@ async def get_controller(request: Request) -> dict:
                                      "no CA, or a body that does not parse"))
 async def put_controller(request: Request, body: ControllerSettings) -> dict:
     given = [f for f in ("cert", "key", "ca") if getattr(body, f)]
+    if not given and not ({"cert", "key", "ca"} & body.model_fields_set) and \
+            request.app.state.ctl.settings().get("key"):
+        # (a PUT replaces every setting: one naming only the placement dropped the identity,
+        # and every mutual-TLS host disconnected; clearing it is said with nulls)
+        raise InvalidArgument("this PUT would drop the controller's mutual-TLS identity (a PUT replaces every "
+                              "setting): give cert, key and ca again, or each as null to clear it")
     if given and len(given) != 3:
         raise InvalidArgument("cert, key and ca go together: give all three or none")
     for f in given:
