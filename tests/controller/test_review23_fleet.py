@@ -245,3 +245,20 @@ def test_a_vm_moved_back_through_a_second_name_keeps_its_past_events_tags(fleet)
     after = tags()
     assert {i: after[i] for i in before} == before
     assert "ha2" in after.values()  # its events since it came back are the new name's
+
+
+def test_a_request_body_past_16_mib_is_413_and_not_read(fleet):
+    """(was: a 200 MiB body was read whole into the controller's memory)"""
+    big = b"x" * (16 * 1024 * 1024 + 1)
+    transport = httpx.HTTPTransport(uds=str(fleet.ctl.socket))
+    with httpx.Client(transport=transport, base_url="http://c", timeout=60) as c:
+        r = c.post("/v1/vms", content=big, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "invalid_argument"
+        assert "at most 16777216" in r.json()["error"]["message"]
+
+        def chunks():  # no Content-Length: counted as it comes
+            for _ in range(17):
+                yield b" " * (1024 * 1024)
+        r = c.post("/v1/vms", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert c.get("/v1/healthz").status_code == 200  # and it serves on

@@ -31,7 +31,7 @@ from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
 from .validation import install as install_validation
-from .validation import RefuseBadPath, reject_unknown_fields, reject_unknown_query
+from .validation import LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
 
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
@@ -172,6 +172,7 @@ def create_app(ctl: Controller) -> FastAPI:
     http_errors.install(app)
     install_validation(app)  # after http_errors: its message for a bad request replaces the shared one
     app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
+    app.add_middleware(LimitBody)  # (after the token: an unauthorised caller is told 401, not 413)
     app.add_middleware(BearerFirst, token=ctl.token, open=OPEN_PATHS)  # every other route needs it
     app.state.ctl = ctl
     app.state.stopping = ctl.events.stop_waiting  # (fuse.serving: a long poll answers at once on a stop)

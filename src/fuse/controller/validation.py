@@ -297,6 +297,50 @@ def install(app: FastAPI) -> None:
 
 # ---- paths ---------------------------------------------------------------------
 
+MAX_BODY_BYTES = 16 * 1024 * 1024  # far past any request of the API (an edited plan model included)
+
+
+class LimitBody:
+    """413 ``invalid_argument`` for a request body over ``MAX_BODY_BYTES``: by its
+    Content-Length before it is read, else (chunked) once that much has come. Without it a
+    200 MiB body was read whole into the controller's memory, and kept its memory grown."""
+
+    def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await self._refuse(scope, receive, send, int(length))
+            return
+        seen, over = 0, False
+
+        async def limited():
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:  # the app is told the client left: it acts on nothing
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def unless_over(message) -> None:
+            if not over:  # (the app's own answer to a body cut short is not the one sent)
+                await send(message)
+        await self.app(scope, limited, unless_over)
+        if over:
+            await self._refuse(scope, receive, send, seen)
+
+    async def _refuse(self, scope, receive, send, size: int) -> None:
+        await JSONResponse(error_body("invalid_argument", f"the request body is {'over ' if size <= self.limit else ''}"
+                                      f"{size} bytes: at most {self.limit} are read"),
+                           status_code=413, headers={"Connection": "close"})(scope, receive, send)
+
+
 class RefuseBadPath:
     """400 ``invalid_argument`` for a path that names nothing here, whatever route it looks
     like: one holding a control character (``%00``…``%1F``, ``%7F``) or percent-escapes
