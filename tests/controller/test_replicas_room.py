@@ -286,3 +286,21 @@ def test_a_drain_a_stopping_replica_cancels_lets_its_lease_go_and_a_finished_one
 
     asyncio.run(scenario())
     store.close()
+
+
+def test_a_killed_replicas_reservation_stops_counting_once_its_vm_is_recorded(replicas):
+    """(was: the dead replica's placing row counted the VM's room a second time beside its
+    own row until the lease ran out: a create needing that room refused for ~60 s)"""
+    agent, proxy, (a, b), ca, cb = replicas
+    proxy.hold[CREATE] = 3.0
+    out: dict[str, str] = {}
+    t = threading.Thread(target=create, args=(a.url, "v", out), kwargs={"host": "h1"})
+    t.start()
+    time.sleep(1.0)  # (held at the proxy)
+    a.popen.kill()  # the replica dies with its reservation recorded
+    t.join(30)
+    proxy.hold.pop(CREATE, None)
+    wait_until(lambda: [v["name"] for v in cb.vms.list()] == ["v"], timeout=30, what="v landed and recorded")
+    with fuse.Client(b.url) as c:  # 1024 MiB, 4 vCPUs: v's 256 MiB and this one's 768 fit, not more
+        got = c.vms.create(name="w", shape={"vcpus": 1, "mem_mib": 768}, entry="sleep 600")
+    assert got["host"] == "h1"

@@ -21,6 +21,7 @@ from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from .store import vms as vms_t
@@ -610,8 +611,20 @@ class VmService:
         are placing now."""
         if not self._shared:
             return []
-        return [(r["host"], r["name"], Resources.vm(r["vcpus"], r["mem_mib"]), r["kind"])
-                for r in self.store.placing_of_others(self.replica, conn)]
+        rows = self.store.placing_of_others(self.replica, conn)
+        if rows:
+            # A VM its host has answered for is counted by its own row from then on: a create's
+            # or wake's reservation left by a replica killed after the host made the VM counted
+            # the room twice until its lease ran out (a full-size create refused ~60 s).
+            q = select(vms_t.c.host, vms_t.c.name, vms_t.c.state).where(
+                vms_t.c.name.in_(sorted({r["name"] for r in rows})))
+            with contextlib.ExitStack() as stack:
+                c = conn if conn is not None else stack.enter_context(self.store.read())
+                recorded = {(h, n): st for h, n, st in c.execute(q)}
+            rows = [r for r in rows if not (
+                (r["kind"] == "create" and (r["host"], r["name"]) in recorded)
+                or (r["kind"] == "wake" and recorded.get((r["host"], r["name"])) == "running"))]
+        return [(r["host"], r["name"], Resources.vm(r["vcpus"], r["mem_mib"]), r["kind"]) for r in rows]
 
     def _hold(self, conn: Connection | None, host: str, name: str, ask: Resources, kind: str) -> str | None:
         """Write this reservation (a ``create`` or a ``wake``) in ``conn`` for the other
