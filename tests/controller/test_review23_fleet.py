@@ -262,3 +262,21 @@ def test_a_request_body_past_16_mib_is_413_and_not_read(fleet):
         r = c.post("/v1/vms", content=chunks(), headers={"Content-Type": "application/json"})
         assert r.status_code == 413, r.text
         assert c.get("/v1/healthz").status_code == 200  # and it serves on
+
+
+def test_an_entry_with_a_nul_is_refused_before_any_host(fleet):
+    """(was: each fake-backend host answered 500 and kept a record stuck creating, which
+    blocked its deregister; the create tried every host and said fleet_full)"""
+    import fuse
+
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    with pytest.raises(fuse.ApiError) as info:
+        fleet.client.vms.create(shape(name="n", entry="echo a\x00b"))
+    assert (info.value.status, info.value.code) == (400, "invalid_argument")
+    assert info.value.message == "entry: holds a NUL character, which no command line can"
+    r = httpx.post(a.url + "/v1/host/vms", json=shape(name="n", entry="echo a\x00b"),
+                   headers={"Authorization": f"Bearer {a.token}"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
+    assert httpx.get(a.url + "/v1/host/vms", headers={"Authorization": f"Bearer {a.token}"}).json()["vms"] == []
+    fleet.client.hosts.deregister("h1")
