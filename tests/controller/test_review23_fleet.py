@@ -280,3 +280,24 @@ def test_an_entry_with_a_nul_is_refused_before_any_host(fleet):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
     assert httpx.get(a.url + "/v1/host/vms", headers={"Authorization": f"Bearer {a.token}"}).json()["vms"] == []
     fleet.client.hosts.deregister("h1")
+
+
+def test_registration_reads_the_hardware_as_it_is_now_not_at_the_agents_start(fleet):
+    """(was: the agent reported the facts it probed at its start: a registration after the
+    agent was pinned to one CPU still stored two, a Firecracker upgraded meanwhile the old
+    release)"""
+    import os
+    from pathlib import Path
+
+    import fuse
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs to pin the agent to one of them")
+    a = fleet.agent("a1")
+    pid = a.popen.pid
+    for tid in os.listdir(f"/proc/{pid}/task"):  # every thread of the agent: to one CPU
+        os.sched_setaffinity(int(tid), {min(os.sched_getaffinity(0))})
+    host = fleet.client.hosts.register(fuse.RegisterHostRequest(
+        id="h1", url=a.url, token=a.token, backend="qemu", capacity=fuse.HostCapacity(vm_count=4)))
+    assert host.capacity.cpus == 1, host.capacity
+    assert Path(f"/proc/{pid}").exists()

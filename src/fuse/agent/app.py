@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 
 from .. import http_errors
 from ..auth import BearerFirst
@@ -122,12 +123,21 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)
 
     @app.get("/v1/host", summary="Describe this host: probed hardware and live room.")
-    async def get_host(request: Request) -> dict[str, Any]:
+    async def get_host(request: Request, fresh: bool = Query(False, description=(
+            "Probe the hardware again first (CPUs, RAM, GPUs and MIG, the Firecracker release), as a "
+            "registration asks: the facts read at the agent's start may be stale."))) -> dict[str, Any]:
+        vms = getattr(request.app.state, "vms", None)
+        if fresh:  # (a registration's: the figures a poll reads every second stay the cached ones)
+            new = await asyncio.to_thread(probe_mod.probe, cfg.state_dir)
+            for k in ("kvm", "kvm_device"):  # (what the backend settled on at start stands)
+                new.pop(k, None)
+            cfg.facts.update(new)
+            if vms is not None:
+                vms.ram_mb, vms.cpus = cfg.facts["ram_mb"], cfg.facts["cpus"]
         facts = dict(cfg.facts)
         facts["storage_gb"] = probe_mod.storage_gb(cfg.state_dir)
         live = {"free_vcpus": facts["cpus"], "free_mem_mib": max(0, probe_mod.mem_available_mb() - cfg.reserve_mib),
                 "vm_count": 0, "memory_pressure": False, "bundles": []}
-        vms = getattr(request.app.state, "vms", None)
         if vms is not None:
             live.update(vms.summary())
         return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],

@@ -199,7 +199,11 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
     # the wrong protocol (an sshd at an http:// address) is NotAnAgent, a mistake, not an outage
     conn = HostConnection(url, token, tls, diagnose=True)
     try:
-        resp = await conn.request("GET", "/v1/host")
+        # probed afresh (a Firecracker upgraded, CPUs pinned since the agent started: its cached
+        # facts were stored); an agent from before ``fresh`` refuses it as unknown: asked plainly
+        resp = await conn.request("GET", "/v1/host", params={"fresh": "true"})
+        if resp.status_code == 400 and b"fresh" in resp.content:
+            resp = await conn.request("GET", "/v1/host")
     finally:
         await conn.close()
     if resp.status_code == 401:
