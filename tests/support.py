@@ -350,3 +350,15 @@ def refused(r: httpx.Response) -> str:
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "invalid_argument", r.text
     return r.json()["error"]["message"]
+
+
+def fake_firecracker_env(tmp: Path) -> dict:
+    """The environment with a stand-in ``firecracker`` (tests/agent/fake_firecracker.py) first
+    on PATH: an agent of the firecracker backend starts only where its binary is."""
+    bindir = tmp / "fake-firecracker-bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    script = bindir / "firecracker"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'agent' / 'fake_firecracker.py'} "
+                      "\"$@\"\n")
+    script.chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ.get('PATH', '')}"}

@@ -399,3 +399,17 @@ async def test_an_install_whose_record_a_full_disk_refuses_is_host_full_and_stay
         assert mgr.get("v1").state == "incoming"
         monkeypatch.setattr(mgr, "save", real_save)
         assert (await mgr.incoming.install("m1")).state == "sleeping"  # (the move's retry goes through)
+
+
+def test_no_firecracker_installed_is_one_line_not_an_agent_without_a_release(tmp_path):
+    """(was: a firecracker agent with no binary started, and registered as an active host
+    whose capacity.firecracker was "" and whose every VM failed)"""
+    import shutil as _shutil
+
+    if _shutil.which("firecracker"):
+        pytest.skip("a firecracker binary is installed here")
+    r = subprocess.run(FUSE + ["host", "serve", "--backend", "firecracker", "--state-dir", str(tmp_path / "host"),
+                               "--socket", str(tmp_path / "a.sock")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "error: io_error: firecracker is not on PATH: install a Firecracker release binary "
+        "(https://github.com/firecracker-microvm/firecracker/releases) as firecracker"], r.stderr

@@ -14,7 +14,7 @@ import pytest
 import fuse
 from fuse import HostCapacity, RegisterHostRequest
 from fuse.controller.pool.request import hosts_from_snapshot
-from support import FUSE, api_error, start_agent, wait_until
+from support import FUSE, api_error, fake_firecracker_env, start_agent, wait_until
 from test_registry import FACTS, impostor  # noqa: F401 (the fixture: a stand-in that answers the probe)
 from test_review20_hosts import gpu_fleet, register  # noqa: F401 (the fixture: an agent with an A100)
 
@@ -39,7 +39,7 @@ def test_the_planners_snapshot_leaves_out_a_host_of_another_arch():
 
 
 def test_a_firecracker_agent_registered_as_qemu_may_not_declare_gpus(client, tmp_path):
-    agent = start_agent(tmp_path, backend="firecracker", name="fc")
+    agent = start_agent(tmp_path, backend="firecracker", name="fc", env=fake_firecracker_env(tmp_path))
     try:
         for cap in ({"gpus": 2}, {"mig_profiles": {"1g.10gb": 4}}):
             err = api_error(client.hosts.register, RegisterHostRequest(

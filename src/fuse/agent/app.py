@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ class AgentConfig:
 
 def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
     """Why an agent of ``backend`` cannot serve ``state_dir`` (an error code and a line), or
-    None: its hypervisor is
+    None: its hypervisor (QEMU, Firecracker) is
     not installed, or the dir holds live VMs of another backend (serving them would find
     their processes gone and record them failed, then kill them as orphans)."""
     from .backends.qemu import qemu_missing
@@ -62,6 +63,10 @@ def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
         return "invalid_argument", (f"state dir {state_dir} holds vms of the {theirs} backend ({', '.join(names[:5])}"
                 f"{', ...' if len(names) > 5 else ''}): serve it with --backend {theirs}, "
                 "or delete them with that backend first")
+    if backend == "firecracker" and shutil.which("firecracker") is None:
+        # (it started and registered as an active host with no release, every VM then failing)
+        return "io_error", ("firecracker is not on PATH: install a Firecracker release binary "
+                            "(https://github.com/firecracker-microvm/firecracker/releases) as firecracker")
     return None
 
 
