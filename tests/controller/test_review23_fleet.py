@@ -301,3 +301,14 @@ def test_registration_reads_the_hardware_as_it_is_now_not_at_the_agents_start(fl
         id="h1", url=a.url, token=a.token, backend="qemu", capacity=fuse.HostCapacity(vm_count=4)))
     assert host.capacity.cpus == 1, host.capacity
     assert Path(f"/proc/{pid}").exists()
+
+
+def test_a_declared_gpu_kind_may_name_any_of_a_mixed_machines_gpus():
+    """(was: a machine with an H100 and an A100 was labelled by its first, and declaring
+    its A100 was a "differs from probed" warning)"""
+    from fuse.controller.hosts import _same_gpu
+
+    devices = [{"model": "NVIDIA H100 80GB HBM3"}, {"model": "NVIDIA A100-SXM4-80GB"}]
+    for declared in ("A100", "nvidia:A100", "a100", "NVIDIA A100-SXM4-80GB", "H100"):
+        assert _same_gpu(declared, "nvidia:H100", devices), declared
+    assert not _same_gpu("L4", "nvidia:H100", devices)

@@ -308,13 +308,19 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
 
 
 def _same_gpu(declared: str, label: str, devices: list[dict]) -> bool:
-    """Does a declared gpu_kind name the GPU the probe found? The probe's label
+    """Does a declared gpu_kind name a GPU the probe found? The probe's label
     ("nvidia:A100"), its model alone ("A100") or a device's name as nvidia-smi prints
-    it ("NVIDIA A100-SXM4-80GB") all do, in any case: only another GPU disagrees."""
+    it ("NVIDIA A100-SXM4-80GB") all do, in any case, for any of the machine's GPUs:
+    only a GPU it does not have disagrees."""
     if not label:
         return False
+    from ..agent.probe import gpu_kind_label
+
     want = declared.strip().casefold()
-    names = {label, label.split(":", 1)[-1], *(d.get("model", "") for d in devices)}
+    # (each device's own label too: a machine with two kinds is labelled by its first, and
+    # declaring its other one was a "differs from probed" warning)
+    labels = {label, *(gpu_kind_label(d["model"]) for d in devices if d.get("model"))}
+    names = {*labels, *(lb.split(":", 1)[-1] for lb in labels), *(d.get("model", "") for d in devices)}
     return want in {n.casefold() for n in names if n}
 
 
