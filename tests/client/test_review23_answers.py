@@ -59,3 +59,13 @@ def test_the_async_client_says_the_same(not_a_controller):
             return info.value
     err = asyncio.run(run())
     assert (err.status, err.code) == (200, "invalid_answer")
+
+
+@pytest.mark.parametrize("count", [True, "2", 2.0])
+def test_a_mig_count_that_is_no_whole_number_is_refused_where_the_record_is_made(count):
+    """(was: read as 1 or 2 by the SDK and sent, where the REST API refuses them)"""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="Input should be a valid integer"):
+        fuse.HostCapacity(mig_profiles={"1g.10gb": count})
+    assert fuse.HostCapacity(mig_profiles={"1g.10gb": 2}).mig_profiles == {"1g.10gb": 2}

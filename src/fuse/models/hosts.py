@@ -68,6 +68,17 @@ class HostCapacity(Record):
             raise PydanticCustomError("int_type", "Input should be a valid integer")  # (the REST API's words)
         return v
 
+    @field_validator("mig_profiles", mode="before")
+    @classmethod
+    def _counts(cls, v):
+        """Each MIG profile's count is a whole number too (``True`` or ``"2"`` was read as 1 or
+        2 by the SDK and sent, where the REST API refuses them)."""
+        if isinstance(v, dict):
+            for count in v.values():
+                if isinstance(count, (bool, str, float)):
+                    raise PydanticCustomError("int_type", "Input should be a valid integer")
+        return v
+
 
 class RegisterHostRequest(Record):
     id: str
