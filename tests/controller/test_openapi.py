@@ -195,3 +195,17 @@ def test_the_document_is_valid_openapi(served):
     from openapi_spec_validator import validate
 
     validate(served)  # raises on any error
+
+
+def test_a_required_pool_field_is_met_by_either_spelling(served):
+    """(was: instance_type stayed required, so a body with instanceType alone failed the
+    document while the controller took it)"""
+    from openapi_schema_validator import validate as check
+
+    add = served["components"]["schemas"]["AddHostsRequest"]
+    assert "instance_type" not in add.get("required", [])
+    doc = {"components": served["components"], **add}
+    check({"provider": "aws", "instanceType": "c6g.metal"}, doc)
+    check({"provider": "aws", "instance_type": "c6g.metal"}, doc)
+    with pytest.raises(Exception):
+        check({"provider": "aws"}, doc)

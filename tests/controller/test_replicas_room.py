@@ -304,3 +304,29 @@ def test_a_killed_replicas_reservation_stops_counting_once_its_vm_is_recorded(re
     with fuse.Client(b.url) as c:  # 1024 MiB, 4 vCPUs: v's 256 MiB and this one's 768 fit, not more
         got = c.vms.create(name="w", shape={"vcpus": 1, "mem_mib": 768}, entry="sleep 600")
     assert got["host"] == "h1"
+
+
+def test_a_dead_replicas_unanswered_create_is_settled_by_another(replicas):
+    """(was: only the replica that sent it, or one started later, asked the host about it:
+    with that replica dead the name stayed held on the others for good, 409 being_created)"""
+    import os
+    import signal
+
+    agent, proxy, (a, b), ca, cb = replicas
+    os.kill(agent.popen.pid, signal.SIGSTOP)
+    try:
+        out: dict[str, str] = {}
+        create(a.url, "v", out, host="h1")
+        assert out["v"] == "host_unreachable"
+    finally:
+        os.kill(agent.popen.pid, signal.SIGCONT)
+    a.popen.kill()  # the replica that holds it in memory dies
+
+    def gone() -> bool:
+        try:
+            cb.vms.get("v")
+        except fuse.ApiError as err:
+            return err.code == "not_found"
+        return False
+    wait_until(gone, timeout=150, what="the host's word on v, read by the live replica")  # (its lease: 60 s)
+    assert cb.vms.create(name="v", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")["host"] == "h1"

@@ -312,3 +312,14 @@ def test_a_declared_gpu_kind_may_name_any_of_a_mixed_machines_gpus():
     for declared in ("A100", "nvidia:A100", "a100", "NVIDIA A100-SXM4-80GB", "H100"):
         assert _same_gpu(declared, "nvidia:H100", devices), declared
     assert not _same_gpu("L4", "nvidia:H100", devices)
+
+
+def test_force_right_after_the_agent_died_is_not_refused_on_the_last_poll(fleet):
+    """(was: 409 "its agent answered within the last seconds" for a few seconds after it
+    died, though the fresh read had just been refused)"""
+    a = fleet.agent("a1")
+    fleet.add("h1", a)
+    fleet.client.vms.create(shape(name="v", entry="sleep 600"))
+    a.stop()
+    fleet.client.hosts.deregister("h1", force=True)
+    assert fleet.client.hosts.list() == [] and fleet.client.vms.list() == []

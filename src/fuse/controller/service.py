@@ -230,15 +230,18 @@ class Controller:
         if self.fleet is not None and host_id in self.fleet.views:
             # its events up to now join the stream first: once it is removed nothing reads them
             # (best effort, bounded: a host that does not answer is removed all the same)
+            failed = False
             try:
                 await asyncio.wait_for(self.fleet.refresh(host_id), LAST_READ_S)
                 answers = "its agent answers"
             except HostUnreachable as exc:
                 if exc.code == "unauthorized":
                     answers = "its agent answers (it refuses the controller's token)"
+                failed = True  # (refused, reset: not there now)
             except Exception:
                 pass
-            if force and not answers and self.fleet.views[host_id].connected:
+            if force and not answers and not failed and self.fleet.views[host_id].connected:
+                # (the read ran out of time: a busy agent that answered a moment ago is not gone)
                 answers = "its agent answered within the last seconds"
         elif force and self.store.get_host(host_id) is not None:
             answers = "its agent has not been polled yet"

@@ -712,7 +712,14 @@ class VmService:
         placing += [h for h, n, _ in self._unanswered.values() if n == name]
         placing += [o[0] for o in (self._others() if others is None else others) if o[1] == name and o[3] == "create"]
         if others is None:  # (and those the store records: another replica's, an earlier run's)
-            placing += [u["host"] for u in self.store.unanswered() if u["name"] == name]
+            mine = {(h, n) for h, n, _ in self._unanswered.values()}
+            for u in self.store.unanswered():
+                if u["name"] == name:
+                    placing.append(u["host"])
+                    if (u["host"], name) not in mine:  # (its replica may be gone: this one asks too,
+                        with contextlib.suppress(RuntimeError):  # or the name stayed held for good)
+                            self._unanswered_create(u["host"], name, Resources.vm(u["vcpus"], u["mem_mib"]),
+                                                    since=u["since"])
         return sorted({h for h in placing if host is None or h == host})
 
     def _summary(self, host: str) -> dict | None:

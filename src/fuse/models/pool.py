@@ -51,11 +51,18 @@ class _Record(BaseModel):
         if handler.mode == "validation":
             target = handler.resolve_ref_schema(schema)
             props = target.get("properties", {})
+            required = target.get("required", [])
             for name in list(props):
                 camel = to_camel(name)
                 if camel != name and camel not in props:
                     props[camel] = {k: v for k, v in props[name].items() if k != "title"} | {
                         "description": f"{name}, as seed 001 spells it (give one of the two, not both)"}
+                    if name in required:  # (either spelling meets it)
+                        required.remove(name)
+                        target.setdefault("allOf", []).append({"anyOf": [{"required": [name]},
+                                                                          {"required": [camel]}]})
+            if "required" in target and not required:
+                del target["required"]
         return schema
 
 
