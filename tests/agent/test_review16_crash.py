@@ -160,8 +160,10 @@ async def test_an_agent_killed_after_the_state_file_is_in_place_finds_the_vm_sle
         second = await _restart(state)
         vm = second.get("c")
         assert (vm.state, vm.pid, vm.reason) == ("sleeping", None, None)
+        log = second.vm_dir("c") / "state" / "console.log"  # (a move's sleep takes its serial log along)
         assert [(f.name, f.size, f.sha256) for f in vm.files] == \
-            [(STATE_FILE, saved.stat().st_size, sha256_file(saved))]
+            [(STATE_FILE, saved.stat().st_size, sha256_file(saved))] + \
+            ([("console.log", log.stat().st_size, sha256_file(log))] if move_id else [])
         assert (vm.move_id, vm.move_role, vm.return_room) == \
             ((move_id, "source", True) if move_id else (None, None, False))
         assert second.metering._open_segment("c") is None  # not metered as running

@@ -773,7 +773,7 @@ def test_a_new_controller_identity_leaves_a_move_between_hosts_without_tls_alone
             assert fleet.client.controller.get()["cert"] == str(ident.cert)
             n = proxy.held
             wait_until(lambda: proxy.held > n, timeout=30, what="a chunk on its way")
-            fleet.client.controller.configure()  # (none: back to no identity)
+            fleet.client.controller.configure(clear=True)  # (none: back to no identity)
         proxy.hold.clear()
         m = fleet.wait_move(m["id"])
         assert m["state"] == "done", m

@@ -632,9 +632,12 @@ class VmManager:
 
     def _slept(self, vm: Vm, saved: list[Path], move_id: str | None) -> None:
         """Record as asleep a VM whose sleep finished as its agent died."""
+        saved = [p for p in saved if p.name != MOVED_CONSOLE] or saved  # (its state; the log is copied anew)
         self.metering.stop(vm.name, now=max(p.stat().st_mtime for p in saved))
         vm.files = [_describe(p) for p in saved]
         self.metering.state_written(vm.name, sum(f.size for f in vm.files), created_at=_created(vm))
+        if move_id:  # (as the sleep would have: its serial log goes with it)
+            vm.files += _console_for_move(_bare_spec(self, vm))
         vm.move_id, vm.pid = move_id, None
         vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
         self.transition(vm, "sleeping", "its sleep finished as the agent died")
