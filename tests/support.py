@@ -362,3 +362,15 @@ def fake_firecracker_env(tmp: Path) -> dict:
                       "\"$@\"\n")
     script.chmod(0o755)
     return {"PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
+
+
+def being_created(client, name: str) -> bool:
+    """Whether the controller holds VM ``name`` as being created (409 conflict with
+    ``being_created``: a create of it in flight, or one its host did not answer)."""
+    import fuse
+
+    try:
+        client.vms.get(name)
+    except fuse.ApiError as err:
+        return bool(err.details.get("being_created"))
+    return False

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from support import wait_until
+from support import being_created, wait_until
 
 
 def shape(mem=256, vcpus=1, **kw):
@@ -169,19 +169,10 @@ def test_an_unanswered_creates_name_stays_held_across_a_controller_restart(fleet
     finally:
         os.kill(a1.popen.pid, signal.SIGCONT)
     # the host, back, says it has no such VM (the create it was sent never ran): the name is free
-    wait_until(lambda: not _being_created(fleet.client, "k"), timeout=60, what="the host's word on vm k")
+    wait_until(lambda: not being_created(fleet.client, "k"), timeout=60, what="the host's word on vm k")
     assert fleet.client.vms.create(shape(name="k"))["name"] == "k"
     assert [v["name"] for v in fleet.client.vms.list()] == ["k"]
 
-
-def _being_created(client, name: str) -> bool:
-    import fuse
-
-    try:
-        client.vms.get(name)
-    except fuse.ApiError as err:
-        return bool(err.details.get("being_created"))
-    return False
 
 
 def test_an_entry_past_the_limit_is_refused_by_the_controller_before_any_host(fleet):

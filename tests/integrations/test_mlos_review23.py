@@ -18,7 +18,7 @@ import fuse  # noqa: E402
 from mlos_bench.environments.status import Status  # noqa: E402
 
 from fuse.integrations.mlos import FuseVMService  # noqa: E402
-from support import start_controller, wait_until  # noqa: E402
+from support import being_created, start_controller, wait_until  # noqa: E402
 from test_mlos import provision  # noqa: E402
 from test_mlos_review import make_fleet, service, where  # noqa: E402,F401
 
@@ -37,13 +37,7 @@ def test_a_teardown_while_the_vms_create_is_in_flight_waits_for_it_and_deletes_i
             status, handle = a.provision_host({"vmName": "late", "vcpus": 1, "memMiB": 128, "vmHost": "h1"})
             assert status == Status.PENDING
 
-            def in_flight() -> bool:
-                try:
-                    fleet.client.vms.get("late")
-                except fuse.ApiError as err:
-                    return err.code == "conflict" and err.details.get("being_created") is True
-                return False
-            wait_until(in_flight, what="the controller's 409 for a VM being created")
+            wait_until(lambda: being_created(fleet.client, "late"), what="the controller's 409 for a VM being created")
             with pytest.raises(fuse.ApiError) as info:
                 fleet.client.vms.delete("late")
             assert (info.value.status, info.value.code, info.value.details["host"]) == (409, "conflict", "h1")
@@ -73,20 +67,13 @@ def test_a_watch_for_a_teardown_does_not_call_a_vm_being_created_gone(make_fleet
         with service(fleet) as a, service(fleet, pollTimeout=3) as b:
             assert a.provision_host({"vmName": "late", "vcpus": 1, "memMiB": 128, "vmHost": "h1"})[0] \
                 == Status.PENDING
-            wait_until(lambda: fleet.client.vms.list() == [] and _being_created(fleet.client, "late"),
+            wait_until(lambda: fleet.client.vms.list() == [] and being_created(fleet.client, "late"),
                        what="the create in flight")
             status, _ = b.wait_host_deployment({"vmName": "late"}, is_setup=False)
             assert status == Status.TIMED_OUT  # (was: SUCCEEDED, vmState deleted)
     finally:
         os.kill(agent.popen.pid, signal.SIGCONT)
 
-
-def _being_created(client, name: str) -> bool:
-    try:
-        client.vms.get(name)
-    except fuse.ApiError as err:
-        return bool(err.details.get("being_created"))
-    return False
 
 
 def test_a_sleeping_vms_reshape_on_a_full_host_keeps_it_asleep(make_fleet, caplog):
