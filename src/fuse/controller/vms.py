@@ -486,6 +486,7 @@ class VmService:
         """Hold the create ``host`` did not answer until the host says whether the VM landed:
         recorded in the store (``since`` given: read back from it at a start), so the
         name stays held across a restart and for every replica."""
+        loop = asyncio.get_running_loop()  # (first: with none, nothing is held that no task settles)
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
         self._unanswered_since[ticket] = since or time.time()
@@ -494,7 +495,7 @@ class VmService:
                 self.store.add_unanswered(host, name, ask.vcpus, ask.mem_mib, self._unanswered_since[ticket])
             except Exception as exc:  # (held in memory all the same)
                 log.warning("vm %s: could not record its unanswered create on %s: %s", name, host, exc)
-        task = asyncio.get_running_loop().create_task(self._settle_unanswered(ticket))
+        task = loop.create_task(self._settle_unanswered(ticket))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
         if self._shared:  # (held for the other replicas too, until the host says)
