@@ -6,8 +6,10 @@ Rules, in the order a refusal is reported (first failing rule wins):
 2. Memory is a hard limit: memory held by running, booting, incoming and
    reserved VMs, plus the host reserve, plus the ask, must fit the RAM.
 3. Memory pressure: the kernel's PSI says tasks are stalling on memory, or
-   MemAvailable cannot cover the ask plus the reserve (the book-keeping of
-   rule 2 cannot see memory used outside fuse).
+   MemAvailable cannot cover the ask plus the reserve plus the memory already
+   promised to this host's VMs that their guests have not touched yet (a guest
+   takes its RAM as it uses it, so MemAvailable alone would offer it again);
+   the book-keeping of rule 2 cannot see memory used outside fuse.
 
 CPU is time-shared and never refuses; it only ranks hosts at the controller.
 """
@@ -38,9 +40,11 @@ def admission_refusal(*, ask_mib: int, held_mib: int, ram_mb: int, reserve_mib: 
     return None
 
 
-def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc")) -> str | None:
+def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc"), promised_mib: int = 0) -> str | None:
     """Why the real machine is too short of memory for ``ask_mib`` more,
-    or None. ``ask_mib=0`` asks whether the host is under pressure at all."""
+    or None. ``ask_mib=0`` asks whether the host is under pressure at all.
+    ``promised_mib``: memory admitted VMs may still take (``untouched_mib``),
+    counted against MemAvailable with the ask."""
     try:
         for line in (proc / "pressure/memory").read_text().splitlines():
             if line.startswith("some"):
@@ -53,12 +57,34 @@ def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc")) 
         for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 available = int(line.split()[1]) // 1024
-                if available < ask_mib + reserve_mib:
+                promised = promised_mib if ask_mib else 0
+                if available < ask_mib + reserve_mib + promised:
                     if ask_mib:  # (the machine has memory; not this much of it)
+                        vms = f", {promised} MiB promised to this host's vms and not yet taken" if promised else ""
                         return (f"not enough memory available on the machine: {available} MiB available "
-                                f"(MemAvailable), {ask_mib} MiB asked plus {reserve_mib} MiB host reserve")
+                                f"(MemAvailable), {ask_mib} MiB asked plus {reserve_mib} MiB host reserve{vms}")
                     return (f"host under memory pressure: {available} MiB available, "
                             f"less than its {reserve_mib} MiB host reserve")
     except (OSError, ValueError):
         pass
     return None
+
+
+def untouched_mib(vms: list[tuple[int, int | None]], proc: Path = Path("/proc")) -> int:
+    """Memory promised to VMs that their processes do not hold yet: Σ max(0, memory − the
+    process's resident set) over (MiB given, pid or None) pairs; a VM with no process yet
+    (creating, incoming, reserved) counts whole. The resident set includes the
+    hypervisor's own few dozen MiB, which the estimate errs by (towards admitting)."""
+    total = 0
+    for mem_mib, pid in vms:
+        rss = 0
+        if pid:
+            try:
+                for line in (proc / str(pid) / "status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        rss = int(line.split()[1]) // 1024
+                        break
+            except (OSError, ValueError, IndexError):
+                rss = 0  # (gone: its memory is not taken either)
+        total += max(0, mem_mib - rss)
+    return total

@@ -34,7 +34,7 @@ from ..models.vm import MAX_ENTRY_BYTES, ClaimRequest, CreateVmRequest, StateFil
 from ..paths import private_dir, private_opener
 from . import bundle as bundles
 from . import probe as probe_mod
-from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure
+from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure, untouched_mib
 from .backends.base import (MOVED_CONSOLE, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
                             kill_and_wait, reap)
 from .events import EventLog
@@ -103,7 +103,8 @@ class VmManager:
         self.backend = get_backend(backend, state_dir=self.state_dir)
         self.ram_mb, self.cpus = ram_mb, cpus
         self.max_vms, self.reserve_mib = max_vms, reserve_mib
-        self.pressure = pressure or (lambda ask: memory_pressure(ask, reserve_mib))
+        self.pressure = pressure or (lambda ask: memory_pressure(ask, reserve_mib,
+                                                                 promised_mib=self.untouched_mib() if ask else 0))
         self.events = EventLog(self.state_dir / "events.jsonl")
         self.metering = Metering(self.state_dir / "metering.json")
         if self.metering.damaged:
@@ -202,6 +203,14 @@ class VmManager:
     def held_mib(self) -> int:
         return sum(v.shape.mem_mib for v in self.vms.values() if _holds_memory(v))
 
+    def untouched_mib(self) -> int:
+        """Memory admitted VMs may still take from the machine (see ``admission.untouched_mib``);
+        0 on a backend whose VMs do not take their guests' memory."""
+        if not self.backend.guest_memory:
+            return 0
+        return untouched_mib([(v.shape.mem_mib, v.pid if v.state == "running" else None)
+                              for v in self.vms.values() if _holds_memory(v)])
+
     def admission(self, mem_mib: int) -> str | None:
         """Why this host refuses ``mem_mib`` more, or None (call under
         ``admit_lock`` and reserve before releasing it)."""
@@ -230,7 +239,7 @@ class VmManager:
             # what admission takes: its own books, and what the real machine has
             # available beyond the reserve (other processes use memory too)
             "free_mem_mib": max(0, min(self.ram_mb - self.reserve_mib - self.held_mib(),
-                                       self._available_mib() - self.reserve_mib)),
+                                       self._available_mib() - self.reserve_mib - self.untouched_mib())),
             "vm_count": sum(1 for v in self.vms.values() if _holds_memory(v)),
             "vms_total": len(self.vms),
             "memory_pressure": self.pressure(0) is not None,

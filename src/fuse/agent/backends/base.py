@@ -85,6 +85,10 @@ class Backend(ABC):
     # The files a bundle must list for this backend to boot it (its kernel and
     # initramfs); the agent offers and accepts only bundles that list them.
     bundle_files: tuple[str, ...] = BOOT_FILES
+    # Whether a VM's process takes its guest's memory as the guest touches it (a
+    # hypervisor's): admission then counts what is promised but not resident yet
+    # against the machine's MemAvailable. The fake backend's VMs never take theirs.
+    guest_memory: bool = True
 
     @abstractmethod
     def platform(self) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class FakeBackend(Backend):
     name = "fake"
     supports_standby = True
     bundle_files = ()  # it boots nothing: a bundle's manifest alone will do
+    guest_memory = False  # (its VMs are small processes, whatever memory they were given)
 
     def __init__(self, **_: Any):
         pass

@@ -1,0 +1,63 @@
+"""Twenty-fourth session: admission counts memory promised to VMs whose guests have not
+taken it yet."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import pytest
+
+from fuse.agent.admission import memory_pressure, untouched_mib
+from support import install_bundle, real_bundle_dir, start_agent
+
+
+def test_memory_promised_and_not_yet_taken_counts_against_memavailable(tmp_path):
+    """(was: MemAvailable alone was weighed against the ask: memory admitted VMs had not
+    touched yet was offered again, and the machine promised more than it had)"""
+    (tmp_path / "meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 4194304 kB\n")  # 4096 MiB
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "status").write_text("Name:\tqemu\nVmRSS:\t  524288 kB\n")  # 512 MiB resident
+    # a VM of 3072 MiB whose process holds 512 of it, one reserved (no process): 2560 + 256
+    assert untouched_mib([(3072, 4242), (256, None)], proc=tmp_path) == 2816
+    assert untouched_mib([(256, 4242)], proc=tmp_path) == 0  # (the hypervisor's own MiB count as taken)
+    assert untouched_mib([(1024, 999999)], proc=tmp_path) == 1024  # (no such process)
+    assert memory_pressure(1024, 256, proc=tmp_path, promised_mib=0) is None
+    assert memory_pressure(1024, 256, proc=tmp_path, promised_mib=2817) == (
+        "not enough memory available on the machine: 4096 MiB available (MemAvailable), 1024 MiB asked plus "
+        "256 MiB host reserve, 2817 MiB promised to this host's vms and not yet taken")
+    assert memory_pressure(1024, 256, proc=tmp_path, promised_mib=2816) is None  # (exactly fits)
+    assert memory_pressure(0, 256, proc=tmp_path, promised_mib=9999) is None  # (pressure itself: not this)
+
+
+def _meminfo() -> dict[str, int]:
+    return {line.split(":")[0]: int(line.split()[1]) // 1024 for line in open("/proc/meminfo")}
+
+
+@pytest.mark.qemu
+@pytest.mark.timeout(240)
+def test_a_real_agent_does_not_promise_the_memory_a_running_guest_has_not_touched_yet(tmp_path, procs):
+    """A real QEMU guest given most of the machine's available memory takes little of it at
+    first: the agent reported that room free again and admitted a second VM into it (a
+    review: 23,795 MiB promised on a machine with 16.9 GB available)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is not installed")
+    install_bundle(real_bundle_dir(), tmp_path / "agent")
+    procs.append(agent := start_agent(tmp_path, name="agent", extra=["--reserve-mib", "256"]))
+    c = httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {agent.token}"}, timeout=120)
+    ram = c.get("/v1/host").json()["ram_mb"]
+    available = _meminfo()["MemAvailable"]
+    if ram - available < 1500:
+        pytest.skip(f"the machine uses only {ram - available} MiB outside MemAvailable: the books of RAM "
+                    "(rule 2) would refuse the second VM first, and the test could not tell the rules apart")
+    first = available - 256 - 1024  # most of what is available, 1 GiB left over
+    second = ram - 256 - 64 - first  # what the books of RAM still admit beside it
+    r = c.post("/v1/host/vms", json={"name": "big", "shape": {"vcpus": 1, "mem_mib": first}, "entry": "sleep 600"})
+    assert r.status_code == 201, r.text
+    free = c.get("/v1/host").json()["free_mem_mib"]
+    assert free < 1024 + 256, free  # (was about all of it again: the guest had taken little)
+    r = c.post("/v1/host/vms", json={"name": "more", "shape": {"vcpus": 1, "mem_mib": second}, "entry": "true"})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "host_full"), r.text
+    assert "promised to this host's vms and not yet taken" in r.json()["error"]["message"]
+    assert [v["name"] for v in c.get("/v1/host/vms").json()["vms"]] == ["big"]
+    assert c.delete("/v1/host/vms/big").status_code in (200, 204)
