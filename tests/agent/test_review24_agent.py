@@ -61,3 +61,26 @@ def test_a_real_agent_does_not_promise_the_memory_a_running_guest_has_not_touche
     assert "promised to this host's vms and not yet taken" in r.json()["error"]["message"]
     assert [v["name"] for v in c.get("/v1/host/vms").json()["vms"]] == ["big"]
     assert c.delete("/v1/host/vms/big").status_code in (200, 204)
+
+
+async def test_a_sleep_or_wake_queued_behind_a_delete_is_404(make_host):
+    """(was: 409 conflict "vm a is deleted; only a running vm can sleep": a state no caller can
+    read, which said the VM still existed; the next call, and a delete in the same race, 404)"""
+    import asyncio
+
+    host = await make_host(backend="fake")
+    for name in ("a", "b"):
+        r = await host.client.post("/v1/host/vms", json={"name": name, "shape": {"vcpus": 1, "mem_mib": 128},
+                                                         "entry": "sleep 600"})
+        assert r.status_code == 201, r.text
+    assert (await host.client.post("/v1/host/vms/b/sleep")).status_code == 200
+    for name, action in (("a", "sleep"), ("b", "wake")):
+        async with host.vms.lock(name):  # (as a wake in flight holds it)
+            deleting = asyncio.create_task(host.client.delete(f"/v1/host/vms/{name}"))
+            await asyncio.sleep(0.05)
+            acting = asyncio.create_task(host.client.post(f"/v1/host/vms/{name}/{action}"))
+            await asyncio.sleep(0.05)
+        assert (await deleting).status_code == 204
+        r = await acting
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found"), r.text
+    assert host.vms.vms == {}

@@ -323,8 +323,7 @@ class VmManager:
         """Stop (no process left) and remove a VM and its files."""
         vm = self.get(name)
         async with self.lock(name):
-            if self.vms.get(name) is not vm:  # a concurrent delete got there first
-                raise NotFound(f"no vm named {name} on this host")
+            _still_here(self, name, vm)  # (a concurrent delete got there first)
             _check_mark(vm, move_id)
             if vm.state == "incoming":
                 await self.incoming.abort_vm(vm)
@@ -394,6 +393,7 @@ class VmManager:
         queued behind it on this VM's lock waits that long, not for ever."""
         vm = self.get(name)
         async with self.lock(name):
+            _still_here(self, name, vm)
             if vm.state == "sleeping":
                 _check_mark(vm, move_id)
                 if not move_id:
@@ -451,6 +451,7 @@ class VmManager:
         wake of the move's target must find done, not refused."""
         vm = self.get(name)
         async with self.lock(name):
+            _still_here(self, name, vm)
             if if_marked and (not move_id or vm.move_id != move_id):
                 return vm
             _check_mark(vm, move_id)
@@ -787,6 +788,13 @@ def _created(vm: Vm) -> str:
     """``vm.created_at`` as its record shows it (``GET /v1/host/vms``): with
     the name, what tells a VM from an earlier one of the same name."""
     return vm.model_dump(mode="json", include={"created_at"})["created_at"]
+
+
+def _still_here(vms: VmManager, name: str, vm: Vm) -> None:
+    """404 when a delete queued ahead on the VM's lock removed it (not 409 "vm is deleted":
+    a state no caller can read, which said the VM still existed)."""
+    if vms.vms.get(name) is not vm:
+        raise NotFound(f"no vm named {name} on this host")
 
 
 def _holds_memory(vm: Vm) -> bool:
