@@ -44,8 +44,9 @@ class HostsAPI:
 
     def drain(self, host_id: str) -> dict:
         """Mark the host draining and move every VM on it away by best fit;
-        returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}], "finished": [{"vm", "state"}]}`
-        (finished: VMs that exited or failed, which need no move and go with the host)."""
+        returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}], "finished": [{"vm", "state"}],
+        "prewarmed": [...]}` (finished: VMs that exited or failed, which need no move and go with the
+        host; prewarmed: a prewarm's standby VMs, placed again elsewhere by their prewarm, not moved)."""
         return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600))
 
     def deregister(self, host_id: str, force: bool = False) -> None:

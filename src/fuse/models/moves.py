@@ -105,8 +105,9 @@ class DrainStuck(Record):
 
     vm: str
     code: str = Field(description="the move's refusal code (POST /v1/moves: not_movable, no_target, ...), "
-                                  "move_failed (it ran and brought the VM home: see move), or drain_stopped "
-                                  "(the host was uncordoned, cordoned or deregistered before the drain tried it)")
+                                  "move_failed (it ran and brought the VM home: see move), drain_stopped "
+                                  "(the host was uncordoned, cordoned or deregistered before the drain tried it), "
+                                  "or standby (a prewarm's standby VM its prewarm could not place elsewhere)")
     reason: str
     move: Optional[str] = Field(None, description="the failed move (move_failed)")
 
@@ -130,3 +131,7 @@ class DrainReport(Record):
     finished: list[DrainFinished] = Field(
         [], description="VMs whose run is over (exited, failed): nothing to move, they hold no room and do not "
                         "keep the host from being deregistered (they go with it); delete them to drop their records")
+    prewarmed: list[str] = Field(
+        [], description="a prewarm's standby VMs that were on the host: not moved (they have no entry yet); their "
+                        "prewarm placed them again on other hosts and removed them here. Those it could not place "
+                        "elsewhere are in stuck with code standby")

@@ -33,6 +33,12 @@ from .records import ACTIVE, LEASE_S, MoveRecords, log
 # drain's, an operator's) waits this long at most for it to end before it reports
 # the VM stuck.
 DRAIN_MOVE_WAIT_S = 900.0
+# A prewarm's standby VMs are not moved (they have no entry yet): their prewarm places
+# them again on other hosts and removes them here; the drain waits this long at most.
+DRAIN_STANDBY_WAIT_S = 60.0
+STANDBY_STAYS = ("a prewarm's standby VM (no entry yet: not moved): its prewarm places it again on another "
+                 "host and removes it here once one has room (a prewarm pinned to this host keeps it here); "
+                 "remove the prewarm, or delete the VM")
 
 
 class MoveDrains(MoveRecords):
@@ -162,7 +168,7 @@ class MoveDrains(MoveRecords):
         drain began: both chose the host while it was active) and moves what did, until
         a round finds nothing new. The report accounts for every VM the host had while
         draining, not only those of its first list."""
-        moved, stuck, finished = [], [], []
+        moved, stuck, finished, standby = [], [], [], []
         seen: set[str] = set()
         while True:
             left = []
@@ -172,6 +178,8 @@ class MoveDrains(MoveRecords):
                 seen.add(vm["name"])
                 if vm["state"] in FINISHED:
                     finished.append({"vm": vm["name"], "state": vm["state"]})
+                elif vm.get("standby"):
+                    standby.append(vm["name"])
                 else:
                     left.append(vm)
             if not left:
@@ -180,8 +188,27 @@ class MoveDrains(MoveRecords):
                 break
             if not await self._drain_round(host_id, left, moved, stuck, finished):
                 break
+        stays = await self._standby_left(host_id, standby) if standby else []
+        stuck += [{"vm": name, "code": "standby", "reason": STANDBY_STAYS} for name in stays]
         return {"host": host_id, "moved": moved, "stuck": stuck,
-                "finished": sorted(finished, key=lambda f: f["vm"])}
+                "finished": sorted(finished, key=lambda f: f["vm"]),
+                "prewarmed": sorted(set(standby) - set(stays))}
+
+    async def _standby_left(self, host_id: str, names: list[str]) -> list[str]:
+        """Hand a prewarm's standby VMs on draining ``host_id`` to their prewarm (its refill
+        places them again elsewhere, then deletes them here, as off a cordoned host) and wait
+        (DRAIN_STANDBY_WAIT_S at most) while it does; those still here then."""
+        deadline = time.monotonic() + DRAIN_STANDBY_WAIT_S
+        pinned = set(self.ctl.prewarm.pinned_to(host_id))  # (theirs go nowhere else: not waited for)
+        stay = [n for n in names if n.rsplit("-", 1)[0] in pinned]
+        names = [n for n in names if n not in stay]
+        while True:
+            here = [n for n in names if any(r["host"] == host_id for r in self.store.vms_named(n))]
+            host = self.store.get_host(host_id)
+            if not here or host is None or host["state"] != "draining" or time.monotonic() >= deadline:
+                return sorted(stay + here)
+            await self.ctl.prewarm.fill()
+            await asyncio.sleep(0.5)
 
     async def _arrivals(self, host_id: str) -> bool:
         """Wait (DRAIN_MOVE_WAIT_S at most) while a move into ``host_id`` is under way or a

@@ -173,10 +173,10 @@ class PrewarmService:
         return row is not None and row["state"] == "active" and self._answers(host)
 
     def _cordoned(self, host: str) -> bool:
-        """Registered and cordoned: nobody moves its standby VMs off but the refill (a
-        draining host's drain moves them itself)."""
+        """Registered and cordoned or draining: nobody moves its standby VMs off but the
+        refill (a drain does not move them, they have no entry yet: it waits for this)."""
         row = self.store.get_host(host)
-        return row is not None and row["state"] == "cordoned"
+        return row is not None and row["state"] in ("cordoned", "draining")
 
     def view(self, rec: dict[str, Any]) -> Prewarm:
         vms = self._standby(rec["id"])
