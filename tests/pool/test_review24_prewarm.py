@@ -44,3 +44,54 @@ def test_a_drain_hands_a_prewarms_standby_vms_to_the_prewarm_which_places_them_e
         assert agent_states(agents["a1" if host == "own1" else "a2"]) == {}  # (nothing left on the drained host)
         assert ready(client, pw.id, 2, timeout=30).ready == 2
         client.hosts.deregister(host)  # (empty: it goes)
+
+
+BIG = {"name": "big", "vcpus": 4, "mem_mib": 4096, "usd_per_hour": 3.0, "billing_step_secs": 60,
+       "billing_min_secs": 60, "boot_secs": 1}
+
+
+def test_scale_in_counts_for_standby_vms_only_the_room_their_prewarm_may_take():
+    from fuse.controller.pool.reconcile import Load, decide
+    from test_elastic_rules import NOW, row
+
+    rows = [row(name="aws-1"), row(name="aws-2")]
+    # aws-1's VM and two prewarmed VMs of a prewarm that may go to aws-1 alone (on that cloud,
+    # say, or the only host with its image); the operator's host has room for all three
+    loads = {"aws-1": Load(vms=(256,), prewarmed=2, standby=(256, 256), mem_mib=4096,
+                           standby_on=(frozenset({"aws-1"}),) * 2),
+             "aws-2": Load(vms=(3000,), mem_mib=4096)}
+    room = {"own1": (16384, 10), "aws-2": (1096, 5)}
+    d = {x.host: x for x in decide(rows, loads, room, NOW)}
+    assert d["aws-1"].action == "keep", d  # (was cordoned: the room counted was own1's)
+    # once its prewarm may use aws-2 too, there is room for them there
+    loads["aws-1"] = Load(vms=(256,), prewarmed=2, standby=(256, 256), mem_mib=4096,
+                          standby_on=(frozenset({"aws-1", "aws-2"}),) * 2)
+    d = {x.host: x for x in decide(rows, loads, room, NOW)}
+    assert d["aws-1"].action == "cordon", d
+
+
+@pytest.mark.timeout(240)
+def test_scale_in_keeps_the_machine_whose_prewarmed_vms_have_no_other_room_within_their_cloud(tmp_path, procs):
+    """(was: cordoned as "the other hosts have room for its 1 VMs and 2 prewarmed" — the room was
+    the operator's own host, outside the prewarm's `on`: the prewarm sat at 0 ready for good and
+    a create of its shape booted cold)"""
+    ctl, agents = fleet(tmp_path, procs, "a1")
+    with fuse.Client(ctl.url) as client:
+        register(client, "own1", agents["a1"])
+        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [BIG]})
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=256, on="dev"))
+        (machine,) = pw.new_hosts
+        ready(client, pw.id, 2, timeout=60)
+        vm = client.vms.create(name="work", on="dev", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
+        assert vm["host"] == machine
+        (d,) = [d for d in client.pool.cloud_reconcile() if d.host == machine]
+        assert d.action == "keep", d
+        assert client.hosts.get(machine).state == "active"
+        assert ready(client, pw.id, 2, timeout=10).ready == 2
+        got = client.vms.create(name="fast", on="dev", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
+        placed = [e for e in client.events.list(0, limit=500)["events"]
+                  if e["type"] == "placed" and e.get("vm") == "fast"]
+        assert got["host"] == machine and placed and placed[0].get("prewarmed"), placed  # (claimed: not cold)
+        client.vms.delete("fast")
+        client.vms.delete("work")
+        assert client.pool.remove_prewarm(pw.id)

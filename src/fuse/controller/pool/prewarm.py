@@ -681,6 +681,25 @@ class PrewarmService:
         return sorted(r["id"] for r in self._records()
                       if (t := parse_on(r["on"])).kind == "host" and t.name == host)
 
+    def room_hosts(self, pw_id: str) -> frozenset[str] | None:
+        """The hosts prewarm ``pw_id``'s VMs may be placed on again (its ``on``: the host it
+        is pinned to, the operator's own hosts, a cloud's; and each lists its image), None
+        when any host may (on auto, every host listing its image: then that set)."""
+        rec = self._get(pw_id)
+        if rec is None:
+            return None
+        target = parse_on(rec["on"])
+        if target.kind == "host":
+            return frozenset({target.name})
+        try:
+            among = self.ctl.vms._among(rec["on"])
+        except FuseError:  # (its cloud unlinked since: none of its hosts are left)
+            return frozenset()
+        views = self.ctl.fleet.views if self.ctl.fleet else {}
+        hosts = among if among is not None else {h["id"] for h in self.store.list_hosts()}
+        return frozenset(h for h in hosts if (v := views.get(h)) is None or v.summary.get("bundles") is None
+                         or rec["image"] in {b.get("name") for b in v.summary["bundles"]})
+
     def placed_on(self, host: str) -> set[str]:
         """The prewarms with a placement on ``host`` (its VMs there, or still to come)."""
         return {r["id"] for r in self._records() if r["placements"].get(host, 0) > 0}

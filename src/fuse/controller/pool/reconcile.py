@@ -23,7 +23,9 @@
    cordon holds the room its VMs need until they are gone. The standby VMs
    of a live prewarm count here as VMs (use, and room wanted elsewhere): a
    cordoned host's are no longer claimed, and the prewarm places them again
-   on a host that takes work (``PrewarmService.fill``).
+   on a host that takes work (``PrewarmService.fill``) — one within its ``on``
+   that has its image (``PrewarmService.room_hosts``): room elsewhere is none
+   for them.
 4. Anything else is kept, and says why.
 
 A host scale-in cordoned (not for its TTL; ``scaler_cordoned``) is still a
@@ -49,11 +51,20 @@ class Load:
     prewarmed: int = 0
     mem_mib: int = 0  # its memory capacity
     standby: tuple[int, ...] = ()  # MiB of each prewarmed VM (of a live prewarm)
+    # the hosts each prewarmed VM may be placed on again (its prewarm's ``on`` and image);
+    # None (or none given): any
+    standby_on: tuple[frozenset[str] | None, ...] = ()
 
     @property
     def held(self) -> tuple[int, ...]:
         """MiB of every VM that needs room elsewhere should the host be cordoned."""
         return self.vms + self.standby
+
+    @property
+    def items(self) -> list[tuple[int, frozenset[str] | None]]:
+        """``held`` with where each may go: (MiB, the hosts it may take room on, None: any)."""
+        on = list(self.standby_on) + [None] * (len(self.standby) - len(self.standby_on))
+        return [(mem, None) for mem in self.vms] + list(zip(self.standby, on))
 
 
 def _clock(t: float) -> str:
@@ -61,12 +72,13 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
-def _fits(vms: tuple[int, ...], room: list[tuple[int, int]]) -> bool:
-    """First fit decreasing of VM memory sizes into (free MiB, free slots) bins."""
-    bins = [list(r) for r in room]
-    for mem in sorted(vms, reverse=True):
-        for b in bins:
-            if b[0] >= mem and b[1] >= 1:
+def _fits(vms: list[tuple[int, frozenset[str] | None]], room: dict[str, tuple[int, int]]) -> bool:
+    """First fit decreasing of VMs (MiB, the hosts they may go to or None: any) into the
+    hosts' (free MiB, free slots)."""
+    bins = {h: list(r) for h, r in room.items()}
+    for mem, allowed in sorted(vms, key=lambda v: -v[0]):
+        for h, b in bins.items():
+            if (allowed is None or h in allowed) and b[0] >= mem and b[1] >= 1:
                 b[0] -= mem
                 b[1] -= 1
                 break
@@ -124,18 +136,18 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         cordoned = {x["name"] for x in live if x["state"] == "cordoned"
                     or (x["name"] in out and out[x["name"]].action == "cordon")}
         held = sorted(h for h in cordoned if loads.get(h, Load()).held)
-        owed = tuple(mem for h in held for mem in loads[h].held)
+        owed = [item for h in held for item in loads[h].items]
         # (nor the hosts this pass removes: they take nothing either)
         leaving = cordoned | {h for h, d in out.items() if d.action == "remove"}
-        others = [v for h, v in room.items() if h != r["name"] and h not in leaving]
+        others = {h: v for h, v in room.items() if h != r["name"] and h not in leaving}
         share = sum(load.held) / max(load.mem_mib, 1)
         mine = f"{len(load.vms)} VMs" + (f" and {len(load.standby)} prewarmed" if load.standby else "")
-        if _fits(load.held + owed, others):
+        if _fits(load.items + owed, others):
             also = f" and the {len(owed)} VMs of {', '.join(held)} (cordoned)" if held else ""
             out[r["name"]] = ElasticDecision(
                 host=r["name"], action="cordon", until=int(paid_until(r, now)),
                 reason=f"least used ({share:.0%} of its memory); the other hosts have room for its {mine}{also}")
-        elif held and _fits(load.held, others):
+        elif held and _fits(load.items, others):
             out[r["name"]] = ElasticDecision(
                 host=r["name"], action="keep", until=int(paid_until(r, now)),
                 reason=f"least used ({share:.0%} of its memory), but the room on the other hosts is held for the "
@@ -176,17 +188,20 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
     and the standby VMs of prewarms still live (not one whose run ended: the
     prewarm replaces it)."""
     live = pool.ctl.prewarm.live_ids()
+    where: dict[str, frozenset[str] | None] = {}  # prewarm -> the hosts its VMs may go to
     out = {}
     for r in rows:
         vms = pool.store.vms_on(r["name"])
         host = pool.store.get_host(r["name"]) or {}
         pending = pool.ctl.vms.pending_on(r["name"])
         work = [v["mem_mib"] for v in vms if v["state"] in WORK_STATES and not (v["record"] or {}).get("standby")]
-        standby = [v["mem_mib"] for v in vms if (v["record"] or {}).get("standby")
+        standby = [v for v in vms if (v["record"] or {}).get("standby")
                    and v["name"].rsplit("-", 1)[0] in live and v["state"] not in FINISHED]
         out[r["name"]] = Load(
             vms=tuple(work + ([pending.mem_mib] if pending.count > 0 else [])),
-            prewarmed=len(standby), standby=tuple(standby),
+            prewarmed=len(standby), standby=tuple(v["mem_mib"] for v in standby),
+            standby_on=tuple(where.setdefault(pw, pool.ctl.prewarm.room_hosts(pw))
+                             for pw in (v["name"].rsplit("-", 1)[0] for v in standby)),
             mem_mib=int((host.get("capacity") or {}).get("ram_mb", 0)))
     return out
 
