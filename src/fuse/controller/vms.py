@@ -270,6 +270,9 @@ class VmService:
                                                  buy=why_not is None)
                 except FuseError as exc:
                     reasons["elastic pool"] = exc.message
+                    if among is not None and req.host is None and (fresh := self._fresh_among(on, among)):
+                        among = fresh  # (a machine another create bought meanwhile: weighed, not called outside)
+                        continue
                     break
                 if why_not:
                     reasons["elastic pool"] = why_not  # (the answer, should no host have room still)
@@ -369,6 +372,16 @@ class VmService:
             return {r["id"] for r in self.store.list_hosts() if r["id"] not in elastic}
         self.ctl.pool.provider(on)  # a linked cloud, or 400
         return {n for n, r in elastic.items() if r["provider"] == on}
+
+    def _fresh_among(self, on: str, among: set[str]) -> set[str] | None:
+        """The hosts ``on`` allows now, when they are more than ``among`` (read as the create
+        began), else None: a create that found no room must not answer that a machine of
+        the cloud another create bought meanwhile is "not a host of" it."""
+        try:
+            fresh = self._among(on)
+        except FuseError:  # (the cloud unlinked meanwhile: nothing new in it)
+            return None
+        return fresh if fresh is not None and fresh - among else None
 
     def _outside(self, on: str) -> str:
         """Why a host is not among those ``on`` allows."""
