@@ -42,3 +42,25 @@ async def test_a_create_that_lost_the_race_for_the_last_machine_names_its_real_r
         await c.vms.delete(won[0]["name"])
         await c.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_new_hosts=0))
         await c.pool.cloud_remove_host([machine])
+
+
+@pytest.mark.timeout(120)
+def test_a_prewarm_pinned_to_a_cordoned_host_is_refused_for_the_cordon(tmp_path, procs):
+    """(was: "host own2 has room for 0 of 1 VMs" for a host with GBs free: the cordon unsaid,
+    where a create pinned there says "host is cordoned")"""
+    from support import start_agent
+    from test_review16_prewarm import register
+
+    procs.append(agent := start_agent(tmp_path, backend="fake", name="a1"))
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as client:
+        register(client, "own2", agent)
+        client.hosts.cordon("own2")
+        with pytest.raises(fuse.ApiError) as got:
+            client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, on="host:own2"))
+        assert got.value.code == "fleet_full"
+        assert got.value.message == "host own2: host is cordoned; no VM of the prewarm can be placed there"
+        client.hosts.uncordon("own2")
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, on="host:own2"))
+        assert [(p.host, p.count) for p in pw.placements] == [("own2", 1)]
+        assert client.pool.remove_prewarm(pw.id)

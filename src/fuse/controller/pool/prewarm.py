@@ -280,10 +280,12 @@ class PrewarmService:
             if h.get("bundles") is not None and image not in h["bundles"]:
                 raise InvalidArgument(f"host {host} has no image {image!r} (its guest bundles: "
                                       f"{', '.join(sorted(h['bundles'])) or 'none'}): its VMs would never get ready")
+            if h.get("state") == "unavailable":  # (why, as a create pinned there is told: cordoned, say)
+                why = self.ctl.vms.arrays(only=host)[1].get(host) or "host takes no work"
+                raise FleetFull(f"host {host}: {why}; no VM of the prewarm can be placed there")
             fits = min(h["free_mem_mib"] // mem, h["free_vm_slots"])
-            if h.get("state") == "unavailable" or fits < count:
-                raise FleetFull(f"host {host} has room for {max(fits, 0) if h.get('state') != 'unavailable' else 0} "
-                                f"of {count} VMs of {cpus} vCPUs and {mem} MiB")
+            if fits < count:
+                raise FleetFull(f"host {host} has room for {max(fits, 0)} of {count} VMs of {cpus} vCPUs and {mem} MiB")
             return {host: count}, []
         pool = self.ctl.pool
         # with no cloud linked nothing can be bought: the operator's own hosts only
