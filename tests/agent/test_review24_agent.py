@@ -108,3 +108,33 @@ async def test_a_wake_on_a_bundle_rebuilt_since_the_vm_slept_is_refused(make_hos
     manifest.write_text(kept)
     r = await host.client.post("/v1/host/vms/a/wake")
     assert r.status_code == 200 and r.json()["state"] == "running", r.text
+
+
+async def test_a_sleep_that_failed_on_a_full_disk_says_so(make_host, monkeypatch):
+    """(was: "could not sleep: saving state failed: Unable to write to command: Broken pipe",
+    all QEMU says when the state file no longer fits; the VM runs on either way)"""
+    from collections import namedtuple
+
+    from fuse.agent import vms as vms_mod
+    from fuse.agent.backends.base import BackendError
+
+    host = await make_host(backend="fake")
+    r = await host.client.post("/v1/host/vms", json={"name": "a", "shape": {"vcpus": 1, "mem_mib": 512},
+                                                     "entry": "sleep 600"})
+    assert r.status_code == 201, r.text
+
+    async def broken_pipe(spec):
+        raise BackendError("saving state failed: Unable to write to command: Broken pipe")
+
+    monkeypatch.setattr(host.vms.backend, "sleep", broken_pipe)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(vms_mod.shutil, "disk_usage", lambda _p: usage(2**30, 2**30 - 100 * 2**20, 100 * 2**20))
+    r = await host.client.post("/v1/host/vms/a/sleep")
+    assert (r.status_code, r.json()["error"]["code"]) == (500, "sleep_failed"), r.text
+    assert r.json()["error"]["message"] == (
+        "vm a could not sleep: saving state failed: Unable to write to command: Broken pipe (no room on this "
+        "host's disk: 100 MiB free, and its state takes up to its 512 MiB of memory)")
+    monkeypatch.setattr(vms_mod.shutil, "disk_usage", lambda _p: usage(2**40, 0, 2**40))
+    r = await host.client.post("/v1/host/vms/a/sleep")  # (room enough: the hypervisor's word alone)
+    assert r.json()["error"]["message"].endswith("Broken pipe"), r.text
+    assert (await host.client.get("/v1/host/vms/a")).json()["state"] == "running"

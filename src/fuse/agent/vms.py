@@ -429,7 +429,8 @@ class VmManager:
                     # cannot sleep.
                     self._ended(vm)
                     raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep") from exc
-                raise FuseError(f"vm {name} could not sleep: {exc}", code="sleep_failed") from exc
+                raise FuseError(f"vm {name} could not sleep: {exc}{_disk_short(spec.state_dir, vm.shape.mem_mib)}",
+                                code="sleep_failed") from exc
             self.metering.stop(name)
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
             self.metering.state_written(name, sum(f.size for f in vm.files), created_at=_created(vm))
@@ -789,6 +790,19 @@ def _created(vm: Vm) -> str:
     """``vm.created_at`` as its record shows it (``GET /v1/host/vms``): with
     the name, what tells a VM from an earlier one of the same name."""
     return vm.model_dump(mode="json", include={"created_at"})["created_at"]
+
+
+def _disk_short(state_dir: Path, mem_mib: int) -> str:
+    """Why a failed sleep may have failed, when the disk is the likely cause: its state file
+    (up to the VM's memory) did not fit what is free. The hypervisor says only that its
+    write failed ("Broken pipe")."""
+    try:
+        free = shutil.disk_usage(state_dir if state_dir.exists() else state_dir.parent).free // 2**20
+    except OSError:
+        return ""
+    if free >= mem_mib:
+        return ""
+    return f" (no room on this host's disk: {free} MiB free, and its state takes up to its {mem_mib} MiB of memory)"
 
 
 def _still_here(vms: VmManager, name: str, vm: Vm) -> None:
