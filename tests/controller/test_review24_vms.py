@@ -74,3 +74,20 @@ def test_a_create_that_failed_to_boot_on_one_host_leaves_nothing_there(tmp_path,
         assert [(v["name"], v["host"]) for v in client.vms.list()] == [("mx", "good")]
         client.vms.delete("mx")
         assert agent_vms(good) == {}
+
+
+def test_a_machine_cordoned_under_one_of_its_names_takes_no_vm_under_the_other(fleet):
+    """(was: cordoning p1 left the machine open through p2: a create placed there)"""
+    a = fleet.agent("a1")
+    fleet.add("p1", a)
+    fleet.add("p2", a)
+    fleet.client.hosts.cordon("p1")
+    for pin in (None, "p2"):
+        with pytest.raises(fuse.ApiError) as got:
+            fleet.client.vms.create(name="x", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600",
+                                    **({"host": pin} if pin else {}))
+        assert got.value.code == "fleet_full", got.value
+        assert got.value.details["hosts"]["p2"] == "host is cordoned (as p1: the same machine)"
+    fleet.client.hosts.uncordon("p1")
+    assert fleet.client.vms.create(name="x", host="p2", shape={"vcpus": 1, "mem_mib": 256},
+                                   entry="sleep 600")["host"] == "p2"

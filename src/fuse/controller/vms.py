@@ -137,6 +137,7 @@ class VmService:
             rows = [r for r in rows if r["id"] in among]
         alloc = self.store.allocated()
         machine = machine_names(every)
+        state_of = {r["id"]: r["state"] for r in every}
         zero, none = Resources(), {}
         pending = dict(self._pending)  # per host: what this replica and the others are placing there
         for h, res in elsewhere.items():
@@ -172,6 +173,10 @@ class VmService:
             agent_limits[hid] = s.get("max_vms")
             if r["state"] != "active":
                 reasons[hid] = f"host is {r['state']}"
+            elif len(names) > 1 and (alias := next((h for h in names if state_of.get(h, "active") != "active"),
+                                                   None)):
+                # one machine: cordoned (or draining) under one name, it takes no work under another
+                reasons[hid] = f"host is {state_of[alias]} (as {alias}: the same machine)"
             elif view is None or not view.connected:
                 reasons[hid] = "host is disconnected" + (f": {view.error}" if view and view.error else "")
             elif s.get("memory_pressure"):
