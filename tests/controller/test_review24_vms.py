@@ -11,7 +11,7 @@ import pytest
 
 import fuse
 from fuse.agent.bundle import fingerprint
-from support import agent_vms, install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
+from support import Proxy, agent_vms, install_bundle, real_bundle_dir, start_agent, start_controller, wait_until
 
 
 def renamed_bundle(state, name="mix", broken=False):
@@ -91,3 +91,40 @@ def test_a_machine_cordoned_under_one_of_its_names_takes_no_vm_under_the_other(f
     fleet.client.hosts.uncordon("p1")
     assert fleet.client.vms.create(name="x", host="p2", shape={"vcpus": 1, "mem_mib": 256},
                                    entry="sleep 600")["host"] == "p2"
+
+
+class CreatedAs500(Proxy):
+    """A proxy whose ``201 Created`` answers reach the controller as ``500``, body and all:
+    a host that made the VM but answered as if it had failed."""
+
+    def _pipe(self, src, dst, requests: bool) -> None:
+        if requests:
+            return super()._pipe(src, dst, requests)
+        try:
+            while data := src.recv(65536):
+                if data.startswith(b"HTTP/1.1 201 Created\r\n"):
+                    data = b"HTTP/1.1 500 Internal Server Error\r\n" + data[len(b"HTTP/1.1 201 Created\r\n"):]
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._close(src)
+        self._close(dst)
+
+
+def test_a_vm_a_host_runs_though_it_answered_500_is_not_created_again_elsewhere(fleet):
+    """A 5xx is no proof that nothing runs there: the controller asks the host before it tries
+    the next one (else the VM would run on both)."""
+    a1, a2 = fleet.agent("a1"), fleet.agent("a2")
+    proxy = CreatedAs500(int(a1.url.rsplit(":", 1)[1]))
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(  # the smaller: best fit tries it first
+            id="h1", url=proxy.url, token=a1.token, backend="qemu",
+            capacity=fuse.HostCapacity(vm_count=4, ram_mb=1024, cpus=2)))
+        fleet.add("h2", a2)
+        wait_until(lambda: all(h.connected for h in fleet.client.hosts.list()), timeout=30, what="hosts connected")
+        vm = fleet.client.vms.create(name="once", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
+        assert vm["host"] == "h1" and vm["state"] == "running", vm
+        assert list(agent_vms(a1)) == ["once"] and agent_vms(a2) == {}
+        assert [(v["name"], v["host"]) for v in fleet.client.vms.list()] == [("once", "h1")]
+    finally:
+        proxy.close()

@@ -303,8 +303,11 @@ class VmService:
                             details={"host": host, "vm": name}) from None
                     reasons[host] = exc.message  # (never sent: the connection failed)
                     continue
-                if resp.status_code == 201:
-                    vm = resp.json()
+                # a 5xx: the boot that failed leaves the host a `failed` record, removed here; one the
+                # host runs all the same (its answer was about something else) is the create's VM there
+                landed = await self._clear_failed(host, name) if resp.status_code >= 500 else None
+                if resp.status_code == 201 or landed is not None:
+                    vm = landed or resp.json()
                     self._record(host, vm)
                     self._take_room(host, vm, read)
                     self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
@@ -317,8 +320,6 @@ class VmService:
                     raise VmExists(f"a vm named {name} already exists on host {host}")
                 if resp.status_code == 400:
                     raise err
-                if resp.status_code >= 500:  # (a boot that failed leaves the host a `failed` record)
-                    await self._clear_failed(host, name)
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
                 self._release(host, ask, name, row)
@@ -823,20 +824,26 @@ class VmService:
                 out.append((r["record"] or {}) | {"name": r["name"], "host": r["host"], "state": r["state"]})
         return out
 
-    async def _clear_failed(self, host: str, name: str) -> None:
-        """Remove the record a create that failed on ``host`` left there (its agent keeps a VM
-        that failed to boot as ``failed``), before the create tries another host: the name
-        would otherwise be on two hosts (``ambiguous_vm`` for every later call) or stay taken
-        after a ``fleet_full`` answer. Only a record that holds nothing goes; one that runs
-        (the host's answer was not about its boot) is left for the VM list to show."""
+    async def _clear_failed(self, host: str, name: str) -> dict | None:
+        """After ``host`` answered a create with a 5xx: remove the record it left there (its
+        agent keeps a VM that failed to boot as ``failed``) before the create tries another
+        host, where the name would otherwise be twice (``ambiguous_vm`` for every later call)
+        or stay taken after a ``fleet_full`` answer. A VM the host has all the same, booting or
+        running, is returned: it is the create's (another host would run it a second time)."""
         try:
             resp = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
-            if resp.status_code == 200 and resp.json().get("state") in ("failed", "exited"):
+            if resp.status_code != 200:
+                return None
+            vm = resp.json()
+            if vm.get("state") in ("creating", "running"):
+                return vm
+            if vm.get("state") in ("failed", "exited"):
                 await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
                 with self.store.tx() as c:  # (the poller may have listed it meanwhile)
                     c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
         except Exception as exc:  # (the VM list shows it, and a delete with ?host= removes it)
             log.warning("host %s: the failed create of vm %s left a record there: %s", host, name, exc)
+        return None
 
     async def _call(self, host: str, method: str, path: str, **kw):
         resp = await self.fleet.conn(host).request(method, path, **kw)
