@@ -477,7 +477,6 @@ class VmManager:
                     vm.reserved = True  # counted from here, so no create takes the room
             try:
                 spec = self.spec(vm)  # (its bundle gone: 500 bundle_missing)
-                _same_bundle(self, vm)
                 self._set_mark(vm, WAKE_MARK)
                 vm.pid = await self.backend.wake(spec)
             except (BackendError, OSError, FuseError) as exc:
@@ -810,17 +809,6 @@ def _still_here(vms: VmManager, name: str, vm: Vm) -> None:
     a state no caller can read, which said the VM still existed)."""
     if vms.vms.get(name) is not vm:
         raise NotFound(f"no vm named {name} on this host")
-
-
-def _same_bundle(vms: VmManager, vm: Vm) -> None:
-    """409 ``bundle_mismatch`` when the VM's bundle was rebuilt from other files since it
-    booted: its memory holds the kernel it booted, and QEMU would load the new files beside
-    it while the record names the old (the incoming side refuses the same)."""
-    b = vms.bundle(vm.bundle)
-    if vm.bundle_fingerprint and not isinstance(b, str) and b.fingerprint != vm.bundle_fingerprint:
-        raise Conflict(f"bundle {vm.bundle} here: fingerprint {b.fingerprint[:12]}; the vm booted "
-                       f"fingerprint {vm.bundle_fingerprint[:12]} (rebuilt since it slept): it stays asleep",
-                       code="bundle_mismatch")
 
 
 def _holds_memory(vm: Vm) -> bool:
