@@ -71,20 +71,22 @@ def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc"), 
 
 
 def untouched_mib(vms: list[tuple[int, int | None]], proc: Path = Path("/proc")) -> int:
-    """Memory promised to VMs that their processes do not hold yet: Σ max(0, memory − the
-    process's resident set) over (MiB given, pid or None) pairs; a VM with no process yet
-    (creating, incoming, reserved) counts whole. The resident set includes the
-    hypervisor's own few dozen MiB, which the estimate errs by (towards admitting)."""
+    """Memory promised to VMs that their processes do not hold yet: Σ max(0, memory − what
+    the process holds of its own) over (MiB given, pid or None) pairs; a VM with no process
+    yet (creating, incoming, reserved) counts whole. What it holds is its anonymous and
+    shared-memory resident pages (RssAnon + RssShmem), not VmRSS: its file pages (the
+    hypervisor's binary and libraries, ~70 MiB a QEMU, shared by all of them) are page
+    cache that MemAvailable counts as available. The hypervisor's own heap is in it, which
+    the estimate errs by (towards admitting)."""
     total = 0
     for mem_mib, pid in vms:
-        rss = 0
+        held = 0
         if pid:
             try:
                 for line in (proc / str(pid) / "status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        rss = int(line.split()[1]) // 1024
-                        break
+                    if line.startswith(("RssAnon:", "RssShmem:")):
+                        held += int(line.split()[1]) // 1024
             except (OSError, ValueError, IndexError):
-                rss = 0  # (gone: its memory is not taken either)
-        total += max(0, mem_mib - rss)
+                held = 0  # (gone: its memory is not taken either)
+        total += max(0, mem_mib - held)
     return total

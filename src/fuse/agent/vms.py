@@ -792,8 +792,8 @@ def _created(vm: Vm) -> str:
 
 
 def _disk_short(state_dir: Path, mem_mib: int) -> str:
-    """Why a failed sleep may have failed, when the disk is the likely cause: its state file
-    (up to the VM's memory) did not fit what is free. The hypervisor says only that its
+    """Why a failed sleep may have failed, when the disk may be the cause: its state file
+    (up to the VM's memory) may not have fit what is free. The hypervisor says only that its
     write failed ("Broken pipe")."""
     try:
         free = shutil.disk_usage(state_dir if state_dir.exists() else state_dir.parent).free // 2**20
@@ -801,7 +801,7 @@ def _disk_short(state_dir: Path, mem_mib: int) -> str:
         return ""
     if free >= mem_mib:
         return ""
-    return f" (no room on this host's disk: {free} MiB free, and its state takes up to its {mem_mib} MiB of memory)"
+    return f" (the host's disk may be full: {free} MiB free, and its state takes up to its {mem_mib} MiB of memory)"
 
 
 def _still_here(vms: VmManager, name: str, vm: Vm) -> None:
