@@ -95,3 +95,20 @@ def test_scale_in_keeps_the_machine_whose_prewarmed_vms_have_no_other_room_withi
         client.vms.delete("fast")
         client.vms.delete("work")
         assert client.pool.remove_prewarm(pw.id)
+
+
+def test_scale_in_owes_no_room_to_standby_vms_no_other_host_may_take_and_packs_the_choosy_first():
+    """(a diff review: a cordoned host's VMs of a prewarm pinned there blocked every cordon in the
+    fleet, "room held" for them; and first fit by size alone put a VM that may go anywhere on the
+    one host a standby VM could use)"""
+    from fuse.controller.pool.reconcile import Load, _fits, decide
+    from test_elastic_rules import NOW, row
+
+    rows = [row(name="c1", state="cordoned"), row(name="b1"), row(name="b2")]
+    loads = {"c1": Load(vms=(256,), prewarmed=1, standby=(512,), mem_mib=4096, standby_on=(frozenset({"c1"}),)),
+             "b1": Load(vms=(256,), mem_mib=4096), "b2": Load(vms=(256, 256), mem_mib=4096)}
+    d = {x.host: x for x in decide(rows, loads, {"b1": (3000, 10), "b2": (3000, 10)}, NOW)}
+    assert d["b1"].action == "cordon", d
+    assert "the 1 VMs of c1 (cordoned)" in d["b1"].reason, d  # (its VM, not the pinned standby one)
+    assert _fits([(1024, None), (1024, frozenset({"A"}))], {"A": (1024, 5), "B": (1024, 5)})
+    assert not _fits([(1024, frozenset({"A"})), (1024, frozenset({"A"}))], {"A": (1024, 5), "B": (1024, 5)})

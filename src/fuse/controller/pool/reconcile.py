@@ -35,6 +35,7 @@ finds no other host uncordons it (``uncordon``) before anything is bought.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...models.pool import ElasticDecision
@@ -76,7 +77,9 @@ def _fits(vms: list[tuple[int, frozenset[str] | None]], room: dict[str, tuple[in
     """First fit decreasing of VMs (MiB, the hosts they may go to or None: any) into the
     hosts' (free MiB, free slots)."""
     bins = {h: list(r) for h, r in room.items()}
-    for mem, allowed in sorted(vms, key=lambda v: -v[0]):
+    # those with the fewest hosts to go to first (a VM that may go anywhere took the one
+    # host a standby VM may use), each kind largest first
+    for mem, allowed in sorted(vms, key=lambda v: (math.inf if v[1] is None else len(v[1]), -v[0])):
         for h, b in bins.items():
             if (allowed is None or h in allowed) and b[0] >= mem and b[1] >= 1:
                 b[0] -= mem
@@ -135,11 +138,14 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         # them, not to this host's VMs (two hosts were cordoned against the same free MiB).
         cordoned = {x["name"] for x in live if x["state"] == "cordoned"
                     or (x["name"] in out and out[x["name"]].action == "cordon")}
-        held = sorted(h for h in cordoned if loads.get(h, Load()).held)
-        owed = [item for h in held for item in loads[h].items]
         # (nor the hosts this pass removes: they take nothing either)
         leaving = cordoned | {h for h, d in out.items() if d.action == "remove"}
         others = {h: v for h, v in room.items() if h != r["name"] and h not in leaving}
+        # (a VM no other host may take — a prewarm pinned to its host — is owed no room)
+        owing = {h: [(mem, on) for mem, on in loads.get(h, Load()).items if on is None or on & others.keys()]
+                 for h in sorted(cordoned)}
+        held = [h for h, items in owing.items() if items]
+        owed = [item for h in held for item in owing[h]]
         share = sum(load.held) / max(load.mem_mib, 1)
         mine = f"{len(load.vms)} VMs" + (f" and {len(load.standby)} prewarmed" if load.standby else "")
         if _fits(load.items + owed, others):
