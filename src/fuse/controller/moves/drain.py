@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from ...envsettings import seconds
 from ...errors import FuseError
 from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from ..store import moves as moves_t
@@ -35,10 +36,16 @@ from .records import ACTIVE, LEASE_S, MoveRecords, log
 DRAIN_MOVE_WAIT_S = 900.0
 # A prewarm's standby VMs are not moved (they have no entry yet): their prewarm places
 # them again on other hosts and removes them here; the drain waits this long at most.
-DRAIN_STANDBY_WAIT_S = 60.0
-STANDBY_STAYS = ("a prewarm's standby VM (no entry yet: not moved): its prewarm places it again on another "
-                 "host and removes it here once one has room (a prewarm pinned to this host keeps it here); "
-                 "remove the prewarm, or delete the VM")
+DRAIN_STANDBY_WAIT_S = seconds("FUSE_DRAIN_STANDBY_WAIT_S", 60.0)
+STANDBY = "a prewarm's standby VM (no entry yet: not moved)"
+STANDBY_STAYS = {  # why one stays, by what became of its prewarm
+    "waits": f"{STANDBY}: its prewarm found no room for it on another host in time (it goes once one has "
+             "room); remove the prewarm, or delete the VM",
+    "pinned": f"{STANDBY}: its prewarm is pinned to this host (on host:...); remove the prewarm, or delete the VM",
+    "nowhere": f"{STANDBY}: no other host within its prewarm's on has its image; remove the prewarm, or delete "
+               "the VM",
+    "ended": f"{STANDBY} of a prewarm that ended: delete the VM",
+}
 
 
 class MoveDrains(MoveRecords):
@@ -79,7 +86,7 @@ class MoveDrains(MoveRecords):
             await asyncio.sleep(1)
             host = self.store.get_host(host_id)
             if host is None or host["state"] != "draining":
-                return {"host": host_id, "moved": [], "stuck": [], "finished": []}
+                return {"host": host_id, "moved": [], "stuck": [], "finished": [], "prewarmed": []}
         done = True
         self._held_drains.add(host_id)
         try:
@@ -188,27 +195,38 @@ class MoveDrains(MoveRecords):
                 break
             if not await self._drain_round(host_id, left, moved, stuck, finished):
                 break
-        stays = await self._standby_left(host_id, standby) if standby else []
-        stuck += [{"vm": name, "code": "standby", "reason": STANDBY_STAYS} for name in stays]
+        stays = await self._standby_left(host_id, standby) if standby else {}
+        stuck += [{"vm": name, "code": "standby", "reason": STANDBY_STAYS[why]} for name, why in sorted(stays.items())]
         return {"host": host_id, "moved": moved, "stuck": stuck,
                 "finished": sorted(finished, key=lambda f: f["vm"]),
                 "prewarmed": sorted(set(standby) - set(stays))}
 
-    async def _standby_left(self, host_id: str, names: list[str]) -> list[str]:
+    async def _standby_left(self, host_id: str, names: list[str]) -> dict[str, str]:
         """Hand a prewarm's standby VMs on draining ``host_id`` to their prewarm (its refill
         places them again elsewhere, then deletes them here, as off a cordoned host) and wait
-        (DRAIN_STANDBY_WAIT_S at most) while it does; those still here then."""
+        (DRAIN_STANDBY_WAIT_S at most) while it does; those still here then, each with why
+        (a ``STANDBY_STAYS`` key). Not waited for: those whose prewarm is pinned here, ended,
+        or may go to no other host (``room_hosts``)."""
         deadline = time.monotonic() + DRAIN_STANDBY_WAIT_S
-        pinned = set(self.ctl.prewarm.pinned_to(host_id))  # (theirs go nowhere else: not waited for)
-        stay = [n for n in names if n.rsplit("-", 1)[0] in pinned]
+        pw = self.ctl.prewarm
+        live, pinned = pw.live_ids(), set(pw.pinned_to(host_id))
+        stay: dict[str, str] = {}
+        for name in names:
+            pw_id = name.rsplit("-", 1)[0]
+            if pw_id not in live:
+                stay[name] = "ended"
+            elif pw_id in pinned:
+                stay[name] = "pinned"
+            elif (room := pw.room_hosts(pw_id)) is not None and not room - {host_id}:
+                stay[name] = "nowhere"
         names = [n for n in names if n not in stay]
         while True:
             here = [n for n in names if any(r["host"] == host_id for r in self.store.vms_named(n))]
             host = self.store.get_host(host_id)
             if not here or host is None or host["state"] != "draining" or time.monotonic() >= deadline:
-                return sorted(stay + here)
-            await self.ctl.prewarm.fill()
-            await asyncio.sleep(0.5)
+                return stay | dict.fromkeys(here, "waits")
+            await pw.hand_over(host_id)  # (now: the VMs with work have taken the room they needed first)
+            await asyncio.sleep(1.0)
 
     async def _arrivals(self, host_id: str) -> bool:
         """Wait (DRAIN_MOVE_WAIT_S at most) while a move into ``host_id`` is under way or a

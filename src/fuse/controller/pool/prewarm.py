@@ -172,12 +172,6 @@ class PrewarmService:
         row = self.store.get_host(host)
         return row is not None and row["state"] == "active" and self._answers(host)
 
-    def _cordoned(self, host: str) -> bool:
-        """Registered and cordoned or draining: nobody moves its standby VMs off but the
-        refill (a drain does not move them, they have no entry yet: it waits for this)."""
-        row = self.store.get_host(host)
-        return row is not None and row["state"] in ("cordoned", "draining")
-
     def view(self, rec: dict[str, Any]) -> Prewarm:
         vms = self._standby(rec["id"])
         placements = []
@@ -398,21 +392,52 @@ class PrewarmService:
                     if placed is not None and placed[0] is None:
                         continue  # it ended meanwhile
                     rec = placed[0] if placed is not None else rec
-                have = self._standby(rec["id"])
-                pinned = parse_on(rec["on"]).kind == "host"  # (its VMs go nowhere else: they wait there)
-                for host in [h for h in rec["placements"] if not pinned and self._cordoned(h)
-                             and any(v["host"] == h for v in have)]:
-                    rec = await self._leave(rec, host)
-                    if rec is None:
-                        break
+                # (a draining host's are the drain's to hand over, once the VMs with work have moved:
+                # placed again at once, they took the room those needed on the drain's targets)
+                rec = await self._off(rec, ("cordoned",))
                 if rec is None:
                     continue  # it ended meanwhile
-                have = self._standby(rec["id"])
-                for host, want in list(rec["placements"].items()):
-                    short = want - sum(v["host"] == host for v in have)
-                    for _ in range(max(0, short)):
-                        if not await self._create_one(rec, host):
-                            break
+                await self._fill_places(rec)
+
+    async def hand_over(self, host: str) -> None:
+        """A drain's last step: the standby VMs on draining ``host`` are placed again elsewhere
+        (created there, the budget's ``warm`` on or off: the prewarm's count is unchanged) and
+        removed from it, as off a cordoned host; those nothing has room for stay."""
+        async with self._fill_lock:
+            for rec in self._records():
+                if rec["expires_at"] <= time.time() or parse_on(rec["on"]).kind == "host":
+                    continue
+                if not any(v["host"] == host for v in self._standby(rec["id"])):
+                    continue
+                moved = await self._leave(rec, host)
+                if moved is not None and moved is not rec:
+                    await self._fill_places(moved, {h: n - rec["placements"].get(h, 0)
+                                                    for h, n in moved["placements"].items()})
+
+    async def _fill_places(self, rec: dict, only: dict[str, int] | None = None) -> None:
+        """Create the standby VMs ``rec``'s placements lack (``only``: at most that many a host)."""
+        have = self._standby(rec["id"])
+        for host, want in list(rec["placements"].items()):
+            short = want - sum(v["host"] == host for v in have)
+            if only is not None:
+                short = min(short, only.get(host, 0))
+            for _ in range(max(0, short)):
+                if not await self._create_one(rec, host):
+                    break
+
+    async def _off(self, rec: dict, states: tuple[str, ...]) -> dict | None:
+        """Prewarm ``rec``'s standby VMs leave the hosts in ``states`` (``_leave``); the record
+        then, None when the prewarm ended meanwhile. A pinned prewarm's wait there."""
+        if parse_on(rec["on"]).kind == "host":
+            return rec
+        have = self._standby(rec["id"])
+        for host in [h for h in rec["placements"] if any(v["host"] == h for v in have)]:
+            row = self.store.get_host(host)
+            if row is not None and row["state"] in states:
+                rec = await self._leave(rec, host)
+                if rec is None:
+                    return None
+        return rec
 
     async def _leave(self, rec: dict, host: str) -> dict | None:
         """Place prewarm ``rec``'s VMs on cordoned ``host`` again elsewhere (its own solve,

@@ -141,8 +141,10 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         # (nor the hosts this pass removes: they take nothing either)
         leaving = cordoned | {h for h, d in out.items() if d.action == "remove"}
         others = {h: v for h, v in room.items() if h != r["name"] and h not in leaving}
-        # (a VM no other host may take — a prewarm pinned to its host — is owed no room)
-        owing = {h: [(mem, on) for mem, on in loads.get(h, Load()).items if on is None or on & others.keys()]
+        # (a VM no host may take — a prewarm pinned to its cordoned host — is owed no room; one
+        # only this candidate may take keeps it: cordoned too, they would have nowhere to go)
+        can = others.keys() | {r["name"]}
+        owing = {h: [(mem, on) for mem, on in loads.get(h, Load()).items if on is None or on & can]
                  for h in sorted(cordoned)}
         held = [h for h, items in owing.items() if items]
         owed = [item for h in held for item in owing[h]]
@@ -206,7 +208,7 @@ def loads_of(pool, rows: list[dict]) -> dict[str, Load]:
         out[r["name"]] = Load(
             vms=tuple(work + ([pending.mem_mib] if pending.count > 0 else [])),
             prewarmed=len(standby), standby=tuple(v["mem_mib"] for v in standby),
-            standby_on=tuple(where.setdefault(pw, pool.ctl.prewarm.room_hosts(pw))
+            standby_on=tuple(where[pw] if pw in where else where.setdefault(pw, pool.ctl.prewarm.room_hosts(pw))
                              for pw in (v["name"].rsplit("-", 1)[0] for v in standby)),
             mem_mib=int((host.get("capacity") or {}).get("ram_mb", 0)))
     return out

@@ -143,10 +143,13 @@ async def get_host(request: Request, host_id: str) -> Host:
              responses={200: {"model": DrainReport,
                               "description": "drain: what moved and what could not (each stuck VM with a code: the "
                                              "move's refusal, move_failed, or drain_stopped when the host was "
-                                             "uncordoned, cordoned or deregistered before the drain tried it); "
-                                             "VMs whose run is over (exited, failed) are listed in finished, not "
-                                             "stuck: nothing to move, and they do not keep the host from being "
-                                             "deregistered (they go with it)"},
+                                             "uncordoned, cordoned or deregistered before the drain tried it, "
+                                             "or standby: a prewarm's standby VM its prewarm could not place "
+                                             "elsewhere); VMs whose run is over (exited, failed) are listed in "
+                                             "finished, not stuck: nothing to move, and they do not keep the host "
+                                             "from being deregistered (they go with it); a prewarm's standby VMs "
+                                             "are not moved: those their prewarm placed again elsewhere (and "
+                                             "removed here) are listed in prewarmed"},
                         **responses(s404="not_found: no such host")},
              summary="actOnHost: cordon or uncordon (204); drain moves every VM away and reports (200).")
 async def host_action(request: Request, host_id: str,
