@@ -285,8 +285,8 @@ def _action(verb: str, name: str):
                     typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
                 for f in report.get("finished") or []:
                     typer.echo(f"  finished {f['vm']} ({f['state']}): nothing to move, it goes with the host")
-                for name in report.get("prewarmed") or []:
-                    typer.echo(f"  prewarmed {name}: a standby VM, placed again elsewhere by its prewarm")
+                for vm in report.get("prewarmed") or []:
+                    typer.echo(f"  prewarmed {vm}: a standby VM, placed again elsewhere by its prewarm")
         if verb == "drain" and report["stuck"]:
             raise typer.Exit(1)
     run.__name__ = f"hosts_{name}"
