@@ -48,7 +48,8 @@ def test_each_action_answers_json_under_json(env, host):
     assert state(env, host) == "cordoned"
     assert json.loads(fuse_cli(env, "uncordon", host, "--json")) == {"id": host, "action": "uncordon", "ok": True}
     assert state(env, host) == "active"
-    assert json.loads(fuse_cli(env, "drain", host, "--json")) == {"host": host, "moved": [], "stuck": [], "finished": []}
+    assert json.loads(fuse_cli(env, "drain", host, "--json")) == {"host": host, "moved": [], "stuck": [], "finished": [],
+                                                                  "prewarmed": []}
     assert state(env, host) == "draining"
     assert json.loads(fuse_cli(env, "remove", host, "--json")) == {"id": host, "action": "remove", "ok": True}
     assert host not in [h["id"] for h in json.loads(fuse_cli(env, "list", "--json"))]

@@ -111,7 +111,7 @@ def test_a_drain_with_nothing_finished_reports_an_empty_finished_list(fleet):
     wait_until(lambda: all(h.connected for h in fleet.client.hosts.list()), what="hosts connected")
     report = fleet.client.hosts.drain("h1")
     assert report == {"host": "h1", "moved": [{"vm": "run1", "move": report["moved"][0]["move"], "to": "h2"}],
-                      "stuck": [], "finished": []}
+                      "stuck": [], "finished": [], "prewarmed": []}
 
 
 # ---- what the OpenAPI document says -------------------------------------------------------
