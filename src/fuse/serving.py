@@ -25,8 +25,57 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from .envsettings import seconds
 from .paths import private_dir
 from .statelock import lock_file
+
+# A connection that has not sent a whole request head this long after it opened, or after
+# its last answer, is closed: silent or half-sent connections held a descriptor each for
+# good, and enough of them (no token needed to open one) left the server none to answer with.
+HEAD_TIMEOUT_S = seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
+
+
+def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol ``base``, closing a connection with no request in flight
+    ``HEAD_TIMEOUT_S`` after it opened or answered (uvicorn's keep-alive timer starts only
+    after an answer, and stops at the first byte of the next request)."""
+
+    class HeadDeadline(base):  # type: ignore[misc, valid-type]
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_head)
+
+        def _no_head(self) -> None:
+            self._head_timer = None
+            t = getattr(self, "transport", None)
+            if t is None or t.is_closing() or t.get_protocol() is not self:
+                return
+            if (conns := getattr(self, "connections", None)) is not None and self not in conns:
+                return  # (uvicorn's no longer: the agent's bulk copy has it)
+            cycle = getattr(self, "cycle", None)
+            if cycle is None or cycle.response_complete:  # (no request in flight: none came whole)
+                t.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+    HeadDeadline.__name__ = f"HeadDeadline{base.__name__}"
+    return HeadDeadline
 
 
 class SocketInUse(OSError):
@@ -136,7 +185,8 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     bulk = getattr(getattr(app, "state", None), "bulk", None)
 
     def http(trusted: bool, tls: bool = False) -> Any:
-        return bulk.protocol(AutoHTTPProtocol, trusted) if bulk and not tls else "auto"
+        base = with_head_deadline(AutoHTTPProtocol)
+        return bulk.protocol(base, trusted) if bulk and not tls else base
 
     if listen:
         host, port = parse_listen(listen)

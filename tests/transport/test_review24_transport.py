@@ -1,0 +1,44 @@
+"""Twenty-fourth session: connections that never send a whole request are closed."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+
+from support import start_agent, start_controller
+
+
+def closed_within(port: int, first: bytes, secs: float) -> float | None:
+    """Open a connection, send ``first``, then nothing: seconds until the server closed it
+    (None: still open after ``secs``)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(secs)
+    t0 = time.monotonic()
+    try:
+        if first:
+            s.sendall(first)
+        return time.monotonic() - t0 if s.recv(4096) == b"" else None
+    except socket.timeout:
+        return None
+    finally:
+        s.close()
+
+
+def test_silent_and_half_sent_connections_are_closed_and_requests_in_flight_are_not(tmp_path, procs):
+    """(a review: the controller's and the agent's TCP listeners kept a connection that sent
+    nothing, or half its headers, for good: 1,100 of them left a controller no descriptor to
+    answer with, on its TCP listener and its owner-only socket alike)"""
+    env = {"FUSE_HTTP_HEAD_TIMEOUT_S": "2"}
+    procs.append(ctl := start_controller(tmp_path, listen=True, env=env))
+    procs.append(agent := start_agent(tmp_path, backend="fake", name="a1", env=env))
+    for url in (f"http://127.0.0.1:{ctl.extra['port']}", agent.url):
+        port = int(url.rsplit(":", 1)[1])
+        assert closed_within(port, b"", 8) is not None, url
+        assert closed_within(port, b"GET /v1/hosts HTTP/1.1\r\nHost: x\r\n", 8) is not None, url
+    # a long poll outlasts the head timeout: its head came whole, it is answered
+    with httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {agent.token}"}, timeout=30) as c:
+        r = c.get("/v1/host/events", params={"since": 10**6, "wait_s": 4})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/host").status_code == 200  # (the same client again)
