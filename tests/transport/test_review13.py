@@ -217,6 +217,10 @@ WRONG = {
     "an ssh:// address at an HTTP agent": (
         lambda a, s: f"ssh://root@127.0.0.1:{a.port}",
         "ssh://root@127.0.0.1:{a} speaks HTTP, not SSH, so it is not an ssh:// address"),
+    # (a review, session 24: "SSH ... failed: Connection lost; declare capacity ...", and stored when declared)
+    "an ssh:// address at a mutual-TLS agent": (
+        lambda a, s: f"ssh://root@127.0.0.1:{a.tls.port}",
+        "ssh://root@127.0.0.1:{t} speaks TLS, not SSH, so it is not an ssh:// address"),
 }
 
 

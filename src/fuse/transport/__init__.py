@@ -570,6 +570,9 @@ class HostConnection:
         elif (await greeting(a.host, a.port or 22, say=b"SSH-2.0-fuse\r\n\r\n", timeout=1.0)).startswith(b"HTTP/"):
             return (f"{a.text} speaks HTTP, not SSH, so it is not an ssh:// address (a host agent's HTTP "
                     "listener is registered as http://HOST:PORT with its token)")
+        elif await speaks_tls(a.host, a.port or 22):
+            return (f"{a.text} speaks TLS, not SSH, so it is not an ssh:// address (a host agent's mutual-TLS "
+                    "listener is registered as HOST:PORT, with no scheme)")
         return ""
 
     async def retire(self) -> None:
