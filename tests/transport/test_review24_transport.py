@@ -42,3 +42,27 @@ def test_silent_and_half_sent_connections_are_closed_and_requests_in_flight_are_
         r = c.get("/v1/host/events", params={"since": 10**6, "wait_s": 4})
         assert r.status_code == 200, r.text
         assert c.get("/v1/host").status_code == 200  # (the same client again)
+
+
+def test_certificates_are_not_issued_expired_and_their_key_dir_is_owner_only(tmp_path):
+    """(a review: --days 0 or -5 wrote an expired certificate, exit 0; `cert issue --out DIR` made
+    the directory of the private key by the umask, 0777 under umask 000)"""
+    import os
+    import subprocess
+
+    from fuse.transport.tls import create_ca, issue_cert
+    from support import FUSE
+
+    create_ca(tmp_path / "ca")
+    for days in (0, -5):  # (the CLI's: tests make expired ones with the functions on purpose)
+        for cmd in (["ca", "create", "--out", str(tmp_path / "x")],
+                    ["cert", "issue", "--ca", str(tmp_path / "ca"), "--name", "h0", "--out", str(tmp_path / "x")]):
+            r = subprocess.run(FUSE + ["host", *cmd, "--days", str(days)], capture_output=True, text=True)
+            assert r.returncode == 2 and not (tmp_path / "x").exists(), r.stderr
+    old = os.umask(0)
+    try:
+        issue_cert(tmp_path / "ca", "h1", tmp_path / "deep" / "h1")
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "deep", tmp_path / "deep" / "h1"):
+        assert d.stat().st_mode & 0o777 == 0o700, oct(d.stat().st_mode)

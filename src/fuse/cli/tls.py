@@ -50,7 +50,7 @@ def _show(files, json_: bool) -> None:
 def ca_create(
     out: Path = typer.Option(..., help="Directory for ca.pem and ca.key (the key is written 0600)."),
     name: str = typer.Option("fuse CA", help="The CA's common name."),
-    days: int = typer.Option(3650, help="Validity in days."),
+    days: int = typer.Option(3650, min=1, help="Validity in days."),
     force: bool = typer.Option(False, help="Replace an existing CA in --out."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -71,7 +71,7 @@ def cert_issue(
     name: str = typer.Option(..., help="Host name or IP (host certificates) or the controller's name."),
     out: Path = typer.Option(..., help="Directory for NAME.pem, NAME.key (0600) and a copy of ca.pem."),
     client: bool = typer.Option(False, "--client", help="A client certificate (the controller's), not a host's."),
-    days: int = typer.Option(825, help="Validity in days."),
+    days: int = typer.Option(825, min=1, help="Validity in days."),
     force: bool = typer.Option(False, help="Replace an existing certificate and key."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:

@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..paths import private_dir
+
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 CA_DAYS = 3650
 CERT_DAYS = 825          # the longest leaf lifetime browsers ever accepted; hosts rotate by re-issuing
@@ -94,7 +96,7 @@ def create_ca(out: Path, *, name: str = "fuse CA", days: int = CA_DAYS, overwrit
             .add_extension(ski, critical=False)
             .sign(key, hashes.SHA256()))
     files = CertFiles(cert=out / CA_CERT, key=out / CA_KEY, ca=out / CA_CERT)
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)  # the CA's own directory: owner-only
+    private_dir(out)  # the CA's own directory: owner-only (its parents made too, whatever the umask)
     _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
     _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
     return files
@@ -173,7 +175,7 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
         builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     files = CertFiles(cert=out / f"{name}.pem", key=out / f"{name}.key", ca=out / CA_CERT)
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)  # (it holds a private key: owner-only whatever the umask, as the CA's)
     _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
     _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
