@@ -394,7 +394,7 @@ class PrewarmService:
                     rec = placed[0] if placed is not None else rec
                 # (a draining host's are the drain's to hand over, once the VMs with work have moved:
                 # placed again at once, they took the room those needed on the drain's targets)
-                rec = await self._off(rec, ("cordoned",))
+                rec = await self._off_cordoned(rec)
                 if rec is None:
                     continue  # it ended meanwhile
                 await self._fill_places(rec)
@@ -425,15 +425,15 @@ class PrewarmService:
                 if not await self._create_one(rec, host):
                     break
 
-    async def _off(self, rec: dict, states: tuple[str, ...]) -> dict | None:
-        """Prewarm ``rec``'s standby VMs leave the hosts in ``states`` (``_leave``); the record
-        then, None when the prewarm ended meanwhile. A pinned prewarm's wait there."""
+    async def _off_cordoned(self, rec: dict) -> dict | None:
+        """Prewarm ``rec``'s standby VMs leave the cordoned hosts (``_leave``); the record then,
+        None when the prewarm ended meanwhile. A pinned prewarm's wait there."""
         if parse_on(rec["on"]).kind == "host":
             return rec
         have = self._standby(rec["id"])
         for host in [h for h in rec["placements"] if any(v["host"] == h for v in have)]:
             row = self.store.get_host(host)
-            if row is not None and row["state"] in states:
+            if row is not None and row["state"] == "cordoned":
                 rec = await self._leave(rec, host)
                 if rec is None:
                     return None
@@ -709,9 +709,9 @@ class PrewarmService:
                       if (t := parse_on(r["on"])).kind == "host" and t.name == host)
 
     def room_hosts(self, pw_id: str) -> frozenset[str] | None:
-        """The hosts prewarm ``pw_id``'s VMs may be placed on again (its ``on``: the host it
-        is pinned to, the operator's own hosts, a cloud's; and each lists its image), None
-        when any host may (on auto, every host listing its image: then that set)."""
+        """The hosts prewarm ``pw_id``'s VMs may be placed on again: those its ``on`` allows (the
+        host it is pinned to; on auto every registered host) that list its image. None when
+        there is no such prewarm."""
         rec = self._get(pw_id)
         if rec is None:
             return None
