@@ -818,11 +818,15 @@ def _holds_memory(vm: Vm) -> bool:
 def _console_for_move(spec: BootSpec) -> list[StateFile]:
     """A copy of the VM's serial log beside its state files, for a move to take along (a
     moved VM's console showed only what it printed on its new host), described as they
-    are; none when it has no log."""
+    are; none when it has no log or an empty one (a guest moved before it printed a byte:
+    a target takes no empty file, and there is nothing to keep)."""
     copy = spec.state_dir / MOVED_CONSOLE
     try:
         shutil.copyfile(spec.console, copy)
     except FileNotFoundError:
+        return []
+    if copy.stat().st_size == 0:
+        copy.unlink()
         return []
     return [_describe(copy)]
 
