@@ -270,7 +270,12 @@ def test_the_tool_says_its_version_its_verbs_and_words_bad_arguments_in_one_sent
         said = {}
         for args in ({"method": 5, "path": "/v1/vms"}, {"method": "GET", "path": 7},
                      {"method": "POST", "path": "/v1/vms", "body": "notjson"},
-                     {"method": "POST", "path": "/v1/vms", "body": [1, 2]}):
+                     {"method": "POST", "path": "/v1/vms", "body": [1, 2]},
+                     # (review 25: was "Error executing tool fuse_controller", no reason, and a
+                     # traceback on the server's stderr)
+                     {"method": "GET", "path": "/v1/vms/a\nb"}, {"method": "GET", "path": "/v1/hosts/a\tb"},
+                     {"method": "GET", "path": "/v1/vms/a\x00"}, {"method": "GET", "path": "/v1/vms/a\x7f"},
+                     {"method": "GET", "path": "/v1/hosts/" + "x" * 70_000}):
             r = await s.call_tool("fuse_controller", args)
             assert r.is_error, (args, r.content)
             said[json.dumps(args)] = r.content[0].text
@@ -294,6 +299,9 @@ def test_the_tool_says_its_version_its_verbs_and_words_bad_arguments_in_one_sent
     assert list(said.values())[1].endswith("path must be a string such as /v1/vms, not 7")
     assert "body must be a JSON object (or left out), not str 'notjson'" in list(said.values())[2]
     assert "body must be a JSON object (or left out), not list [1, 2]" in list(said.values())[3]
+    for text, code in zip(list(said.values())[4:8], ("000A", "0009", "0000", "007F")):
+        assert f"path holds the control character U+{code} at position" in text, text
+    assert "path cannot be sent as a URL" in list(said.values())[8] and len(list(said.values())[8]) < 400
 
 
 @pytest.mark.parametrize("method, path, secs", [

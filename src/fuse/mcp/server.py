@@ -143,6 +143,8 @@ class ControllerCaller:
         wait = call_timeout(method, path, self.timeout)
         try:
             resp = await self._http.request(method, path, json=body, timeout=wait)
+        except httpx.InvalidURL as exc:  # (e.g. longer than an HTTP client sends)
+            raise ValueError(f"path cannot be sent as a URL ({exc}): {path[:80]!r}...") from None
         except httpx.TimeoutException:
             raise ConnectionError(f"no answer from the fuse controller at {self.where} "
                                   f"within {wait:.0f} s") from None
@@ -166,6 +168,9 @@ def controller_path(path: str) -> str:
     or ``..`` segment, which HTTP clients resolve away (``/v1/hosts/x/../y`` would act on
     host ``y``), is refused: a literal one is written ``%2E``. ValueError otherwise."""
     path = path.replace("#", "%23")
+    if bad := next((ch for ch in path if ord(ch) < 32 or ord(ch) == 127), None):
+        raise ValueError(f"path holds the control character U+{ord(bad):04X} at position {path.index(bad)}: "
+                         f"percent-encode it (%{ord(bad):02X}), not {path[:200]!r}")
     route, sep, query = path.partition("?")
     if not route.startswith("/") or route.startswith("//"):
         raise ValueError(f"path must be relative, starting /v1/ (e.g. /v1/vms), not {path!r}")
