@@ -180,3 +180,23 @@ def test_a_server_starting_on_a_stale_socket_keeps_it_from_a_second_one_starting
     finally:
         p.terminate()
         p.wait(15)
+
+
+def test_a_socket_path_holding_a_file_or_a_dir_or_too_long_is_one_line_and_nothing_is_removed(tmp_path):
+    """(review 25) a --socket naming a regular file deleted it (taken for a stale socket); a
+    directory, or a path longer than a unix socket's, ended in a traceback."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious operator data\n")
+    folder = tmp_path / "somedir"
+    (folder / "inner").mkdir(parents=True)
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    long_sock = deep / "ctl.sock"
+    for path, said in ((notes, "a regular file, not a socket"), (folder, "a directory, not a socket"),
+                       (long_sock, "a unix socket's path is at most 107")):
+        for args in (agent_args(tmp_path / "agent", path),
+                     ["controller", "serve", "--state-dir", str(tmp_path / "ctl"), "--socket", str(path)]):
+            rc, err = second(args)
+            assert rc == 1 and f"error: io_error: --socket {path}" in one_line(err) and said in err, (args, err)
+    assert notes.read_text() == "precious operator data\n"
+    assert (folder / "inner").is_dir() and list(deep.iterdir()) == []

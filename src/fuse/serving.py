@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import ssl
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,32 @@ def _unlock_socket(path: Path) -> None:
         os.close(fd)
 
 
+# sockaddr_un's sun_path: 108 bytes on Linux, its NUL included
+MAX_SOCKET_PATH_BYTES = 107
+
+
+def socket_path_problem(path: Path) -> str | None:
+    """Why a server cannot take ``path`` for its socket (one line), or None. Only a socket
+    file (or a symlink) is ever replaced: a regular file or a directory there is somebody's,
+    never removed (a mistyped ``--socket`` would have deleted it)."""
+    if len(os.fsencode(str(path))) > MAX_SOCKET_PATH_BYTES:
+        return (f"--socket {path}: the path is {len(os.fsencode(str(path)))} bytes; a unix socket's "
+                f"path is at most {MAX_SOCKET_PATH_BYTES}: choose a shorter one")
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"--socket {path}: {exc.strerror or exc}"
+    if stat.S_ISSOCK(mode) or stat.S_ISLNK(mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "not a socket"
+    return f"--socket {path}: the path is {kind}, not a socket; it is left as it is: choose another path"
+
+
 def owner_only_socket(path: Path) -> socket.socket:
+    if why := socket_path_problem(path):  # (the CLIs say it before they start; this never deletes a file)
+        raise ValueError(why)
     private_dir(path.parent)  # every directory made for it 0700, whatever the umask
     if not _lock_socket(path):
         raise SocketInUse(f"socket {path} is in use by a running server (it holds {path}.lock)")

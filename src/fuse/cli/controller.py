@@ -63,7 +63,7 @@ def serve(
     except BadSetting as err:
         fail("invalid_argument", str(err), exit_code=2)
     from ..controller.service import Controller, default_controller_socket
-    from ..serving import SocketInUse, serve as run, socket_in_use
+    from ..serving import SocketInUse, serve as run, socket_in_use, socket_path_problem
     from .host import exit_socket_in_use, hold_state_dir
 
     if listen and not token:
@@ -74,6 +74,8 @@ def serve(
         raise typer.BadParameter("--no-socket needs --listen: there would be nothing to serve on")
     state_dir = state_dir or default_state_dir()
     sock = None if no_socket else (socket or default_controller_socket())
+    if sock and (why := socket_path_problem(Path(sock))):  # (before anything is made or held)
+        fail("io_error", why)
     # The embedded store is one process's: a second controller on it would place on the
     # same room twice. A shared --db is meant for several replicas, and what they keep in
     # the state dir then (linked clouds' machine dirs) is shared by design: no lock.

@@ -86,7 +86,7 @@ def serve(
 ) -> None:
     """Serve the public host API."""
     from ..agent.app import AgentConfig, create_app
-    from ..serving import SocketInUse, serve as run, socket_in_use, tls_server_options
+    from ..serving import SocketInUse, serve as run, socket_in_use, socket_path_problem, tls_server_options
     from ..transport import default_agent_socket
 
     if backend not in ("qemu", "firecracker", "fake"):
@@ -118,6 +118,8 @@ def serve(
     # One agent per state dir (two would boot its VMs twice and repeat event ids) and
     # per socket (the second would leave the first running unreachable): refuse, before
     # anything of the dir is read or the socket touched.
+    if socket and (why := socket_path_problem(Path(socket))):  # (before anything is made or held)
+        fail("io_error", why)
     hold_state_dir(state_dir, "host agent")
     if socket and socket_in_use(socket):
         exit_socket_in_use(socket, "host agent")
