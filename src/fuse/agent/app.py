@@ -18,6 +18,7 @@ from .. import http_errors
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
 from ..controller.validation import RefuseBadPath, reject_unknown_query
+from ..envsettings import seconds
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
@@ -38,6 +39,37 @@ class AgentConfig:
         # resolved: an agent started on it through a symlink finds its VMs' processes
         # (known by the paths in their command lines) as one started on the real path.
         self.state_dir = Path(self.state_dir).resolve()
+
+
+# How long a registration's fresh probe may take before the answer goes with the facts
+# probed at the agent's start (a controller waits 10 s for it; nvidia-smi alone can take
+# seconds a call on a machine of many GPUs without its persistence daemon).
+FRESH_PROBE_S = seconds("FUSE_FRESH_PROBE_S", 6.0)
+
+
+async def fresh_probe(app: FastAPI) -> str:
+    """Probe the machine again into the agent's facts, within ``FUSE_FRESH_PROBE_S``; "" when
+    done, else a note saying the facts are the start-up ones. A probe that overruns still ends
+    in the background and updates them then; one runs at a time (a second call waits on it)."""
+    cfg, vms = app.state.config, getattr(app.state, "vms", None)
+
+    def apply(new: dict[str, Any]) -> None:
+        for k in ("kvm", "kvm_device"):  # (what the backend settled on at start stands)
+            new.pop(k, None)
+        cfg.facts.update(new)
+        if vms is not None:
+            vms.ram_mb, vms.cpus = cfg.facts["ram_mb"], cfg.facts["cpus"]
+
+    task = getattr(app.state, "fresh_probe", None)
+    if task is None or task.done():
+        task = app.state.fresh_probe = asyncio.ensure_future(asyncio.to_thread(probe_mod.probe, cfg.state_dir))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or apply(t.result()))
+    try:
+        await asyncio.wait_for(asyncio.shield(task), FRESH_PROBE_S)
+    except asyncio.TimeoutError:
+        return (f"the fresh probe did not finish within {FRESH_PROBE_S:g} s (a slow nvidia-smi, qemu or firecracker "
+                f"--version?): these are the facts probed when the agent started")
+    return ""
 
 
 def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
@@ -132,13 +164,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
             "Probe the hardware again first (CPUs, RAM, GPUs and MIG, the Firecracker release), as a "
             "registration asks: the facts read at the agent's start may be stale."))) -> dict[str, Any]:
         vms = getattr(request.app.state, "vms", None)
-        if fresh:  # (a registration's: the figures a poll reads every second stay the cached ones)
-            new = await asyncio.to_thread(probe_mod.probe, cfg.state_dir)
-            for k in ("kvm", "kvm_device"):  # (what the backend settled on at start stands)
-                new.pop(k, None)
-            cfg.facts.update(new)
-            if vms is not None:
-                vms.ram_mb, vms.cpus = cfg.facts["ram_mb"], cfg.facts["cpus"]
+        note = await fresh_probe(request.app) if fresh else ""
         facts = dict(cfg.facts)
         facts["storage_gb"] = probe_mod.storage_gb(cfg.state_dir)
         live = {"free_vcpus": facts["cpus"], "free_mem_mib": max(0, probe_mod.mem_available_mb() - cfg.reserve_mib),
@@ -147,7 +173,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
             live.update(vms.summary())
         return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
-                "max_vms": cfg.max_vms, **facts, **live}
+                "max_vms": cfg.max_vms, **facts, **live, **({"probe_note": note} if note else {})}
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> dict[str, Any]:

@@ -150,6 +150,7 @@ class ProbedFacts(Record):
     firecracker_pinned: StrictStr = ""
     backend: StrictStr = ""
     agent_id: StrictStr = ""
+    probe_note: StrictStr = ""  # (set when its fresh probe overran: the facts are its start-up ones)
 
 
 def agent_facts(url: str, body: bytes) -> dict[str, Any]:
@@ -399,6 +400,8 @@ class HostRegistry:
                 raise
             probed = None
             warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
+        if probed and probed.get("probe_note"):
+            warnings.append(f"the host agent at {req.url}: {probed['probe_note']}")
         if from_probe:
             backend = validate(req.model_copy(update={"backend": self._backend_from_probe(req.id, probed,
                                                                                           warnings)}))
