@@ -102,14 +102,17 @@ class MoveRollback(MoveRecords):
         await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=timeout)
 
     async def _on_target(self, row: dict) -> dict | None:
-        """The VM as the target holds it once the move is through (running, or
-        asleep and unmarked for a sleeping VM's move), or None."""
+        """The VM as the target holds it once the move is through, or None. Called once its
+        incoming side is aborted, which removes a copy this move never woke: a VM of its name
+        there now, not held by this move, is the one this move woke (running, or asleep and
+        unmarked for a sleeping VM's move), in whatever state it reached since — its entry
+        ended, its process died, its owner slept or woke it. Any of those is the VM's life on
+        the target; waking the source's copy would run it a second time from before the move."""
         resp = await self._host(row["target"], "GET", f"/v1/host/vms/{row['vm']}", ok=(200, 404), timeout=30)
         if resp.status_code == 404:
             return None
         vm = resp.json()
-        want = "running" if row["record"].get("was_running", True) else "sleeping"
-        return vm if vm["state"] == want and not vm.get("move_id") else None
+        return vm if vm.get("move_id") != row["id"] else None
 
     async def _wake_source(self, row: dict) -> None:
         """Wake the source copy if this move holds it. The agent takes the VM's

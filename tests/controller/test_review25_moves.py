@@ -1,0 +1,67 @@
+"""Moves, from review 25 (issue 5): a controller that died between the target's wake and
+the move's `done` settled the move back home whenever the target's copy was no longer exactly
+as the wake left it (its job ended, its process died, its owner woke it): the source's copy,
+still there, was woken from the pre-move snapshot and the VM ran twice. The target woke it, so
+the move is through, whatever became of the VM there since."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+import fuse
+from support import end_fake_vm, start_controller, wait_until
+from test_moves import Fleet, vm_body
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path)
+    yield f
+    f.close()
+
+
+def _crash_at_woke(fleet, name, sleeping=False):
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.client.vms.create(vm_body(name, host="src"))
+    if sleeping:
+        fleet.client.vms.sleep(name)
+    fleet.restart_controller(env={"FUSE_TEST_CRASH_AT": "woke"})
+    m = fleet.client.moves.create(name, to="dst")
+    wait_until(lambda: fleet.ctl.popen.poll() is not None, timeout=60, what="controller to crash at woke")
+    assert fleet.host_vms("src")[name]["move_id"] == m["id"]  # (the source copy is still there, held)
+    return m
+
+
+def _restart(fleet, m):
+    fleet.ctl = start_controller(fleet.tmp)  # no crash hook now
+    fleet.client.close()
+    fleet.client = fuse.Client(fleet.ctl.url)
+    return fleet.wait_move(m["id"])
+
+
+@pytest.mark.parametrize("status, state", [(0, "exited"), (None, "failed")])
+def test_a_vm_that_ended_on_the_target_while_the_controller_was_down_is_not_woken_at_home(fleet, status, state):
+    m = _crash_at_woke(fleet, "job1")
+    end_fake_vm(fleet.agents["dst"], "job1", status)
+    wait_until(lambda: fleet.host_vms("dst")["job1"]["state"] == state, timeout=30, what="ended on the target")
+    m = _restart(fleet, m)
+    # (was: failed, "the controller driving the move stopped ... during waking", and job1 running
+    # again on src from the snapshot taken before the move)
+    assert (m["state"], m["source_removed"]) == ("done", True), m
+    assert "job1" not in fleet.host_vms("src") and fleet.host_vms("dst")["job1"]["state"] == state
+    assert fleet.running_copies("job1") == []
+    assert fleet.client.vms.get("job1")["host"] == "dst"
+
+
+def test_a_sleeping_vm_its_owner_woke_on_the_target_while_the_controller_was_down_has_one_copy(fleet):
+    m = _crash_at_woke(fleet, "nap", sleeping=True)
+    dst = fleet.agents["dst"]
+    assert fleet.host_vms("dst")["nap"]["move_id"] is None  # through: asleep there, unmarked
+    r = httpx.post(dst.url + "/v1/host/vms/nap/wake", headers={"Authorization": f"Bearer {dst.token}"}, timeout=30)
+    assert r.json()["state"] == "running"
+    m = _restart(fleet, m)
+    # (was: failed; the source's copy unmarked and kept asleep, and woken later: two running)
+    assert (m["state"], m["source_removed"]) == ("done", True), m
+    assert "nap" not in fleet.host_vms("src") and fleet.running_copies("nap") == ["dst"]
