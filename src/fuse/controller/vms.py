@@ -79,6 +79,22 @@ TOKEN_REJECTED = ("its host agent rejected the controller's token (register the 
                   "current token)")
 
 
+async def _may_still(action: str, name: str, host: str, call):
+    """Await ``call``, a delete, sleep or wake of VM ``name`` sent to ``host``. A host that
+    may have got it but did not answer (a timeout, a dropped connection) may still carry it
+    out when it answers again: the 502 says so, as a create's does (a caller reading it as
+    "nothing happened" found its VM deleted or asleep later)."""
+    try:
+        return await call
+    except HostUnreachable as exc:
+        if not getattr(exc, "maybe_sent", True) or exc.code != "host_unreachable":
+            raise
+        raise HostUnreachable(
+            f"host {host} did not answer the {action} of vm {name} ({exc.message}); it may still "
+            f"{action} it when it answers again (GET /v1/vms/{name} then shows what it did)",
+            details={"host": host, "vm": name}) from None
+
+
 def agent_not_found(resp) -> bool:
     """Whether a 404 is the host agent saying it holds no such thing: its JSON error
     body with code ``not_found``, not any 404 something on the way sent."""
@@ -890,7 +906,8 @@ class VmService:
         host = self.locate(name, host)
         with self._act_on(name, host, "delete"):
             try:
-                await self._call(host, "DELETE", f"/v1/host/vms/{name}", timeout=60)
+                await _may_still("delete", name, host, self._call(host, "DELETE", f"/v1/host/vms/{name}",
+                                                                  timeout=60))
             except FuseError as exc:
                 if exc.code != "not_found":
                     raise
@@ -904,8 +921,8 @@ class VmService:
         with self._act_on(name, host, action):
             ask = await self._wake_room(name, host) if action == "wake" else Resources()
             try:
-                vm = (await self._call(host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {},
-                                       timeout=120)).json()
+                vm = (await _may_still(action, name, host, self._call(
+                    host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120))).json()
                 self.fleet.upsert_vms(host, [vm])  # (before the reservation goes: the woken VM's row holds its room)
             finally:
                 if ask.count:
