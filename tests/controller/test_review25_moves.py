@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import fuse
-from support import end_fake_vm, start_controller, wait_until
+from support import api_error, end_fake_vm, start_controller, wait_until
 from test_moves import Fleet, vm_body
 
 
@@ -65,3 +65,25 @@ def test_a_sleeping_vm_its_owner_woke_on_the_target_while_the_controller_was_dow
     # (was: failed; the source's copy unmarked and kept asleep, and woken later: two running)
     assert (m["state"], m["source_removed"]) == ("done", True), m
     assert "nap" not in fleet.host_vms("src") and fleet.running_copies("nap") == ["dst"]
+
+
+def test_a_create_of_the_moving_vms_name_on_its_target_is_refused_and_the_move_goes_through(fleet):
+    """(was: accepted while the move was starting or sleeping, and the move then failed "a vm
+    named job1 already exists on this host", the VM paused for nothing)"""
+    fleet.add("src")
+    fleet.add("dst")
+    fleet.add("oth")
+    fleet.client.vms.create(vm_body("job1", host="src"))
+    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "slept:4"})  # the move holds before its copy
+    m = fleet.client.moves.create("job1", to="dst")
+    wait_until(lambda: fleet.client.moves.get(m["id"])["state"] in ("sleeping", "copying"), timeout=30,
+               what="the move under way")
+    err = api_error(fleet.client.vms.create, vm_body("job1", host="dst"))
+    assert (err.status, err.code) == (409, "vm_exists") and f"moving to host dst (move {m['id']})" in err.message
+    try:  # placed: anywhere but where the name is going (src still has it: vm_exists there)
+        placed = fleet.client.vms.create(vm_body("job1"))["host"]
+    except fuse.ApiError as exc:
+        placed = exc.code
+    assert placed in ("oth", "vm_exists"), placed
+    assert fleet.wait_move(m["id"])["state"] == "done"
+    assert fleet.host_vms("dst")["job1"]["state"] == "running" and "job1" not in fleet.host_vms("src")

@@ -239,20 +239,29 @@ class VmService:
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
         self._check_naming(name, req.host)
+        moving_to = self.ctl.moves.moving_to(name) if req.name else {}
+        if req.host in moving_to:
+            raise VmExists(f"a vm named {name} is moving to host {req.host} (move {moving_to[req.host]})")
         if self.fleet is not None:  # (a controller just started: its hosts read once first)
             await self.fleet.first_polls([req.host] if req.host else [r["id"] for r in self.store.list_hosts()],
                                          FIRST_POLL_WAIT_S)
         if req.bundle:
             self._check_bundle(req.bundle, req.host, among, on)
         if not req.standby:  # (pinned: a standby VM on that host, as placement would put it there)
-            vm = await self._claim(req, name, among if req.host is None else {req.host})
+            claim_among = among if req.host is None else {req.host}
+            if moving_to:  # (nor a standby VM there, renamed to it)
+                claim_among = (claim_among if claim_among is not None
+                               else {r["id"] for r in self.store.list_hosts()}) - set(moving_to)
+            vm = await self._claim(req, name, claim_among)
             if vm is not None:
                 return vm
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
         host_body = req.model_dump(mode="json", exclude={"host", "on"}) | {"name": name}
-        reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
+        # hosts that refused or did not answer -> why; a host a VM of the name is moving to is
+        # passed by as one whose VM of that name is there (placement never lands the name twice)
+        reasons: dict[str, str] = {h: f"a vm named {name} is moving here (move {m})" for h, m in moving_to.items()}
         decisions = []
-        tried: set[str] = set()
+        tried: set[str] = set(moving_to)
         reopened: set[str] = set()
         scaled = False
         cloud_hosts = self._cloud_hosts(req, on)

@@ -144,6 +144,13 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         with self.store.read() as c:
             return c.execute(q).first()
 
+    def moving_to(self, name: str) -> dict[str, str]:
+        """The hosts an active move is taking VM ``name`` to, each to its move's id: the name is
+        theirs from the move's 202 on (a create of it there would fail the move at its copy)."""
+        q = select(moves_t.c.target, moves_t.c.id).where(moves_t.c.vm == name, moves_t.c.state.in_(ACTIVE))
+        with self.store.read() as c:
+            return {r.target: r.id for r in c.execute(q)}
+
     def _spawn(self, move_id: str) -> None:
         if move_id in self._tasks and not self._tasks[move_id].done():
             return
