@@ -63,32 +63,44 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         if name is None:
             raise InvalidArgument("body needs vm: the name of the VM to move")
         to, pin = req.to, req.host
+        # The source side first, outside the service's lock: a source that does not answer
+        # (frozen, up to its 10 s) holds up this request only, not every move and drain's
+        # (the lock is for choosing a target and recording the move, checked again there).
+        try:
+            source = self.ctl.vms.locate(name, pin)
+        except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
+            raise refuse("not_movable", exc.message) from None
+        if self.active_for(name, source) is not None:
+            raise refuse("move_in_progress", f"vm {name} is already moving")
+        self._not_acted_on(name, source)
+        await self.fleet.first_polls([source], 6.0)
+        src_view = self.fleet.views.get(source)
+        if src_view is None or not src_view.connected:
+            raise refuse("host_unreachable", f"source host {source} is not connected")
+        try:
+            vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
+        except HostUnreachable as exc:
+            raise refuse("host_unreachable", f"source host {source} did not answer: {exc.message}") from None
+        except FuseError as exc:
+            if exc.code == "not_found":  # gone from its host since the last poll
+                raise refuse("not_movable", f"vm {name} not found on host {source}") from None
+            raise
+        if vm.get("move_id"):
+            raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
+        if vm["state"] not in ("running", "sleeping"):
+            err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
+            err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
+            raise err
         async with self._lock:
-            try:
-                source = self.ctl.vms.locate(name, pin)
-            except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
-                raise refuse("not_movable", exc.message) from None
-            if self.active_for(name, source) is not None:
+            if self.active_for(name, source) is not None:  # (one begun while this one looked)
                 raise refuse("move_in_progress", f"vm {name} is already moving")
-            self._not_acted_on(name, source)
-            await self.fleet.first_polls([source], 6.0)
-            src_view = self.fleet.views.get(source)
-            if src_view is None or not src_view.connected:
-                raise refuse("host_unreachable", f"source host {source} is not connected")
-            try:
-                vm = (await self.ctl.vms._call(source, "GET", f"/v1/host/vms/{name}")).json()
-            except HostUnreachable as exc:
-                raise refuse("host_unreachable", f"source host {source} did not answer: {exc.message}") from None
-            except FuseError as exc:
-                if exc.code == "not_found":  # gone from its host since the last poll
-                    raise refuse("not_movable", f"vm {name} not found on host {source}") from None
-                raise
-            if vm.get("move_id"):
-                raise refuse("move_in_progress", f"vm {name} is held by move {vm['move_id']}")
-            if vm["state"] not in ("running", "sleeping"):
-                err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
-                err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
-                raise err
+            try:  # (and not moved away by one that began and ended meanwhile)
+                moved = self.ctl.vms.locate(name, pin) != source
+            except FuseError:
+                moved = True
+            if moved:
+                raise refuse("move_in_progress", f"vm {name} left host {source} while this move was asked: "
+                                                 "ask again")
             if to is not None and self.store.get_host(to) is None:  # (no poller to wait on: 6 s under the lock)
                 raise refuse("unknown_host", f"host {to} is not registered")
             # just after a start the pollers have not answered yet: the target's (or, for
