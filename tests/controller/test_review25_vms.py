@@ -67,3 +67,33 @@ def test_an_unanswered_action_is_a_502_saying_it_may_still_happen(one_host, acti
     else:
         want = "sleeping" if action == "sleep" else "running"
         wait_until(lambda: client.vms.get("v1")["state"] == want, timeout=20, what=f"v1 {want}")
+
+
+def test_a_read_of_a_vm_on_a_host_held_disconnected_waits_seconds_not_the_full_time(tmp_path):
+    """(was: every GET of the VM, and its console, waited the full 10 s to learn what the
+    poller knew: the host does not answer)"""
+    import os
+    import signal
+
+    agent = start_agent(tmp_path, backend="fake", name="a1")
+    ctl = start_controller(tmp_path)
+    client = fuse.Client(ctl.url)
+    try:
+        client.hosts.register(fuse.RegisterHostRequest(id="h1", url=agent.url, token=agent.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=4)))
+        client.vms.create({"name": "v1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "count", "host": "h1"})
+        os.kill(agent.popen.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: not client.hosts.get("h1").connected, timeout=90, what="h1 held disconnected")
+            for read in (client.vms.get, client.vms.console):
+                err = api_error(read, "v1")
+                assert (err.status, err.code) == (502, "host_unreachable"), err
+                assert "nothing came back within 3 s" in err.message, err.message
+        finally:
+            os.kill(agent.popen.pid, signal.SIGCONT)
+        # back: read at once, as before
+        wait_until(lambda: client.vms.get("v1")["state"] == "running", timeout=30, what="v1 read again")
+    finally:
+        client.close()
+        ctl.stop()
+        agent.stop()

@@ -58,6 +58,9 @@ class ControllerCreateVm(CreateVmRequest):
     on: Optional[str] = None
 
 
+AWAY_READ_S = 3.0  # a read of a host its poller holds disconnected (``VmService._read_timeout``)
+
+
 def host_error(resp, host: str) -> FuseError:
     """Re-raise a host's error answer as ours, keeping its code; but the agent refusing
     the controller's token (restarted with another --token) is 502 `unauthorized` naming
@@ -876,9 +879,16 @@ class VmService:
             raise host_error(resp, host)
         return resp
 
+    def _read_timeout(self, host: str) -> dict:
+        """A read (a VM, its console) of a host its poller holds disconnected waits
+        ``AWAY_READ_S``, not the full 10 s: the poller already found it silent, and a host
+        back since (before its backed-off poll) answers a read at once."""
+        view = self.fleet.views.get(host) if self.fleet is not None else None
+        return {"timeout": AWAY_READ_S} if view is not None and not view.connected and view.error else {}
+
     async def get(self, name: str, host: str | None = None) -> dict:
         host = self.locate(name, host)
-        vm = (await self._call(host, "GET", f"/v1/host/vms/{name}")).json()
+        vm = (await self._call(host, "GET", f"/v1/host/vms/{name}", **self._read_timeout(host))).json()
         self.fleet.upsert_vms(host, [vm])
         return vm | {"host": host}
 
@@ -1003,4 +1013,5 @@ class VmService:
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
         host = self.locate(name, host)
-        return (await self._call(host, "GET", f"/v1/host/vms/{name}/console", params={"offset": offset})).json()
+        return (await self._call(host, "GET", f"/v1/host/vms/{name}/console", params={"offset": offset},
+                                 **self._read_timeout(host))).json()
