@@ -265,10 +265,31 @@ def test_a_plan_is_not_exact_while_the_most_placeable_count_is_unproven(monkeypa
     m = PlanModel(groups=[group(2, name="a"), group(1, 64, 2048, name="b")], offers=[SMALL])
     assert plan(m).solver == "exact"
     monkeypatch.setattr(F, "run", stage1_times_out)
+    # a small model: the per-machine model proves the count itself (review 25: it was not asked)
+    assert plan(m).solver == "exact" and calls[0] == "optimal"
+    from fuse.controller.pool import slots
+    monkeypatch.setattr(slots, "solve", lambda *a, **kw: None)  # as for a model too big for it
+    calls.clear()
     p = plan(m)
     assert calls[0] == "optimal"  # the stage-1 answer was in fact optimal, but reported unproven
     assert p.solver == "exact-incumbent" and sum(a.count for a in p.assignments) == 2
     assert any("most VMs that can be placed" in line for line in p.explain)
+
+
+def test_a_small_model_whole_machines_cannot_fill_to_the_relaxations_count_is_proven_exact():
+    """Review 25: capacity summed over machines allows 3 VMs (3+3+2 vCPUs on two 4-vCPU
+    machines, the quota's most), whole machines hold 2: the plan placing 2 at the least cost
+    was answered exact-incumbent, "time limit reached", in a fraction of its 30 s. The
+    per-machine model proves the count: exact."""
+    x4 = Offer(provider="aws", type_name="x4", region="r", arch="amd64", vcpus=4, mem_mib=8192,
+               usd_per_hour=0.1, quota_family="aws:standard")
+    m = PlanModel(groups=[group(2, 3, 1024, name="g0", kind="container"),
+                          group(1, 2, 1024, name="g1", kind="container")],
+                  offers=[x4], constraints=Constraints(quotas={"aws:standard": 8}), time_limit_secs=30)
+    p = plan(m)
+    assert p.solver == "exact" and sum(a.count for a in p.assignments) == 2, p.explain
+    assert p.projected_usd == p.lower_bound_usd == pytest.approx(0.205)
+    assert not any("time limit" in line for line in p.explain), p.explain
 
 
 def test_a_host_placement_undone_by_the_monthly_budget_leaves_nothing_behind():

@@ -158,6 +158,15 @@ STAGE1_UNPROVEN = ("time limit reached before the most VMs that can be placed wa
                    "a plan placing more may exist")
 
 
+def stage1_unproven(most: int | None, placed: int) -> str:
+    """Why a plan whose cost is proven least for its count is not proven optimal: the count.
+    ``most``: the relaxation's proven most (summed capacity: a VM may not straddle machines)."""
+    if most is not None and most > placed:
+        return (f"the most VMs that can be placed is not proven: capacity summed over the machines allows "
+                f"{most}, whole machines were found for {placed} (a plan placing more may exist)")
+    return STAGE1_UNPROVEN
+
+
 def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     """(solution, solver label, lower bound USD, explain notes) for a sorted model."""
     # the searches stop early enough for the answer to be written within the limit
@@ -192,10 +201,14 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     if label != "exact" and (got := _per_machine(model, kept, sol, lb, target if most_proven else None,
                                                  deadline)) is not None:
         return got  # (its proofs are of whole machines: no relaxation's count to meet)
-    if label == "exact" and (not most_proven or sum(sol.placed(len(model.groups))) < target):
+    placed = sum(sol.placed(len(model.groups)))
+    if label == "exact" and (not most_proven or placed < target):
         # (fewer than stage 1's count: the pattern LP placed no more within the caps, which the
-        # aggregate model, a relaxation, could not tell; the most placeable is then not proven)
-        return sol, "exact-incumbent", lb, notes + [STAGE1_UNPROVEN]
+        # aggregate model, a relaxation, could not tell; the most placeable is then not proven
+        # by them: the per-machine model, of whole machines, may prove it on a small model)
+        if (got := _per_machine(model, kept, sol, lb, None, deadline)) is not None:
+            return got
+        return sol, "exact-incumbent", lb, notes + [stage1_unproven(target if most_proven else None, placed)]
     return sol, label, lb, notes
 
 
