@@ -5,6 +5,7 @@ through the SDK."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -155,6 +156,10 @@ def test_plan_apply_buys_the_cheapest_machines_and_reconcile_removes_them_when_i
                                                          duration_secs=20, apply=True))
     assert plan.unplaced == [] and len(plan.added) == len(plan.new_hosts) >= 1
     assert {a.type_name for a in plan.added} <= {"local.small", "local.big"}
+    # the whole answer in its json, what the apply did included (review 25: `added` was [] there)
+    said = json.loads(plan.json)["plan"]
+    assert [a["name"] for a in said["added"]] == [a.name for a in plan.added]
+    assert said["explain"] == plan.explain and said["explain"][-1].startswith("apply: added ")
     # no TTL: each ends on its own when scale-in removes it, at the end of the time paid for its planned work
     # (to the second: started is a float, billing counts whole seconds)
     assert all(not a.pinned for a in plan.added)

@@ -64,6 +64,7 @@ class ScaleOutMixin:
 
         from .planner import plan
         from .request import DEFAULT_IMAGE, model_from_request
+        from .solution import rejson
         names = self.cloud_names()
         if body.apply and not names:
             raise InvalidArgument("apply buys machines in a linked cloud and none is linked: "
@@ -91,7 +92,7 @@ class ScaleOutMixin:
         if body.apply and result.new_hosts:
             result.added = await self.buy(result.new_hosts)
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
-        return result
+        return rejson(result)
 
     def _check_cloud_has(self, body, image: str, offers: list, snapshot: list[dict]) -> None:
         """400 naming the image when the plan is pinned to a linked cloud (``provider``) whose

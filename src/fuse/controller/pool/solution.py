@@ -338,3 +338,12 @@ def to_plan(model: PlanModel, sol: Solution, *, solver: str, lower_bound_usd: fl
                        solver=solver, ready_in_secs=ready_in_secs(model, sol), explain=explain)
     body = {"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json", exclude={"json"})}
     return plan.model_copy(update={"json": json.dumps(body, sort_keys=True)})
+
+
+def rejson(plan: ElasticPlan) -> ElasticPlan:
+    """``plan`` with its ``json`` saying the plan as it is now (the model it saw kept): what the
+    controller added to the answer after the solve (machines an apply bought, hosts joining,
+    the image's reasons) is part of the whole answer an agent keeps."""
+    body = json.loads(plan.json) if plan.json else {}
+    body["plan"] = plan.model_dump(mode="json", exclude={"json"})
+    return plan.model_copy(update={"json": json.dumps(body, sort_keys=True)})
