@@ -269,10 +269,15 @@ class Proxy:
             time.sleep(secs)
         return True
 
+    def _passes(self, src: socket.socket, dst: socket.socket, data: bytes, requests: bool) -> bool:
+        """Whether ``data``, read from ``src``, goes on to ``dst`` (False: hang up both);
+        ``requests``: it is the client's side. Requests go by ``_forward``."""
+        return not requests or self._forward(data)
+
     def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
         try:
             while data := src.recv(65536):
-                if requests and not self._forward(data):
+                if not self._passes(src, dst, data, requests):
                     break
                 dst.sendall(data)
         except OSError:

@@ -19,19 +19,11 @@ class NoReplyTo(Proxy):
         self.prefix: bytes | None = None
         self._cut: set[int] = set()
 
-    def _pipe(self, src, dst, requests):
-        try:
-            while data := src.recv(65536):
-                if requests and self.prefix and data.startswith(self.prefix):
-                    self._cut.add(id(dst))  # (dst: the upstream socket its answer comes back on)
-                    self.prefix = None
-                elif not requests and id(src) in self._cut:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        self._close(src)
-        self._close(dst)
+    def _passes(self, src, dst, data, requests):
+        if requests and self.prefix and data.startswith(self.prefix):
+            self._cut.add(id(dst))  # (dst: the upstream socket its answer comes back on)
+            self.prefix = None
+        return requests or id(src) not in self._cut
 
 
 @pytest.fixture
