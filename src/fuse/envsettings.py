@@ -26,3 +26,18 @@ def seconds(name: str, default: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise BadSetting(f"{name}={raw!r} must be a positive number of seconds")
     return value
+
+
+# Every timing a server reads from its environment (the README lists them), checked
+# together where it starts: some are read as their modules load, which would otherwise
+# raise before the command could say which one is wrong.
+AGENT_TIMINGS = ("FUSE_HTTP_HEAD_TIMEOUT_S", "FUSE_FRESH_PROBE_S")
+CONTROLLER_TIMINGS = ("FUSE_SSH_CONNECT_TIMEOUT", "FUSE_MOVE_IO_TIMEOUT", "FUSE_MOVE_QUICK_TIMEOUT",
+                      "FUSE_MOVE_LEASE_S", "FUSE_PLACING_LEASE_S", "FUSE_CREATE_UNANSWERED_S",
+                      "FUSE_POOL_CREATE_LEASE_S", "FUSE_DRAIN_STANDBY_WAIT_S", "FUSE_HTTP_HEAD_TIMEOUT_S")
+
+
+def check_seconds(names: tuple[str, ...]) -> None:
+    """``BadSetting`` for the first of ``names`` set to anything but a positive number of seconds."""
+    for name in names:
+        seconds(name, 1.0)

@@ -41,3 +41,32 @@ def test_an_unset_or_empty_timing_is_its_default_and_a_number_is_taken(monkeypat
     monkeypatch.setenv("FUSE_X_S", "2,5")
     with pytest.raises(BadSetting):
         seconds("FUSE_X_S", 5.0)
+
+
+@pytest.mark.parametrize("command, name, value", [
+    (["controller", "serve"], "FUSE_HTTP_HEAD_TIMEOUT_S", "abc"),
+    (["controller", "serve"], "FUSE_DRAIN_STANDBY_WAIT_S", "0"),
+    (["host", "serve", "--backend", "fake"], "FUSE_HTTP_HEAD_TIMEOUT_S", "inf"),
+    (["host", "serve", "--backend", "fake"], "FUSE_FRESH_PROBE_S", "0"),
+    (["up", "--once"], "FUSE_HTTP_HEAD_TIMEOUT_S", "nan"),
+    (["up", "--once"], "FUSE_MOVE_IO_TIMEOUT", "-1"),
+])
+def test_a_timing_read_as_its_module_loads_is_one_sentence_and_exit_2_too(tmp_path, command, name, value):
+    """(review 25: FUSE_HTTP_HEAD_TIMEOUT_S, read as fuse.serving loads, was a traceback and exit 1
+    on the controller, the agent and `fuse up`; the agent's FUSE_FRESH_PROBE_S too)"""
+    r = subprocess.run(FUSE + command + ["--state-dir", str(tmp_path / "s")]
+                       + (["--socket", str(tmp_path / "s.sock")] if command[0] != "up" else []),
+                       env={**os.environ, name: value}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.endswith(f"error: invalid_argument: {name}={value!r} "
+                             f"{'is not a number of seconds' if value == 'abc' else 'must be a positive number of seconds'}\n"), r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "s.sock").exists()
+
+
+def test_up_on_a_state_dir_that_is_a_file_is_one_io_error_line(tmp_path):
+    """(review 25: a NotADirectoryError traceback; the servers said it in one line)"""
+    (tmp_path / "file").write_text("x")
+    r = subprocess.run(FUSE + ["up", "--once", "--state-dir", str(tmp_path / "file")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith(f"error: io_error: --state-dir {tmp_path / 'file'}: Not a directory")
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -50,9 +50,10 @@ def serve(
     no_socket: bool = typer.Option(False, "--no-socket", help="Serve TCP only."),  # (a flag: no --no-no-socket)
 ) -> None:
     """Serve the controller API."""
-    from ..envsettings import BadSetting, seconds
+    from ..envsettings import CONTROLLER_TIMINGS, BadSetting, check_seconds, seconds
 
     try:  # (the moves', creates' and the pool's timings are read as their modules load)
+        check_seconds(CONTROLLER_TIMINGS)  # (before any of them is imported)
         import importlib
 
         from ..controller.app import create_app

@@ -85,6 +85,11 @@ def serve(
     tls_ca: Optional[Path] = typer.Option(None, help="...accepting only clients this CA signed."),
 ) -> None:
     """Serve the public host API."""
+    from ..envsettings import AGENT_TIMINGS, BadSetting, check_seconds
+    try:  # (before the modules that read them as they load)
+        check_seconds(AGENT_TIMINGS)
+    except BadSetting as err:
+        fail("invalid_argument", str(err), exit_code=2)
     from ..agent.app import AgentConfig, create_app
     from ..serving import SocketInUse, serve as run, socket_in_use, socket_path_problem, tls_server_options
     from ..transport import default_agent_socket

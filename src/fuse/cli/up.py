@@ -75,8 +75,15 @@ def up(
     import httpx
 
     import fuse
+    from ..envsettings import AGENT_TIMINGS, CONTROLLER_TIMINGS, BadSetting, check_seconds
+    from .output import fail
+    try:  # (its agent's and controller's, said once here rather than as their start failing)
+        check_seconds(AGENT_TIMINGS + CONTROLLER_TIMINGS)
+    except BadSetting as err:
+        fail("invalid_argument", str(err), exit_code=2)
     from ..serving import socket_in_use
     from .host import default_state_dir  # noqa: F401  (documents the agent's own default)
+    from .host import state_dir_problem
 
     state_dir = state_dir.resolve()
     # Ctrl-C's clean-up for SIGTERM too (`timeout N fuse up`, a service manager), from
@@ -85,10 +92,13 @@ def up(
     signal.signal(signal.SIGTERM, _interrupt)
     # One run per dir, before anything else: a second one would be answered by the first
     # one's sockets and its clean-up would remove the first one's VM.
-    if not statelock.hold(state_dir):
-        raise SystemExit(f"error: fuse up is already running in {state_dir}")
     ctl_sock, agent_sock = state_dir / "run" / "controller.sock", state_dir / "run" / "agent.sock"
-    (state_dir / "run").mkdir(mode=0o700, exist_ok=True)
+    try:  # (a path that cannot be a dir: one line, as the servers' --state-dir)
+        if not statelock.hold(state_dir):
+            raise SystemExit(f"error: fuse up is already running in {state_dir}")
+        (state_dir / "run").mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        fail("io_error", state_dir_problem(state_dir, exc))
     for sock in (agent_sock, ctl_sock):
         if socket_in_use(sock):  # (an agent or controller of a run that was killed outright)
             raise SystemExit(f"error: {sock} is in use by a running process (left by an earlier fuse up?): "
