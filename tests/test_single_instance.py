@@ -192,11 +192,14 @@ def test_a_socket_path_holding_a_file_or_a_dir_or_too_long_is_one_line_and_nothi
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     long_sock = deep / "ctl.sock"
+    link = tmp_path / "link"
+    link.symlink_to(notes)
     for path, said in ((notes, "a regular file, not a socket"), (folder, "a directory, not a socket"),
+                       (link, "a symbolic link, not a socket"),
                        (long_sock, "a unix socket's path is at most 107")):
         for args in (agent_args(tmp_path / "agent", path),
                      ["controller", "serve", "--state-dir", str(tmp_path / "ctl"), "--socket", str(path)]):
             rc, err = second(args)
             assert rc == 1 and f"error: io_error: --socket {path}" in one_line(err) and said in err, (args, err)
-    assert notes.read_text() == "precious operator data\n"
+    assert notes.read_text() == "precious operator data\n" and link.is_symlink()
     assert (folder / "inner").is_dir() and list(deep.iterdir()) == []

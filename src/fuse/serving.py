@@ -130,7 +130,7 @@ MAX_SOCKET_PATH_BYTES = 107
 
 def socket_path_problem(path: Path) -> str | None:
     """Why a server cannot take ``path`` for its socket (one line), or None. Only a socket
-    file (or a symlink) is ever replaced: a regular file or a directory there is somebody's,
+    file is ever replaced: a regular file, a directory or a symbolic link there is somebody's,
     never removed (a mistyped ``--socket`` would have deleted it)."""
     if len(os.fsencode(str(path))) > MAX_SOCKET_PATH_BYTES:
         return (f"--socket {path}: the path is {len(os.fsencode(str(path)))} bytes; a unix socket's "
@@ -141,9 +141,10 @@ def socket_path_problem(path: Path) -> str | None:
         return None
     except OSError as exc:
         return f"--socket {path}: {exc.strerror or exc}"
-    if stat.S_ISSOCK(mode) or stat.S_ISLNK(mode):
+    if stat.S_ISSOCK(mode):
         return None
-    kind = "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "not a socket"
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "not a socket")
     return f"--socket {path}: the path is {kind}, not a socket; it is left as it is: choose another path"
 
 

@@ -275,10 +275,18 @@ class VmService:
                     # (again: another create of the name may have begun while this one waited,
                     # and its reservation must not read as room taken before it reads as the name)
                     self._check_naming(name, req.host, [o for o in others if o[3] == "create"])
+                    # (and a move of the name recorded while this one waited: ``MoveService.create``
+                    # checks for this create's hold the same way, with no await before its record)
+                    moving_to |= self.ctl.moves.moving_to(name, conn) if req.name else {}
+                    if req.host in moving_to:
+                        raise VmExists(f"a vm named {name} is moving to host {req.host} "
+                                       f"(move {moving_to[req.host]})")
+                    for h, m in moving_to.items():
+                        reasons.setdefault(h, f"a vm named {name} is moving here (move {m})")
                     fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among, others=others)
                     decision = rank(fleet, ask, unusable)
                     decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
-                    host = decision.best(exclude=tried)
+                    host = decision.best(exclude=tried | set(moving_to))
                     if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
                         host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
                     row = self._hold(conn, host, name, ask, "create") if host is not None else None

@@ -91,6 +91,20 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
             err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
             raise err
+        if to is not None and self.store.get_host(to) is not None:
+            # A named target is asked outside the lock too (a frozen one held every move up)
+            await self.fleet.first_polls([to], 6.0)
+            if not getattr(self.fleet.views.get(to), "connected", False):
+                # a named target its poller saw fail may be back already (an agent restarted: the
+                # poller backs off up to 30 s): asked once now rather than refused on a stale view
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.fleet.refresh(to), 5.0)
+        silent = None  # (said once the target's own checks pass: a cordoned host says so first)
+        if to is not None and self.store.get_host(to) is not None:
+            try:
+                await self._answers(to)
+            except FuseError as exc:
+                silent = exc
         async with self._lock:
             if self.active_for(name, source) is not None:  # (one begun while this one looked)
                 raise refuse("move_in_progress", f"vm {name} is already moving")
@@ -103,21 +117,24 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                                                  "ask again")
             if to is not None and self.store.get_host(to) is None:  # (no poller to wait on: 6 s under the lock)
                 raise refuse("unknown_host", f"host {to} is not registered")
-            # just after a start the pollers have not answered yet: the target's (or, for
-            # best fit, every host's) first poll decides whether it is connected
-            await self.fleet.first_polls([to] if to is not None else [r["id"] for r in self.store.list_hosts()], 6.0)
-            if to is not None and not getattr(self.fleet.views.get(to), "connected", False):
-                # a named target its poller saw fail may be back already (an agent restarted: the
-                # poller backs off up to 30 s): asked once now rather than refused on a stale view
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.fleet.refresh(to), 5.0)
+            if to is None:
+                # just after a start the pollers have not answered yet: every host's first
+                # poll decides whether it is connected (a named target's was waited above)
+                await self.fleet.first_polls([r["id"] for r in self.store.list_hosts()], 6.0)
             # Before anything touches the VM: a copy of it an earlier failed move left on a
             # host (cleanup pending) would fail this move's arrival there after the sleep.
             leftovers = await self._clear_leftovers(name, source, to)
-            target = await self._answering(name, source, vm, to, self._target(name, source, vm, to, leftovers),
-                                           leftovers)
+            target = self._target(name, source, vm, to, leftovers)
+            if silent is not None:
+                raise silent
+            if to is None:  # (a named one was asked above)
+                target = await self._answering(name, source, vm, to, target, leftovers)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
+            # (no await from here to the record: a create of the name on the target either holds
+            # it already, and is seen here, or sees this move: ``VmService.create``)
+            if creating := self.ctl.vms._creating(name, target):
+                raise refuse("no_target", f"a vm named {name} is being created on host {creating[0]}")
             with self.store.tx() as c:
                 # (again, in the write transaction: a replica sharing the store may have
                 # started a move of it since the look above, and one VM has one move)
@@ -156,10 +173,14 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         with self.store.read() as c:
             return c.execute(q).first()
 
-    def moving_to(self, name: str) -> dict[str, str]:
+    def moving_to(self, name: str, conn=None) -> dict[str, str]:
         """The hosts an active move is taking VM ``name`` to, each to its move's id: the name is
-        theirs from the move's 202 on (a create of it there would fail the move at its copy)."""
-        q = select(moves_t.c.target, moves_t.c.id).where(moves_t.c.vm == name, moves_t.c.state.in_(ACTIVE))
+        theirs from the move's 202 on (a create of it there would fail the move at its copy).
+        Not a move going back home (``rolling_back``): its target keeps no copy for it."""
+        q = select(moves_t.c.target, moves_t.c.id).where(
+            moves_t.c.vm == name, moves_t.c.state.in_([s for s in ACTIVE if s != "rolling_back"]))
+        if conn is not None:
+            return {r.target: r.id for r in conn.execute(q)}
         with self.store.read() as c:
             return {r.target: r.id for r in c.execute(q)}
 

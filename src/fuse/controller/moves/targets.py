@@ -111,6 +111,13 @@ class MoveTargets(MoveRecords):
             return host
         raise _no_target(name, source, passed)
 
+    async def _answers(self, to: str) -> None:
+        """A named target asked once before anything touches the VM (see ``_answering``)."""
+        try:
+            await self._host(to, "GET", "/v1/host", timeout=ANSWER_TIMEOUT)
+        except FuseError as exc:
+            raise refuse("host_unreachable", f"target host {to} did not answer: {exc.message}") from None
+
     async def _answering(self, name: str, source: str, vm: dict, to: str | None, target: str,
                          leftovers: dict[str, str] | None = None) -> str:
         """``target`` once its agent answers now, before anything touches the VM: a poller
