@@ -123,3 +123,31 @@ def test_a_move_asked_of_a_frozen_source_or_named_target_holds_up_no_other_move(
         assert seen.get("stuck") == "host_unreachable", seen
     finally:
         os.kill(frozen, signal.SIGCONT)
+
+
+def test_a_move_to_a_host_where_a_create_of_its_name_waits_on_the_host_is_refused(fleet):
+    """(diff review 25: a create checked for moves once, early; a move recorded between that
+    check and the host's answer was failed by the create's VM landing on its target)"""
+    import threading
+
+    from support import Proxy
+
+    fleet.add("src")
+    dst = fleet.agent("dst")
+    proxy = Proxy(int(dst.url.rsplit(":", 1)[1]))
+    try:
+        fleet.client.hosts.register(fuse.RegisterHostRequest(
+            id="dst", url=proxy.url, token=dst.token, backend="qemu", capacity=fuse.HostCapacity(vm_count=10)))
+        fleet.client.vms.create(vm_body("job1", host="src"))
+        proxy.hold[b"POST /v1/host/vms "] = 3.0  # the host takes its time to answer a create
+        made = {}
+        t = threading.Thread(target=lambda: made.update(vm=fleet.client.vms.create(vm_body("job1", host="dst"))))
+        t.start()
+        wait_until(lambda: proxy.held >= 1, timeout=20, what="the create sent to dst")
+        err = api_error(fleet.client.moves.create, "job1", to="dst")
+        assert (err.status, err.code) == (409, "no_target") and "being created on host dst" in err.message, err
+        t.join(timeout=30)
+        assert made["vm"]["host"] == "dst"  # names are per host: both stand, nothing failed
+        assert fleet.host_vms("src")["job1"]["state"] == "running"
+    finally:
+        proxy.close()
