@@ -708,15 +708,21 @@ def _agent_call(fleet, host_id, method, path):
     return httpx.request(method, a.url + path, headers={"Authorization": f"Bearer {a.token}"}, timeout=30)
 
 
-def _paused_move(fleet, name, asleep):
-    """A move of ``name`` from src to dst held before its sleep step (3 s)."""
+def hooked_move(fleet, name, asleep, env):
+    """A move of ``name`` (asleep or running) from src to dst by a controller started with
+    test hooks ``env``."""
     fleet.add("src")
     fleet.add("dst")
     fleet.client.vms.create(vm_body(name, host="src"))
     if asleep:
         fleet.client.vms.sleep(name)
-    fleet.restart_controller(env={"FUSE_TEST_PAUSE_AT": "starting:3"})
-    return fleet.client.moves.create(name, to="dst")["id"]
+    fleet.restart_controller(env=env)
+    return fleet.client.moves.create(name, to="dst")
+
+
+def _paused_move(fleet, name, asleep):
+    """A move of ``name`` from src to dst held before its sleep step (3 s)."""
+    return hooked_move(fleet, name, asleep, {"FUSE_TEST_PAUSE_AT": "starting:3"})["id"]
 
 
 def test_a_sleep_wake_or_delete_through_the_controller_is_refused_from_the_moves_202(fleet):

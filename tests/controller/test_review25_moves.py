@@ -11,7 +11,7 @@ import pytest
 
 import fuse
 from support import api_error, end_fake_vm, start_controller, wait_until
-from test_moves import Fleet, vm_body
+from test_moves import Fleet, hooked_move, vm_body
 
 
 @pytest.fixture
@@ -22,13 +22,7 @@ def fleet(tmp_path):
 
 
 def _crash_at_woke(fleet, name, sleeping=False):
-    fleet.add("src")
-    fleet.add("dst")
-    fleet.client.vms.create(vm_body(name, host="src"))
-    if sleeping:
-        fleet.client.vms.sleep(name)
-    fleet.restart_controller(env={"FUSE_TEST_CRASH_AT": "woke"})
-    m = fleet.client.moves.create(name, to="dst")
+    m = hooked_move(fleet, name, sleeping, {"FUSE_TEST_CRASH_AT": "woke"})
     wait_until(lambda: fleet.ctl.popen.poll() is not None, timeout=60, what="controller to crash at woke")
     assert fleet.host_vms("src")[name]["move_id"] == m["id"]  # (the source copy is still there, held)
     return m

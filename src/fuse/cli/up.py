@@ -25,7 +25,7 @@ import typer
 from .. import statelock
 from ..agent.backends.base import pids_mentioning
 
-from .output import console, table
+from .output import console, fail, table
 
 ENTRY_START = "FUSE-ENTRY-START"  # what the guest's init prints before running the entry
 
@@ -76,7 +76,6 @@ def up(
 
     import fuse
     from ..envsettings import AGENT_TIMINGS, CONTROLLER_TIMINGS, BadSetting, check_seconds
-    from .output import fail
     try:  # (its agent's and controller's, said once here rather than as their start failing)
         check_seconds(AGENT_TIMINGS + CONTROLLER_TIMINGS)
     except BadSetting as err:

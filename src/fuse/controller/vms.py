@@ -242,9 +242,9 @@ class VmService:
             # whatever placement would say of its room (a full host included).
             raise VmExists(f"a vm named {name} already exists on host {req.host}")
         self._check_naming(name, req.host)
+        # the hosts a move of the name is taking it to: theirs from the move's 202 on (read again
+        # where the name is held, below: a create there would fail the move at its copy)
         moving_to = self.ctl.moves.moving_to(name) if req.name else {}
-        if req.host in moving_to:
-            raise VmExists(f"a vm named {name} is moving to host {req.host} (move {moving_to[req.host]})")
         if self.fleet is not None:  # (a controller just started: its hosts read once first)
             await self.fleet.first_polls([req.host] if req.host else [r["id"] for r in self.store.list_hosts()],
                                          FIRST_POLL_WAIT_S)
@@ -260,11 +260,9 @@ class VmService:
                 return vm
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
         host_body = req.model_dump(mode="json", exclude={"host", "on"}) | {"name": name}
-        # hosts that refused or did not answer -> why; a host a VM of the name is moving to is
-        # passed by as one whose VM of that name is there (placement never lands the name twice)
-        reasons: dict[str, str] = {h: f"a vm named {name} is moving here (move {m})" for h, m in moving_to.items()}
+        reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
         decisions = []
-        tried: set[str] = set(moving_to)
+        tried: set[str] = set()
         reopened: set[str] = set()
         scaled = False
         cloud_hosts = self._cloud_hosts(req, on)
@@ -281,14 +279,15 @@ class VmService:
                     if req.host in moving_to:
                         raise VmExists(f"a vm named {name} is moving to host {req.host} "
                                        f"(move {moving_to[req.host]})")
-                    for h, m in moving_to.items():
+                    for h, m in moving_to.items():  # (passed by as a host whose VM of that name is there)
                         reasons.setdefault(h, f"a vm named {name} is moving here (move {m})")
                     fleet, unusable = self.arrays(only=req.host, bundle=req.bundle, among=among, others=others)
                     decision = rank(fleet, ask, unusable)
                     decisions.append(decision)  # its per-host reasons are worked out only for a fleet_full reply
-                    host = decision.best(exclude=tried | set(moving_to))
+                    out = tried | moving_to.keys()
+                    host = decision.best(exclude=out)
                     if host is not None and host in cloud_hosts:  # the pool's order: your own hosts first
-                        host = next((h for h in decision.order if h not in tried and h not in cloud_hosts), host)
+                        host = next((h for h in decision.order if h not in out and h not in cloud_hosts), host)
                     row = self._hold(conn, host, name, ask, "create") if host is not None else None
                 if host is not None:  # (committed: only now this replica's own book-keeping, which
                     # a failed commit would otherwise leave holding the room and the name for good)

@@ -91,6 +91,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
             err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
             raise err
+        silent = None  # (a named target's silence, said once its own checks pass: a cordoned one says so first)
         if to is not None and self.store.get_host(to) is not None:
             # A named target is asked outside the lock too (a frozen one held every move up)
             await self.fleet.first_polls([to], 6.0)
@@ -99,8 +100,6 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 # poller backs off up to 30 s): asked once now rather than refused on a stale view
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.fleet.refresh(to), 5.0)
-        silent = None  # (said once the target's own checks pass: a cordoned host says so first)
-        if to is not None and self.store.get_host(to) is not None:
             try:
                 await self._answers(to)
             except FuseError as exc:
@@ -128,7 +127,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             if silent is not None:
                 raise silent
             if to is None:  # (a named one was asked above)
-                target = await self._answering(name, source, vm, to, target, leftovers)
+                target = await self._answering(name, source, vm, target, leftovers)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
             # (no await from here to the record: a create of the name on the target either holds

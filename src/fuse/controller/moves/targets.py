@@ -112,26 +112,24 @@ class MoveTargets(MoveRecords):
         raise _no_target(name, source, passed)
 
     async def _answers(self, to: str) -> None:
-        """A named target asked once before anything touches the VM (see ``_answering``)."""
+        """A named target asked once before anything touches the VM: a poller takes a few
+        seconds to see an agent die, and a move to it had slept the VM for nothing (202, then
+        failed). One that does not answer is refused (host_unreachable)."""
         try:
             await self._host(to, "GET", "/v1/host", timeout=ANSWER_TIMEOUT)
         except FuseError as exc:
             raise refuse("host_unreachable", f"target host {to} did not answer: {exc.message}") from None
 
-    async def _answering(self, name: str, source: str, vm: dict, to: str | None, target: str,
+    async def _answering(self, name: str, source: str, vm: dict, target: str,
                          leftovers: dict[str, str] | None = None) -> str:
-        """``target`` once its agent answers now, before anything touches the VM: a poller
-        takes a few seconds to see an agent die, and a move to it had slept the VM for
-        nothing (202, then failed). A named target that does not answer is refused
-        (host_unreachable); for best fit the next host is asked."""
+        """The best-fit ``target`` once its agent answers now (as ``_answers``); one that does
+        not gives way to the next host."""
         out: dict[str, str] = {}
         while True:
             try:
                 await self._host(target, "GET", "/v1/host", timeout=ANSWER_TIMEOUT)
                 return target
             except FuseError as exc:
-                if to is not None:
-                    raise refuse("host_unreachable", f"target host {target} did not answer: {exc.message}") from None
                 out[target] = f"did not answer: {exc.message}"
             target, passed = self._best_fit(name, source, vm, leftovers or {}, exclude=out)
             if target is None:
