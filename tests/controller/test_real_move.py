@@ -87,3 +87,49 @@ def test_a_vm_with_an_empty_console_moves(two_qemu_hosts, tmp_path):
     assert c.vms.wake("quiet")["state"] == "running"
     assert qemu_running(tmp_path / "agent-src") == 0 and qemu_running(tmp_path / "agent-dst") == 1
     c.vms.delete("quiet")
+
+
+def test_a_real_vm_whose_qemu_died_on_the_target_while_the_controller_was_down_is_not_run_again_at_home(tmp_path):
+    """Review 25 (real QEMU): the controller died between the target's wake and the move's
+    `done`; the guest's QEMU on the target died before it came back. The restarted controller
+    woke the source's copy from the pre-move snapshot (the VM ran a second time); the target
+    woke it, so the move is through."""
+    import os
+    import signal
+
+    import fuse
+    from support import agent_vms
+
+    bundle = real_bundle_dir()
+    agents = {}
+    for name in ("src", "dst"):
+        install_bundle(bundle, tmp_path / f"agent-{name}")
+        agents[name] = start_agent(tmp_path, backend="qemu", name=f"agent-{name}")
+    ctl = start_controller(tmp_path, env={"FUSE_TEST_CRASH_AT": "woke"})
+    c = fuse.Client(ctl.url)
+    try:
+        for name, a in agents.items():
+            c.hosts.register(fuse.RegisterHostRequest(id=name, url=a.url, token=a.token, backend="qemu",
+                                                      capacity=fuse.HostCapacity(vm_count=4)))
+        c.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": COUNTER, "host": "src"})
+        wait_until(lambda: len(numbers(c.vms.console("job")["text"])) >= 3, timeout=90, what="guest counting")
+        m = c.moves.create("job", to="dst")
+        wait_until(lambda: ctl.popen.poll() is not None, timeout=120, what="the controller to die at woke")
+        assert agent_vms(agents["src"])["job"]["move_id"] == m["id"]  # the source copy is still there, held
+        os.kill(agent_vms(agents["dst"])["job"]["pid"], signal.SIGKILL)  # the guest's QEMU dies on the target
+        wait_until(lambda: agent_vms(agents["dst"])["job"]["state"] == "failed", timeout=30, what="failed there")
+        c.close()
+        ctl = start_controller(tmp_path)  # (no hook now)
+        c = fuse.Client(ctl.url)
+        m = wait_until(lambda: (x := c.moves.get(m["id"]))["state"] in ("done", "failed") and x, timeout=120,
+                       what="the move settled")
+        assert (m["state"], m["source_removed"]) == ("done", True), m
+        assert "job" not in agent_vms(agents["src"]) and qemu_running(tmp_path / "agent-src") == 0
+        assert c.vms.get("job")["host"] == "dst"
+    finally:
+        c.close()
+        ctl.stop()
+        for a in agents.values():
+            a.stop()
+        reap(tmp_path)
+    assert qemu_running(tmp_path) == 0
