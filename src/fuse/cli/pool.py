@@ -34,7 +34,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from fuse.controller.pool.model import PlanModel
-from fuse.controller.pool.planner import plan as _plan
 from fuse.controller.pool.providers import options_help
 from fuse.controller.pool.request import model_from_request
 from fuse.errors import FuseError, InvalidArgument
@@ -288,6 +287,12 @@ def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest
                                       "an offline plan only shows what it would do", json_=as_json)
         typer.echo(f"no controller at {sock}: planning offline against the shipped catalogue", err=True)
         return None
+
+
+def _plan(model: PlanModel) -> ElasticPlan:
+    """The planner, imported on first use: it loads numpy and the solvers, which no other command needs."""
+    from fuse.controller.pool.planner import plan
+    return plan(model)
 
 
 def solve_plan(model: PlanModel) -> ElasticPlan:
