@@ -50,17 +50,15 @@ def serve(
     no_socket: bool = typer.Option(False, "--no-socket", help="Serve TCP only."),  # (a flag: no --no-no-socket)
 ) -> None:
     """Serve the controller API."""
-    from ..envsettings import CONTROLLER_TIMINGS, BadSetting, check_seconds, seconds
+    from ..envsettings import CONTROLLER_TIMINGS, BadSetting, check_seconds
 
-    try:  # (the moves', creates' and the pool's timings are read as their modules load)
-        check_seconds(CONTROLLER_TIMINGS)  # (before any of them is imported)
+    try:  # (the moves', creates' and the pool's timings are read as their modules load; the SSH
+        check_seconds(CONTROLLER_TIMINGS)  # connect timeout per connection: all checked before)
         import importlib
 
         from ..controller.app import create_app
-        from ..transport.ssh import CONNECT_TIMEOUT_S
         for module in ("moves", "vms", "pool.elastic_host"):
             importlib.import_module(f"fuse.controller.{module}")
-        seconds("FUSE_SSH_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)  # (read per connection: checked once here)
     except BadSetting as err:
         fail("invalid_argument", str(err), exit_code=2)
     from ..controller.service import Controller, default_controller_socket
