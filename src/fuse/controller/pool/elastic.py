@@ -150,7 +150,8 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                         billing_step_secs=offer.billing_step_secs, billing_min_secs=offer.billing_min_secs,
                         boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
                         record={"history": [{"state": "creating", "time": now, "reason": ""}],
-                                "planned_until": now + (billed or 0 if planned_secs is None else planned_secs)},
+                                "planned_until": now + (billed or 0 if planned_secs is None else planned_secs),
+                                "budgeted_until": now + (billed or 0)},
                         updated_at=now))
                     # (``type_name``: an event's ``type`` is its own, "elastic_host")
                     self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
@@ -297,6 +298,20 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         if self.store.get_host(name) is not None:
             await self.ctl.deregister_host(name)
         self._transition(name, "gone", reason)
+
+    def work_ended(self, name: str) -> None:
+        """The work machine ``name`` was bought for is over (its prewarm ended) while something
+        else keeps it: its planned time ends now, so scale-in removes it once it is idle (it
+        kept it idle, and the monthly cap counted it, until the prewarm's TTL would have come)."""
+        now = time.time()
+        with self.store.tx() as c:
+            row = c.execute(select(hosts_t).where(hosts_t.c.name == name)).mappings().first()
+            if row is None or row["state"] == "gone" or row["expires"]:
+                return  # (a machine added by hand ends at its TTL, whatever ran there)
+            rec = dict(row["record"] or {})
+            rec["planned_until"] = min(rec.get("planned_until", 0), now)
+            rec["budgeted_until"] = min(rec.get("budgeted_until", 0), now)
+            c.execute(update(hosts_t).where(hosts_t.c.name == name).values(record=rec))
 
     def _work_on(self, name: str) -> str | None:
         """Why ``name`` may not go now (VMs with work on it, or being placed there), or None."""

@@ -98,8 +98,12 @@ def committed_until(row: dict, now: float) -> float:
 
 def committed_usd(row: dict, now: float) -> float:
     """USD a live host is still set to cost beyond its billed time so far
-    (``committed_until``). The monthly cap counts it as spent already."""
-    return (committed_until(row, now) - paid_until(row, now)) * row["usd_per_hour"] / 3600
+    (``committed_until``), and at least what the solve that bought it priced
+    (``record.budgeted_until``: a machine autoscale bought for one VM is kept for it only
+    until it joined, yet the VM's work runs on it the VM's duration). The monthly cap
+    counts it as spent already."""
+    until = max(committed_until(row, now), (row["record"] or {}).get("budgeted_until", 0))
+    return (until - paid_until(row, now)) * row["usd_per_hour"] / 3600
 
 
 def ends_on_its_own(row: dict, now: float) -> float:

@@ -701,6 +701,7 @@ class PrewarmService:
                 await self.ctl.pool.remove(host, f"its prewarm {pw_id} ended", prewarm=pw_id)
             except FuseError as exc:
                 log.info("prewarm %s ended: its machine %s stays: %s", pw_id, host, exc.message)
+                self.ctl.pool.work_ended(host)
         return True
 
     def pinned_to(self, host: str) -> list[str]:

@@ -1,0 +1,56 @@
+"""Twenty-sixth session: the elastic pool's budget and prewarms against a real controller
+and a `local` cloud of fake-backend agents."""
+
+from __future__ import annotations
+
+import pytest
+
+import fuse
+from support import start_controller
+
+ONE_HOUR_MACHINE = {"backend": "fake", "types": [
+    {"name": "big", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 36.0, "boot_secs": 2}]}
+
+
+@pytest.mark.timeout(180)
+def test_autoscale_commits_the_cost_its_solve_priced_against_the_monthly_cap(tmp_path, procs):
+    """(was: the solve priced a create's machine at its hour, $36, but the purchase committed only
+    its boot and join grace, ~$3, to the monthly cap: two such machines were bought under $40)"""
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lx", "local", ONE_HOUR_MACHINE)
+        c.pool.cloud_budget(fuse.ElasticBudgetUpdate(autoscale=True, monthly_usd=40))
+        first = c.vms.create({"name": "m1", "shape": {"vcpus": 1, "mem_mib": 1024}, "entry": "sleep 3600"})
+        assert first["host"].startswith("lx-"), first
+        with pytest.raises(fuse.ApiError) as second:
+            c.vms.create({"name": "m2", "shape": {"vcpus": 1, "mem_mib": 1024}, "entry": "sleep 3600"})
+        assert second.value.code in ("fleet_full", "budget_exceeded"), second.value
+        assert "monthly_usd" in second.value.message, second.value.message
+        assert [h.name for h in c.pool.cloud_hosts() if h.state != "gone"] == [first["host"]]
+        c.vms.delete("m1")
+        c.pool.cloud_remove_host([first["host"]])
+
+
+@pytest.mark.timeout(180)
+def test_a_machine_bought_for_a_removed_prewarm_is_removed_once_idle_not_at_its_ttl(tmp_path, procs):
+    """(was: a VM claimed from the prewarm kept the machine as the prewarm was removed, and once
+    the VM was deleted too, scale-in kept the idle machine, billed, until the prewarm's TTL would
+    have ended: "idle; bought for work planned until ...")"""
+    from test_prewarm import ready
+
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [
+            {"name": "s1", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 1.0, "boot_secs": 2}]})
+        c.pool.cloud_budget(fuse.ElasticBudgetUpdate(max_usd_per_hour=1.5))
+        pw = c.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=512, ttl_secs=3600))
+        ready(c, pw.id, 1, timeout=60)
+        job = c.vms.create({"name": "job", "shape": {"vcpus": 1, "mem_mib": 512}, "entry": "sleep 600"})
+        machine = job["host"]
+        assert machine == pw.new_hosts[0], (job, pw)  # (claimed there: the only machine)
+        assert c.pool.remove_prewarm(pw.id)
+        assert [h.name for h in c.pool.cloud_hosts() if h.state != "gone"] == [machine]  # the job holds it
+        c.vms.delete("job")
+        decisions = {d.host: d for d in c.pool.cloud_reconcile()}
+        assert decisions[machine].action == "remove", decisions[machine]
+        assert [h.name for h in c.pool.cloud_hosts() if h.state != "gone"] == [], c.pool.cloud_hosts()
