@@ -8,7 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from .base import Record
+from .base import Asked, Record
 
 HostState = Literal["active", "cordoned", "draining"]
 BACKENDS = ("firecracker", "qemu")
@@ -37,7 +37,7 @@ class MIGInstance(Record):
 MAX_AMOUNT = 2**53  # the largest capacity figure a host may declare
 
 
-class HostCapacity(Record):
+class HostCapacity(Asked):
     """A host's resource envelope. On `capacity`, cpus/ram_mb/storage_gb left
     at 0 are probed; vm_count is policy and always declared."""
 
@@ -80,7 +80,7 @@ class HostCapacity(Record):
         return v
 
 
-class RegisterHostRequest(Record):
+class RegisterHostRequest(Asked):
     id: str
     url: str
     token: Optional[str] = None
