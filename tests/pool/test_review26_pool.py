@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import fuse
-from support import start_controller
+from support import start_controller, wait_until
 
 ONE_HOUR_MACHINE = {"backend": "fake", "types": [
     {"name": "big", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 36.0, "boot_secs": 2}]}
@@ -54,3 +54,22 @@ def test_a_machine_bought_for_a_removed_prewarm_is_removed_once_idle_not_at_its_
         decisions = {d.host: d for d in c.pool.cloud_reconcile()}
         assert decisions[machine].action == "remove", decisions[machine]
         assert [h.name for h in c.pool.cloud_hosts() if h.state != "gone"] == [], c.pool.cloud_hosts()
+
+
+@pytest.mark.timeout(180)
+def test_a_machine_the_pool_added_is_not_deregistered_from_under_it(tmp_path, procs):
+    """(was: 204, and the machine ran on `joined`, paid for and counted against the budget until
+    its TTL, with no host to use it)"""
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [
+            {"name": "s1", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 1.0, "boot_secs": 2}]})
+        (h,) = c.pool.cloud_add_host("lc", "s1", count=1)
+        wait_until(lambda: [x.state for x in c.pool.cloud_hosts()] == ["joined"], timeout=60, what="joined")
+        with pytest.raises(fuse.ApiError) as got:
+            c.hosts.deregister(h.name)
+        assert got.value.status == 409 and got.value.code == "conflict", got.value
+        assert "fuse pool remove-host" in got.value.message, got.value.message
+        assert [x.id for x in c.hosts.list()] == [h.name]  # still a host, still the pool's
+        assert c.pool.cloud_remove_host([h.name]).removed == [h.name]
+        assert c.hosts.list() == [] and [x.state for x in c.pool.cloud_hosts(include_gone=True)] == ["gone"]

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from ...errors import InvalidArgument
+from ...errors import Conflict, InvalidArgument
 from ...models.errors import responses
 from ...models.hosts import Host, HostPage, RegisterHostRequest
 from ...models.moves import DrainReport
@@ -171,12 +171,20 @@ async def host_action(request: Request, host_id: str,
                                         "one (or a wake) waiting on its answer, or one it did not answer, until it "
                                         "says whether the VM landed (10 minutes at most); "
                                         "move_in_progress: a move still needs it (a copy to wake, abort or "
-                                        "remove there); with force, conflict also while its agent answers"),
+                                        "remove there); with force, conflict also while its agent answers; a machine the elastic "
+                                        "pool added is removed through the pool (conflict)"),
                summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str, force: bool = Query(False, description=(
         "For a host whose agent is gone for good: remove it with the VMs still assigned to it, the "
         "controller dropping their records (each a vm_lost event; the host_removed event lists them "
         "as forgotten_vms). Refused (409 conflict) while the agent answers: delete or drain them "
         "then. A create or move still waiting on the host refuses it as without force."))) -> Response:
-    await _ctl(request).deregister_host(host_id, force=force)
+    ctl = _ctl(request)
+    pool = getattr(ctl, "pool", None)
+    if pool is not None and (row := pool.row(host_id)) is not None and row["state"] != "gone":
+        # (deregistered, the machine ran on, paid for and counted against the budget, with
+        # nothing to use it: the pool's removal terminates it and deregisters the host)
+        raise Conflict(f"host {host_id} is a machine the elastic pool added (cloud {row['provider']}): remove it "
+                       f"with POST /v1/pool/hosts/remove (fuse pool remove-host {host_id}), which ends the machine")
+    await ctl.deregister_host(host_id, force=force)
     return Response(status_code=204)
