@@ -51,6 +51,7 @@ class Controller:
         self.token = token
         self.poll_interval = poll_interval
         self.fleet = None  # the pollers, once started (fuse.controller.fleet)
+        self._strays: set[asyncio.Task] = set()  # settling what old moves left on a host registered again
         # a create waiting on a host's answer ties the host as an assigned VM does, and so
         # does one it did not answer until it says whether the VM landed: the registry
         # refuses to deregister it or re-point it meanwhile
@@ -218,7 +219,12 @@ class Controller:
             try:
                 await self.fleet.refresh(host_id)
             except Exception:  # unreachable now: the poller keeps trying
-                pass
+                return
+            # what moves settled while its agent was away for good (removed with force) left
+            # there: in the background, the registration's reply does not wait on it
+            task = asyncio.get_running_loop().create_task(self.moves.settle_strays(host_id))
+            self._strays.add(task)
+            task.add_done_callback(self._strays.discard)
 
         return await self.hosts.register(req, backend_from_probe, then=poll)
 

@@ -25,7 +25,7 @@ from ..store import moves as moves_t
 from .copying import MoveCopy
 from .drain import MoveDrains
 from .janitor import MoveJanitor
-from .records import ACTIVE, LEASE_S, STOP_SETTLE_S
+from .records import ACTIVE, LEASE_S, STOP_SETTLE_S, log
 
 FORGET_SETTLE_S = 60.0  # a force deregister waits this long for the moves that need the host to settle
 from .rollback import MoveRollback
@@ -238,6 +238,54 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             yield
         finally:
             self._gone.discard(host_id)
+
+    async def settle_strays(self, host_id: str) -> list[str]:
+        """What moves settled while ``host_id``'s agent was away for good (removed with force:
+        each of its calls answered "it holds nothing") left on it, now that it is registered
+        again: a copy a move was bringing there (received or installed) is aborted; a VM a
+        failed move held asleep there goes home as any failed move's does (woken, unless it was
+        asleep before the move or another host has a VM of its name now: then only its mark is
+        dropped); the source copy of a done move is removed. Each was refused to every caller
+        (409 ``move_in_progress``, naming a move long over) and held its room for good. Moves
+        still active, and moves this controller does not know, are left alone. The moves
+        settled, as ``"<move id>: what was done"``."""
+        try:
+            vms = (await self._host(host_id, "GET", "/v1/host/vms", timeout=30)).json()["vms"]
+            incoming = (await self._host(host_id, "GET", "/v1/host/incoming", timeout=30)).json()["incoming"]
+        except (FuseError, KeyError, ValueError, TypeError):
+            return []  # (not answering now: nothing is touched; the next registration asks again)
+        marked = {v["move_id"]: v for v in vms if v.get("move_id")}
+        out = []
+        for move_id in sorted(set(marked) | {e["move_id"] for e in incoming}):
+            with self.store.read() as c:
+                found = c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().first()
+            if found is None or found["state"] in ACTIVE:
+                continue
+            row = dict(found)
+            vm = marked.get(move_id)
+            try:
+                if vm is None or vm.get("move_role") == "target" or vm["state"] == "incoming":
+                    await self._abort_target(row | {"target": host_id})
+                    out.append(f"{move_id}: its copy of vm {row['vm']} aborted")
+                elif row["state"] == "done":
+                    await self._remove_source(row | {"source": host_id})
+                    out.append(f"{move_id}: its source copy of vm {row['vm']} removed")
+                else:
+                    elsewhere = any(r["host"] != host_id for r in self.store.vms_named(row["vm"]))
+                    home = row | {"source": host_id}
+                    if elsewhere:
+                        home["record"] = dict(row["record"] or {}, was_running=False)  # (the mark only)
+                    await self._wake_source(home)
+                    out.append(f"{move_id}: vm {row['vm']} " + ("unmarked, asleep (its name is on another "
+                               "host now)" if elsewhere or not (row["record"] or {}).get("was_running", True)
+                               else "woken at home"))
+            except FuseError as exc:
+                log.warning("move %s: what it left on %s stays for now: %s", move_id, host_id, exc.message)
+        for line in out:
+            log.info("host %s registered again: move %s", host_id, line)
+        if out:
+            self.fleet.changed.set()
+        return out
 
     async def close(self) -> None:
         """Stop: the drains and the janitor at once; each move this controller drives is
