@@ -73,3 +73,31 @@ def test_a_machine_the_pool_added_is_not_deregistered_from_under_it(tmp_path, pr
         assert [x.id for x in c.hosts.list()] == [h.name]  # still a host, still the pool's
         assert c.pool.cloud_remove_host([h.name]).removed == [h.name]
         assert c.hosts.list() == [] and [x.state for x in c.pool.cloud_hosts(include_gone=True)] == ["gone"]
+
+
+@pytest.mark.timeout(240)
+async def test_creates_of_a_prewarms_shape_arriving_together_all_land_where_there_is_room_for_them(tmp_path, procs):
+    """(was: the refill of the first claims created standby VMs in the room the claims freed, and
+    the creates behind them were `fleet_full` on a host with room for every one of them)"""
+    import asyncio
+
+    from test_prewarm import ready
+
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [
+            {"name": "s1", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 1.0, "boot_secs": 2}]})
+        (h,) = c.pool.cloud_add_host("lc", "s1", count=1, ttl_hours=1)
+        wait_until(lambda: [x.id for x in c.hosts.list() if x.connected] == [h.name], timeout=60, what="joined")
+        pw = c.pool.prewarm("linux", fuse.PrewarmOptions(count=2, cpus=1, memory_mb=256, on=f"host:{h.name}"))
+        ready(c, pw.id, 2, timeout=60)
+    async with fuse.AsyncClient(ctl.url) as ac:
+        async def one(i):
+            try:
+                return await ac.vms.create({"name": f"pw-{i}", "shape": {"vcpus": 1, "mem_mib": 256},
+                                            "entry": "sleep 600", "on": f"host:{h.name}"})
+            except fuse.ApiError as e:
+                return e
+
+        got = await asyncio.gather(*(one(i) for i in range(4)))
+    assert all(isinstance(g, dict) and g["host"] == h.name for g in got), got

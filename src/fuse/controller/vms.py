@@ -358,6 +358,13 @@ class VmService:
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
                 self._release(host, ask, name, row)
+        if not req.standby and (prewarm := getattr(self.ctl, "prewarm", None)) is not None:
+            # a claim's refill may have created VMs of this shape, or be creating them, in the
+            # room this create needed: one of those is this create's to claim (it was fleet_full
+            # on a host with room for it)
+            await prewarm.refilled(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux")
+            if (vm := await self._claim(req, name, claim_among)) is not None:
+                return vm
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
         for d in decisions:
             for h, why in d.reasons.items():

@@ -75,6 +75,7 @@ from .request import kind_of_image, learned_shape
 log = logging.getLogger("fuse.controller.pool")
 DEFAULT_TTL_SECS = 3600
 JOIN_WAIT_SECS = 600  # a machine bought for a prewarm may take this long to join
+REFILL_WAIT_S = 30.0  # a create waits this long at most for a refill's standby creates of its shape
 LIVED_SECS = 600  # a machine the cloud ends sooner after it was bought did not live (see Backoff)
 BACKOFF_FIRST_SECS = 30  # no purchase for this long after the second early end in a row, doubling after
 BACKOFF_MAX_SECS = 1800
@@ -124,6 +125,7 @@ class PrewarmService:
         # host with room for one, and one never got ready)
         self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
+        self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle) -> standby creates under way
 
     # ---- records ---------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
@@ -562,6 +564,27 @@ class PrewarmService:
         self._save(rec | {"next": n + 1})
         return n
 
+    async def _create_standby(self, body: dict) -> None:
+        """A standby VM's create, counted by its shape while it is under way (``refilled``)."""
+        key = (body["shape"]["vcpus"], body["shape"]["mem_mib"], body["bundle"])
+        self._creating[key] = self._creating.get(key, 0) + 1
+        try:
+            await self.ctl.vms.create(body)
+        finally:
+            self._creating[key] -= 1
+            if not self._creating[key]:
+                del self._creating[key]
+
+    async def refilled(self, vcpus: int, mem_mib: int, bundle: str, timeout: float = REFILL_WAIT_S) -> None:
+        """Once no standby VM of this shape is being created (``timeout`` at most). A create that
+        found no room while a claim's refill was creating VMs of its shape in the room the claim
+        freed claims one of those (it was ``fleet_full``, the room going to VMs it could have
+        claimed a moment later)."""
+        key = (vcpus, mem_mib, bundle)
+        deadline = time.monotonic() + timeout
+        while key in self._creating and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async def _create_one(self, rec: dict, host: str) -> bool:
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
         if view is None or not view.connected:
@@ -573,7 +596,7 @@ class PrewarmService:
         body = {"name": f"{rec['id']}-{n}", "standby": True, "bundle": rec["image"],
                 "shape": {"vcpus": rec["cpus"], "mem_mib": rec["memory_mb"]}}
         try:
-            await self.ctl.vms.create(body | {"host": host})
+            await self._create_standby(body | {"host": host})
             self._no_room.pop(rec["id"], None)
             return not await self._unless_removed(rec["id"], body["name"], host)
         except FuseError as exc:
@@ -595,7 +618,7 @@ class PrewarmService:
             return False  # a machine joining: the next pass creates the VM there
         (to,) = where
         try:
-            await self.ctl.vms.create(body | {"host": to})
+            await self._create_standby(body | {"host": to})
         except FuseError as exc:
             log.warning("prewarm %s on %s: %s", rec["id"], to, exc.message)
             return False
