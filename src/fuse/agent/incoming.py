@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, InvalidArgument, NotFound, VmExists
+from ..errors import Conflict, InvalidArgument, NotFound
 from ..models.vm import IncomingRequest, StateFile, Vm
 from ..paths import private_dir, private_opener
 from . import bundle as bundles
@@ -119,8 +119,7 @@ class IncomingMoves:
                 if entry["name"] != name:
                     raise Conflict(f"move {req.move_id} is already bringing vm {entry['name']}")
                 return self.describe(entry)
-            if name in mgr.vms:
-                raise VmExists(f"a vm named {name} already exists on this host")
+            mgr.check_free(name)
             b = mgr.bundle(req.vm.bundle)  # as this host's backend boots it (else the wake would fail)
             if isinstance(b, str) or b.fingerprint != req.vm.bundle_fingerprint:
                 have = f"fingerprint {b.fingerprint[:12]}" if not isinstance(b, str) else f"none usable ({b})"

@@ -35,8 +35,8 @@ from ..paths import private_dir, private_opener
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure, untouched_mib
-from .backends.base import (MOVED_CONSOLE, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, get_backend,
-                            kill_and_wait, reap)
+from .backends.base import (MOVED_CONSOLE, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, EntryCutOff,
+                            get_backend, kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves
 from .metering import Metering, process_started
@@ -78,6 +78,7 @@ _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 # (``_settle_interrupted``).
 SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
 CONSOLE_CHUNK = 64 * 1024
+DELIVERING = "entry.delivering"  # in a standby VM's dir while a claim delivers its entry
 log = logging.getLogger("fuse.agent")
 MONITOR_INTERVAL = 0.1
 
@@ -268,8 +269,7 @@ class VmManager:
         await self._settle_accel(b)
         async with self.admit_lock:
             name = req.name or f"vm-{secrets.token_hex(4)}"
-            if name in self.vms:
-                raise VmExists(f"a vm named {name} already exists on this host")
+            self.check_free(name)
             if reason := self.admission(req.shape.mem_mib):
                 raise self.refuse(reason, name)
             platform = (self.backend.platform() | (STANDBY_PLATFORM if req.standby else {})
@@ -356,13 +356,22 @@ class VmManager:
                 raise VmExists(f"a vm named {new} already exists on this host")
             self._rename(vm, new)
             self._claiming.add(name)
+            delivering = _bare_spec(self, vm).vm_dir / DELIVERING  # (an agent dying in the delivery: ``load``)
+            with contextlib.suppress(OSError):
+                delivering.touch()
             try:
                 await self.backend.deliver_entry(_bare_spec(self, vm), req.entry)
             except (BackendError, OSError) as exc:
                 self._rename(vm, name)
+                if isinstance(exc, EntryCutOff):
+                    await self._end_cut_off(vm, str(exc))
+                    raise FuseError(f"vm {name} did not take its entry: {exc}; it may hold part of it, so it "
+                                    "takes no other: it is stopped (failed)", code="claim_failed") from exc
                 raise FuseError(f"vm {name} did not take its entry: {exc}", code="claim_failed") from exc
             finally:
                 self._claiming.discard(name)
+                with contextlib.suppress(OSError):
+                    delivering.unlink(missing_ok=True)
             vm.standby, vm.ready, vm.entry = False, False, req.entry
             vm.history.append({"state": "running", "time": now().isoformat(), "claimed_from": name})
             self.save(vm)
@@ -372,6 +381,32 @@ class VmManager:
                 self.metering.persist()
             self.events.emit("vm_claimed", vm=new, previous_name=name)
         return vm
+
+    async def _end_cut_off(self, vm: Vm, why: str) -> None:
+        """Stop a standby VM whose entry's delivery was cut off (``EntryCutOff``): its guest may
+        hold part of that line, which the next entry would be appended to. ``failed``, saying so
+        (a prewarm's refill deletes it and boots another)."""
+        self.metering.stop(vm.name)
+        with contextlib.suppress(BackendError, OSError):
+            await self.backend.stop(_bare_spec(self, vm))
+        pid, vm.pid = vm.pid, None
+        if pid is not None and not reap(pid):
+            self._unreaped.add(pid)
+        vm.standby = vm.ready = False
+        with contextlib.suppress(OSError):
+            self.transition(vm, "failed", f"its entry's delivery was cut off ({why}): a standby VM that may "
+                                          "hold part of an entry takes no other")
+
+    def check_free(self, name: str) -> None:
+        """VmExists unless ``name`` is free here: no VM has it, and no claim in flight may give
+        it back (a claim renames its standby VM before the entry goes in; one that fails puts
+        it back under this name, over whatever took it meanwhile: a VM created there lost its
+        record, its QEMU left running unlisted)."""
+        if name in self.vms:
+            raise VmExists(f"a vm named {name} already exists on this host")
+        if name in self._claiming:
+            raise VmExists(f"a vm named {name} is being claimed on this host (its name is free once "
+                           "the claim has its entry in)")
 
     def _rename(self, vm: Vm, to: str) -> None:
         """Re-key ``vm`` and its lock under name ``to`` (``vm.dir`` keeps its files)."""
@@ -589,6 +624,11 @@ class VmManager:
         async def adopt(vm: Vm) -> None:
             if (take_over := getattr(self.backend, "adopt", None)) is not None:
                 await take_over(_bare_spec(self, vm))
+        cut_off = [vm for vm in adopting if vm.standby and (_bare_spec(self, vm).vm_dir / DELIVERING).exists()]
+        for vm in cut_off:  # (the last agent died while it delivered an entry to it: see ``claim``)
+            adopting.remove(vm)
+            await self._end_cut_off(vm, "the agent stopped during it")
+            (_bare_spec(self, vm).vm_dir / DELIVERING).unlink(missing_ok=True)
         outcomes = await asyncio.gather(*(adopt(vm) for vm in adopting), return_exceptions=True)
         for vm, outcome in zip(adopting, outcomes):
             if isinstance(outcome, (BackendError, OSError)):

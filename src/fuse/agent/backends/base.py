@@ -43,6 +43,12 @@ class BackendError(RuntimeError):
     """A hypervisor operation failed (the message says how)."""
 
 
+class EntryCutOff(BackendError):
+    """An entry's delivery failed once some of it may have reached the guest: it may hold part
+    of a line, which the next entry written would be appended to (it would run a command spliced
+    from both). Such a standby VM takes no other entry."""
+
+
 @dataclass(frozen=True)
 class BootSpec:
     """Everything needed to (re)build a VM's process, identical on wake.

@@ -56,7 +56,7 @@ from qemu.qmp import QMPClient, QMPError
 
 from ...paths import private_dir, private_file, private_opener
 from ..bundle import Bundle
-from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait,
+from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, kill_and_wait,
                    process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
@@ -443,6 +443,8 @@ class QemuBackend(Backend):
             writer.write(base64.b64encode(entry.encode()) + b"\n")
             await writer.drain()
             await wait_console_line(spec, ENTRY_START_MARK, alive, 15.0, ready)
+        except (BackendError, OSError) as exc:
+            raise EntryCutOff(str(exc)) from exc
         finally:
             writer.close()
             with contextlib.suppress(OSError):
