@@ -29,3 +29,60 @@ def test_an_answer_with_a_field_this_client_does_not_know_is_still_read():
     req = fuse.RegisterHostRequest(id="h", url="http://127.0.0.1:1", region="eu",
                                    capacity=fuse.HostCapacity(vm_count=2, cpus=1))
     assert (req.region, req.capacity.vm_count, req.capacity.cpus) == ("eu", 2, 1)
+
+
+@pytest.fixture
+def not_the_api():
+    """A loopback HTTP server answering every request 200 with ``{}``: a url that is no fuse controller."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.vms.list(), lambda c: c.moves.list(), lambda c: c.events.list(),
+    lambda c: next(iter(c.events.follow(max_events=1, reconnect_s=0))), lambda c: c.pool.prewarms(),
+    lambda c: c.pool.cloud_hosts(), lambda c: c.pool.cloud_reconcile(), lambda c: c.pool.clouds(),
+    lambda c: c.hosts.get("h1"),
+], ids=["vms.list", "moves.list", "events.list", "events.follow", "pool.prewarms", "pool.cloud_hosts",
+        "pool.cloud_reconcile", "pool.clouds", "hosts.get"])
+def test_an_answer_that_is_not_the_apis_is_an_invalid_answer_not_a_bare_error(not_the_api, call):
+    """(was: KeyError or TypeError out of the SDK, a traceback from the CLI; hosts.get read {} as an
+    empty host)"""
+    with fuse.Client(not_the_api) as c:
+        with pytest.raises(fuse.ApiError) as got:
+            call(c)
+    assert got.value.code == "invalid_answer", got.value
+
+
+def test_a_follow_refuses_a_reconnect_time_that_is_no_number():
+    with fuse.Client("http://127.0.0.1:9") as c:
+        with pytest.raises(ValueError, match="reconnect_s"):
+            next(iter(c.events.follow(reconnect_s=float("nan"))))
+
+
+def test_the_cli_refuses_a_reconnect_time_that_is_no_number():
+    import os
+    import subprocess
+
+    from support import FUSE
+    r = subprocess.run(FUSE + ["controller", "events", "--reconnect-s", "nan"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "FUSE_URL": "http://127.0.0.1:9"})
+    assert r.returncode == 2 and "--reconnect-s" in r.stderr, (r.returncode, r.stderr)

@@ -56,12 +56,11 @@ def vms_create(
 ) -> None:
     """Place a VM on the best host."""
     body = {"shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry, "bundle": bundle}
-    if name:
-        body["name"] = name
-    if host:
-        body["host"] = host
-    if on:
-        body["on"] = on
+    # given, even empty, they go as given: the controller refuses an empty one, which names nothing
+    # (an empty --host or --name was dropped, the VM placed anywhere under a name of its own)
+    for key, value in (("name", name), ("host", host), ("on", on)):
+        if value is not None:
+            body[key] = value
     with api_errors(json_), _client() as c:
         vm = c.vms.create(body)
     emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
@@ -176,6 +175,8 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
     cursor for `--reconnect-s` seconds, so no event is printed twice or skipped (issue 4)."""
     if not math.isfinite(wait_s) or wait_s < 0:  # (refused whether or not it is sent: not following, it is not)
         raise typer.BadParameter("must be a number of seconds, 0 or more", param_hint="'--wait-s'")
+    if not math.isfinite(reconnect_s) or reconnect_s < 0:  # (nan retried a dead controller for good)
+        raise typer.BadParameter("must be a number of seconds, 0 or more", param_hint="'--reconnect-s'")
     with api_errors(json_), _client() as c:
         stream = c.events.follow(since, wait_s, reconnect_s=reconnect_s) if follow else _caught_up(c, since)
         try:

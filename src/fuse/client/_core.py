@@ -89,7 +89,9 @@ def finish(call: Call, resp: httpx.Response) -> Any:
     check(resp)
     try:
         return call.parse(resp)
-    except ValueError as exc:  # (not JSON, or not the record it should be: pydantic's errors are ValueErrors)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        # (not JSON, or not the record it should be: pydantic's errors are ValueErrors; a list's
+        # key missing, or a dict where a list goes, the others)
         raise ApiError(resp.status_code, INVALID_ANSWER,
                        f"{call.method} {call.path} was answered {resp.status_code} with a body that is not the "
                        f"API's ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}): "
@@ -152,7 +154,13 @@ def unreachable(exc: httpx.TransportError, where: str) -> ApiError:
 
 
 def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
-    return lambda r: cls.model_validate(r.json())
+    def parse(r: httpx.Response):
+        data = r.json()
+        if isinstance(data, dict) and data.keys().isdisjoint(cls.model_fields):
+            # (every field has a default on most records: ``{}`` read as an empty host)
+            raise ValueError(f"none of the fields of a {cls.__name__}")
+        return cls.model_validate(data)
+    return parse
 
 
 def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.Response], Any]:

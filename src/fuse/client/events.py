@@ -23,12 +23,24 @@ def _cursor(page: dict, since: int) -> int:
     return page.get("next_cursor", page.get("next", since))
 
 
+def _page(r) -> dict:
+    """A page of the stream: a dict with its list of events (else the answer is not the API's)."""
+    page = r.json()
+    if not isinstance(page, dict) or not isinstance(page.get("events"), list):
+        raise ValueError("no list of events")
+    return page
+
+
 class _Reconnect:
     """When a follow that lost the controller tries again: after pauses that
     double, for as long as the failures in a row last under `limit_s`
     (`follow`, which `fuse controller events` uses)."""
 
     def __init__(self, limit_s: float):
+        if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)) or not (
+                math.isfinite(limit_s) and limit_s >= 0):
+            # (nan compared false with every time gone by: a dead controller was retried for good)
+            raise ValueError(f"reconnect_s must be a number of seconds, 0 or more, not {limit_s!r}")
         self.limit_s = limit_s
         self.failing_since: float | None = None
         self.pause_s = FIRST_PAUSE_S
@@ -72,7 +84,7 @@ class EventsAPI:
         # it must not become a timeout that is no number either)
         wait = wait_s if math.isfinite(wait_s) else 0
         return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
-                               timeout=max(wait, 0) + 30 if timeout is None else timeout))
+                               timeout=max(wait, 0) + 30 if timeout is None else timeout, parse=_page))
 
     def follow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                reconnect_s: float = RECONNECT_S) -> Iterator[dict]:
