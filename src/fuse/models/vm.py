@@ -92,7 +92,7 @@ class CreateVmRequest(Record):
     # record stuck creating on every host placement tried)
     entry: Optional[str] = Field(default=None, min_length=1)
     bundle: Optional[str] = Field(default="linux", pattern=NAME_PATTERN)
-    standby: bool = False
+    standby: bool = Field(default=False, strict=True)  # (true or false: "no", 0 and "off" are 400, as elsewhere)
 
     _entry_without_nul = field_validator("entry")(lambda v: _no_nul(v))
 

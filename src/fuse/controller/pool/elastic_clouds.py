@@ -51,6 +51,8 @@ class CloudsMixin:
         from .providers import link
         if not CLOUD_NAME.match(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
+        if name in ("auto", "local"):  # (`on` reads these as its keywords: such a cloud could never be chosen)
+            raise InvalidArgument(f"cloud name {name!r} is one of on's keywords (auto, local): choose another")
         from .providers.base import CAP_OPTIONS
         options = dict(options or {})
         if kind == "local":  # its machines' dir, the same for every replica on this machine

@@ -218,6 +218,9 @@ class PrewarmService:
         # plan (a microvm or vm needs KVM, a container runs on any host: ``KVM_KINDS``)
         if kind not in ("container", "vm", "microvm"):
             raise InvalidArgument(f"kind must be container, vm or microvm, not {opts.kind!r}")
+        if opts.on == "":  # (as a create's: a value that names nothing is no default)
+            raise InvalidArgument("on must name where the VMs may go: auto, local, a linked cloud's name or "
+                                  "host:NAME (leave it out for auto)")
         target = parse_on(opts.on)  # (host: with no machine is 400, as on a create)
         on = opts.on or "auto"
         # what `on` names must exist before the image is looked for there

@@ -35,7 +35,8 @@ async def get_controller(request: Request) -> dict:
 
 
 @router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).",
-            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), none of them "
+            responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), one of them empty, "
+                                     "none of them "
                                      "given while the controller has an identity (null each to clear it), a relative "
                                      "path, a file that is not there, a key that is not the certificate's, a CA file holding no "
                                      "certificate, a certificate that is not valid now (expired or not yet valid: "
@@ -43,6 +44,10 @@ async def get_controller(request: Request) -> dict:
                                      "client's (a host's serverAuth one), a CA file holding a certificate that is "
                                      "no CA, or a body that does not parse"))
 async def put_controller(request: Request, body: ControllerSettings) -> dict:
+    for f in ("cert", "key", "ca"):
+        if getattr(body, f) is not None and not getattr(body, f).strip():
+            # (empty strings read as not given: they cleared the identity past the check below)
+            raise InvalidArgument(f"{f}: an empty path names no file: give an absolute path, or null to clear it")
     given = [f for f in ("cert", "key", "ca") if getattr(body, f)]
     if not given and not ({"cert", "key", "ca"} & body.model_fields_set) and \
             request.app.state.ctl.settings().get("key"):
