@@ -101,3 +101,39 @@ async def test_creates_of_a_prewarms_shape_arriving_together_all_land_where_ther
 
         got = await asyncio.gather(*(one(i) for i in range(4)))
     assert all(isinstance(g, dict) and g["host"] == h.name for g in got), got
+
+
+def test_an_idle_plan_machine_whose_vms_came_and_went_goes_before_its_next_billing_step():
+    """(was: kept to the very end of its planned work, the end of its paid step, so it went only
+    once the next step had begun: 10 s of work on a type billed per 120 s cost two steps)"""
+    from fuse.controller.pool.reconcile import decide
+    from test_elastic_rules import NOW, row
+
+    fresh = row(started=NOW - 60, step=120, planned_until=NOW + 60)
+    (d,) = decide([fresh], {}, {}, NOW)
+    assert d.action == "keep" and "planned" in d.reason  # (its VMs may not be created yet)
+    had_work = row(started=NOW - 60, step=120, planned_until=NOW + 60)
+    had_work["record"]["used"] = True
+    (d,) = decide([had_work], {}, {}, NOW)
+    assert d.action == "remove", d
+    long_plan = row(started=NOW - 60, step=120, planned_until=NOW + 3600)
+    long_plan["record"]["used"] = True
+    (d,) = decide([long_plan], {}, {}, NOW)
+    assert d.action == "keep" and "planned" in d.reason  # (the work it was bought for is not over yet)
+
+
+@pytest.mark.timeout(180)
+def test_a_vm_placed_on_a_plan_machine_marks_it_used_and_scale_in_removes_it_once_idle(tmp_path, procs):
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [
+            {"name": "s1", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 1.0, "boot_secs": 2,
+             "billing_step_secs": 120, "billing_min_secs": 120}]})
+        plan = c.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, cpus=1, memory_mb=512, duration_secs=10,
+                                                         provider="lc", apply=True))
+        (machine,) = [h.name for h in c.pool.cloud_hosts()]
+        wait_until(lambda: [x.id for x in c.hosts.list() if x.connected] == [machine], timeout=60, what="joined")
+        c.vms.create({"name": "w", "shape": {"vcpus": 1, "mem_mib": 512}, "entry": "true", "on": "lc"})
+        c.vms.delete("w")
+        decisions = {d.host: d for d in c.pool.cloud_reconcile()}
+        assert decisions[machine].action == "remove", (decisions[machine], plan.explain)

@@ -348,6 +348,8 @@ class VmService:
                     self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
                                                     "mem_mib": ask.mem_mib, "bundle": vm.get("bundle") or req.bundle},
                                          host=host)
+                    if not req.standby and (pool := getattr(self.ctl, "pool", None)) is not None:
+                        pool.used(host)  # (scale-in: a machine a plan bought has had its work)
                     self.fleet.changed.set()
                     return vm | {"host": host}
                 err = host_error(resp, host)
@@ -512,6 +514,8 @@ class VmService:
             self.store.add_event("placed", {"vm": name, "id": host, "vcpus": req.shape.vcpus,
                                             "mem_mib": req.shape.mem_mib, "prewarmed": v["name"],
                                             "bundle": vm.get("bundle") or req.bundle}, host=host)
+            if (pool := getattr(self.ctl, "pool", None)) is not None:
+                pool.used(host)
             self.fleet.changed.set()
             asyncio.get_running_loop().create_task(prewarm.fill())  # refill it in the background
             return vm | {"host": host}

@@ -299,6 +299,17 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             await self.ctl.deregister_host(name)
         self._transition(name, "gone", reason)
 
+    def used(self, name: str) -> None:
+        """A VM was placed on ``name`` (``record.used``): from now on, idle near the end of its
+        planned work, its work is over (scale-in, ``reconcile.decide``)."""
+        row = self.row(name)
+        if row is None or row["state"] == "gone" or (row["record"] or {}).get("used"):
+            return
+        with self.store.tx() as c:
+            found = c.execute(select(hosts_t.c.record).where(hosts_t.c.name == name)).first()
+            if found is not None:
+                c.execute(update(hosts_t).where(hosts_t.c.name == name).values(record=dict(found[0] or {}, used=True)))
+
     def work_ended(self, name: str) -> None:
         """The work machine ``name`` was bought for is over (its prewarm ended) while something
         else keeps it: its planned time ends now, so scale-in removes it once it is idle (it

@@ -13,7 +13,8 @@
    it one more billing step would cost. A machine a plan bought is kept until
    the work it was bought for was planned to end (``record.planned_until``:
    boot plus the plan's billed time), so "apply, then create on auto" finds it
-   (also when that end is within the horizon: its VMs may not exist yet).
+   (also when that end is within the horizon, until a VM was placed on it: its
+   VMs may not exist yet; ``record.used``).
 3. Of the hosts with VMs, the least used (by memory) is cordoned when the
    other hosts (the operator's own included) have room for all its VMs and
    for those of the hosts already cordoned (by an earlier pass, or for their
@@ -114,8 +115,11 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
         elif load.prewarmed and not used:
             out[name] = ElasticDecision(host=name, action="keep", until=int(now + horizon),
                                         reason=f"keeps {load.prewarmed} prewarmed VMs ready")
-        elif not used and (r["record"] or {}).get("planned_until", 0) > now:
-            # (however near its end: the VMs it was bought for may not be created yet)
+        elif not used and (r["record"] or {}).get("planned_until", 0) > now and not (
+                (r["record"] or {}).get("used") and r["record"]["planned_until"] - now <= horizon):
+            # (however near its end while no VM has been placed on it: the VMs it was bought for
+            # may not be created yet; once some came and went, its end within the horizon is
+            # its paid step's: kept past it, the next step was billed for nothing)
             until = (r["record"] or {})["planned_until"]
             out[name] = ElasticDecision(host=name, action="keep", until=int(until),
                                         reason=f"idle; bought for work planned until {_clock(until)}")
