@@ -52,3 +52,24 @@ def test_the_cli_sends_an_empty_host_or_name_which_is_refused_not_dropped(contro
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "FUSE_URL": f"unix://{controller.socket}"})
     assert r.returncode != 0 and "invalid_argument" in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+
+
+def test_the_cli_says_a_capacity_past_2_53_in_one_line():
+    r = subprocess.run(FUSE + ["controller", "hosts", "add", "--name", "h", "--addr", "http://127.0.0.1:1",
+                               "--cpus", str(2**60)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "FUSE_URL": "http://127.0.0.1:9"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cpus" in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_the_cli_says_a_name_too_long_for_a_url_in_one_line():
+    r = subprocess.run(FUSE + ["controller", "vms", "get", "a" * 70000], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "FUSE_URL": "http://127.0.0.1:9"})
+    assert r.returncode == 2 and "invalid_argument" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_document_says_every_route_with_a_body_may_answer_413(raw):
+    doc = raw.get("/openapi.json").json()
+    ops = [(p, m, op) for p, item in doc["paths"].items() for m, op in item.items() if "requestBody" in op]
+    assert ops and all("413" in op["responses"] for _, _, op in ops), [(p, m) for p, m, op in ops
+                                                                        if "413" not in op["responses"]]

@@ -232,12 +232,19 @@ def hosts_add(
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
     """Register a host, probing what is left at 0."""
+    from pydantic import ValidationError
+
     from ..models.hosts import HostCapacity, RegisterHostRequest
-    req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
-                              labels=_pairs("--labels", labels, json_) or None,
-                              capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
-                                                    storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
-                                                    mig_profiles=_mig_counts(mig_profiles, json_)))
+    try:
+        req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
+                                  labels=_pairs("--labels", labels, json_) or None,
+                                  capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
+                                                        storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
+                                                        mig_profiles=_mig_counts(mig_profiles, json_)))
+    except ValidationError as e:  # (a figure past 2^53, say: one line, not a traceback)
+        first = e.errors()[0]
+        flag = "--" + str(first["loc"][-1]).replace("_", "-") if first["loc"] else "host"
+        fail("invalid_argument", f"{flag}: {first['msg']}", json_=json_, exit_code=2)
     with api_errors(json_), client() as c:
         if backend:
             host = c.hosts.register(req)

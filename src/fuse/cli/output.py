@@ -75,6 +75,8 @@ def api_errors(json_: bool = False) -> Iterator[None]:
         yield
     except ApiError as err:  # "unreachable" (status 0) when no controller answered
         fail(err.code or str(err.status), err.message, err.details, json_=json_)
+    except httpx.InvalidURL as err:  # (a name too long for a URL, say: the request is never made)
+        fail("invalid_argument", f"cannot make the request: {err}", json_=json_, exit_code=2)
     except httpx.TransportError as err:  # (the SDK turns these into ApiError; kept for safety)
         fail("unreachable", f"cannot reach the controller: {err}", json_=json_)
     except ValueError as err:  # a malformed --url / $FUSE_URL or --token: a bad flag, refused before anything is asked

@@ -54,6 +54,9 @@ def document_400_not_422(doc: dict[str, Any]) -> dict[str, Any]:
             rs.setdefault("400", {"description": "invalid_argument: the request does not parse, a value is out "
                                                  "of range, or a query parameter the route does not take",
                                   "content": envelope})
+            if "requestBody" in op:  # (the body limit is the server's, before the route: README)
+                rs.setdefault("413", {"description": "invalid_argument: the request body is over 16 MiB",
+                                      "content": envelope})
             rs.setdefault("500", {"description": "internal: an unexpected failure (the server's log has the "
                                                  "details); where a host failed, its own code passes through "
                                                  "(sleep_failed, say)", "content": envelope})
