@@ -137,3 +137,36 @@ def test_a_vm_placed_on_a_plan_machine_marks_it_used_and_scale_in_removes_it_onc
         c.vms.delete("w")
         decisions = {d.host: d for d in c.pool.cloud_reconcile()}
         assert decisions[machine].action == "remove", (decisions[machine], plan.explain)
+
+
+@pytest.mark.timeout(240)
+def test_a_pool_machine_whose_agent_is_gone_for_good_is_removed_with_force_and_ended(tmp_path, procs):
+    """(the diff review: refused 409 for the pool's machines, force or not, while the pool's
+    removal refuses a host with VMs, whose delete and drain need the agent: no way out)"""
+    import json
+    import os
+    import signal
+
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [
+            {"name": "s1", "vcpus": 2, "mem_mib": 1024, "usd_per_hour": 1.0, "boot_secs": 2}]})
+        (h,) = c.pool.cloud_add_host("lc", "s1", count=1)
+        wait_until(lambda: [x.id for x in c.hosts.list() if x.connected] == [h.name], timeout=60, what="joined")
+        c.vms.create({"name": "w", "host": h.name, "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "sleep 600"})
+        (machine,) = list((ctl.state_dir / "clouds").glob(f"*/{h.name}/machine.json"))
+        pid = json.loads(machine.read_text())["pid"]
+        os.kill(pid, signal.SIGSTOP)  # its agent answers no more; the machine runs on
+        try:
+            wait_until(lambda: not c.hosts.get(h.name).connected, timeout=60, what="disconnected")
+            with pytest.raises(fuse.ApiError) as got:
+                c.hosts.deregister(h.name)
+            assert got.value.code == "conflict"
+            c.hosts.deregister(h.name, force=True)
+            assert c.hosts.list() == [] and c.vms.list() == []
+            assert [x.state for x in c.pool.cloud_hosts(include_gone=True)] == ["gone"]
+            wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                       open(f"/proc/{pid}/stat").read().split()[2] == "Z", timeout=30, what="its machine ended")
+        finally:
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGCONT)

@@ -299,6 +299,24 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             await self.ctl.deregister_host(name)
         self._transition(name, "gone", reason)
 
+    async def remove_forced(self, name: str) -> None:
+        """A host this pool added whose agent is gone for good: deregistered with force (its VMs'
+        records dropped, refused while the agent answers: ``Controller.deregister_host``), then its
+        machine is terminated (it would bill on, running nothing). A cloud that fails to end it
+        leaves it for ``remove_hosts`` to try again (the host is already deregistered)."""
+        if self.store.get_host(name) is not None:
+            await self.ctl.deregister_host(name, force=True)
+        row = self.row(name)
+        if row is None or row["state"] == "gone":
+            return
+        if row["cloud_id"]:
+            try:
+                await self.provider(row["provider"]).terminate(row["cloud_id"])
+            except FuseError as exc:
+                raise FuseError(f"host {name} was removed with force, but its machine was not ended: {exc.message}; "
+                                f"end it with fuse pool remove-host {name}", code="cloud_error").with_status(502)
+        self._transition(name, "gone", "removed with force: its agent was gone for good")
+
     def used(self, name: str) -> None:
         """A VM was placed on ``name`` (``record.used``): from now on, idle near the end of its
         planned work, its work is over (scale-in, ``reconcile.decide``)."""

@@ -172,7 +172,8 @@ async def host_action(request: Request, host_id: str,
                                         "says whether the VM landed (10 minutes at most); "
                                         "move_in_progress: a move still needs it (a copy to wake, abort or "
                                         "remove there); with force, conflict also while its agent answers; a machine the elastic "
-                                        "pool added is removed through the pool (conflict)"),
+                                        "pool added is removed through the pool (conflict), or with force, "
+                                        "which ends the machine too"),
                summary="deregisterHost: remove a host with no VMs assigned.")
 async def deregister_host(request: Request, host_id: str, force: bool = Query(False, description=(
         "For a host whose agent is gone for good: remove it with the VMs still assigned to it, the "
@@ -182,6 +183,9 @@ async def deregister_host(request: Request, host_id: str, force: bool = Query(Fa
     ctl = _ctl(request)
     pool = getattr(ctl, "pool", None)
     if pool is not None and (row := pool.row(host_id)) is not None and row["state"] != "gone":
+        if force:  # its agent gone for good: deregistered as any such host, and its machine ended
+            await pool.remove_forced(host_id)
+            return Response(status_code=204)
         # (deregistered, the machine ran on, paid for and counted against the budget, with
         # nothing to use it: the pool's removal terminates it and deregisters the host)
         raise Conflict(f"host {host_id} is a machine the elastic pool added (cloud {row['provider']}): remove it "
