@@ -364,7 +364,10 @@ class VmService:
             # a claim's refill may have created VMs of this shape, or be creating them, in the
             # room this create needed: one of those is this create's to claim (it was fleet_full
             # on a host with room for it)
-            await prewarm.refilled(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux")
+            if moving_to:  # (a move of the name that began meanwhile: not a standby VM there either)
+                claim_among = (claim_among if claim_among is not None
+                               else {r["id"] for r in self.store.list_hosts()}) - set(moving_to)
+            await prewarm.refilled(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux", claim_among)
             if (vm := await self._claim(req, name, claim_among)) is not None:
                 return vm
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top

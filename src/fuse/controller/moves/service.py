@@ -271,7 +271,8 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                     await self._remove_source(row | {"source": host_id})
                     out.append(f"{move_id}: its source copy of vm {row['vm']} removed")
                 else:
-                    elsewhere = any(r["host"] != host_id for r in self.store.vms_named(row["vm"]))
+                    elsewhere = any(r["host"] != host_id and not self._same_machine(r["host"], host_id)
+                                    for r in self.store.vms_named(row["vm"]))
                     home = row | {"source": host_id}
                     if elsewhere:
                         home["record"] = dict(row["record"] or {}, was_running=False)  # (the mark only)

@@ -569,7 +569,7 @@ class PrewarmService:
 
     async def _create_standby(self, body: dict) -> None:
         """A standby VM's create, counted by its shape while it is under way (``refilled``)."""
-        key = (body["shape"]["vcpus"], body["shape"]["mem_mib"], body["bundle"])
+        key = (body["shape"]["vcpus"], body["shape"]["mem_mib"], body["bundle"], body["host"])
         self._creating[key] = self._creating.get(key, 0) + 1
         try:
             await self.ctl.vms.create(body)
@@ -578,14 +578,16 @@ class PrewarmService:
             if not self._creating[key]:
                 del self._creating[key]
 
-    async def refilled(self, vcpus: int, mem_mib: int, bundle: str, timeout: float = REFILL_WAIT_S) -> None:
-        """Once no standby VM of this shape is being created (``timeout`` at most). A create that
-        found no room while a claim's refill was creating VMs of its shape in the room the claim
-        freed claims one of those (it was ``fleet_full``, the room going to VMs it could have
-        claimed a moment later)."""
-        key = (vcpus, mem_mib, bundle)
+    async def refilled(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None,
+                       timeout: float = REFILL_WAIT_S) -> None:
+        """Once no standby VM of this shape is being created on a host of ``among`` (None: any;
+        ``timeout`` at most). A create that found no room while a claim's refill was creating VMs
+        of its shape in the room the claim freed claims one of those (it was ``fleet_full``, the
+        room going to VMs it could have claimed a moment later)."""
+        def under_way() -> bool:
+            return any(k[:3] == (vcpus, mem_mib, bundle) and (among is None or k[3] in among) for k in self._creating)
         deadline = time.monotonic() + timeout
-        while key in self._creating and time.monotonic() < deadline:
+        while under_way() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     async def _create_one(self, rec: dict, host: str) -> bool:
