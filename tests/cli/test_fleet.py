@@ -56,7 +56,7 @@ def test_events_follow_from_next_cursor(monkeypatch, capsys):
                        "next_cursor": 7}])
     stand_in(monkeypatch, client)
     with pytest.raises(OutOfPages):
-        fleet.events(since=0, follow=True, json_=True, wait_s=0)
+        fleet.events(since=0, follow=True, json_=True, wait_s=0, reconnect_s=fleet.RECONNECT_S)
     assert '"vm": "a"' in capsys.readouterr().out and client.asked == [0, 7]
 
 
@@ -65,7 +65,7 @@ def test_events_without_follow_prints_every_stored_event_page_by_page(monkeypatc
     ev = [{"id": i, "time": 0.0, "type": "placed", "host": "h1", "vm": f"v{i}"} for i in range(1, 504)]
     client = StandIn([{"events": ev[:500], "next_cursor": 500}, {"events": ev[500:], "next_cursor": 503}])
     stand_in(monkeypatch, client)
-    fleet.events(since=0, follow=False, json_=True, wait_s=30)
+    fleet.events(since=0, follow=False, json_=True, wait_s=30, reconnect_s=fleet.RECONNECT_S)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 503 and '"v503"' in lines[-1] and client.asked == [0, 500]
 
