@@ -28,6 +28,17 @@ def seconds(name: str, default: float) -> float:
     return value
 
 
+def megabytes(name: str, default: int) -> int:
+    """``name``'s value in MiB (``default`` when unset or empty): a positive whole number,
+    else ``BadSetting`` naming the variable and the value."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadSetting(f"{name}={raw!r} must be a positive whole number of MiB")
+    return int(raw)
+
+
 # Every timing a server reads from its environment (the README lists them), checked
 # together where it starts: some are read as their modules load, which would otherwise
 # raise before the command could say which one is wrong.

@@ -79,6 +79,7 @@ _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
 CONSOLE_CHUNK = 64 * 1024
 DELIVERING = "entry.delivering"  # in a standby VM's dir while a claim delivers its entry
+CONSOLE_MAX_MB = 64  # FUSE_CONSOLE_MAX_MB's default: a VM's console.log is cut back to half past this
 log = logging.getLogger("fuse.agent")
 MONITOR_INTERVAL = 0.1
 
@@ -121,6 +122,8 @@ class VmManager:
         # Old names of VMs a claim is renaming right now: claiming one again
         # is a conflict, not an unknown VM.
         self._claiming: set[str] = set()
+        from ..envsettings import megabytes
+        self.console_max = megabytes("FUSE_CONSOLE_MAX_MB", CONSOLE_MAX_MB) * 2**20
         # Held from the admission check to the reservation it makes, so two
         # concurrent asks can never both see the same free memory.
         self.admit_lock = asyncio.Lock()
@@ -757,6 +760,31 @@ class VmManager:
             if ticks % 10 == 0 and self.metering._dirty:
                 self.metering.persist()  # (figures a full disk refused, with no VM running to save them)
 
+    def _cap_console(self, vm: Vm) -> None:
+        """Cut a running VM's ``console.log`` back to its last half of ``console_max`` once it
+        is past it (one guest printing without pause filled the host's disk, and every other
+        VM's sleep and create failed with it). QEMU appends (``append=on``), so it writes on at
+        the new end; the cut starts at a line, says how much went, and is a ``console_trimmed``
+        event. A reader past the new end continues from it (``console``)."""
+        path = self.vm_dir(vm.name) / "console.log"
+        try:
+            size = path.stat().st_size
+            if size <= self.console_max:
+                return
+            with open(path, "rb") as f:
+                f.seek(size - self.console_max // 2)
+                tail = f.read()
+            if 0 <= (nl := tail.find(b"\n")) < len(tail) - 1:
+                tail = tail[nl + 1:]
+            dropped = size - len(tail)
+            os.truncate(path, 0)
+            with open(path, "ab") as f:
+                f.write(f"[fuse: {dropped} bytes of earlier console output dropped: the log keeps the last "
+                        f"{self.console_max // 2**21} MiB (FUSE_CONSOLE_MAX_MB)]\r\n".encode() + tail)
+        except OSError:
+            return
+        self.events.emit("console_trimmed", vm=vm.name, dropped_bytes=dropped)
+
     def _watch_one(self, vm: Vm, ticks: int) -> None:
         if vm.state != "running" or self.lock(vm.name).locked():
             return  # a sleep/delete in progress owns the process
@@ -765,6 +793,8 @@ class VmManager:
             return
         if vm.standby and not vm.ready:
             self._check_ready(vm)
+        if ticks % 20 == 0:
+            self._cap_console(vm)
         if ticks % 5 == 0:  # twice a second: the reading an exit leaves is at most
             # 0.5 s old, persisted at most PERSIST_S later (fuse.agent.metering)
             self.metering.sample(vm.name)
