@@ -104,12 +104,10 @@ def test_force_on_a_host_that_refuses_the_token_is_refused(fleet):
 
 
 
-@pytest.mark.parametrize("gone", ["target", "source"])
-def test_force_settles_a_move_whose_host_is_gone_for_good(fleet, gone):
-    """(was: the move waited on the dead host for good, the VM held by it, and the force
-    deregister refused with 409 move_in_progress: no way out)"""
-    import fuse
-
+def move_held_after_copy(fleet, gone: str) -> tuple[dict, dict, str]:
+    """Hosts a and b (agents a1, a2), vm v1 moving from a to b held after its copy, and the
+    agent at the ``gone`` end ("source" or "target") stopped and seen disconnected:
+    (the agents by host, the move, that host)."""
     agents = {"a": fleet.agent("a1"), "b": fleet.agent("a2")}
     fleet.add("a", agents["a"])
     fleet.add("b", agents["b"])
@@ -121,6 +119,16 @@ def test_force_settles_a_move_whose_host_is_gone_for_good(fleet, gone):
     dead = "b" if gone == "target" else "a"
     agents[dead].stop()
     wait_until(lambda: not fleet.client.hosts.get(dead).connected, what=f"{dead} disconnected")
+    return agents, move, dead
+
+
+@pytest.mark.parametrize("gone", ["target", "source"])
+def test_force_settles_a_move_whose_host_is_gone_for_good(fleet, gone):
+    """(was: the move waited on the dead host for good, the VM held by it, and the force
+    deregister refused with 409 move_in_progress: no way out)"""
+    import fuse
+
+    agents, move, dead = move_held_after_copy(fleet, gone)
     with pytest.raises(fuse.ApiError) as info:  # without force: the move needs it
         fleet.client.hosts.deregister(dead)
     assert info.value.code in ("conflict", "move_in_progress")

@@ -3,12 +3,9 @@ is registered again (fake-backend agents, a real controller)."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
-import fuse
 from support import wait_until
 
 
@@ -29,19 +26,10 @@ def test_a_host_removed_with_force_and_registered_again_is_cleared_of_what_the_m
     all 409 move_in_progress naming a move long failed, the host removable only with force again;
     a target kept the failed move's copy, its room and the VM's name, and every later move of
     the VM there slept it and failed "already exists")"""
-    agents = {"a": fleet.agent("a1"), "b": fleet.agent("a2")}
+    from test_review23_fleet import move_held_after_copy
+
+    agents, move, dead = move_held_after_copy(fleet, gone)
     ports = {h: int(a.url.rsplit(":", 1)[1]) for h, a in agents.items()}
-    fleet.add("a", agents["a"])
-    fleet.add("b", agents["b"])
-    fleet.restart(env={"FUSE_TEST_PAUSE_AT": "copied:120"})  # the move holds after its copy
-    fleet.client.vms.create({"name": "v1", "host": "a", "shape": {"vcpus": 1, "mem_mib": 256},
-                             "entry": "sleep 600"})
-    move = fleet.client.moves.create("v1", to="b")
-    wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == "copying", what="copying")
-    time.sleep(1.0)  # (the copy is through: the move waits at the pause)
-    dead = "b" if gone == "target" else "a"
-    agents[dead].stop()
-    wait_until(lambda: not fleet.client.hosts.get(dead).connected, what=f"{dead} disconnected")
     fleet.client.hosts.deregister(dead, force=True)
     assert fleet.client.moves.get(move["id"])["state"] == "failed"
     # the same agent (its state dir) comes back and is registered again
