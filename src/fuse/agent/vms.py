@@ -627,11 +627,11 @@ class VmManager:
         async def adopt(vm: Vm) -> None:
             if (take_over := getattr(self.backend, "adopt", None)) is not None:
                 await take_over(_bare_spec(self, vm))
-        cut_off = [vm for vm in adopting if vm.standby and (_bare_spec(self, vm).vm_dir / DELIVERING).exists()]
-        for vm in cut_off:  # (the last agent died while it delivered an entry to it: see ``claim``)
-            adopting.remove(vm)
-            await self._end_cut_off(vm, "the agent stopped during it")
-            (_bare_spec(self, vm).vm_dir / DELIVERING).unlink(missing_ok=True)
+        for vm in list(adopting):  # (the last agent died while it delivered an entry to one: ``claim``)
+            if vm.standby and (marker := _bare_spec(self, vm).vm_dir / DELIVERING).exists():
+                adopting.remove(vm)
+                await self._end_cut_off(vm, "the agent stopped during it")
+                marker.unlink(missing_ok=True)
         outcomes = await asyncio.gather(*(adopt(vm) for vm in adopting), return_exceptions=True)
         for vm, outcome in zip(adopting, outcomes):
             if isinstance(outcome, (BackendError, OSError)):
@@ -779,8 +779,8 @@ class VmManager:
             dropped = size - len(tail)
             os.truncate(path, 0)
             with open(path, "ab") as f:
-                f.write(f"[fuse: {dropped} bytes of earlier console output dropped: the log keeps the last "
-                        f"{self.console_max // 2**21} MiB (FUSE_CONSOLE_MAX_MB)]\r\n".encode() + tail)
+                f.write(f"[fuse: {dropped} bytes of earlier console output dropped: past FUSE_CONSOLE_MAX_MB "
+                        f"the log keeps its last {len(tail)} bytes]\r\n".encode() + tail)
         except OSError:
             return
         self.events.emit("console_trimmed", vm=vm.name, dropped_bytes=dropped)

@@ -250,14 +250,9 @@ class VmService:
                                          FIRST_POLL_WAIT_S)
         if req.bundle:
             self._check_bundle(req.bundle, req.host, among, on)
-        if not req.standby:  # (pinned: a standby VM on that host, as placement would put it there)
-            claim_among = among if req.host is None else {req.host}
-            if moving_to:  # (nor a standby VM there, renamed to it)
-                claim_among = (claim_among if claim_among is not None
-                               else {r["id"] for r in self.store.list_hosts()}) - set(moving_to)
-            vm = await self._claim(req, name, claim_among)
-            if vm is not None:
-                return vm
+        claim_among = among if req.host is None else {req.host}  # (pinned: a standby VM on that host)
+        if not req.standby and (vm := await self._claim(req, name, claim_among, moving_to)) is not None:
+            return vm
         ask = Resources.vm(req.shape.vcpus, req.shape.mem_mib)
         host_body = req.model_dump(mode="json", exclude={"host", "on"}) | {"name": name}
         reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
@@ -364,11 +359,8 @@ class VmService:
             # a claim's refill may have created VMs of this shape, or be creating them, in the
             # room this create needed: one of those is this create's to claim (it was fleet_full
             # on a host with room for it)
-            if moving_to:  # (a move of the name that began meanwhile: not a standby VM there either)
-                claim_among = (claim_among if claim_among is not None
-                               else {r["id"] for r in self.store.list_hosts()}) - set(moving_to)
             await prewarm.refilled(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux", claim_among)
-            if (vm := await self._claim(req, name, claim_among)) is not None:
+            if (vm := await self._claim(req, name, claim_among, moving_to)) is not None:
                 return vm
         filtered: dict[str, str] = {}  # the first reason each host was filtered out, refusals on top
         for d in decisions:
@@ -486,9 +478,11 @@ class VmService:
                 return True
         return False
 
-    async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None) -> dict | None:
+    async def _claim(self, req: ControllerCreateVm, name: str, among: set[str] | None,
+                     moving_to: dict[str, str]) -> dict | None:
         """Take a prewarmed VM of this shape: its host renames it and gives the
-        guest the entry (tens of ms). None when no ready one takes it."""
+        guest the entry (tens of ms). None when no ready one takes it. Not on a host
+        a move of the name is taking it to (``moving_to``: the move would fail there)."""
         from .moves.hooks import pause_point  # (test hook; the moves package imports this module)
 
         prewarm = getattr(self.ctl, "prewarm", None)
@@ -496,7 +490,7 @@ class VmService:
             return None
         for v in prewarm.candidates(req.shape.vcpus, req.shape.mem_mib, req.bundle or "linux", among):
             host = v["host"]
-            if any(r["host"] == host for r in self.store.vms_named(name)):
+            if host in moving_to or any(r["host"] == host for r in self.store.vms_named(name)):
                 continue
             self._check_naming(name, req.host)  # (one began while this one claimed another that failed)
             self._name(host, name, +1)  # a claim names the VM as a create's reservation does

@@ -125,7 +125,7 @@ class PrewarmService:
         # host with room for one, and one never got ready)
         self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
-        self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle) -> standby creates under way
+        self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle, host) -> standby creates under way
 
     # ---- records ---------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
