@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ def wait_until(pred, timeout: float = 20.0, interval: float = 0.05, what: str = 
 
 @dataclass
 class Proc:
-    popen: subprocess.Popen
+    popen: "subprocess.Popen | Forked"
     log: Path
     url: str = ""
     socket: Path | None = None
@@ -65,10 +66,84 @@ class Proc:
         return self.log.read_text() if self.log.exists() else ""
 
 
-def _spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+def _spawn(args: list[str], log: Path, env: dict | None = None) -> "subprocess.Popen | Forked":
+    """``python -m fuse.cli ARGS`` in a session of its own, its output to ``log``: forked
+    from the suite's fork server (``zygote.py``: the imports done once) unless
+    ``FUSE_TEST_FORK=0``."""
+    env = {**os.environ, **(env or {})}
+    if os.environ.get("FUSE_TEST_FORK", "1") != "0":
+        return _Zygote.get().spawn(args, log, env)
     fh = open(log, "ab")
     return subprocess.Popen(FUSE + args, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+                            env=env, start_new_session=True)
+
+
+class _Zygote:
+    """This test process's fork server (one per pytest worker, started at the first spawn)."""
+    _one: "_Zygote | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+
+    @classmethod
+    def get(cls) -> "_Zygote":
+        with cls._lock:
+            if cls._one is None or cls._one.proc.poll() is not None:
+                cls._one = cls()
+            return cls._one
+
+    def ask(self, req: dict) -> dict:
+        import json
+        with self._lock:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fork server ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def spawn(self, args: list[str], log: Path, env: dict) -> "Forked":
+        mask = os.umask(0o22)
+        os.umask(mask)
+        pid = self.ask({"args": args, "env": env, "log": str(log), "cwd": os.getcwd(), "umask": mask})["pid"]
+        return Forked(pid, self)
+
+
+class Forked:
+    """What tests use of ``subprocess.Popen`` for a process the fork server started."""
+
+    def __init__(self, pid: int, zygote: _Zygote):
+        self.pid, self._zygote, self.returncode = pid, zygote, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.ask({"status": self.pid})["code"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.002
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(FUSE, timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def fake_bundle(state: Path, name: str = "linux", fingerprint: str = "fake-bundle-0001") -> None:

@@ -1,0 +1,142 @@
+"""A fork server for the suite's `fuse` processes (``support._spawn``).
+
+Each agent or controller a test starts is a real process running the real
+command, ``python -m fuse.cli ARGS``, as before; only its imports are done once:
+this process imports the servers' modules (FastAPI, pydantic models,
+SQLAlchemy: most of a start's ~1 s of CPU) and forks a child per start, which
+sets the start's environment, working dir, log and command line and runs the
+CLI's entry. The suite starts a thousand or so of them on a 2-core machine.
+
+Protocol, one JSON object a line: on stdin ``{"args", "env", "log", "cwd", "umask"}``
+(a start: the answer is ``{"pid"}``) or ``{"status": pid}`` (the answer is
+``{"code"}``: None while it runs, else as ``Popen.returncode``: −signal when
+a signal ended it). At end of input every child still running is killed (the
+suite's processes must not outlive it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+
+PRELOAD = ("fuse.cli", "fuse.cli.main", "fuse.cli.host", "fuse.cli.controller", "fuse.cli.fleet",
+           "fuse.controller.app", "fuse.controller.service", "fuse.agent.app", "fuse.serving",
+           "fuse.agent.backends.qemu", "fuse.agent.probe", "uvicorn", "setproctitle")
+
+
+def _preload() -> None:
+    import importlib
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def _child(req: dict) -> None:
+    """In the forked child: become ``python -m fuse.cli ARGS`` and run it; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.closerange(3, 1024)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        os.umask(req["umask"])
+        unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
+        sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True,
+                                                       write_through=unbuffered)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
+                                                       line_buffering=True, write_through=True)
+        import fuse.cli
+        from setproctitle import setproctitle
+        sys.argv = [os.path.join(os.path.dirname(fuse.cli.__file__), "__main__.py"), *req["args"]]
+        sys.path[0] = os.getcwd()
+        setproctitle(" ".join([sys.executable, "-m", "fuse.cli", *req["args"]]))
+        try:
+            fuse.cli.entry()
+            code = 0
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:
+            traceback.print_exc()
+            code = 130
+        except BaseException:  # what python would print for an uncaught exception
+            traceback.print_exc()
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code & 0xFF)
+
+
+def main() -> None:
+    _preload()
+    codes: dict[int, int] = {}
+    running: set[int] = set()
+    out = sys.stdout
+
+    def reap() -> None:
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            running.discard(pid)
+            codes[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    buf = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.5)
+        reap()
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            if "status" in req:
+                reap()
+                pid = req["status"]
+                answer = {"code": codes.get(pid)}
+            else:
+                out.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(req)
+                running.add(pid)
+                answer = {"pid": pid}
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+    for pid in running:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    main()
