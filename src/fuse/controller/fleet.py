@@ -56,6 +56,7 @@ class HostView:
     error: str = ""
     failures: int = 0  # polls failed in a row
     agent_id: str = ""  # the identity last recorded in the host's row
+    url: str = ""  # the address these were seen at
     events_wait: float = 0.0  # seconds until the next event read, when the summary cannot tell
     events_at: float = 0.0  # monotonic time of the next event read, then
     # one poll of the host at a time: a registration's (or a wake's) refresh beside the
@@ -195,6 +196,12 @@ class Fleet:
     async def _poll_locked(self, host_id: str, view: HostView, events: bool) -> None:
         try:
             conn = self.conn(host_id)
+            url = self._conns[host_id][0]
+            if view.url != url:
+                if view.url:  # registered again at another address: what the old one said is not this one's
+                    view.connected, view.summary, view.seen_at, view.error = False, {}, 0.0, ""
+                    view.failures, view.agent_id = 0, ""
+                view.url = url
             resp = await conn.request("GET", "/v1/host", timeout=5)
             if resp.status_code == 401:  # the host_disconnected event and views say why, as vms and usage do
                 from .vms import TOKEN_REJECTED

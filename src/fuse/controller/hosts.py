@@ -432,7 +432,10 @@ class HostRegistry:
             row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
                        backend=backend, labels=req.labels or {}, capacity=cap.model_dump(mode="json"),
                        state=old["state"] if old else "active",
-                       agent_id=(probed or {}).get("agent_id", "") or (old or {}).get("agent_id", ""),
+                       # (an identity is the agent's at an address: one at another url that was not
+                       # probed, or answered without one, is not the machine the old url reached)
+                       agent_id=(probed or {}).get("agent_id", "") or (
+                           old["agent_id"] if old and _same_address(old["url"]) == req.url else ""),
                        last_seen=now, created_at=old["created_at"] if old else now, updated_at=now)
             # The record as every read will make it, made before anything is stored: a row
             # that does not make one would fail each GET /v1/hosts until it was deleted.

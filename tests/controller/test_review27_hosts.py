@@ -1,0 +1,70 @@
+"""Twenty-seventh session: a host registered again at another address is not the machine
+the old address reached (its agent identity, its link and what it said stay there)."""
+
+from __future__ import annotations
+
+import fuse
+from support import free_port, start_agent, wait_until
+
+
+def _reg(c, **kw):
+    return c.hosts.register(fuse.RegisterHostRequest(backend="qemu", capacity=fuse.HostCapacity(
+        vm_count=4, **kw.pop("cap", {})), **kw))
+
+
+def test_a_host_pointed_at_an_unreachable_address_drops_the_old_agents_identity(tmp_path, procs, client):
+    """(was: `old`, moved to an address where nothing answers, kept the live agent's identity:
+    the reply said connected with that agent's id, cordoning `old` refused every create on
+    `live` "as old: the same machine", and deregistering `live` handed its VMs to `old`)"""
+    agent = start_agent(tmp_path, backend="fake")
+    procs.append(agent)
+    live = _reg(client, id="live", url=agent.url, token=agent.token)
+    assert _reg(client, id="old", url=agent.url, token=agent.token).agent_id == live.agent_id != ""
+    moved = _reg(client, id="old", url=f"http://127.0.0.1:{free_port()}", token="other",
+                 cap={"cpus": 2, "ram_mb": 1000, "storage_gb": 5})
+    assert moved.agent_id == "" and not moved.connected, moved
+    assert not client.hosts.get("old").connected and client.hosts.get("old").agent_id == ""
+    client.hosts.cordon("old")
+    vm = client.vms.create({"name": "x1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 30", "host": "live"})
+    assert vm["host"] == "live"
+    assert client.vms.create({"name": "x2", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 30"})["host"] == "live"
+    client.hosts.uncordon("old")
+    agent.stop()
+    wait_until(lambda: not client.hosts.get("live").connected, timeout=30, what="live disconnected")
+    client.hosts.deregister("live", force=True)
+    assert [v["name"] for v in client.vms.list() if v["host"] == "old"] == []
+
+
+def test_a_host_pointed_at_an_agent_that_reports_no_identity_does_not_keep_the_old_one(tmp_path, procs, client):
+    """The second way in: the new address answers the probe, without an agent identity."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Facts(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"cpus": 4, "ram_mb": 1000, "storage_gb": 10, "arch": "amd64"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Facts)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        agent = start_agent(tmp_path, backend="fake")
+        procs.append(agent)
+        live = _reg(client, id="live", url=agent.url, token=agent.token)
+        _reg(client, id="old", url=agent.url, token=agent.token)
+        moved = _reg(client, id="old", url=f"http://127.0.0.1:{srv.server_address[1]}", token="t")
+        assert moved.agent_id != live.agent_id, moved
+        client.hosts.cordon("old")
+        vm = client.vms.create({"name": "x1", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "sleep 30",
+                                "host": "live"})
+        assert vm["host"] == "live"
+    finally:
+        srv.shutdown()
