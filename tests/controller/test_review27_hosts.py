@@ -68,3 +68,4 @@ def test_a_host_pointed_at_an_agent_that_reports_no_identity_does_not_keep_the_o
         assert vm["host"] == "live"
     finally:
         srv.shutdown()
+

@@ -17,11 +17,12 @@ from fastapi import Depends, FastAPI, Query, Request
 from .. import http_errors
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
-from ..controller.validation import RefuseBadPath, reject_unknown_query
+from ..controller.validation import LimitBody, RefuseBadPath, reject_unknown_query
 from ..envsettings import seconds
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
 from .bulk import FEATURE, BulkServer
+from .incoming import MAX_CHUNK
 
 
 @dataclass
@@ -155,6 +156,8 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     http_errors.install(app)
     install_validation(app)  # after http_errors: a bad request is worded as the controller words it
     app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
+    # Bodies as the controller's: over 16 MiB is 413 unread; a move's raw file chunk may be 64 MiB.
+    app.add_middleware(LimitBody, larger={r"/v1/host/incoming/[^/]+/files/[^/]+": MAX_CHUNK})
     app.add_middleware(BearerFirst, token=cfg.token)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)

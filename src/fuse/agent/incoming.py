@@ -102,7 +102,7 @@ class IncomingMoves:
         """Admit the arriving VM and reserve its memory."""
         mgr, name = self.mgr, req.vm.name
         names = [f.name for f in req.files]
-        if len(set(names)) != len(names) or not all(_FILE_NAME.match(n) for n in names):
+        if len(set(names)) != len(names) or not all(_FILE_NAME.fullmatch(n) for n in names):
             raise InvalidArgument("file names must be unique plain names")
         for f in req.files:
             # Every backend's sleep writes only non-empty files (QEMU: state.bin; Firecracker: the
@@ -111,7 +111,7 @@ class IncomingMoves:
             if f.size <= 0:
                 raise InvalidArgument(f"file {f.name} declares {f.size} bytes: a sleeping vm's state files "
                                       f"are never empty")
-            if not _SHA256.match(f.sha256):
+            if not _SHA256.fullmatch(f.sha256):
                 raise InvalidArgument(f"file {f.name} declares sha256 {f.sha256[:80]!r}: not 64 lowercase "
                                       f"hex digits")
         async with mgr.admit_lock:
@@ -169,14 +169,23 @@ class IncomingMoves:
         file (checked against its size). Every write bumps the move's
         generation, which undoes an earlier verify and one under way (it
         marks only the generation it hashed)."""
+        entry, path = self.check_write(move_id, file, offset, length)
+        entry["generation"] = entry.get("generation", 0) + 1
+        entry.pop("verified", None)
+        return path
+
+    def check_write(self, move_id: str, file: str, offset: int, length: int) -> tuple[dict[str, Any], Path]:
+        """The move's entry and the file's path, if ``length`` bytes may go at ``offset``
+        of it; else the error a write would get (asked before a body is read, with the
+        length the request declares: nothing is read for a move that is not here)."""
+        if length > MAX_CHUNK:
+            raise InvalidArgument(f"chunks are at most {MAX_CHUNK} bytes")
         entry = self._entry(move_id)
         path = self._state_path(entry, file)
         size = next(f["size"] for f in entry["files"] if f["name"] == file)
         if offset < 0 or offset + length > size:
             raise InvalidArgument(f"bytes {offset}..{offset + length} fall outside {file} ({size} bytes)")
-        entry["generation"] = entry.get("generation", 0) + 1
-        entry.pop("verified", None)
-        return path
+        return entry, path
 
     def writing(self, move_id: str, delta: int) -> None:
         """Count writes in flight (a verify or install waits for none)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import email.message
 import json
+import re
 import types
 from typing import Annotated, Any, Iterable, Optional, Union, get_args, get_origin
 from urllib.parse import unquote_to_bytes
@@ -305,16 +306,24 @@ class LimitBody:
     Content-Length before it is read, else (chunked) once that much has come. Without it a
     200 MiB body was read whole into the controller's memory, and kept its memory grown."""
 
-    def __init__(self, app, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app, limit: int = MAX_BODY_BYTES, larger: dict[str, int] | None = None) -> None:
+        """``larger``: a higher limit for the paths a pattern fully matches (the agent's raw
+        file chunks)."""
         self.app, self.limit = app, limit
+        self.larger = [(re.compile(pattern), n) for pattern, n in (larger or {}).items()]
+
+    def _limit(self, scope) -> int:
+        path = scope.get("path", "")
+        return next((n for pattern, n in self.larger if pattern.fullmatch(path)), self.limit)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self._limit(scope)
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            await self._refuse(scope, receive, send, int(length))
+        if length.isdigit() and int(length) > limit:
+            await self._refuse(scope, receive, send, int(length), limit)
             return
         seen, over = 0, False
 
@@ -323,7 +332,7 @@ class LimitBody:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:  # the app is told the client left: it acts on nothing
+                if seen > limit:  # the app is told the client left: it acts on nothing
                     over = True
                     return {"type": "http.disconnect"}
             return message
@@ -333,11 +342,12 @@ class LimitBody:
                 await send(message)
         await self.app(scope, limited, unless_over)
         if over:
-            await self._refuse(scope, receive, send, seen)
+            await self._refuse(scope, receive, send, seen, limit)
 
-    async def _refuse(self, scope, receive, send, size: int) -> None:
-        await JSONResponse(error_body("invalid_argument", f"the request body is {'over ' if size <= self.limit else ''}"
-                                      f"{size} bytes: at most {self.limit} are read"),
+    @staticmethod
+    async def _refuse(scope, receive, send, size: int, limit: int) -> None:
+        await JSONResponse(error_body("invalid_argument", f"the request body is {'over ' if size <= limit else ''}"
+                                      f"{size} bytes: at most {limit} are read"),
                            status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
 

@@ -138,6 +138,9 @@ async def list_incoming(request: Request) -> dict[str, Any]:
 
 @router.put("/v1/host/incoming/{move_id}/files/{file}", summary="Write raw bytes at an offset.")
 async def put_incoming_file(request: Request, move_id: str, file: str, offset: int = 0) -> dict[str, Any]:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():  # refused before its body is read (a chunk past MAX_CHUNK is 413 before this)
+        _vms(request).incoming.check_write(move_id, file, offset, int(declared))
     return await _vms(request).incoming.write(move_id, file, offset, await request.body())
 
 

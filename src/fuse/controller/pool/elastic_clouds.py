@@ -49,7 +49,7 @@ class CloudsMixin:
         a link it refuses stores nothing. What is stored is the options as the check resolved
         them (an aws ``image_id`` as ``{arch: AMI}``), so a re-link from the store asks nothing."""
         from .providers import link
-        if not CLOUD_NAME.match(name or ""):
+        if not CLOUD_NAME.fullmatch(name or ""):
             raise InvalidArgument(f"cloud name {name!r}: lower-case letters, digits and '-', starting with a letter")
         if name in ("auto", "local"):  # (`on` reads these as its keywords: such a cloud could never be chosen)
             raise InvalidArgument(f"cloud name {name!r} is one of on's keywords (auto, local): choose another")

@@ -242,7 +242,7 @@ class AwsProvider(Provider):
     async def create(self, *, host_name: str, type_name: str, region: str, agent_token: str) -> Machine:
         check_name("host name", host_name)
         offer = self.offer(type_name, region)
-        if not isinstance(agent_token, str) or not TOKEN_RE.match(agent_token):
+        if not isinstance(agent_token, str) or not TOKEN_RE.fullmatch(agent_token):
             raise InvalidArgument("agent_token must be 1-512 characters of A-Z a-z 0-9 . _ ~ + / = -")
         ami = self.amis[offer.arch]
         if ami not in self._roots:

@@ -66,7 +66,7 @@ def article(word: str) -> str:
 
 
 def check_name(what: str, value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise InvalidArgument(f"{what} {value!r} is not a valid name (letters, digits, '.', '_', '-'; "
                               "at most 63; starting with a letter or digit)")
     return value

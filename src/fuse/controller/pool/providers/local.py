@@ -190,7 +190,7 @@ class LocalProvider(Provider):
 
     def _read_live(self, machine_id: str) -> dict[str, Any] | None:
         """The machine's record while its agent process lives, else None."""
-        if not (isinstance(machine_id, str) and NAME_RE.match(machine_id)):
+        if not (isinstance(machine_id, str) and NAME_RE.fullmatch(machine_id)):
             return None
         rec = self._record(machine_id)
         return rec if rec and self._alive(machine_id, rec.get("pid")) else None
