@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound
-from ..transport import BadAddress, HostConnection, transport_kind
+from ..transport import MAX_FACTS_BYTES, BadAddress, HostConnection, transport_kind
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
 log = logging.getLogger("fuse.controller.fleet")
@@ -202,7 +202,7 @@ class Fleet:
                     view.connected, view.summary, view.seen_at, view.error = False, {}, 0.0, ""
                     view.failures, view.agent_id = 0, ""
                 view.url = url
-            resp = await conn.request("GET", "/v1/host", timeout=5)
+            resp = await conn.request("GET", "/v1/host", timeout=5, max_bytes=MAX_FACTS_BYTES)
             if resp.status_code == 401:  # the host_disconnected event and views say why, as vms and usage do
                 from .vms import TOKEN_REJECTED
                 raise HostUnreachable(TOKEN_REJECTED, code="unauthorized")

@@ -36,7 +36,7 @@ from ..models.base import Record
 from ..models.hosts import BACKENDS, MAX_AMOUNT, GPUDevice, Host, HostCapacity, RegisterHostRequest
 from ..models.mig import mig_profile_problem
 from ..tokens import token_problem
-from ..transport import HostConnection, TlsSettings, normalise_address, parse_address
+from ..transport import MAX_FACTS_BYTES, HostConnection, TlsSettings, normalise_address, parse_address
 from .resources import Resources
 from .pool.model import ARCHES
 from .store import Store
@@ -202,9 +202,9 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
     try:
         # probed afresh (a Firecracker upgraded, CPUs pinned since the agent started: its cached
         # facts were stored); an agent from before ``fresh`` refuses it as unknown: asked plainly
-        resp = await conn.request("GET", "/v1/host", params={"fresh": "true"})
+        resp = await conn.request("GET", "/v1/host", params={"fresh": "true"}, max_bytes=MAX_FACTS_BYTES)
         if resp.status_code == 400 and b"fresh" in resp.content:
-            resp = await conn.request("GET", "/v1/host")
+            resp = await conn.request("GET", "/v1/host", max_bytes=MAX_FACTS_BYTES)
     finally:
         await conn.close()
     if resp.status_code == 401:

@@ -43,7 +43,7 @@ from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from ..paths import default_agent_socket
 from .address import Address, BadAddress, normalise_address, on_this_machine, parse_address, transport_kind
 
-__all__ = ["Address", "BadAddress", "HostConnection", "IdentityError", "TlsSettings", "default_agent_socket",
+__all__ = ["MAX_FACTS_BYTES", "Address", "BadAddress", "HostConnection", "IdentityError", "TlsSettings", "default_agent_socket",
            "normalise_address", "on_this_machine", "parse_address", "tls_context", "transport_kind"]
 
 log = logging.getLogger("fuse.transport")
@@ -205,6 +205,11 @@ def _identity_context(tls: TlsSettings, addr: str) -> ssl.SSLContext:
 
 RETRY_BACKOFF_S = 0.2  # the first pause before a retry; each next one doubles
 IDEMPOTENT = ("GET", "HEAD")
+# The most of one answer a host's API is read for: past a move's largest file chunk (64 MiB),
+# far past any listing. A host answering more (a broken or hostile one) is no agent: the
+# controller reads no further, however much it sends (it used to read it whole, each poll).
+MAX_ANSWER_BYTES = 64 * 2**20
+MAX_FACTS_BYTES = 4 * 2**20  # a host's facts (GET /v1/host): a few KiB from any agent
 
 # How a peer hanging up reads, in httpx's words and OpenSSL's.
 _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpected eof", "eof occurred",
@@ -485,11 +490,12 @@ class HostConnection:
 
     async def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                       content: bytes | None = None, timeout: float | None = None,
-                      retries: int = 0) -> httpx.Response:
+                      retries: int = 0, max_bytes: int = MAX_ANSWER_BYTES) -> httpx.Response:
         """Send one request. `retries` (GET and HEAD only: never a call that
         changes anything) sends it again, after a short doubling pause, when
         the connection failed; a timeout is not retried, so a host that went
-        away still fails the call in `timeout`."""
+        away still fails the call in `timeout`. An answer longer than `max_bytes`
+        (as sent, or decoded) is `NotAnAgent`, read no further."""
         if retries and method.upper() not in IDEMPOTENT:
             raise ValueError(f"{method} is not idempotent: it is never retried")
         kw: dict[str, Any] = {}
@@ -512,7 +518,8 @@ class HostConnection:
             while True:
                 shook.clear()
                 try:
-                    return await self._client.request(method, path, json=json, params=params, content=content, **kw)
+                    return await self._bounded(self._client.build_request(
+                        method, path, json=json, params=params, content=content, **kw), max_bytes)
                 except HostUnreachable as exc:  # (the SSH transport's own, already one sentence)
                     if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol()):
                         err = NotAnAgent(wrong)
@@ -540,6 +547,31 @@ class HostConnection:
             self._busy -= 1
             if self._retired and not self._busy:
                 await self.close()
+
+    async def _bounded(self, req: httpx.Request, max_bytes: int) -> httpx.Response:
+        """The answer to ``req``, its body read to at most ``max_bytes``."""
+        resp = await self._client.send(req, stream=True)
+        try:
+            declared = resp.headers.get("content-length", "")
+            body, got = [], 0
+            if not (declared.isdigit() and int(declared) > max_bytes):
+                async for chunk in resp.aiter_bytes():
+                    got += len(chunk)
+                    if got > max_bytes:
+                        break
+                    body.append(chunk)
+            if (declared.isdigit() and int(declared) > max_bytes) or got > max_bytes:
+                err = NotAnAgent(f"{self.address.text} answered {req.method} {req.url.path} with more than "
+                                 f"{max_bytes} bytes: no host agent's answer is that long")
+                err.maybe_sent = True
+                raise err
+        finally:
+            await resp.aclose()
+        # the body as read (decoded): the answer callers get reads like any other
+        headers = [(k, v) for k, v in resp.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(resp.status_code, headers=headers, content=b"".join(body), request=req,
+                              extensions=resp.extensions)
 
     async def _not_tls(self, exc: BaseException) -> str:
         """Why this TLS address is a wrong one when what answered its handshake does not
