@@ -36,6 +36,7 @@ from fuse.agent.backends.base import pids_mentioning
 from fuse.agent.probe import arch
 from fuse.controller.pool.model import Offer
 from fuse.errors import Conflict, InvalidArgument
+from fuse.paths import private_dir, private_opener
 
 from .base import CAP_OPTIONS, NAME_RE, CloudError, Machine, OptionReader, Provider, check_name, number
 
@@ -214,15 +215,19 @@ class LocalProvider(Provider):
             if rec and self._alive(host_name, rec.get("pid")):
                 raise Conflict(f"machine {host_name!r} already runs in cloud {self.name!r}")
             if d.exists():
+                if not (d / "machine.json").is_file():  # (``dir`` is any path the caller names)
+                    raise Conflict(f"{d} exists and is not a machine of cloud {self.name!r} (no machine.json "
+                                   f"of its own): nothing there is removed; move it away, or link the cloud "
+                                   f"with another dir")
                 self._clean(host_name, rec)  # leftovers of a machine that died
-            d.mkdir(parents=True)
+            private_dir(d)
             self._install_bundle(d)
             vm_count = self.capacity_of(offer, self.vm_count, declare_size=True)["vm_count"]
             with self._guard:
                 port = self._free_port()
                 argv = AGENT + ["--listen", f"127.0.0.1:{port}", "--state-dir", str(d), "--backend", self.backend,
                                 "--max-vms", str(vm_count)]
-                with open(d / "agent.log", "ab") as log:
+                with open(d / "agent.log", "ab", opener=private_opener) as log:
                     # The token goes by environment (the CLI's FUSE_HOST_TOKEN),
                     # not argv, which any local user can read in ps.
                     child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -230,9 +235,10 @@ class LocalProvider(Provider):
                                              env={**os.environ, "FUSE_HOST_TOKEN": token})
                 self._children[host_name] = child
                 tmp = d / "machine.json.tmp"
-                tmp.write_text(json.dumps({"pid": child.pid, "port": port, "type_name": offer.type_name,
-                                           "region": offer.region, "backend": self.backend,
-                                           "created_at": time.time()}))
+                with open(tmp, "w", opener=private_opener) as f:
+                    f.write(json.dumps({"pid": child.pid, "port": port, "type_name": offer.type_name,
+                                        "region": offer.region, "backend": self.backend,
+                                        "created_at": time.time()}))
                 tmp.replace(d / "machine.json")
             return Machine(host_name, "pending")
 
