@@ -5,7 +5,9 @@ command, ``python -m fuse.cli ARGS``, as before; only its imports are done once:
 this process imports the servers' modules (FastAPI, pydantic models,
 SQLAlchemy: most of a start's ~1 s of CPU) and forks a child per start, which
 sets the start's environment, working dir, log and command line and runs the
-CLI's entry. The suite starts a thousand or so of them on a 2-core machine.
+CLI's entry; a start whose ``FUSE_*`` or ``PYTHON*`` variables differ from this
+server's (read as modules load or the interpreter starts) execs a fresh
+interpreter instead. The suite starts a thousand or so of them on a 2-core machine.
 
 Protocol, one JSON object a line: on stdin ``{"args", "env", "log", "cwd", "umask"}``
 (a start: the answer is ``{"pid"}``) or ``{"status": pid}`` (the answer is
@@ -26,6 +28,13 @@ import traceback
 PRELOAD = ("fuse.cli", "fuse.cli.main", "fuse.cli.host", "fuse.cli.controller", "fuse.cli.fleet",
            "fuse.controller.app", "fuse.controller.service", "fuse.agent.app", "fuse.serving",
            "fuse.agent.backends.qemu", "fuse.agent.probe", "uvicorn", "setproctitle")
+
+
+START_ENV = dict(os.environ)
+
+
+def _import_time(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(("FUSE_", "PYTHON"))}
 
 
 def _preload() -> None:
@@ -51,6 +60,11 @@ def _child(req: dict) -> None:
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
         os.umask(req["umask"])
+        if _import_time(req["env"]) != _import_time(START_ENV):
+            # fuse reads some settings as its modules load (FUSE_MOVE_IO_TIMEOUT...), and the
+            # interpreter its PYTHON* ones as it starts: a start setting any of them otherwise
+            # than this server's own env is a fresh interpreter, as without the fork server
+            os.execve(sys.executable, [sys.executable, "-m", "fuse.cli", *req["args"]], req["env"])
         unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
         sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
         sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True,
