@@ -21,6 +21,8 @@ from ...errors import FuseError, HostUnreachable
 from . import hooks
 from .records import IO_TIMEOUT, MoveRecords
 
+VERIFY_RATE = 50 * 2**20  # bytes a second a loaded host hashes at the least (SHA-256 runs at 0.5-2 GB/s)
+
 CHUNK = 4 * 1024 * 1024
 # A chunk read changes nothing, so one that met a dropped connection (an agent
 # closes a kept-alive one after ~5 s idle, as slow chunks leave them) is sent
@@ -46,8 +48,12 @@ class MoveCopy(MoveRecords):
         else:
             await self._copy_http(row)
         t1 = time.monotonic()
+        # the target hashes every byte before it answers: FUSE_MOVE_IO_TIMEOUT, and a second more
+        # for each VERIFY_RATE of it (a fixed 120 s kept a guest paused that long behind a
+        # target that stopped once the last chunk was in)
+        total = sum(f["size"] for f in rec["files"])
         got = (await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/verify",
-                                timeout=120)).json()
+                                timeout=IO_TIMEOUT + total / VERIFY_RATE)).json()
         theirs = {f["name"]: f for f in got["files"]}
         for f in rec["files"]:
             have = theirs.get(f["name"], {})

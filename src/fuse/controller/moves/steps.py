@@ -16,7 +16,7 @@ import contextlib
 from ...errors import FuseError
 from ..store import vms as vms_t
 from . import hooks
-from .records import ACTIVE, IO_TIMEOUT, MoveRecords, log, timed_out
+from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, log, timed_out
 
 
 class MoveSteps(MoveRecords):
@@ -169,8 +169,10 @@ class MoveSteps(MoveRecords):
     async def _remove_source(self, row: dict) -> bool:
         """Delete the source copy this move holds; False if the source did not answer."""
         try:
+            # (a sleeping copy's files to remove: quick; a source that does not answer in that
+            # time is left to the clean-up, the move done, as the README says, not held 60 s)
             await self._host(row["source"], "DELETE", f"/v1/host/vms/{row['vm']}", ok=(204, 404),
-                             params={"move_id": row["id"]}, timeout=60)
+                             params={"move_id": row["id"]}, timeout=QUICK_TIMEOUT)
             return True
         except FuseError as exc:
             log.warning("move %s: source copy not removed yet: %s", row["id"], exc.message)
