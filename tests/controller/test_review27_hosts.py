@@ -4,6 +4,7 @@ the old address reached (its agent identity, its link and what it said stay ther
 from __future__ import annotations
 
 import fuse
+import pytest
 from support import free_port, start_agent, wait_until
 
 
@@ -69,3 +70,45 @@ def test_a_host_pointed_at_an_agent_that_reports_no_identity_does_not_keep_the_o
     finally:
         srv.shutdown()
 
+
+
+@pytest.mark.timeout(240)
+def test_a_copy_a_move_woke_on_a_target_removed_with_force_is_removed_when_it_comes_back(fleet):
+    """(was: the move, settled failed by the force, woke the VM at its source, and the target's
+    copy, already woken there, was adopted when the target came back: the VM ran twice)"""
+    import httpx
+
+    def vms_of(agent):
+        r = httpx.get(agent.url + "/v1/host/vms", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
+        return {v["name"]: v for v in r.json()["vms"]}
+
+    a, b = fleet.agent("a1"), fleet.agent("a2")
+    fleet.add("a", a)
+    fleet.add("b", b)
+    port_b = int(b.url.rsplit(":", 1)[1])
+    fleet.client.vms.create({"name": "v1", "host": "a", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "sleep 600"})
+    fleet.restart(env={"FUSE_TEST_CRASH_AT": "woke"})  # the controller dies right after the target woke it
+    fleet.client.moves.create("v1", to="b")
+    wait_until(lambda: fleet.ctl.popen.poll() is not None, timeout=60, what="the controller's crash at woke")
+    assert vms_of(b)["v1"]["state"] == "running"
+    b.stop()  # (its VM lives on, as VMs outlive their agent)
+    fleet.restart()
+    wait_until(lambda: not fleet.client.hosts.get("b").connected, timeout=30, what="b disconnected")
+
+    def forced():  # (the crashed controller's lease on the move runs out first: 409 till then)
+        try:
+            fleet.client.hosts.deregister("b", force=True)
+            return True
+        except fuse.ApiError as e:
+            assert e.code == "move_in_progress", e
+            return False
+    wait_until(forced, timeout=30, interval=0.5, what="b removed with force")
+    wait_until(lambda: vms_of(a).get("v1", {}).get("state") == "running", timeout=30, what="v1 woken at a")
+    back = fleet.agent("a2", port=port_b)  # the same agent, its state dir, comes back
+    fleet.add("b", back)
+    wait_until(lambda: "v1" not in vms_of(back) or vms_of(back)["v1"]["state"] == "deleted", timeout=30,
+               what="the second copy removed")
+    wait_until(lambda: [(v["name"], v["host"], v["state"]) for v in fleet.client.vms.list()]
+               == [("v1", "a", "running")], timeout=30, what="the fleet's list")
+    lost = [e for e in fleet.client.events.list(0, limit=500)["events"] if e["type"] == "vm_lost" and e.get("move")]
+    assert lost and lost[-1]["host"] == "b" and "runs in one place" in lost[-1]["reason"], lost

@@ -22,10 +22,11 @@ from sqlalchemy import insert, select
 from ...errors import FuseError, HostUnreachable, InvalidArgument, NotFound
 from ...models.moves import MoveRequest
 from ..store import moves as moves_t
+from ..store import vms as vms_t
 from .copying import MoveCopy
 from .drain import MoveDrains
 from .janitor import MoveJanitor
-from .records import ACTIVE, LEASE_S, STOP_SETTLE_S, log
+from .records import ACTIVE, LEASE_S, QUICK_TIMEOUT, STOP_SETTLE_S, log
 
 FORGET_SETTLE_S = 60.0  # a force deregister waits this long for the moves that need the host to settle
 from .rollback import MoveRollback
@@ -255,7 +256,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         except (FuseError, KeyError, ValueError, TypeError):
             return []  # (not answering now: nothing is touched; the next registration asks again)
         marked = {v["move_id"]: v for v in vms if v.get("move_id")}
-        out = []
+        out = await self._remove_doubles(host_id, vms)
         for move_id in sorted(set(marked) | {e["move_id"] for e in incoming}):
             with self.store.read() as c:
                 found = c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().first()
@@ -286,6 +287,38 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             log.info("host %s registered again: move %s", host_id, line)
         if out:
             self.fleet.changed.set()
+        return out
+
+    async def _remove_doubles(self, host_id: str, vms: list[dict]) -> list[str]:
+        """Copies a move woke on ``host_id`` after the move was settled ``failed`` without it
+        (its target removed with force while it woke there, the VM woken at its source: "failed"
+        means the VM is home): each such copy, the one the VM's record no longer names, is stopped
+        and removed, with a ``vm_lost`` event for it on this host, or the VM would run twice. A
+        copy's first history entry names the move that brought it in."""
+        out = []
+        for v in vms:
+            first = (v.get("history") or [{}])[0]
+            move_id = first.get("move_id") if first.get("state") == "incoming" else None
+            if not move_id or v.get("move_id") or v.get("state") in ("deleted", "incoming"):
+                continue  # (a copy still marked is an arrival the loop below settles)
+            with self.store.read() as c:
+                found = c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().first()
+            if found is None or found["state"] != "failed" or found["target"] != host_id or found["vm"] != v["name"]:
+                continue
+            try:
+                await self._host(host_id, "DELETE", f"/v1/host/vms/{v['name']}", ok=(204, 404), timeout=QUICK_TIMEOUT)
+            except FuseError as exc:
+                log.warning("move %s: the copy of vm %s it woke on %s stays for now: %s", move_id, v["name"],
+                            host_id, exc.message)
+                continue
+            with self.store.tx() as c:
+                c.execute(vms_t.delete().where(vms_t.c.host == host_id, vms_t.c.name == v["name"]))
+                self.store.add_event("vm_lost", {
+                    "vm": v["name"], "id": host_id, "was": v.get("state"), "move": move_id,
+                    "reason": f"move {move_id} woke it here after it failed (its target was removed with force) "
+                              f"and the VM was woken at {found['source']}: this copy was stopped and removed, "
+                              "so the VM runs in one place"}, host=host_id, conn=c)
+            out.append(f"{move_id}: the copy of vm {v['name']} it woke here after it failed, stopped and removed")
         return out
 
     async def close(self) -> None:
