@@ -32,6 +32,12 @@ BAD = {
     "an ssh port above 65535": ("ssh://u@127.0.0.1:99999", "port 99999 is out of range"),
     "an ssh port that is not a number": ("ssh://u@127.0.0.1:abc", "port 'abc' is not a number"),
     "an ssh address with no host": ("ssh://u@", "names no host"),
+    # (review 27: accepted, and the no-known_hosts message suggested an ssh-keyscan command
+    # with the host in it unquoted: pasted into a shell, it ran what the host held)
+    "a host name with a space": ("http://bad host:80", "'bad host' is not a host name"),
+    "a host with shell characters": ("ssh://root@a;{touch,pwned};b:22", "is not a host name"),
+    "a host with a command substitution": ("http://a$(id)b:80", "is not a host name"),
+    "a user with shell characters": ("ssh://r$(id)@127.0.0.1:22", "is not a login name"),
 }
 # only where an address is registered (review 21: stored as given, it was read from the
 # controller's working directory): a host stored so before still loads
@@ -128,7 +134,7 @@ def test_the_sdk_and_the_cli_say_what_is_wrong_instead_of_internal(controller, a
 
 @pytest.mark.parametrize("what", ["a host name that does not resolve", "a port nothing listens on"])
 def test_an_address_that_parses_but_cannot_be_reached_stays_502(api, what):
-    addr = {"a host name that does not resolve": "http://bad host:80",
+    addr = {"a host name that does not resolve": "http://no-such-host.invalid:80",
             "a port nothing listens on": f"http://127.0.0.1:{free_port()}"}[what]
     r = api.post("/v1/hosts", json={"name": "unreachable", "addr": addr})
     assert r.status_code == 502 and r.json()["error"]["code"] == "host_unreachable", r.text

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import os
+import shlex
 import socket
 import weakref
 from dataclasses import dataclass
@@ -138,7 +139,8 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
     request's whole bound, which a reconnect's `timeout` is what is left of."""
     if not Path(o.known_hosts).is_file():
         raise NotTrusted(f"no known_hosts file at {o.known_hosts}, so the SSH host key of {t.hostport} "
-                              f"cannot be checked: add it (ssh-keyscan -p {t.port} {t.host} >> {o.known_hosts})")
+                         f"cannot be checked: add it (ssh-keyscan -p {t.port} {shlex.quote(t.host)} >> "
+                         f"{shlex.quote(str(o.known_hosts))})")
     keys: dict = {}
     if o.key:
         if not Path(o.key).is_file():
