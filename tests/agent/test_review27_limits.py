@@ -104,3 +104,29 @@ def test_a_file_name_or_digest_with_a_trailing_newline_is_not_a_plain_name(tmp_p
         assert httpx.get(agent.url + "/v1/host/incoming", headers=h).json()["incoming"] == []
     finally:
         agent.stop()
+
+
+def test_a_bulk_write_streams_a_file_past_the_http_chunk_limit(tmp_path):
+    """The limit is an HTTP chunk's: the bulk protocol streams a whole file in one write
+    (the first version of the pre-read check refused a 256 MiB image's: 'chunks are at most')."""
+    import hashlib
+    from test_bulk_protocol import ask, tcp
+    agent = start_agent(tmp_path, backend="fake")
+    h = {"Authorization": f"Bearer {agent.token}"}
+    size = 65 * 2**20
+    try:
+        r = httpx.post(agent.url + "/v1/host/incoming", headers=h, timeout=30, json={
+            "move_id": "mv-bulk", "platform": {"backend": "fake", "arch": "amd64", "machine": "fake", "accel": "none"},
+            "files": [{"name": "memory", "size": size, "sha256": hashlib.sha256(bytes(size)).hexdigest()}],
+            "vm": {"name": "arriving", "shape": {"vcpus": 1, "mem_mib": 64}, "entry": "count", "bundle": "linux",
+                   "bundle_fingerprint": "fake-bundle-0001"}})
+        assert r.status_code == 201, r.text
+        with tcp(agent) as s:
+            s.settimeout(60)
+            assert ask(s, {"op": "write", "token": agent.token, "move": "mv-bulk", "file": "memory", "offset": 0,
+                           "length": size}) == {"ok": True}
+            s.sendall(bytes(size))
+            assert ask(s, b"") == {"ok": True, "written": size}
+        assert httpx.post(agent.url + "/v1/host/incoming/mv-bulk/verify", headers=h, timeout=60).json()["verified"]
+    finally:
+        agent.stop()

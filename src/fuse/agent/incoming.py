@@ -177,9 +177,8 @@ class IncomingMoves:
     def check_write(self, move_id: str, file: str, offset: int, length: int) -> tuple[dict[str, Any], Path]:
         """The move's entry and the file's path, if ``length`` bytes may go at ``offset``
         of it; else the error a write would get (asked before a body is read, with the
-        length the request declares: nothing is read for a move that is not here)."""
-        if length > MAX_CHUNK:
-            raise InvalidArgument(f"chunks are at most {MAX_CHUNK} bytes")
+        length the request declares: nothing is read for a move that is not here). (An HTTP
+        chunk's MAX_CHUNK is ``write``'s: a bulk write streams a whole file.)"""
         entry = self._entry(move_id)
         path = self._state_path(entry, file)
         size = next(f["size"] for f in entry["files"] if f["name"] == file)
