@@ -34,19 +34,26 @@ def _behind_proxy(fleet, host_id):
     return proxy
 
 
+def _move_silencing(fleet, vm: str, proxy, nth: int, silent: str) -> tuple[dict, float]:
+    """Move ``vm`` to dst, holding the target's POSTs to its incoming move 2 s each on the way,
+    and SIGSTOP host ``silent``'s agent as the ``nth`` of them is held: (the move as it ended,
+    seconds from the stop)."""
+    proxy.hold[b"POST /v1/host/incoming/"] = 2.0  # the verify, then the install
+    m = fleet.client.moves.create(vm, to="dst")
+    wait_until(lambda: proxy.held >= nth, timeout=30, interval=0.01, what=f"request {nth} on its way")
+    os.kill(fleet.agents[silent].popen.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    m = fleet.wait_move(m["id"], timeout=150)
+    return m, time.monotonic() - t0
+
+
 def test_a_target_silent_during_its_verify_fails_the_move_after_the_io_timeout(fleet):
     fleet.add("src")
     proxy = _behind_proxy(fleet, "dst")
     try:
         fleet.client.vms.create(vm_body("job1", host="src", mem=256))
         fleet.restart_controller(env={"FUSE_MOVE_COPY_PATH": "http", "FUSE_MOVE_IO_TIMEOUT": "3"})
-        proxy.hold[b"POST /v1/host/incoming/"] = 2.0  # the verify, on its way
-        m = fleet.client.moves.create("job1", to="dst")
-        wait_until(lambda: proxy.held >= 1, timeout=30, interval=0.01, what="the verify on its way")
-        os.kill(fleet.agents["dst"].popen.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        m = fleet.wait_move(m["id"], timeout=150)
-        took = time.monotonic() - t0
+        m, took = _move_silencing(fleet, "job1", proxy, 1, "dst")  # silent as the verify is on its way
         assert m["state"] == "failed" and "copying" in m["reason"], m
         assert took < 30, (took, m["reason"])
         wait_until(lambda: fleet.client.vms.get("job1")["state"] == "running", timeout=30, what="home again")
@@ -62,13 +69,7 @@ def test_a_source_silent_at_the_end_does_not_hold_the_move_past_the_quick_timeou
     try:
         fleet.client.vms.create(vm_body("job2", host="src", mem=256))
         fleet.restart_controller(env={"FUSE_MOVE_QUICK_TIMEOUT": "2"})
-        proxy_dst.hold[b"POST /v1/host/incoming/"] = 2.0  # the verify, then the install (waking)
-        m = fleet.client.moves.create("job2", to="dst")
-        wait_until(lambda: proxy_dst.held >= 2, timeout=30, interval=0.01, what="the install on its way")
-        os.kill(fleet.agents["src"].popen.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        m = fleet.wait_move(m["id"], timeout=120)
-        took = time.monotonic() - t0
+        m, took = _move_silencing(fleet, "job2", proxy_dst, 2, "src")  # silent as the install is on its way
         assert m["state"] == "done" and m["source_removed"] is False, m
         assert took < 20, took
         assert fleet.client.vms.get("job2")["host"] == "dst"
