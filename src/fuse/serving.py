@@ -39,10 +39,36 @@ HEAD_TIMEOUT_S = seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
 def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, closing a connection with no request in flight
     ``HEAD_TIMEOUT_S`` after it opened or answered (uvicorn's keep-alive timer starts only
-    after an answer, and stops at the first byte of the next request)."""
+    after an answer, and stops at the first byte of the next request), or whose request's
+    body has sent nothing for that long."""
 
     class HeadDeadline(base):  # type: ignore[misc, valid-type]
         _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # A request whose body stops coming is closed as a stalled head is: this long
+            # after its last bytes (it was held for good, a descriptor and a handler each)
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and not cycle.response_complete and getattr(cycle, "more_body", False):
+                self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
+
+        def _no_body(self) -> None:
+            self._body_timer = None
+            t = getattr(self, "transport", None)
+            cycle = getattr(self, "cycle", None)
+            if (t is None or t.is_closing() or t.get_protocol() is not self or cycle is None
+                    or cycle.response_complete or not getattr(cycle, "more_body", False)):
+                return
+            if getattr(getattr(self, "flow", None), "read_paused", False):
+                # (the app has not read what came: the client is not the one stalling; looked at again)
+                self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
+                return
+            t.close()
 
         def _arm(self) -> None:
             if self._head_timer is not None:
@@ -70,9 +96,10 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+            for timer in (self._head_timer, self._body_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._head_timer = self._body_timer = None
             super().connection_lost(exc)
 
     HeadDeadline.__name__ = f"HeadDeadline{base.__name__}"

@@ -66,3 +66,29 @@ def test_certificates_are_not_issued_expired_and_their_key_dir_is_owner_only(tmp
         os.umask(old)
     for d in (tmp_path / "deep", tmp_path / "deep" / "h1"):
         assert d.stat().st_mode & 0o777 == 0o700, oct(d.stat().st_mode)
+
+
+def test_a_request_whose_body_stops_coming_is_closed_too(tmp_path, procs):
+    """(review 27: a request with the token whose body stopped after one byte was held open for
+    good, on the controller and the agent alike: only silent heads were closed) A body that
+    keeps coming slowly is read to its end."""
+    env = {"FUSE_HTTP_HEAD_TIMEOUT_S": "2"}
+    procs.append(ctl := start_controller(tmp_path, listen=True, env=env, token="ctl-token"))
+    procs.append(agent := start_agent(tmp_path, backend="fake", name="a1", env=env))
+    for port, token, path in ((ctl.extra["port"], "ctl-token", "/v1/vms"),
+                              (int(agent.url.rsplit(":", 1)[1]), agent.token, "/v1/host/vms")):
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
+        took = closed_within(port, head, 12)
+        assert took is not None and took >= 1.5, (path, took)
+        # one byte a second for 4 s (past the 2 s), then the rest: answered, not cut off
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        body = b'{"x": 1}'
+        s.sendall(head[:head.index(b"Content-Length")] + f"Content-Length: {len(body)}\r\n\r\n".encode())
+        for b in body[:4]:
+            s.sendall(bytes([b]))
+            time.sleep(1.0)
+        s.sendall(body[4:])
+        answer = s.recv(4096)
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 4"), answer[:200]  # (its own 400: read whole, then refused)
