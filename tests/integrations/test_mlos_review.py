@@ -268,3 +268,21 @@ def test_a_recreate_onto_a_host_at_its_vm_count_policy_keeps_the_vm(make_fleet, 
         # on its own host the old VM's slot is counted free: a new shape there is recreated
         status, info = provision(svc, {**p, "memMiB": 256})
         assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h1"), caplog.text
+
+
+def test_a_recreate_onto_a_full_host_with_a_prewarmed_vm_of_its_shape_takes_that_vm(make_fleet, caplog):
+    """(review 27: FAILED "vmHost h2 is at its vm_count policy", where the controller's own
+    create of that VM claimed h2's standby VM at once: it needs no room)"""
+    fleet = make_fleet()
+    fleet.client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=256, on="host:h2"))
+    wait_until(lambda: any(v.get("standby") and v["state"] == "running" for v in fleet.client.vms.list()),
+               timeout=60, what="the standby VM")
+    for i in range(7):  # h2's vm_count policy is 8: 7 and the standby VM
+        fleet.client.vms.create({"name": f"f{i}", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x", "host": "h2"})
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "bench", "vcpus": 1, "memMiB": 128, "vmHost": "h1"}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        status, info = provision(svc, {**p, "vmHost": "h2", "memMiB": 256})
+        assert (status, info["vmHost"]) == (Status.SUCCEEDED, "h2"), caplog.text
+        assert ("bench", "h2", "running") in where(fleet.client)

@@ -233,8 +233,9 @@ class ControllerCalls:
         registered, active and answering; some candidate must have the
         trial's bundle, a VM slot under its vm_count policy and the memory
         (the hosts' hard limit; vCPUs are time-shared), counting what the old
-        VM frees on its own host. The host's admission still has the final
-        word on the create itself."""
+        VM frees on its own host, or a prewarmed VM of the new shape and bundle
+        to take over. The host's admission still has the final word on the
+        create itself."""
         body = {k: v for k, v in spec.body().items() if k != "host"}
         try:
             CreateVmRequest.model_validate(body)
@@ -259,6 +260,18 @@ class ControllerCalls:
         cands = [h for h in cands if not h.bundles or bundle in {b.get("name") for b in h.bundles}]
         if not cands:
             return f"bundle {bundle} is on no {'vmHost ' + spec.host if spec.host else 'active host'}"
+
+        # A prewarmed VM of the new shape on a host is taken over by the create there: it needs
+        # no room (a trial on a prewarmed shape was FAILED "at its vm_count policy" on a full
+        # host whose standby VM the controller's own create would claim at once)
+        op.check(f"reading the prewarmed vms before recreating vm {spec.name}")
+        prewarmed = {v["host"] for v in self.client.vms.list()
+                     if v.get("standby") and v.get("state") == "running"
+                     and (v.get("shape") or {}).get("vcpus") == spec.vcpus
+                     and (v.get("shape") or {}).get("mem_mib") == spec.mem_mib
+                     and (v.get("bundle") or "linux") == bundle}
+        if any(h.id in prewarmed for h in cands):
+            return None
 
         def slots_left(h) -> int:
             own = vm["host"] == h.id and vm["state"] == "running"  # (a sleeping VM holds no slot)
