@@ -89,7 +89,7 @@ class Fleet:
             uses_tls = transport_kind(row["url"]) == "tls"
         except BadAddress:
             uses_tls = False  # (HostConnection says what is wrong with it, below)
-        key = (row["url"], row["token"] + (repr(tls) if uses_tls else ""))
+        key = (row["url"], row["token"] + (repr((tls, tls.stamp() if tls else None)) if uses_tls else ""))
         if cached and cached[:2] == key:
             return cached[2]
         try:

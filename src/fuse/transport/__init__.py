@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import socket
 import ssl
 from dataclasses import dataclass
@@ -70,8 +71,12 @@ def tls_context(purpose: ssl.Purpose, cert: str, key: str, ca: str,
         ctx = ssl.create_default_context(purpose, cafile=ca)
     except ssl.SSLError as exc:
         raise IdentityError(f"{names[2]} {ca} holds no usable PEM certificate ({_ssl_words(exc)})") from None
+    def no_passphrase() -> bytes:  # (without it OpenSSL asks one on the terminal: a server froze there)
+        raise IdentityError(f"{names[1]} {key} is encrypted (passphrase-protected): fuse reads keys unattended, "
+                            "so give it an unencrypted one (owner-only, as `fuse host cert issue` writes them)")
+
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(cert, key, password=no_passphrase)
     except ssl.SSLError as exc:
         if exc.reason == "KEY_VALUES_MISMATCH":
             raise IdentityError(f"{names[1]} {key} is not the key of {names[0]} {cert}") from None
@@ -91,6 +96,19 @@ class TlsSettings:
     cert: str
     key: str
     ca: str
+
+    def stamp(self) -> tuple:
+        """What the three files are now (inode, size, modification time; None for one that is
+        gone): a connection made with other files in place is made again, so a certificate
+        renewed in place is presented from then on, and one moved away fails naming it."""
+        out = []
+        for path in (self.cert, self.key, self.ca):
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
     def context(self) -> ssl.SSLContext:
         """IdentityError (one sentence naming the file) when the files cannot be used."""
