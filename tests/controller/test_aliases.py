@@ -128,13 +128,19 @@ def test_usage_asks_a_machine_through_a_name_that_answers(fleet):
     fleet.add("h0", a)
     fleet.client.vms.create(shape("v1", host="h0"))
     fleet.add("cc", a)
-    # the first name stops answering (another address), the machine does not
+    assert fleet.client.usage()["aliases"] == {"cc": ["h0"]}
+    # one name stops answering, the machine does not: asked through the other
+    u = fleet.client.usage()
+    assert [(r["vm"], r["host"]) for r in u["vms"]] == [("v1", "h0")]
+    # pointed at another address, a name is no longer that machine's (review 27: it kept the
+    # agent identity, so cordoning it stopped placement on the live name): a host of its own,
+    # which does not answer
     fleet.client.hosts.register(fuse.RegisterHostRequest(
         id="cc", url="http://127.0.0.1:9", token=a.token, backend="qemu",
         capacity=fuse.HostCapacity(vm_count=10, ram_mb=4096, cpus=4, storage_gb=10)))
     wait_until(lambda: not fleet.client.hosts.get("cc").connected, what="cc disconnected")
     u = fleet.client.usage()
-    assert u["aliases"] == {"cc": ["h0"]} and u["unreachable"] == []
+    assert u["aliases"] == {} and u["unreachable"] == ["cc"], u
     assert [(r["vm"], r["host"]) for r in u["vms"]] == [("v1", "h0")]
 
 
