@@ -107,19 +107,19 @@ class _Zygote:
     def spawn(self, args: list[str], log: Path, env: dict) -> "Forked":
         mask = os.umask(0o22)
         os.umask(mask)
-        pid = self.ask({"args": args, "env": env, "log": str(log), "cwd": os.getcwd(), "umask": mask})["pid"]
-        return Forked(pid, self)
+        got = self.ask({"args": args, "env": env, "log": str(log), "cwd": os.getcwd(), "umask": mask})
+        return Forked(got["pid"], got["start"], self)
 
 
 class Forked:
     """What tests use of ``subprocess.Popen`` for a process the fork server started."""
 
-    def __init__(self, pid: int, zygote: _Zygote):
-        self.pid, self._zygote, self.returncode = pid, zygote, None
+    def __init__(self, pid: int, start: int, zygote: _Zygote):
+        self.pid, self._start, self._zygote, self.returncode = pid, start, zygote, None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._zygote.ask({"status": self.pid})["code"]
+            self.returncode = self._zygote.ask({"status": self._start})["code"]
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

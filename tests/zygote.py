@@ -10,9 +10,9 @@ server's (read as modules load or the interpreter starts) execs a fresh
 interpreter instead. The suite starts a thousand or so of them on a 2-core machine.
 
 Protocol, one JSON object a line: on stdin ``{"args", "env", "log", "cwd", "umask"}``
-(a start: the answer is ``{"pid"}``) or ``{"status": pid}`` (the answer is
-``{"code"}``: None while it runs, else as ``Popen.returncode``: −signal when
-a signal ended it). At end of input every child still running is killed (the
+(a start: the answer is ``{"pid", "start"}``, the start's number) or
+``{"status": start}`` (the answer is ``{"code"}``: None while it runs, else as
+``Popen.returncode``: −signal when a signal ended it). At end of input every child still running is killed (the
 suite's processes must not outlive it)."""
 
 from __future__ import annotations
@@ -103,8 +103,11 @@ def _child(req: dict) -> None:
 
 def main() -> None:
     _preload()
+    # by start, not by pid: a pid is used again once its process is reaped, and a new child's
+    # status read by pid answered the exit code of an old one (a start seen ended at once)
     codes: dict[int, int] = {}
-    running: set[int] = set()
+    running: dict[int, int] = {}  # pid -> start number
+    started = 0
     out = sys.stdout
 
     def reap() -> None:
@@ -115,8 +118,8 @@ def main() -> None:
                 return
             if pid == 0:
                 return
-            running.discard(pid)
-            codes[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            if (n := running.pop(pid, None)) is not None:
+                codes[n] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
     buf = b""
     while True:
@@ -133,19 +136,19 @@ def main() -> None:
             req = json.loads(line)
             if "status" in req:
                 reap()
-                pid = req["status"]
-                answer = {"code": codes.get(pid)}
+                answer = {"code": codes.get(req["status"])}
             else:
                 out.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
                     _child(req)
-                running.add(pid)
-                answer = {"pid": pid}
+                started += 1
+                running[pid] = started
+                answer = {"pid": pid, "start": started}
             out.write(json.dumps(answer) + "\n")
             out.flush()
-    for pid in running:
+    for pid in list(running):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
