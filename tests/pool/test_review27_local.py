@@ -37,3 +37,23 @@ async def test_a_machine_dir_that_is_not_the_clouds_is_left_alone_and_refused(tm
         bystander.wait()
         await p.close()
         reap(victim / "ops-2")
+
+
+async def test_a_machine_dir_its_own_create_left_without_a_record_is_cleaned_and_used(tmp_path, monkeypatch):
+    """A create cut short before its record (its bundle not installed, say) leaves a dir the
+    cloud made: the next create of that name cleans it, it is not refused as someone else's."""
+    p = link("local", "ops", {"backend": "fake", "dir": str(tmp_path / "m")}, tmp_path / "state")
+    try:
+        def broken(d):
+            raise OSError("no space left on device")
+        monkeypatch.setattr(p, "_install_bundle", broken)
+        with pytest.raises(OSError):
+            await p.create(host_name="ops-1", type_name="local.small", region="local", agent_token="t" * 20)
+        assert (tmp_path / "m" / "ops-1").is_dir() and not (tmp_path / "m" / "ops-1" / "machine.json").exists()
+        monkeypatch.undo()
+        m = await p.create(host_name="ops-1", type_name="local.small", region="local", agent_token="t" * 20)
+        assert (tmp_path / "m" / "ops-1" / "machine.json").is_file()
+        await p.terminate(m.id)
+    finally:
+        await p.close()
+        reap(tmp_path / "m")

@@ -84,6 +84,9 @@ def _types(reader: OptionReader) -> list[dict[str, Any]]:
     return out
 
 
+MADE_HERE = ".fuse-local-machine"  # in each machine dir this provider made
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -215,12 +218,13 @@ class LocalProvider(Provider):
             if rec and self._alive(host_name, rec.get("pid")):
                 raise Conflict(f"machine {host_name!r} already runs in cloud {self.name!r}")
             if d.exists():
-                if not (d / "machine.json").is_file():  # (``dir`` is any path the caller names)
+                if not ((d / "machine.json").is_file() or (d / MADE_HERE).is_file()):  # (``dir``: any path)
                     raise Conflict(f"{d} exists and is not a machine of cloud {self.name!r} (no machine.json "
                                    f"of its own): nothing there is removed; move it away, or link the cloud "
                                    f"with another dir")
                 self._clean(host_name, rec)  # leftovers of a machine that died
             private_dir(d)
+            (d / MADE_HERE).touch()  # (first: a create cut short before its record is still ours to clean)
             self._install_bundle(d)
             vm_count = self.capacity_of(offer, self.vm_count, declare_size=True)["vm_count"]
             with self._guard:
