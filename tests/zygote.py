@@ -47,6 +47,10 @@ def _child(req: dict) -> None:
     """In the forked child: become ``python -m fuse.cli ARGS`` and run it; never returns."""
     code = 1
     try:
+        # the title first: setproctitle writes over the process's original argv and environ
+        # area, which it can find no more once the environment is replaced (it did nothing)
+        from setproctitle import setproctitle
+        setproctitle(" ".join([sys.executable, "-m", "fuse.cli", *req["args"]]))
         os.setsid()
         fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -72,10 +76,8 @@ def _child(req: dict) -> None:
         sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
                                                        line_buffering=True, write_through=True)
         import fuse.cli
-        from setproctitle import setproctitle
         sys.argv = [os.path.join(os.path.dirname(fuse.cli.__file__), "__main__.py"), *req["args"]]
         sys.path[0] = os.getcwd()
-        setproctitle(" ".join([sys.executable, "-m", "fuse.cli", *req["args"]]))
         try:
             fuse.cli.entry()
             code = 0
