@@ -37,7 +37,7 @@ BAD = {
     "a host name with a space": ("http://bad host:80", "'bad host' is not a host name"),
     "a host with shell characters": ("ssh://root@a;{touch,pwned};b:22", "is not a host name"),
     "a host with a command substitution": ("http://a$(id)b:80", "is not a host name"),
-    "a user with shell characters": ("ssh://r$(id)@127.0.0.1:22", "is not a login name"),
+    "a user with a space": ("ssh://r%20x y@127.0.0.1:22", "is not a login name"),
 }
 # only where an address is registered (review 21: stored as given, it was read from the
 # controller's working directory): a host stored so before still loads
@@ -150,3 +150,13 @@ def test_every_transport_refuses_an_address_with_before_dialling(what):
     if addr.startswith("ssh://"):
         with pytest.raises(BadAddress, match=re.escape(problem)):
             SshTarget.parse(addr)
+
+
+@pytest.mark.parametrize("addr", ["ssh://user@corp.example@127.0.0.1:22", "ssh://CORP+user@127.0.0.1:22",
+                                  "ssh://r.x-y_z@127.0.0.1:22", "http://bücher.example:8090", "http://[::1]:8090",
+                                  "http://agent_1.lan:8090"])
+def test_names_that_are_names_are_addresses(addr):
+    """(the diff review: the first user check refused directory logins, user@domain and
+    DOMAIN+user, and a host stored with one before was never dialled again)"""
+    from fuse.transport.address import parse_address
+    assert parse_address(addr).host

@@ -69,22 +69,3 @@ def test_an_encrypted_key_is_refused_in_a_sentence_not_prompted_for(pki, process
     assert run.returncode == 3, (run.returncode, run.stderr[-2000:])
     assert "is encrypted (passphrase-protected)" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
-
-def test_an_https_address_at_a_mutual_tls_agent_is_a_wrong_address_not_an_outage(pki, processes, tmp_path):
-    """(review 27: "dropped before the host answered; declare capacity ... to register without a
-    probe", and with capacity declared a host was stored that never connects)"""
-    agent = start_agent(processes, tmp_path / "agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
-    ctl = start_controller(processes, tmp_path / "ctl", env={"SSL_CERT_FILE": str(pki.ca / "ca.pem")})
-    try:
-        c = ctl.client()
-        for cap in (fuse.HostCapacity(vm_count=4), fuse.HostCapacity(vm_count=4, cpus=2, ram_mb=1024, storage_gb=5)):
-            try:
-                c.hosts.register(fuse.RegisterHostRequest(id="b", url=f"https://{agent.tls_addr}", capacity=cap))
-                raise AssertionError("registered")
-            except fuse.ApiError as e:
-                assert (e.status, e.code) == (502, "host_unreachable"), e
-                assert "HOST:PORT, with no scheme" in e.message and "declare capacity" not in e.message, e.message
-        assert [h.id for h in c.hosts.list()] == []
-    finally:
-        ctl.close()
-        agent.proc.stop()

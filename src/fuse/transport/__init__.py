@@ -263,12 +263,6 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         return (f"TLS with {addr} failed: the host's certificate is not trusted ({why}); it must be signed by a "
                 "CA the controller trusts (certifi's bundle, or SSL_CERT_FILE or SSL_CERT_DIR where the controller "
                 "runs), unexpired, and name the address's host"), True
-    elif handshake == "done" and address.text.lower().startswith("https://") and any(s in low for s in _HUNG_UP):
-        # (an https:// client shows no certificate: a mutual-TLS agent checks for one once the
-        # handshake is done, and hangs up. A wrong address, never an outage to register around)
-        return (f"TLS with {addr}: the host hung up right after the handshake, before answering, as a host "
-                "agent's mutual-TLS listener does to a client with no certificate: register a mutual-TLS "
-                "listener as HOST:PORT, with no scheme"), True
     tls_error = next((c for c in chain if isinstance(c, ssl.SSLError)), None)
     if tls_error is not None and any(s in low for s in _HUNG_UP):
         return _cut_in_handshake(addr), False

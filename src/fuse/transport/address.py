@@ -38,7 +38,6 @@ KINDS = {"unix": "local", "http": "http", "https": "http", "ssh": "ssh"}  # sche
 _DOTTED = re.compile(r"[0-9.]+")          # looks like an IPv4 literal, so it must be one
 _TLS_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 _HOST_NAME = re.compile(r"[\w.\-]+")  # (\w: an internationalised name's letters too, as httpx encodes them)
-_USER = re.compile(r"[\w.\-]+")
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -189,8 +188,9 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
         # (a shell's `;`, `$(...)`, spaces: no host is named so, and the messages that
         # suggest a command with the host in it would hand them to a shell)
         raise _bad(addr, f"{_shown(host)} is not a host name or an IP address (letters, digits, '-', '_' and '.')")
-    if user and not _USER.fullmatch(user):
-        raise _bad(addr, f"user {_shown(user)} is not a login name (letters, digits, '-', '_' and '.')")
+    if user and (any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in user)):
+        # (a login name reaches no shell: `user@domain` and `DOMAIN+user` directory logins are names too)
+        raise _bad(addr, f"user {_shown(user)} is not a login name (it holds a space or a control character)")
     return user, password, host.lower(), _port(addr, port_text)
 
 
