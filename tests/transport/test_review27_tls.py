@@ -69,3 +69,30 @@ def test_an_encrypted_key_is_refused_in_a_sentence_not_prompted_for(pki, process
     assert run.returncode == 3, (run.returncode, run.stderr[-2000:])
     assert "is encrypted (passphrase-protected)" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
+
+
+def test_a_renewal_half_done_keeps_the_connection_made_before(pki, processes, tmp_path):
+    """(the diff review: with the new certificate beside the old key, every request to a
+    mutual-TLS host failed 502 until the key was copied too)"""
+    agent = start_agent(processes, tmp_path / "agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
+    ctl = start_controller(processes, tmp_path / "ctl")
+    ident = tmp_path / "ident"
+    shutil.copytree(pki.controller, ident)
+    renewed = tmp_path / "renewed"
+    from fuse.transport.tls import issue_cert
+    issue_cert(pki.ca, "controller", renewed, client=True)
+    try:
+        r = ctl.http().put("/v1/controller", json={"cert": str(ident / "controller.pem"),
+                                                   "key": str(ident / "controller.key"), "ca": str(ident / "ca.pem")})
+        assert r.status_code == 200, r.text
+        c = ctl.client()
+        c.hosts.register(fuse.RegisterHostRequest(id="t1", url=agent.tls_addr, capacity=fuse.HostCapacity(vm_count=4)))
+        shutil.copyfile(renewed / "controller.pem", ident / "controller.pem")  # the key not yet
+        for _ in range(5):
+            assert c.usage()["unreachable"] == [], "a renewal half done cut the host off"
+        shutil.copyfile(renewed / "controller.key", ident / "controller.key")
+        wait_until(lambda: c.usage()["unreachable"] == [] and c.hosts.get("t1").connected, timeout=30,
+                   what="the renewed identity used")
+    finally:
+        ctl.close()
+        agent.proc.stop()

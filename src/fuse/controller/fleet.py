@@ -37,7 +37,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from ..errors import HostUnreachable, NotFound
+from ..errors import HostUnreachable, NotFound, NotTrusted
 from ..transport import MAX_FACTS_BYTES, BadAddress, HostConnection, transport_kind
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
@@ -70,7 +70,7 @@ class Fleet:
         self.ctl = ctl
         self.store = ctl.store
         self.views: dict[str, HostView] = {}
-        self._conns: dict[str, tuple[str, str, HostConnection]] = {}
+        self._conns: dict[str, tuple[str, str, HostConnection, tuple | None]] = {}  # url, token+identity, conn, files
         self._tasks: dict[str, asyncio.Task] = {}
         self._sync: asyncio.Task | None = None
         self.changed = asyncio.Event()  # set when events were stored
@@ -89,18 +89,27 @@ class Fleet:
             uses_tls = transport_kind(row["url"]) == "tls"
         except BadAddress:
             uses_tls = False  # (HostConnection says what is wrong with it, below)
-        key = (row["url"], row["token"] + (repr((tls, tls.stamp() if tls else None)) if uses_tls else ""))
-        if cached and cached[:2] == key:
+        key = (row["url"], row["token"] + (repr(tls) if uses_tls else ""))
+        # the identity files as they are now: one renewed in place is presented from the next
+        # connection (the paths alone kept the old one till a restart)
+        stamp = tls.stamp() if uses_tls and tls is not None else None
+        if cached and cached[:2] == key and cached[3] == stamp:
             return cached[2]
         try:
             conn = HostConnection(row["url"], row["token"] or None, tls)
+        except NotTrusted:
+            if cached and cached[:2] == key:
+                # the same paths, changed but not loading together yet (a renewal half done: the
+                # new certificate beside the old key): the connection made with them goes on
+                return cached[2]
+            raise
         except BadAddress as exc:  # (stored before addresses were checked: unreachable, with why)
             err = HostUnreachable(f"host {host_id}'s address is not valid: {exc.message}")
             err.maybe_sent = False
             raise err from None
         if cached:  # (its requests under way finish on it first)
             asyncio.ensure_future(cached[2].retire())
-        self._conns[host_id] = (*key, conn)
+        self._conns[host_id] = (*key, conn, stamp)
         return conn
 
     def live(self, host_id: str) -> dict[str, Any]:
@@ -124,8 +133,8 @@ class Fleet:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for _, _, c in self._conns.values():
-            await c.close()
+        for cached in self._conns.values():
+            await cached[2].close()
 
     async def _sync_loop(self) -> None:
         # Another replica (shared PostgreSQL) may add or remove hosts. A read that
