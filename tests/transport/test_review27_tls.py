@@ -22,17 +22,24 @@ def _encrypted_copy(key_path, dest):
     return dest
 
 
-def test_a_certificate_replaced_in_place_is_presented_from_then_on(pki, processes, tmp_path):
+def _tls_host(pki, processes, tmp_path):
+    """A mutual-TLS agent registered as t1 with a controller whose identity files are a copy
+    in ``tmp_path/ident`` (for a test to change in place): (agent, controller, ident, client)."""
     agent = start_agent(processes, tmp_path / "agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
     ctl = start_controller(processes, tmp_path / "ctl")
     ident = tmp_path / "ident"
     shutil.copytree(pki.controller, ident)
+    r = ctl.http().put("/v1/controller", json={"cert": str(ident / "controller.pem"),
+                                               "key": str(ident / "controller.key"), "ca": str(ident / "ca.pem")})
+    assert r.status_code == 200, r.text
+    c = ctl.client()
+    c.hosts.register(fuse.RegisterHostRequest(id="t1", url=agent.tls_addr, capacity=fuse.HostCapacity(vm_count=4)))
+    return agent, ctl, ident, c
+
+
+def test_a_certificate_replaced_in_place_is_presented_from_then_on(pki, processes, tmp_path):
+    agent, ctl, ident, c = _tls_host(pki, processes, tmp_path)
     try:
-        r = ctl.http().put("/v1/controller", json={"cert": str(ident / "controller.pem"),
-                                                   "key": str(ident / "controller.key"), "ca": str(ident / "ca.pem")})
-        assert r.status_code == 200, r.text
-        c = ctl.client()
-        c.hosts.register(fuse.RegisterHostRequest(id="t1", url=agent.tls_addr, capacity=fuse.HostCapacity(vm_count=4)))
         wait_until(lambda: c.hosts.get("t1").connected, timeout=30, what="connected")
         # renewed in place by someone's tooling: here with a certificate the host does not trust,
         # so that the host's refusal shows it is presented
@@ -74,19 +81,11 @@ def test_an_encrypted_key_is_refused_in_a_sentence_not_prompted_for(pki, process
 def test_a_renewal_half_done_keeps_the_connection_made_before(pki, processes, tmp_path):
     """(the diff review: with the new certificate beside the old key, every request to a
     mutual-TLS host failed 502 until the key was copied too)"""
-    agent = start_agent(processes, tmp_path / "agent", port=free_port(), tls=pki.files(pki.host, "127.0.0.1"))
-    ctl = start_controller(processes, tmp_path / "ctl")
-    ident = tmp_path / "ident"
-    shutil.copytree(pki.controller, ident)
-    renewed = tmp_path / "renewed"
     from fuse.transport.tls import issue_cert
+    renewed = tmp_path / "renewed"
     issue_cert(pki.ca, "controller", renewed, client=True)
+    agent, ctl, ident, c = _tls_host(pki, processes, tmp_path)
     try:
-        r = ctl.http().put("/v1/controller", json={"cert": str(ident / "controller.pem"),
-                                                   "key": str(ident / "controller.key"), "ca": str(ident / "ca.pem")})
-        assert r.status_code == 200, r.text
-        c = ctl.client()
-        c.hosts.register(fuse.RegisterHostRequest(id="t1", url=agent.tls_addr, capacity=fuse.HostCapacity(vm_count=4)))
         shutil.copyfile(renewed / "controller.pem", ident / "controller.pem")  # the key not yet
         for _ in range(5):
             assert c.usage()["unreachable"] == [], "a renewal half done cut the host off"
