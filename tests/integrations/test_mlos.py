@@ -660,3 +660,29 @@ def test_a_deallocated_vm_wakes_on_another_host_when_its_own_is_full(fleet, agen
             assert fleet.client.hosts.get("h3").allocated.ram_mb == sum(fillers)  # never past its room
     finally:
         other.stop()
+
+
+@pytest.mark.parametrize("kind, held, after", [
+    ("deprovision", ("DELETE", "/v1/vms/slow"), "deleted"),
+    ("deallocate", ("POST", "/v1/vms/slow/sleep"), "sleeping"),
+])
+def test_a_pending_handle_waited_on_by_another_service_follows_the_call_it_names(fleet, gate, kind, held, after):
+    """(review 27: a service that never held the operation answered FAILED at once, "nothing is
+    under way", while the call its handle names was still under way at the controller)"""
+    import threading
+    svc = gated(gate)
+    p = {"vmName": "slow", "vcpus": 1, "memMiB": 128}
+    with svc:
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        gate.hold(*held)
+        status, handle = getattr(svc, f"{kind}_host")(p)
+        assert status == Status.PENDING and handle.get("fuseOperationHost"), handle
+    releaser = threading.Timer(1.0, gate.release)
+    releaser.start()
+    try:
+        with service(fleet, pollTimeout=20) as other:  # built after: it never held the operation
+            status, info = other.wait_host_deployment(handle, is_setup=False)
+        assert status == Status.SUCCEEDED and info["vmState"] == after, (status, info)
+    finally:
+        releaser.cancel()
+        gate.release()

@@ -54,7 +54,8 @@ How the calls map onto the controller:
                       holds (timed out, or issued before a restart), it
                       watches the VM for up to pollTimeout instead; but
                       when nothing is under way that could change the VM (no
-                      operation of this service, no move of it), a VM that
+                      operation of this service, no move of it, no handle
+                      whose call reached the controller), a VM that
                       is not what the wait leads to (gone or asleep for a
                       setup wait, say) is FAILED at once.
     deprovision_host  deletes the VM wherever it is (already gone is fine).
@@ -382,7 +383,8 @@ class FuseVMService(Service):
         (running with its shape, gone, sleeping), for up to pollTimeout.
 
         While nothing is under way that could change the VM (no operation of
-        this service queued or running, no move of it at the controller), a
+        this service queued or running, no move of it at the controller, no
+        handle saying its call reached the controller), a
         VM that is not what `kind` leads to and not passing through creating
         or incoming stays as it is: FAILED at once rather than TIMED_OUT after
         pollTimeout, as mlos_bench would read it (a setup wait on a VM that
@@ -394,12 +396,15 @@ class FuseVMService(Service):
         started = time.monotonic()
         deadline = started + self._poll_timeout
         seen = params.get(OP_HOST_KEY) or None  # where the VM was last seen, for a deprovision's vmHost
+        # a handle naming the host its call reached: that call may be under way at the controller still
+        # (a service that never held the operation answered FAILED at once while it slept the VM)
+        sent = bool(params.get(OP_KEY) and params.get(OP_HOST_KEY))
         looked, vm = False, None
         while True:
             try:
                 # Looked at before the VM: whatever ends after this look has
                 # already shown in the VM we then find.
-                under_way = self._busy() or self._calls.moving(name, deadline)
+                under_way = sent or self._busy() or self._calls.moving(name, deadline)
                 vm = self._calls.lookup(name, host, deadline)
             except OperationTimedOut as err:  # the deadline came during (or before) this look
                 _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); %s", kind, name,
