@@ -12,8 +12,8 @@ interpreter instead. The suite starts a thousand or so of them on a 2-core machi
 Protocol, one JSON object a line: on stdin ``{"args", "env", "log", "cwd", "umask"}``
 (a start: the answer is ``{"pid", "start"}``, the start's number) or
 ``{"status": start}`` (the answer is ``{"code"}``: None while it runs, else as
-``Popen.returncode``: −signal when a signal ended it). At end of input every child still running is killed (the
-suite's processes must not outlive it)."""
+``Popen.returncode``: −signal when a signal ended it). At end of input every
+child still running is killed (the suite's processes must not outlive it)."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def _child(req: dict) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.closerange(3, 1024)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (as a fresh interpreter has them)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(req["env"])
         os.chdir(req["cwd"])

@@ -55,7 +55,10 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 self._body_timer = None
             cycle = getattr(self, "cycle", None)
             if cycle is not None and not cycle.response_complete and getattr(cycle, "more_body", False):
-                self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
+                self._arm_body()
+
+        def _arm_body(self) -> None:
+            self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
 
         def _no_body(self) -> None:
             self._body_timer = None
@@ -65,8 +68,7 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                     or cycle.response_complete or not getattr(cycle, "more_body", False)):
                 return
             if getattr(getattr(self, "flow", None), "read_paused", False):
-                # (the app has not read what came: the client is not the one stalling; looked at again)
-                self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
+                self._arm_body()  # (the app has not read what came: not the client stalling; looked at again)
                 return
             t.close()
 

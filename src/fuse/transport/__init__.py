@@ -44,8 +44,9 @@ from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from ..paths import default_agent_socket
 from .address import Address, BadAddress, normalise_address, on_this_machine, parse_address, transport_kind
 
-__all__ = ["MAX_FACTS_BYTES", "Address", "BadAddress", "HostConnection", "IdentityError", "TlsSettings", "default_agent_socket",
-           "normalise_address", "on_this_machine", "parse_address", "tls_context", "transport_kind"]
+__all__ = ["MAX_FACTS_BYTES", "Address", "BadAddress", "HostConnection", "IdentityError", "TlsSettings",
+           "default_agent_socket", "normalise_address", "on_this_machine", "parse_address", "tls_context",
+           "transport_kind"]
 
 log = logging.getLogger("fuse.transport")
 
@@ -571,14 +572,16 @@ class HostConnection:
         resp = await self._client.send(req, stream=True)
         try:
             declared = resp.headers.get("content-length", "")
+            too_long = declared.isdigit() and int(declared) > max_bytes
             body, got = [], 0
-            if not (declared.isdigit() and int(declared) > max_bytes):
+            if not too_long:
                 async for chunk in resp.aiter_bytes():
                     got += len(chunk)
                     if got > max_bytes:
+                        too_long = True
                         break
                     body.append(chunk)
-            if (declared.isdigit() and int(declared) > max_bytes) or got > max_bytes:
+            if too_long:
                 err = NotAnAgent(f"{self.address.text} answered {req.method} {req.url.path} with more than "
                                  f"{max_bytes} bytes: no host agent's answer is that long")
                 err.maybe_sent = True
