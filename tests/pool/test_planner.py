@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from fuse.controller.pool.catalogue import catalogue_source, default_catalogue
@@ -274,6 +277,30 @@ def test_a_plan_is_not_exact_while_the_most_placeable_count_is_unproven(monkeypa
     assert calls[0] == "optimal"  # the stage-1 answer was in fact optimal, but reported unproven
     assert p.solver == "exact-incumbent" and sum(a.count for a in p.assignments) == 2
     assert any("most VMs that can be placed" in line for line in p.explain)
+
+
+def test_a_stage_one_that_finds_no_count_in_its_time_still_plans_the_most_whole_machines_hold(monkeypatch):
+    """Review 28: under a short limit (or a loaded machine) stage 1 found no count in its
+    share; the target fell to first fit's (26 of 808 VMs under a $20/h cap and quotas) and
+    the answer, first fit's 26, came back in a third of the limit, where 124 are placeable.
+    The pattern model now aims at all of the work and plans for what its LP holds: 124, the
+    most (the LP is a relaxation), at a cost proven least."""
+    from fuse.controller.pool import formulation as F
+
+    real_run, calls = F.run, []
+
+    def stage1_finds_nothing(f, model, time_limit):
+        calls.append(time_limit)
+        return ("unknown", None) if len(calls) == 1 else real_run(f, model, time_limit)
+
+    data = json.loads((Path(__file__).parent / "data" / "review28_capped_model.json").read_text())
+    m = PlanModel.model_validate(data["model"]).model_copy(update={"time_limit_secs": 10.0})
+    first_fit = sum(greedy(m.sorted()).placed(len(m.groups)))
+    monkeypatch.setattr(F, "run", stage1_finds_nothing)
+    p = plan(m)
+    assert calls, "stage 1 ran"
+    assert first_fit == 26 and sum(a.count for a in p.assignments) == 124, p.explain
+    assert p.solver == "exact" and p.projected_usd == p.lower_bound_usd, p.explain
 
 
 def test_a_small_model_whole_machines_cannot_fill_to_the_relaxations_count_is_proven_exact():

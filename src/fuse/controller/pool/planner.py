@@ -29,7 +29,9 @@ rules (KVM kinds on KVM machines only, allow_metal, arch, pins) remove variables
 
 Objective, lexicographic:
   1. maximise Σ_g p_g — as many VMs as possible (solved first, only when the
-     greedy baseline leaves some unplaced);
+     greedy baseline leaves some unplaced; when it answers no count in its share of
+     the time, the pattern model aims at all of the work and its LP's most, a
+     relaxation's too, is the target);
   2. minimise COST with Σ_g p_g ≥ that maximum, where
      COST = Σ_tk κ_tk N_tk + Σ_h e_h in micro-USD, κ_tk = ⌊10⁶ r_t b_tk / 3600⌋,
      e_h ≥ ⌊10⁶ r_h extra_secs(h, d_g)/3600⌋·y_gh (extra billed time beyond paid);
@@ -99,7 +101,7 @@ import time
 
 from fuse.controller.pool import formulation as F
 from fuse.controller.pool.greedy import greedy
-from fuse.controller.pool.model import PlanModel
+from fuse.controller.pool.model import PlanModel, offer_vcpus
 from fuse.controller.pool.pack import pack, pack_partial
 from fuse.controller.pool.prefer import prefer_order
 from fuse.controller.pool.solution import Machine, Solution, better, cost_usd, to_plan, violations
@@ -180,7 +182,7 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     kept = F.undominated_offers(model)
     base_placed = sum(base.placed(len(model.groups)))
 
-    target, most_proven = base_placed, True
+    target, most_proven, reach = base_placed, True, False
     if base_placed < total:  # stage 1: how many can be placed at all
         f = F.build(model, kept)
         f.m.maximize(sum(f.placed))
@@ -194,10 +196,21 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
             target = int(round(solver.objective_value))
         elif st == "feasible":
             target = max(base_placed, int(round(solver.objective_value)))
+        else:
+            # no count found in stage 1's share (a short limit, a loaded machine): the pattern
+            # model aims at all of the work, and its LP, when that cannot hold it all, says how
+            # many whole machines within the caps can (``_solve_target``); planning for first
+            # fit's count instead answered with first fit's VMs and most of the time unused
+            target, reach = total, True
         # the objective puts VMs placed first: a cost proven least for ``target`` VMs
         # is not an optimal plan unless ``target`` is proven the most placeable
         most_proven = st == "optimal" or target == total
-    sol, label, lb, notes = _solve_target(model, kept, base, target, deadline)
+    sol, label, lb, notes, most = _solve_target(model, kept, base, target, deadline, reach=reach)
+    if reach:
+        # (``most``: the pattern LP's most, a relaxation's: a plan placing that many places the most)
+        placed = sum(sol.placed(len(model.groups)))
+        target = total if placed >= total else most if most is not None else base_placed
+        most_proven = placed >= target and (placed >= total or most is not None)
     if label != "exact" and (got := _per_machine(model, kept, sol, lb, target if most_proven else None,
                                                  deadline)) is not None:
         return got  # (its proofs are of whole machines: no relaxation's count to meet)
@@ -234,15 +247,19 @@ def _per_machine(model: PlanModel, kept: list[int], sol: Solution, lb: float, mo
             [PER_MACHINE] + ([] if got.most_proven else [STAGE1_UNPROVEN]))
 
 
-def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int,
-                  deadline: float) -> tuple[Solution, str, float, list[str]]:
-    """Stage 2 (and 3): the least-cost plan placing at least ``target`` VMs."""
+def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int, deadline: float,
+                  reach: bool = False) -> tuple[Solution, str, float, list[str], int | None]:
+    """Stage 2 (and 3): the least-cost plan placing at least ``target`` VMs, and the most
+    VMs the pattern LP holds when it cannot hold ``target`` (else None). ``reach``: the target
+    is all of the work, not a count stage 1 found: when the pattern model does not say how
+    many it holds, the aggregate model plans for first fit's count."""
     from fuse.controller.pool.search import TargetTooHigh  # (scipy and HiGHS: imported on first use)
 
     # the whole-machine pattern model first (it packs by construction): its LP must settle
     # within most of the time (the aggregate model's bound is far weaker at this scale)
     share = deadline - (1 - PATTERN_LP_SHARE) * (deadline - time.monotonic())
     partial: list[Solution] = []  # the pattern LP's rounding, when no plan places the target
+    most = None
     try:
         pat = _patterns(model, kept, target, base, share, deadline, partial)
     except TargetTooHigh as high:
@@ -250,40 +267,43 @@ def _solve_target(model: PlanModel, kept: list[int], base: Solution, target: int
         # whole machines within the caps hold fewer: plan for as many as the pattern LP places
         # (at 1,000 VMs under a binding $/hour cap, 629 of stage 1's 649; the aggregate model
         # searched for 649 in vain till the limit, and first fit placed 105)
-        target = max(sum(base.placed(len(model.groups))), math.floor(high.most + 1e-6))
+        most = math.floor(high.most + 1e-6)
+        target = max(sum(base.placed(len(model.groups))), most)
         share = deadline - (1 - PATTERN_LP_SHARE) * (deadline - time.monotonic())
         try:
             pat = _patterns(model, kept, target, base, share, deadline, partial)
         except TargetTooHigh:
             pat = None
+    if reach and most is None and pat is None:
+        target = sum(base.placed(len(model.groups)))
     if pat is not None and pat[2]:
-        return pat[0], "exact", cost_usd(model, pat[0]), []
+        return pat[0], "exact", cost_usd(model, pat[0]), [], most
     if pat is not None and pat[3] and not better(model, base, pat[0]) and deadline - time.monotonic() < 0.05:
         # settled: the pattern LP bound is in hand and branch-and-price has had the
         # time; the aggregate model's bound is weaker, so it is not run
-        return pat[0], "exact-incumbent", pat[1], ["time limit reached (branch-and-price on the pattern model)"]
+        return pat[0], "exact-incumbent", pat[1], ["time limit reached (branch-and-price on the pattern model)"], most
     if (pat is not None and deadline - time.monotonic() < AGGREGATE_MIN_SHARE * model.time_limit_secs
             and sum(pat[0].placed(len(model.groups))) >= target and not better(model, base, pat[0])):
         # too little time left for the aggregate model to build and solve (at 5,000 VMs
         # building it alone takes ~0.1 s): the pattern model's plan and bound answer
-        return pat[0], "exact-incumbent", pat[1], ["time limit reached (the pattern model's column generation)"]
+        return pat[0], "exact-incumbent", pat[1], ["time limit reached (the pattern model's column generation)"], most
     sol, solver, lb, notes = _aggregate(model, kept, base, target, deadline)
     if pat is None and partial and solver != "exact":
         rough = min(partial, key=lambda p: (-sum(p.placed(len(model.groups))), cost_usd(model, p)))
         if better(model, rough, sol):  # (more VMs placed than first fit, say, under a binding cap)
-            return rough, "exact-incumbent", _bound(model, kept, rough, deadline), [PARTIAL_PLAN]
+            return rough, "exact-incumbent", _bound(model, kept, rough, deadline), [PARTIAL_PLAN], most
     if pat is None or solver == "exact":
-        return sol, solver, lb, notes
+        return sol, solver, lb, notes, most
     psol, plb = pat[0], pat[1]
     if sum(psol.placed(len(model.groups))) < target or violations(model, psol) or not better(model, psol, sol):
         if sum(sol.placed(len(model.groups))) >= target:
             lb = max(lb, plb)  # both bound every plan placing the target (see the docstring)
-        return sol, solver, min(lb, cost_usd(model, sol)), notes
+        return sol, solver, min(lb, cost_usd(model, sol)), notes, most
     lb = max(lb, plb)
     cost = cost_usd(model, psol)
     if cost <= lb + 1e-6:
-        return psol, "exact", cost, []
-    return psol, "exact-incumbent", lb, ["time limit reached"]
+        return psol, "exact", cost, [], most
+    return psol, "exact-incumbent", lb, ["time limit reached"], most
 
 
 def _patterns(model: PlanModel, kept: list[int], target: int, base: Solution, share: float,
@@ -360,7 +380,7 @@ def realise(model: PlanModel, f: F.Formulation, solver, deadline: float) -> tupl
             if z:
                 grp = model.groups[g]
                 items.append((g, -z if grp.together else z, grp.cpus, grp.mem_mib))
-        cap_cpu = int(o.vcpus * model.constraints.cpu_overcommit)
+        cap_cpu = offer_vcpus(o, model.constraints)
         slots = 1 if o.one_space else None
         bins = pack(items, n, cap_cpu, o.mem_mib, max_vms=slots,
                     time_limit=min(0.2, max(0.0, deadline - time.monotonic())), seed=model.seed)
