@@ -400,3 +400,56 @@ def test_a_bad_time_limit_names_the_option(limit):
     r = CliRunner().invoke(app, ["pool", "plan", "--count", "10", "--time-limit", limit], env={"FUSE_URL": ""})
     assert r.exit_code == 2, r.output
     assert "--time-limit must be seconds above 0" in r.output and "None" not in r.output, r.output
+
+
+@pytest.mark.parametrize("content,says", [
+    ({}, "holds no plan model: a model has groups"),
+    ({"json": "{}"}, "its json field holds no model"),
+    ("MODEL+colour", "unknown field 'colour' beside the model"),
+    ({"modle": {}}, "modle: Extra inputs are not permitted"),
+], ids=["an empty object", "a plan whose json is empty", "a key beside the model", "a misspelt model key"])
+def test_a_model_file_that_holds_no_model_is_refused_not_planned_as_nothing(tmp_path, content, says):
+    """Review 28: `{}` and `{"json": "{}"}` were planned as a model of nothing (`exact`,
+    exit 0), and a key beside "model" was ignored."""
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    if content == "MODEL+colour":
+        content = {"model": json.loads(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json()),
+                   "colour": 1}
+    (model := tmp_path / "model.json").write_text(json.dumps(content))
+    r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model)], env={"FUSE_URL": ""})
+    assert r.exit_code == 2, r.output
+    assert says in r.output, r.output
+
+
+@pytest.mark.parametrize("edit", [
+    # a group of u32 vCPUs beside a host where CPU only ranks, of 2^53 MiB: 2^85 vCPUs derived
+    lambda m: (m["groups"][0].update(cpus=2**32 - 1, mem_mib=1, count=1),
+               m["hosts"].append({"name": "own1", "vcpus": 8, "mem_mib": 2**53, "cpu_binds": False})),
+    lambda m: m["constraints"].update(cpu_overcommit=1000.0),
+], ids=["derived vCPUs past int64", "the largest overcommit"])
+def test_an_edited_model_of_figures_within_their_bounds_is_planned_not_a_traceback(tmp_path, edit):
+    """Review 28: figures each within the documented bounds overflowed first fit's int64
+    arrays (an OverflowError traceback, exit 1): a machine's vCPUs are held at 2^53."""
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    data = json.loads(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json())
+    edit(data)
+    (model := tmp_path / "model.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model), "--json"], env={"FUSE_URL": ""})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["solver"] in ("exact", "exact-incumbent"), r.output
+
+
+def test_an_overcommit_past_its_bound_names_the_field(tmp_path):
+    from fuse.controller.pool.request import model_from_request
+    from fuse.models.pool import ElasticPlanRequest
+
+    data = json.loads(model_from_request(ElasticPlanRequest(count=3), []).model_dump_json())
+    data["constraints"]["cpu_overcommit"] = 1e300
+    (model := tmp_path / "model.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["pool", "plan", "--model", str(model)], env={"FUSE_URL": ""})
+    assert r.exit_code == 2, r.output
+    assert "constraints.cpu_overcommit: Input should be less than or equal to 1000" in r.output, r.output

@@ -154,8 +154,17 @@ def load_model(path: Path) -> PlanModel:
     data = json.loads(path.read_text())
     if isinstance(data, dict) and isinstance(data.get("json"), str) and data["json"]:
         data = json.loads(data["json"])  # a whole ElasticPlan as printed by --json
+        if not (isinstance(data, dict) and "model" in data):
+            raise InvalidArgument(f"{path}: its json field holds no model (a plan's json is {{\"model\", \"plan\"}})")
     if isinstance(data, dict) and "model" in data:
+        if extra := sorted(set(data) - {"model", "plan"}):  # (a misspelt key beside the model: refused, not ignored)
+            raise InvalidArgument(f"{path}: unknown field {', '.join(map(repr, extra))} beside the model "
+                                  "(a plan's json field holds model and plan)")
         data = data["model"]
+    # ({} or a model whose groups were dropped would plan nothing, proven: an edit gone wrong)
+    if isinstance(data, dict) and "groups" not in data and set(data) <= set(PlanModel.model_fields):
+        raise InvalidArgument(f"{path}: holds no plan model: a model has groups (a plan's json field, a whole "
+                              "plan saved with --json, or a bare model)")
     return PlanModel.model_validate(data, strict=True)  # ("2" is no count: an edit to name, not to guess)
 
 

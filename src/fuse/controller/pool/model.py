@@ -28,6 +28,7 @@ KVM_KINDS = frozenset({"vm", "microvm"})
 KINDS = frozenset({"container", "vm", "microvm"})
 ARCHES = ("amd64", "arm64")
 U32 = 2**32 - 1
+MAX_OVERCOMMIT = 1000.0  # vCPUs sold per vCPU in an edited model: beyond it no what-if means anything
 MAX_FIGURE = 2**53  # a host's declared capacity figures go this high (fuse.models.hosts.MAX_AMOUNT)
 
 
@@ -141,7 +142,7 @@ class Constraints(_Data):
     allow_metal: bool = True
     monthly_usd_left: float | None = Field(default=None, ge=0)  # caps projected_usd
     quotas: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)  # quota family -> vCPUs
-    cpu_overcommit: float = Field(default=1.0, gt=0)  # vCPUs sold per vCPU
+    cpu_overcommit: float = Field(default=1.0, gt=0, le=MAX_OVERCOMMIT)  # vCPUs sold per vCPU
 
 
 class PlanModel(_Data):
@@ -178,7 +179,8 @@ class PlanModel(_Data):
         of any group times its memory, so no mix of the groups that fits its memory is
         short of CPU there."""
         per_mib = max((g.cpus / g.mem_mib for g in self.groups), default=0.0)
-        hosts = [h if h.cpu_binds else h.model_copy(update={"vcpus": max(h.vcpus, math.ceil(per_mib * h.mem_mib - 1e-9))})
+        hosts = [h if h.cpu_binds else h.model_copy(update={
+                     "vcpus": max(h.vcpus, min(MAX_FIGURE, math.ceil(per_mib * h.mem_mib - 1e-9)))})
                  for h in sorted(self.hosts, key=lambda h: h.name)]
         return self.model_copy(update={
             "groups": sorted(self.groups, key=lambda g: g.name),
@@ -269,11 +271,12 @@ def offer_reject(group: DemandGroup, offer: Offer, c: Constraints, size: bool = 
 
 def offer_vcpus(offer: Offer, c: Constraints) -> int:
     """Sellable vCPUs of one machine of ``offer`` (overcommit applied)."""
-    return int(offer.vcpus * c.cpu_overcommit)
+    return min(MAX_FIGURE, int(offer.vcpus * c.cpu_overcommit))
 
 
 def host_vcpus(host: PoolHost, c: Constraints) -> int:
-    return int(host.vcpus * c.cpu_overcommit)
+    """Sellable vCPUs of ``host``, at most ``MAX_FIGURE`` (first fit's figures are int64)."""
+    return min(MAX_FIGURE, int(host.vcpus * c.cpu_overcommit))
 
 
 NO_LIMIT = 1 << 40  # VM slots of a machine with no VM-count limit
