@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 
 import pytest
@@ -42,7 +43,9 @@ async def test_a_console_past_its_cap_is_cut_back_to_its_last_lines(make_host):
 async def test_a_real_guest_printing_without_pause_keeps_its_log_bounded_and_its_exit_line(make_host, monkeypatch):
     monkeypatch.setenv("FUSE_CONSOLE_MAX_MB", "1")
     host = await make_host()
-    entry = "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 6000000; echo all-printed; exit 7"
+    # numbered lines (review 28: a cut while QEMU printed lost lines, or put some before its notice)
+    entry = ("i=0; while [ $i -lt 150000 ]; do echo line-$i-abcdefghijklmnopqrstuvwxyz; i=$((i+1)); done; "
+             "echo all-printed; exit 7")
     r = await host.client.post("/v1/host/vms", json={"name": "chatty", "shape": SHAPE, "entry": entry})
     assert r.status_code == 201, r.text
     path = host.vms.vm_dir("chatty") / "console.log"
@@ -57,6 +60,9 @@ async def test_a_real_guest_printing_without_pause_keeps_its_log_bounded_and_its
     assert biggest < 8 << 20 and os.path.getsize(path) < 8 << 20, biggest
     text = path.read_text(errors="replace")
     assert "earlier console output dropped" in text and "all-printed" in text
+    assert text.startswith("[fuse: "), text[:200]  # the notice is the first line
+    kept = [int(n) for n in re.findall(r"line-(\d+)-abcdefghijklmnopqrstuvwxyz\r?\n", text)]
+    assert kept and kept == list(range(kept[0], 150000)), "lines lost in the cut"
     assert [e for e in host.vms.events.list() if e["type"] == "console_trimmed"]
 
 

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -79,6 +80,8 @@ _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
 CONSOLE_CHUNK = 64 * 1024
 DELIVERING = "entry.delivering"  # in a standby VM's dir while a claim delivers its entry
+TRIMMING = "console.trimming"  # in a VM's dir while its hypervisor is stopped for a console cut
+STOP_WAIT_S = 0.5  # how long a console cut waits for the hypervisor's threads to stop
 CONSOLE_MAX_MB = 64  # FUSE_CONSOLE_MAX_MB's default: a VM's console.log is cut back to half past this
 log = logging.getLogger("fuse.agent")
 MONITOR_INTERVAL = 0.1
@@ -118,6 +121,9 @@ class VmManager:
         self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
         self._unreaped: set[int] = set()  # ended VM processes of ours not collectable yet
+        # per VM, its console's last cut: (size before it, bytes dropped, the notice's length),
+        # so a reader whose offset was past the cut continues where it was (``console``)
+        self._cuts: dict[str, tuple[int, int, int]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Old names of VMs a claim is renaming right now: claiming one again
         # is a conflict, not an unknown VM.
@@ -167,6 +173,7 @@ class VmManager:
         if to == "deleted":
             shutil.rmtree(self.vm_dir(vm.name), ignore_errors=True)
             self.vms.pop(vm.name, None)
+            self._cuts.pop(vm.name, None)
         else:
             try:
                 self.save(vm)
@@ -264,8 +271,8 @@ class VmManager:
         is absent, damaged or not bootable by this host's backend is 400 with
         the reason, before any process starts (the accelerator probe included)."""
         b = self.bundle(req.bundle or "linux")
-        if isinstance(b, str):
-            raise InvalidArgument(b)
+        if isinstance(b, str):  # (``bundle`` in details: this host's lack, another may have it)
+            raise InvalidArgument(b, details={"bundle": req.bundle or "linux"})
         if req.standby and not self.backend.supports_standby:
             raise InvalidArgument(f"standby vms need the qemu backend; this host runs {self.backend.name}")
         _check_entry(req.entry or "")
@@ -314,6 +321,7 @@ class VmManager:
     def _unmake(self, vm: Vm) -> None:
         """Forget a VM whose creation could not be recorded (no process runs for it)."""
         self.vms.pop(vm.name, None)
+        self._cuts.pop(vm.name, None)
         shutil.rmtree(self.vm_dir(vm.name) if vm.dir is None else self.root / vm.dir, ignore_errors=True)
         self.events.emit("vm_state", vm=vm.name, to="deleted", reason="its record could not be written")
 
@@ -414,6 +422,8 @@ class VmManager:
     def _rename(self, vm: Vm, to: str) -> None:
         """Re-key ``vm`` and its lock under name ``to`` (``vm.dir`` keeps its files)."""
         self.vms[to] = self.vms.pop(vm.name)
+        if (cut := self._cuts.pop(vm.name, None)) is not None:
+            self._cuts[to] = cut
         if (lock := self._locks.pop(vm.name, None)) is not None:
             self._locks[to] = lock
         vm.name = to
@@ -566,6 +576,12 @@ class VmManager:
         size = 0
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
+            cut = self._cuts.get(vm.name)
+            if cut is not None and size < offset <= cut[0]:
+                # an offset into the log before its last cut: the same byte in the part kept,
+                # or the notice when what the reader had still to read went with the cut
+                before, dropped, notice = cut
+                offset = notice + offset - dropped if offset >= dropped else 0
             f.seek(min(offset, size))  # (seeking far past the end fails or overflows on some file systems)
             data = f.read(limit)
         # an offset past the end (a stale one) continues from the end, not beyond it,
@@ -618,6 +634,7 @@ class VmManager:
             if vm.state in ("creating", "running"):
                 if pid := self.backend.pid(_bare_spec(self, vm)):
                     vm.pid = pid
+                    _resume_after_cut(pid, self.vm_dir(vm.name) / TRIMMING)  # (the last agent died in one)
                     adopting.append(vm)
                 else:
                     self._ended(vm, while_down=True)
@@ -768,19 +785,28 @@ class VmManager:
         event. A reader past the new end continues from it (``console``)."""
         path = self.vm_dir(vm.name) / "console.log"
         try:
-            size = path.stat().st_size
-            if size <= self.console_max:
+            if path.stat().st_size <= self.console_max:
                 return
-            with open(path, "rb") as f:
-                f.seek(size - self.console_max // 2)
-                tail = f.read()
-            if 0 <= (nl := tail.find(b"\n")) < len(tail) - 1:
-                tail = tail[nl + 1:]
-            dropped = size - len(tail)
-            os.truncate(path, 0)
-            with open(path, "ab") as f:
-                f.write(f"[fuse: {dropped} bytes of earlier console output dropped: past FUSE_CONSOLE_MAX_MB "
-                        f"the log keeps its last {len(tail)} bytes]\r\n".encode() + tail)
+            # The hypervisor is stopped (SIGSTOP, all its threads, the guest's vCPUs with them)
+            # while the file is read, emptied and written: what it printed between the read and
+            # the cut was lost, and what it printed between the cut and the notice came before
+            # the notice. Stopped a few milliseconds, the guest prints on after it, not lost.
+            with _hypervisor_stopped(vm.pid, self.vm_dir(vm.name) / TRIMMING) as stopped:
+                if not stopped:
+                    return  # (a thread still in the kernel: the next tick tries again)
+                size = path.stat().st_size
+                with open(path, "rb") as f:
+                    f.seek(size - self.console_max // 2)
+                    tail = f.read()
+                if 0 <= (nl := tail.find(b"\n")) < len(tail) - 1:
+                    tail = tail[nl + 1:]
+                dropped = size - len(tail)
+                notice = (f"[fuse: {dropped} bytes of earlier console output dropped: past FUSE_CONSOLE_MAX_MB "
+                          f"the log keeps its last {len(tail)} bytes]\r\n").encode()
+                os.truncate(path, 0)
+                with open(path, "ab") as f:
+                    f.write(notice + tail)
+                self._cuts[vm.name] = (size, dropped, len(notice))
         except OSError:
             return
         self.events.emit("console_trimmed", vm=vm.name, dropped_bytes=dropped)
@@ -935,3 +961,56 @@ def _exit_status(console: Path, nonce: str | None = None) -> int | None:
             if nonce else _EXIT_MARK)
     marks = mark.findall(tail)
     return int(marks[-1]) if marks else None
+
+
+@contextlib.contextmanager
+def _hypervisor_stopped(pid: int | None, marker: Path):
+    """Yield True once every thread of ``pid`` is stopped (SIGSTOP; SIGCONT after), so
+    nothing it writes lands mid-way; False when it did not stop within ``STOP_WAIT_S`` (it
+    is continued at once) or there is no process. ``marker`` stays in its dir while it is
+    stopped, so an agent that died meanwhile has the next one continue it
+    (``_resume_after_cut``)."""
+    if not pid:
+        yield False
+        return
+    marker.write_text(str(pid))
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        marker.unlink(missing_ok=True)
+        yield False
+        return
+    try:
+        yield _all_stopped(pid, time.monotonic() + STOP_WAIT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        marker.unlink(missing_ok=True)
+
+
+def _all_stopped(pid: int, until: float) -> bool:
+    """Every thread of ``pid`` in the stopped state (a write in flight finishes first)."""
+    tasks = Path(f"/proc/{pid}/task")
+    while True:
+        try:
+            states = [(t / "stat").read_text().rpartition(")")[2].split()[0] for t in tasks.iterdir()]
+        except (OSError, IndexError):
+            states = []  # (a thread that ended while read: read again)
+        if states and all(st in ("T", "t") for st in states):
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.001)
+
+
+def _resume_after_cut(pid: int, marker: Path) -> None:
+    """Continue a hypervisor the last agent stopped for a console cut and died before
+    continuing (its marker names the pid)."""
+    try:
+        stopped = int(marker.read_text() or 0)
+    except (OSError, ValueError):
+        return
+    if stopped == pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    marker.unlink(missing_ok=True)
