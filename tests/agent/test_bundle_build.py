@@ -56,3 +56,46 @@ def test_the_real_bundle_rebuilds_to_the_same_fingerprint(bundle_dir, tmp_path):
     said = []
     b.build_bundle(tmp_path, "linux", kernel_deb=deb, progress=said.append)
     assert said == [f"bundle linux is up to date ({manifest['fingerprint'][:12]})"]
+
+
+def test_a_rebuilt_bundle_is_swapped_in_with_no_moment_without_one(tmp_path):
+    """Review 28: a rebuild removed the old dir, then renamed the new one in: creates on a
+    serving agent in between were refused ("its vmlinux is missing"). The two are swapped."""
+    import threading
+
+    from fuse.agent.bundle import swap_in
+
+    dest = tmp_path / "linux"
+    dest.mkdir()
+    (dest / "vmlinux").write_text("old")
+    missing, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if not (dest / "vmlinux").exists():
+                missing.append(1)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        for i in range(300):
+            new = tmp_path / f".linux-{i}"
+            new.mkdir()
+            (new / "vmlinux").write_text(str(i))
+            swap_in(new, dest)
+            assert not new.exists()  # (the old one went)
+    finally:
+        done.set()
+        t.join()
+    assert (dest / "vmlinux").read_text() == "299"
+    assert not missing, f"no vmlinux seen {len(missing)} times"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linux"]
+
+
+def test_a_first_bundle_is_moved_into_place(tmp_path):
+    from fuse.agent.bundle import swap_in
+
+    (new := tmp_path / ".linux-x").mkdir()
+    (new / "vmlinux").write_text("k")
+    swap_in(new, tmp_path / "linux")
+    assert (tmp_path / "linux" / "vmlinux").read_text() == "k" and not new.exists()

@@ -261,13 +261,31 @@ def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None
     (tmp / "vmlinux").write_bytes(vmlinux)
     (tmp / "initrd.cpio.gz").write_bytes(initrd)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    if dest.exists():
-        # A running VM keeps its open kernel file; replacing the dir is safe.
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    swap_in(tmp, dest)  # (a running VM keeps its open kernel file: replacing the dir is safe)
     progress(f"bundle {name}: kernel {release}, busybox {bb_version}, "
              f"fingerprint {manifest['fingerprint'][:12]}")
     return manifest
+
+
+RENAME_EXCHANGE, AT_FDCWD = 2, -100  # renameat2(2)
+
+
+def swap_in(tmp: Path, dest: Path) -> None:
+    """Put the dir ``tmp`` in ``dest``'s place in one step, then remove the old one: a
+    create or wake on a serving agent never finds no bundle (review 28: removed first, then
+    renamed, a rebuild left a moment where creates were refused "its vmlinux is missing").
+    renameat2's RENAME_EXCHANGE swaps the two; where the file system or libc has none,
+    the old dir is removed first, as before."""
+    if dest.exists():
+        import ctypes
+
+        renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        if renameat2 is not None and renameat2(AT_FDCWD, os.fsencode(tmp), AT_FDCWD, os.fsencode(dest),
+                                               RENAME_EXCHANGE) == 0:
+            shutil.rmtree(tmp)  # (the old bundle, now under the temporary name)
+            return
+        shutil.rmtree(dest)
+    tmp.rename(dest)
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
