@@ -67,13 +67,16 @@ def host_error(resp, host: str) -> FuseError:
     the host, as at registration: the caller's own credentials were fine."""
     if resp.status_code == 401:
         return HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
+    details: dict = {}
     try:
         err = resp.json()["error"]
         code, msg = err.get("code", "internal"), err.get("message", resp.text)
+        details = err.get("details") if isinstance(err.get("details"), dict) else {}
     except Exception:
         code, msg = "internal", resp.text[:300]
     e = FuseError(f"host {host}: {msg}", code=code)
     e.http_status = resp.status_code
+    e.host_details = details  # (what the host said beside it: not passed on as ours)
     return e
 
 
@@ -258,6 +261,7 @@ class VmService:
         reasons: dict[str, str] = {}  # hosts that refused or did not answer -> why
         decisions = []
         tried: set[str] = set()
+        lacking: set[str] = set()  # hosts that refused the create for want of its bundle
         reopened: set[str] = set()
         scaled = False
         cloud_hosts = self._cloud_hosts(req, on)
@@ -293,6 +297,9 @@ class VmService:
                     decisions.pop()  # (it said the host is cordoned: no longer so)
                     continue  # a host scale-in cordoned has the room: place again
             if host is None:
+                if lacking and req.bundle:  # (hosts that listed the bundle said they have it no more:
+                    # when no other host has it, the answer is the bundle's 400, as before placement)
+                    self._check_bundle(req.bundle, req.host, among, on, lacking)
                 why_not = None if scaled else self._no_scale(req, on)
                 if scaled or why_not == "":
                     break
@@ -350,8 +357,12 @@ class VmService:
                 err = host_error(resp, host)
                 if err.code == "vm_exists":
                     raise VmExists(f"a vm named {name} already exists on host {host}")
-                if resp.status_code == 400:
+                if resp.status_code == 400 and "bundle" not in err.host_details:
                     raise err
+                # (a bundle the host listed at its last poll and has no more: its refusal, not the
+                # request's fault: the next host may have it)
+                if "bundle" in err.host_details:
+                    lacking.add(host)
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
                 self._release(host, ask, name, row)
@@ -377,11 +388,13 @@ class VmService:
         raise FleetFull(f"no host can take vm {name} ({ask.vcpus} vCPUs, {ask.mem_mib} MiB){pool}",
                         details={"hosts": dict(sorted((filtered | reasons).items()))})
 
-    def _check_bundle(self, bundle: str, host: str | None, among: set[str] | None, on: str) -> None:
+    def _check_bundle(self, bundle: str, host: str | None, among: set[str] | None, on: str,
+                      lacking: set[str] = frozenset()) -> None:
         """400 invalid_argument when no host the create may go to has guest bundle ``bundle``
         (nor would a machine the elastic pool buys for it): the agent's own answer to a bundle
         it lacks, given before placement turns it into each host's fleet_full reason. Hosts
-        whose agents have not said which bundles they have are not ruled out."""
+        whose agents have not said which bundles they have are not ruled out. ``lacking``:
+        hosts whose agents refused the create for want of it since they listed it."""
         # (unpinned: the hosts placement may choose, active ones; a cordoned host whose agent
         # never said which bundles it has turned the answer into fleet_full)
         names = [host] if host is not None else [r["id"] for r in self.store.list_hosts()
@@ -397,7 +410,7 @@ class VmService:
             listed = view.summary.get("bundles") if view is not None else None
             if listed is None:
                 return  # (it did not say: its admission decides)
-            have |= {b.get("name") for b in listed if isinstance(b, dict)}
+            have |= {b.get("name") for b in listed if isinstance(b, dict)} - ({bundle} if h in lacking else set())
             asked += 1
         buys = host is None and on != "local" and bool(self.ctl.pool.cloud_names())
         if not asked and host is None and not buys:
