@@ -46,3 +46,13 @@ class Host:
             assert time.monotonic() < deadline, f"console of {name} never matched:\n{text[-2000:]}"
             await asyncio.sleep(0.05)
         return text
+
+
+async def fake_vm_with_a_small_console(make_host, console_max: int = 1 << 20):
+    """A VM on a fake-backend host whose console cap is ``console_max``: (host, vm, console path)."""
+    host = await make_host(backend="fake")
+    r = await host.client.post("/v1/host/vms", json={"name": "chatty", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                     "entry": "sleep 600"})
+    assert r.status_code == 201, r.text
+    host.vms.console_max = console_max
+    return host, host.vms.get("chatty"), host.vms.vm_dir("chatty") / "console.log"

@@ -9,17 +9,13 @@ import re
 import time
 
 import pytest
+from agent_support import fake_vm_with_a_small_console
 
 SHAPE = {"vcpus": 1, "mem_mib": 128}
 
 
 async def test_a_console_past_its_cap_is_cut_back_to_its_last_lines(make_host):
-    host = await make_host(backend="fake")
-    r = await host.client.post("/v1/host/vms", json={"name": "chatty", "shape": SHAPE, "entry": "sleep 600"})
-    assert r.status_code == 201, r.text
-    vm = host.vms.get("chatty")
-    path = host.vms.vm_dir("chatty") / "console.log"
-    host.vms.console_max = 1 << 20
+    host, vm, path = await fake_vm_with_a_small_console(make_host)
     with open(path, "ab") as f:
         for i in range(40000):
             f.write(f"line {i:06d} of the guest's output\n".encode())

@@ -13,9 +13,8 @@ import subprocess
 import sys
 import time
 
-import pytest
+from agent_support import fake_vm_with_a_small_console
 
-SHAPE = {"vcpus": 1, "mem_mib": 128}
 LINES = 60_000
 WRITER = r"""
 import os, sys, time
@@ -32,13 +31,8 @@ def _numbers(text: str) -> list[int]:
 
 
 async def test_a_cut_while_the_hypervisor_prints_loses_no_line_for_the_file_or_a_reader(make_host):
-    host = await make_host(backend="fake")
-    r = await host.client.post("/v1/host/vms", json={"name": "chatty", "shape": SHAPE, "entry": "sleep 600"})
-    assert r.status_code == 201, r.text
-    vm = host.vms.get("chatty")
-    path = host.vms.vm_dir("chatty") / "console.log"
+    host, vm, path = await fake_vm_with_a_small_console(make_host, 1 << 18)
     path.write_bytes(b"")
-    host.vms.console_max = 1 << 18
     # a stand-in for QEMU: a process of its own appending to the log (the cut stops it)
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(LINES)])
     own_pid, vm.pid = vm.pid, writer.pid
@@ -71,12 +65,7 @@ async def test_a_cut_while_the_hypervisor_prints_loses_no_line_for_the_file_or_a
 
 
 async def test_a_reader_whose_unread_part_was_dropped_continues_from_the_notice(make_host):
-    host = await make_host(backend="fake")
-    r = await host.client.post("/v1/host/vms", json={"name": "chatty", "shape": SHAPE, "entry": "sleep 600"})
-    assert r.status_code == 201, r.text
-    vm = host.vms.get("chatty")
-    path = host.vms.vm_dir("chatty") / "console.log"
-    host.vms.console_max = 1 << 20
+    host, vm, path = await fake_vm_with_a_small_console(make_host)
     path.write_bytes(original := b"".join(b"line-%d-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n" % i for i in range(40000)))
     size = path.stat().st_size
     host.vms._cap_console(vm)
