@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from fuse.controller.pool.elastic_host import (TRANSITIONS, billed_secs, committed_usd, ends_on_its_own, month_usd,
-                                               paid_until, to_record)
+                                               paid_until, pending_usd, to_record)
 from fuse.controller.pool.reconcile import Load, decide
 
 NOW = datetime(2026, 12, 15, 12, 0, tzinfo=timezone.utc).timestamp()
@@ -70,6 +70,17 @@ def test_month_usd_counts_only_this_months_part():
 
 def test_a_machine_the_cloud_refused_costs_nothing():
     assert month_usd(row(state="gone", cloud_id="", ended=NOW - 500), NOW) == 0
+
+
+def test_a_machine_the_cloud_has_not_accepted_yet_is_committed_not_spent():
+    """Review 28: hosts a stopped controller left `creating` counted as spent through the
+    create lease, then settled `gone` and the month's spend went down ($1.50 to $0.31)."""
+    creating = row(state="creating", cloud_id="", started=NOW - 600, step=1, usd=3.6)
+    assert month_usd(creating, NOW) == 0
+    assert pending_usd(creating, NOW) == pytest.approx(0.6)  # (the monthly cap counts it all the same)
+    accepted = dict(creating, state="booting", cloud_id="i-1")
+    assert month_usd(accepted, NOW) == pytest.approx(0.6) and pending_usd(accepted, NOW) == 0
+    assert pending_usd(dict(creating, state="gone", ended=NOW - 10), NOW) == 0
 
 
 def test_what_a_live_host_is_set_to_cost_counts_as_committed():

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import Conflict
 from ...models.pool import ElasticBudget, ElasticBudgetUpdate
-from .elastic_host import LIVE, committed_usd, month_usd
+from .elastic_host import LIVE, committed_usd, month_usd, pending_usd
 from .model import Constraints, Offer
 
 BUDGET_KEY = "pool_budget"
@@ -109,4 +109,4 @@ class BudgetMixin:
 
     def _committed(self) -> float:
         now = time.time()
-        return sum(committed_usd(r, now) for r in self.rows() if r["state"] in LIVE)
+        return sum(committed_usd(r, now) + pending_usd(r, now) for r in self.rows() if r["state"] in LIVE)

@@ -80,10 +80,22 @@ def month_start(now: float) -> float:
 
 
 def month_usd(row: dict, now: float) -> float:
-    """USD of ``row``'s billed time inside this calendar month (nothing for a
-    machine the cloud never accepted: it has no cloud id)."""
-    if not row["cloud_id"] and row["state"] == "gone":
+    """USD of ``row``'s billed time inside this calendar month: spent, so nothing for a
+    machine the cloud has not accepted (no cloud id yet, or never: a create a stopped
+    controller left is settled ``gone``; counted, then taken back, the month's spend went
+    down). The caps count such a machine all the same (``pending_usd``)."""
+    if not row["cloud_id"]:
         return 0.0
+    return _month_part(row, now)
+
+
+def pending_usd(row: dict, now: float) -> float:
+    """What ``month_usd`` leaves out of a live machine the cloud has not accepted yet: its
+    billed time so far, which the monthly cap counts as committed until the cloud answers."""
+    return _month_part(row, now) if not row["cloud_id"] and row["state"] in LIVE else 0.0
+
+
+def _month_part(row: dict, now: float) -> float:
     lo, hi = max(row["started"], month_start(now)), paid_until(row, now)
     return max(0.0, hi - lo) * row["usd_per_hour"] / 3600
 
