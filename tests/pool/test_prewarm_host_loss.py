@@ -213,3 +213,38 @@ def test_a_host_away_for_a_moment_keeps_its_placement_and_counts_as_ready_again_
         wait_until(lambda: prewarm(client, pw.id).ready == 1, timeout=60, interval=0.3, what="ready again")
         assert client.pool.cloud_hosts() == []
         assert client.pool.remove_prewarm(pw.id)
+
+
+@pytest.mark.timeout(240)
+def test_a_host_away_past_the_grace_has_its_vms_placed_again_and_its_extras_go_when_it_is_back(tmp_path, procs):
+    """Review 27/28: a prewarm whose host stopped answering stayed at 0 ready however long it
+    was away. Past ``FUSE_PREWARM_AWAY_S`` its placement goes where the prewarm's solve puts
+    it now (a machine bought here); the host back, its standby VM it holds no place for goes."""
+    procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
+    procs.append(ctl_ := start_controller(tmp_path, env={"FUSE_PREWARM_AWAY_S": "4"}))
+    with fuse.Client(ctl_.url) as client:
+        client.hosts.register(fuse.RegisterHostRequest(id="edge", url=edge.url, token=edge.token, backend="qemu",
+                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
+        wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="edge connected")
+        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [SMALL]})
+        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=512, ttl_secs=600))
+        assert [p.host for p in pw.placements] == ["edge"]
+        wait_until(lambda: prewarm(client, pw.id).ready == 1, timeout=60, interval=0.3, what="1 ready")
+        (standby,) = [v["name"] for v in client.vms.list() if v["host"] == "edge"]
+
+        port = int(edge.url.rsplit(":", 1)[1])
+        edge.kill()  # (its VMs outlive it, as on a real host)
+        away_at = time.monotonic()
+        pw_now = ready_on(client, pw.id, 1, not_on="edge")
+        assert time.monotonic() - away_at >= 4  # (not before the grace)
+        (bought,) = pw_now.new_hosts
+        assert [(p.host, p.count) for p in pw_now.placements] == [(bought, 1)]
+        # the VM on the host away is still listed there: nothing can delete it yet
+        assert standby in [v["name"] for v in client.vms.list() if v["host"] == "edge"]
+
+        procs.append(start_agent(tmp_path, backend="fake", name="edge", port=port))
+        wait_until(lambda: not [v for v in client.vms.list() if v["host"] == "edge"], timeout=60, interval=0.3,
+                   what="the extra standby VM gone from edge")
+        pw_now = prewarm(client, pw.id)
+        assert pw_now.ready == 1 and [(p.host, p.count) for p in pw_now.placements] == [(bought, 1)]
+        assert client.pool.remove_prewarm(pw.id)

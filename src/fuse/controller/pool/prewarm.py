@@ -15,7 +15,10 @@ a prewarm ends at its TTL or when removed, and its standby VMs go with it.
 
 Only a standby VM on a host that answers and takes work counts as ready (and
 is claimed): one on a host that stopped answering may be there again in a
-moment, so its placement stays and waits (nothing is bought for a blip). A
+moment, so its placement stays and waits (nothing is bought for a blip) — for
+``AWAY_SECS`` (``FUSE_PREWARM_AWAY_S``): a host silent longer is away, and the refill
+places its VMs again through the prewarm's solve (``_off_away``); the standby VMs
+left there are deleted once it answers (``_trim_returned``). A
 host cordoned (by the operator or scale-in) gives its standby VMs to no
 create: the refill places them again on hosts that take work (never that
 one; buying nothing for a host scale-in cordoned, which it did as the other
@@ -63,6 +66,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import delete, insert, select, update
 
+from ...envsettings import seconds
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
 from ...models.pool import U32, U64, ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
 from ...models.vm import VmShape
@@ -81,6 +85,8 @@ BACKOFF_FIRST_SECS = 30  # no purchase for this long after the second early end 
 BACKOFF_MAX_SECS = 1800
 SHAPE_FIELDS = {"vcpus": "cpus", "mem_mib": "memory_mb"}  # the create shape's names -> the prewarm's
 FILL_LEASE_KEY, FILL_LEASE_S = "prewarm_fill_lease", 30.0  # one replica fills at a time (``_leads_fill``)
+# a host not answering this long is away, not a blip: its placements go elsewhere (``_off_away``)
+AWAY_SECS = seconds("FUSE_PREWARM_AWAY_S", 120.0)
 
 
 def backoff_secs(early_ends: int) -> int:
@@ -126,6 +132,7 @@ class PrewarmService:
         self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
         self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle, host) -> standby creates under way
+        self._since = time.time()  # (a host this controller has not heard from yet: away since it started)
 
     # ---- records ---------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
@@ -161,6 +168,13 @@ class PrewarmService:
         if row is not None:
             return row["state"] == "gone"
         return self.store.get_host(host) is None
+
+    def _away(self, host: str) -> bool:
+        """``host`` has not answered for ``AWAY_SECS``: more than a blip (it may still come back)."""
+        view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
+        if view is None or view.connected or self._lost(host) or self.store.get_host(host) is None:
+            return False
+        return time.time() - max(view.seen_at, self._since) >= AWAY_SECS
 
     def _answers(self, host: str) -> bool:
         """Its standby VMs are there to claim: the host answers, and is not lost
@@ -379,6 +393,7 @@ class PrewarmService:
                     continue
                 rec = self._drop_lost(rec)
                 await self._clear_ended(rec)
+                rec = await self._trim_returned(rec)
                 if "early_ends" in rec and self._lived(rec, now):
                     rec = self._get(rec["id"]) or rec
                     self._reset_backoff(rec)
@@ -402,6 +417,9 @@ class PrewarmService:
                 rec = await self._off_cordoned(rec)
                 if rec is None:
                     continue  # it ended meanwhile
+                rec = await self._off_away(rec)
+                if rec is None:
+                    continue
                 await self._fill_places(rec)
 
     async def hand_over(self, host: str) -> None:
@@ -467,6 +485,53 @@ class PrewarmService:
             except FuseError as exc:
                 log.warning("prewarm %s: removing %s from cordoned %s: %s", rec["id"], v["name"], host, exc.message)
         log.info("prewarm %s: %d VMs leave cordoned host %s for %s", rec["id"], n, host, ", ".join(placed[1]) or "-")
+        return rec
+
+    async def _off_away(self, rec: dict) -> dict | None:
+        """Prewarm ``rec``'s placements on hosts away (``_away``) go where its own solve puts
+        them now (buying under the budget, as for a lost host's): a prewarm is VMs ready now,
+        and such a host's are not. Its standby VMs stay listed there; the ones it no longer
+        holds a place for are deleted when it answers again (``_trim_returned``). A pinned
+        prewarm's wait for their host. The record then, None when the prewarm ended."""
+        if parse_on(rec["on"]).kind == "host":
+            return rec
+        for host in [h for h in rec["placements"] if self._away(h)]:
+            n = rec["placements"].get(host, 0)
+            placed = await self._place_again(rec, n, off=host)
+            if placed is None:
+                continue  # no room elsewhere: they wait there, and the next pass tries again
+            if placed[0] is None:
+                return None
+            rec = placed[0]
+            away = rec.setdefault("away_left", {})
+            away[host] = away.get(host, 0) + n
+            self._save(rec)
+            log.warning("prewarm %s: host %s has not answered for %d s: its %d VMs are placed again on %s", rec["id"],
+                        host, AWAY_SECS, n, ", ".join(placed[1]) or "-")
+        return rec
+
+    async def _trim_returned(self, rec: dict) -> dict:
+        """A host ``_off_away`` moved prewarm ``rec``'s placements off answers again: its standby
+        VMs beyond the place it still holds go (the ones not ready first). One lost meanwhile
+        has nothing left to trim."""
+        if not rec.get("away_left"):
+            return rec
+        for host, n in list(rec["away_left"].items()):
+            if not self._lost(host) and not self._answers(host):
+                continue
+            there = [v for v in self._standby(rec["id"]) if v["host"] == host]
+            extra = min(n, len(there) - rec["placements"].get(host, 0))
+            for v in sorted(there, key=_ready)[:max(0, extra)]:
+                try:
+                    await self.ctl.vms.delete(v["name"], host)
+                except FuseError as exc:
+                    log.warning("prewarm %s: removing %s from %s, back: %s", rec["id"], v["name"], host, exc.message)
+            stored = self._get(rec["id"])
+            if stored is None:
+                return rec
+            rec = stored
+            rec.get("away_left", {}).pop(host, None)
+            self._save(rec)
         return rec
 
     def _drop_lost(self, rec: dict) -> dict:
@@ -694,7 +759,9 @@ class PrewarmService:
         on hosts placement may use: a claim is a placement, so a host cordoned or draining (by
         the operator, a drain or scale-in) gives none of its standby VMs to a create, which takes
         one elsewhere or boots one anew."""
-        live = {r["id"] for r in self._records() if r["expires_at"] > time.time()}
+        records = self._records()
+        live = {r["id"] for r in records if r["expires_at"] > time.time()}
+        trimming = {(r["id"], h) for r in records for h in r.get("away_left", {})}  # (``_trim_returned``'s)
         active = {h["id"] for h in self.store.list_hosts() if h["state"] == "active"}
         answers: dict[str, bool] = {}  # (a host away or lost would leave the create waiting on it)
         out = []
@@ -704,6 +771,7 @@ class PrewarmService:
             if (rec.get("standby") and v["state"] == "running" and pw in live and v["vcpus"] == vcpus
                     and v["mem_mib"] == mem_mib and rec.get("bundle", "linux") == bundle
                     and (among is None or v["host"] in among) and v["host"] in active
+                    and (pw, v["host"]) not in trimming
                     and answers.setdefault(v["host"], self._answers(v["host"]))):
                 out.append(v)
         return sorted(out, key=lambda v: not _ready(v))  # a booting one makes its claim wait for the boot
