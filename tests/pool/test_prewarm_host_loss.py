@@ -248,3 +248,39 @@ def test_a_host_away_past_the_grace_has_its_vms_placed_again_and_its_extras_go_w
         pw_now = prewarm(client, pw.id)
         assert pw_now.ready == 1 and [(p.host, p.count) for p in pw_now.placements] == [(bought, 1)]
         assert client.pool.remove_prewarm(pw.id)
+
+
+async def test_standby_vms_a_cordoned_host_away_could_not_delete_go_once_it_answers(ctl, monkeypatch):
+    """Review 28: placed again off a cordoned host that did not answer, its standby VM could
+    not be deleted there and was never deleted after (no placement left to look at)."""
+    from fuse.errors import HostUnreachable
+
+    with ctl.store.tx() as conn:
+        row = ctl.store.get_host("blip")
+        ctl.store.put_host(conn, dict(row, state="cordoned"))
+    deleted, answers = [], False
+
+    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None):
+        return {"up": count}, []
+
+    async def create(body):
+        return body
+
+    async def delete(name, host):
+        if not answers:
+            raise HostUnreachable(f"host {host} did not answer")
+        deleted.append((name, host))
+        with ctl.store.tx() as conn:
+            conn.execute(vms_t.delete().where(vms_t.c.name == name))
+
+    monkeypatch.setattr(ctl.prewarm, "_place", place)
+    monkeypatch.setattr(ctl.vms, "create", create)
+    monkeypatch.setattr(ctl.vms, "delete", delete)
+    await ctl.prewarm.fill()
+    assert "blip" not in placements(ctl) and deleted == []
+    assert [v["name"] for v in ctl.store.vms_on("blip")] == [f"{PW}-blip"]  # (it could not be deleted)
+    answers = True
+    ctl.fleet.views["blip"] = HostView(connected=True)
+    await ctl.prewarm.fill()
+    assert deleted == [(f"{PW}-blip", "blip")]
+    assert "away_left" not in ctl.prewarm._get(PW) or not ctl.prewarm._get(PW)["away_left"]

@@ -479,11 +479,17 @@ class PrewarmService:
         if placed[0] is None:
             return None
         rec = placed[0]
+        left = 0
         for v in [v for v in self._standby(rec["id"]) if v["host"] == host][:n]:
             try:
                 await self.ctl.vms.delete(v["name"], host)
             except FuseError as exc:
+                left += 1
                 log.warning("prewarm %s: removing %s from cordoned %s: %s", rec["id"], v["name"], host, exc.message)
+        if left and (stored := self._get(rec["id"])) is not None:  # (deleted once it answers: ``_trim_returned``)
+            rec = stored
+            rec.setdefault("away_left", {})[host] = rec.get("away_left", {}).get(host, 0) + left
+            self._save(rec)
         log.info("prewarm %s: %d VMs leave cordoned host %s for %s", rec["id"], n, host, ", ".join(placed[1]) or "-")
         return rec
 
