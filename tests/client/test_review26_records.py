@@ -86,3 +86,44 @@ def test_the_cli_refuses_a_reconnect_time_that_is_no_number():
     r = subprocess.run(FUSE + ["controller", "events", "--reconnect-s", "nan"], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "FUSE_URL": "http://127.0.0.1:9"})
     assert r.returncode == 2 and "--reconnect-s" in r.stderr, (r.returncode, r.stderr)
+
+
+# Review 28: the calls whose answer was read as it came (a dict): {} from a url that is no
+# fuse controller was a VM created, a drain done, a fleet of no hosts, and `vms get`,
+# `moves ID` and `usage` were tracebacks from the CLI
+EVERY_CALL = {
+    "health": lambda c: c.health(), "hosts.list": lambda c: c.hosts.list(),
+    "hosts.drain": lambda c: c.hosts.drain("h1"),
+    "vms.create": lambda c: c.vms.create(shape={"vcpus": 1, "mem_mib": 256}, entry="x"),
+    "vms.get": lambda c: c.vms.get("v"), "vms.sleep": lambda c: c.vms.sleep("v"), "vms.wake": lambda c: c.vms.wake("v"),
+    "vms.console": lambda c: c.vms.console("v"), "moves.create": lambda c: c.moves.create("v"),
+    "moves.get": lambda c: c.moves.get("m"), "usage": lambda c: c.usage(), "usage exact": lambda c: c.usage(exact=True),
+    "controller.get": lambda c: c.controller.get(), "controller.configure": lambda c: c.controller.configure(),
+    "pool.link_cloud": lambda c: c.pool.link_cloud("dev", "local"),
+}
+
+
+@pytest.mark.parametrize("call", EVERY_CALL.values(), ids=EVERY_CALL.keys())
+def test_an_empty_object_where_a_record_goes_is_an_invalid_answer(not_the_api, call):
+    with fuse.Client(not_the_api) as c:
+        with pytest.raises(fuse.ApiError) as got:
+            call(c)
+    assert got.value.code == "invalid_answer" and "is the url a fuse controller?" in got.value.message, got.value
+
+
+@pytest.mark.parametrize("call", [EVERY_CALL["vms.create"], EVERY_CALL["hosts.list"]], ids=["vms.create", "hosts.list"])
+async def test_the_async_client_says_so_too(not_the_api, call):
+    async with fuse.AsyncClient(not_the_api) as c:
+        with pytest.raises(fuse.ApiError) as got:
+            await call(c)
+    assert got.value.code == "invalid_answer", got.value
+
+
+@pytest.mark.parametrize("args", [["vms", "get", "x"], ["moves", "abc"], ["usage"], ["hosts", "list"], ["settings"]])
+def test_the_cli_says_it_in_one_line_not_a_traceback(not_the_api, args):
+    from typer.testing import CliRunner
+
+    from fuse.cli.main import app
+
+    r = CliRunner().invoke(app, ["controller", "--url", not_the_api, *args])
+    assert r.exit_code == 1 and "error: invalid_answer" in r.output and "Traceback" not in r.output, r.output

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -160,6 +161,20 @@ def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
             # (every field has a default on most records: ``{}`` read as an empty host)
             raise ValueError(f"none of the fields of a {cls.__name__}")
         return cls.model_validate(data)
+    return parse
+
+
+def record(*keys: str, exact: bool = False) -> Callable[[httpx.Response], Any]:
+    """The answer as the JSON object it is, once it holds ``keys`` (fields the API always
+    writes in it): ``{}`` from a proxy's catch-all was a VM created, a drain done, a fleet
+    of no hosts. ``exact``: numbers read as ``Decimal``."""
+    def parse(r: httpx.Response):
+        data = json.loads(r.content, parse_float=Decimal) if exact else r.json()
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__} where an object goes")
+        if missing := [k for k in keys if k not in data]:
+            raise ValueError(f"no {', '.join(missing)} field")
+        return data
     return parse
 
 

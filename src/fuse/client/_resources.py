@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import importlib
-import json
-from decimal import Decimal
 from typing import Any
 
 # attribute -> (module, class)
@@ -25,7 +23,7 @@ ASYNC_RESOURCES = {
 
 
 def attach(client: Any, *, asynchronous: bool = False) -> None:
-    from ._core import Call
+    from ._core import Call, record
 
     def usage(from_: int | str | None = None, to: int | str | None = None, exact: bool = False):
         """Fleet usage over [from, to) (echoed as unix seconds): per-VM rows tagged
@@ -35,15 +33,12 @@ def attach(client: Any, *, asynchronous: bool = False) -> None:
         may differ from `totals` in the last digit); `exact=True` reads every figure
         the controller wrote as a `decimal.Decimal`, where the rows sum to the totals."""
         params = {k: v for k, v in (("from", from_), ("to", to)) if v is not None}
-        if exact:
-            return client._send(Call("GET", "/v1/usage", params=params,
-                                     parse=lambda r: json.loads(r.content, parse_float=Decimal)))
-        return client._send(Call("GET", "/v1/usage", params=params))
+        return client._send(Call("GET", "/v1/usage", params=params, parse=record("vms", "totals", exact=exact)))
 
     def health():
         """`{"status": "ok"}` from GET /v1/healthz (no token needed); the controller
         answers 503 db_unavailable (an ApiError) when it cannot reach its database."""
-        return client._send(Call("GET", "/v1/healthz", timeout=10))
+        return client._send(Call("GET", "/v1/healthz", timeout=10, parse=record("status")))
 
     client.usage = usage
     client.health = health

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ._core import Call
+from ._core import Call, record
+
+SETTINGS = record("placement", "key_set")
 
 
 class ControllerAPI:
@@ -14,7 +16,7 @@ class ControllerAPI:
 
     def get(self) -> dict:
         """`{"cert", "ca", "placement", "key_set"}`: the settings; the key's path is never shown."""
-        return self._send(Call("GET", "/v1/controller"))
+        return self._send(Call("GET", "/v1/controller", parse=SETTINGS))
 
     def configure(self, cert: str | None = None, key: str | None = None, ca: str | None = None,
                   placement: str = "best_fit", clear: bool = False) -> dict:
@@ -32,4 +34,4 @@ class ControllerAPI:
             if body:
                 raise ValueError("clear=True drops the certificate, key and CA: give none of them with it")
             body = {"cert": None, "key": None, "ca": None}
-        return self._send(Call("PUT", "/v1/controller", body=body | {"placement": placement}))
+        return self._send(Call("PUT", "/v1/controller", body=body | {"placement": placement}, parse=SETTINGS))

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..models.hosts import Host, HostPage, RegisterHostRequest
-from ._core import Call, model, none, path
+from ._core import Call, model, none, path, record
+
+_page = model(HostPage)  # ({} is no page: every field has a default)
 
 
 class HostsAPI:
@@ -25,7 +27,7 @@ class HostsAPI:
 
     def list(self) -> list[Host]:
         """Every registered host, with declared capacity and live allocations."""
-        return self._send(Call("GET", "/v1/hosts", parse=lambda r: HostPage.model_validate(r.json()).hosts))
+        return self._send(Call("GET", "/v1/hosts", parse=lambda r: _page(r).hosts))
 
     def list_page(self, *, limit: int = 0, cursor: str = "") -> HostPage:
         params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v}
@@ -47,7 +49,8 @@ class HostsAPI:
         returns `{"moved": [...], "stuck": [{"vm", "code", "reason"}], "finished": [{"vm", "state"}],
         "prewarmed": [...]}` (finished: VMs that exited or failed, which need no move and go with the
         host; prewarmed: a prewarm's standby VMs, placed again elsewhere by their prewarm, not moved)."""
-        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600))
+        return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600,
+                               parse=record("host", "moved", "stuck")))
 
     def deregister(self, host_id: str, force: bool = False) -> None:
         """Remove the host; 409 conflict while a VM that has not finished (creating, running,

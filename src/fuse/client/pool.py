@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
                            ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
-from ._core import Call, model, model_list, path
+from ._core import Call, model, model_list, path, record
 
 # Every pool call waits on the pool (a cloud's API, a plan's solve, a controller busy
 # buying): as long as its work may take, not the client's timeout (README)
@@ -89,7 +89,8 @@ class PoolAPI:
 
     def link_cloud(self, name: str, kind: str, options: Optional[dict] = None) -> dict:
         """Link (or re-link) cloud ``name`` of ``kind`` (``aws`` or ``local``) with ``options``."""
-        return self._send(Call("PUT", path("/v1/pool/clouds", name), body={"kind": kind, "options": options or {}}))
+        return self._send(Call("PUT", path("/v1/pool/clouds", name), body={"kind": kind, "options": options or {}},
+                               parse=record("name", "kind")))
 
     def unlink_cloud(self, name: str) -> None:
         """Forget cloud ``name`` (refused while it has hosts)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..models.base import Record
-from ._core import Call, body_json, none, path
+from ._core import Call, body_json, none, path, record
+
+VM = record("name", "state")  # (a placed VM always has them: PlacedVm)
 
 
 def _q(host: str | None) -> dict | None:
@@ -28,23 +30,24 @@ class VmsAPI:
                 raise ValueError(f"create: {', '.join(both)} given both in the body and as an argument")
             body = base | fields
         # up to 15 min: a create the elastic pool buys a machine for waits for it to join (at most 10)
-        return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=900))
+        return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=900, parse=VM))
 
     def list(self, host: str | None = None) -> list[dict]:
         return self._send(Call("GET", "/v1/vms", params=_q(host), parse=lambda r: r.json()["vms"]))
 
     def get(self, name: str, host: str | None = None) -> dict:
-        return self._send(Call("GET", path("/v1/vms", name), params=_q(host)))
+        return self._send(Call("GET", path("/v1/vms", name), params=_q(host), parse=VM))
 
     def delete(self, name: str, host: str | None = None) -> None:
         return self._send(Call("DELETE", path("/v1/vms", name), params=_q(host), parse=none, timeout=120))
 
     def sleep(self, name: str, host: str | None = None) -> dict:
-        return self._send(Call("POST", path("/v1/vms", name, "sleep"), params=_q(host), timeout=180))
+        return self._send(Call("POST", path("/v1/vms", name, "sleep"), params=_q(host), timeout=180, parse=VM))
 
     def wake(self, name: str, host: str | None = None) -> dict:
-        return self._send(Call("POST", path("/v1/vms", name, "wake"), params=_q(host), timeout=180))
+        return self._send(Call("POST", path("/v1/vms", name, "wake"), params=_q(host), timeout=180, parse=VM))
 
     def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
         """`{"text", "offset", "next_offset"}`: the serial log from `offset`."""
-        return self._send(Call("GET", path("/v1/vms", name, "console"), params={"offset": offset, **(_q(host) or {})}))
+        return self._send(Call("GET", path("/v1/vms", name, "console"), params={"offset": offset, **(_q(host) or {})},
+                               parse=record("text", "offset", "next_offset")))
