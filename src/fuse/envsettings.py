@@ -45,10 +45,15 @@ def megabytes(name: str, default: int) -> int:
 AGENT_TIMINGS = ("FUSE_HTTP_HEAD_TIMEOUT_S", "FUSE_FRESH_PROBE_S")
 CONTROLLER_TIMINGS = ("FUSE_SSH_CONNECT_TIMEOUT", "FUSE_MOVE_IO_TIMEOUT", "FUSE_MOVE_QUICK_TIMEOUT",
                       "FUSE_MOVE_LEASE_S", "FUSE_PLACING_LEASE_S", "FUSE_CREATE_UNANSWERED_S",
-                      "FUSE_POOL_CREATE_LEASE_S", "FUSE_DRAIN_STANDBY_WAIT_S", "FUSE_HTTP_HEAD_TIMEOUT_S")
+                      "FUSE_POOL_CREATE_LEASE_S", "FUSE_DRAIN_STANDBY_WAIT_S", "FUSE_HTTP_HEAD_TIMEOUT_S",
+                      "FUSE_MOVE_STOP_SETTLE_S", "FUSE_PREWARM_AWAY_S")
+AGENT_MEGABYTES = ("FUSE_CONSOLE_MAX_MB",)
 
 
-def check_seconds(names: tuple[str, ...]) -> None:
-    """``BadSetting`` for the first of ``names`` set to anything but a positive number of seconds."""
+def check_seconds(names: tuple[str, ...], mib: tuple[str, ...] = ()) -> None:
+    """``BadSetting`` for the first of ``names`` set to anything but a positive number of
+    seconds, or of ``mib`` to anything but a positive whole number of MiB."""
     for name in names:
         seconds(name, 1.0)
+    for name in mib:
+        megabytes(name, 1)

@@ -50,6 +50,10 @@ def test_an_unset_or_empty_timing_is_its_default_and_a_number_is_taken(monkeypat
     (["host", "serve", "--backend", "fake"], "FUSE_FRESH_PROBE_S", "0"),
     (["up", "--once"], "FUSE_HTTP_HEAD_TIMEOUT_S", "nan"),
     (["up", "--once"], "FUSE_MOVE_IO_TIMEOUT", "-1"),
+    # (review 28: `fuse up` built the bundle, then its controller refused these, exit 1)
+    (["up", "--once"], "FUSE_MOVE_STOP_SETTLE_S", "0"),
+    (["up", "--once"], "FUSE_PREWARM_AWAY_S", "-5"),
+    (["controller", "serve"], "FUSE_PREWARM_AWAY_S", "0"),
 ])
 def test_a_timing_read_as_its_module_loads_is_one_sentence_and_exit_2_too(tmp_path, command, name, value):
     """(review 25: FUSE_HTTP_HEAD_TIMEOUT_S, read as fuse.serving loads, was a traceback and exit 1
@@ -70,3 +74,15 @@ def test_up_on_a_state_dir_that_is_a_file_is_one_io_error_line(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.startswith(f"error: io_error: --state-dir {tmp_path / 'file'}: Not a directory")
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("command", [["up", "--once"], ["host", "serve", "--backend", "fake"]])
+def test_a_console_cap_that_is_no_whole_number_of_mib_stops_up_before_it_builds_anything(tmp_path, command):
+    """Review 28: `fuse up` built the guest bundle (a kernel download on a fresh dir), then its
+    agent refused FUSE_CONSOLE_MAX_MB=0, exit 1."""
+    r = subprocess.run(FUSE + command + ["--state-dir", str(tmp_path / "s")]
+                       + (["--socket", str(tmp_path / "s.sock")] if command[0] != "up" else []),
+                       env={**os.environ, "FUSE_CONSOLE_MAX_MB": "0"}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.endswith("error: invalid_argument: FUSE_CONSOLE_MAX_MB='0' must be a positive whole number of MiB\n")
+    assert not (tmp_path / "s" / "bundles").exists()

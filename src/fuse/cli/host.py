@@ -85,10 +85,9 @@ def serve(
     tls_ca: Optional[Path] = typer.Option(None, help="...accepting only clients this CA signed."),
 ) -> None:
     """Serve the public host API."""
-    from ..envsettings import AGENT_TIMINGS, BadSetting, check_seconds, megabytes
+    from ..envsettings import AGENT_MEGABYTES, AGENT_TIMINGS, BadSetting, check_seconds
     try:  # (before the modules that read them as they load)
-        check_seconds(AGENT_TIMINGS)
-        megabytes("FUSE_CONSOLE_MAX_MB", 1)
+        check_seconds(AGENT_TIMINGS, AGENT_MEGABYTES)
     except BadSetting as err:
         fail("invalid_argument", str(err), exit_code=2)
     from ..agent.app import AgentConfig, create_app

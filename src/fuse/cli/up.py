@@ -75,9 +75,9 @@ def up(
     import httpx
 
     import fuse
-    from ..envsettings import AGENT_TIMINGS, CONTROLLER_TIMINGS, BadSetting, check_seconds
+    from ..envsettings import AGENT_MEGABYTES, AGENT_TIMINGS, CONTROLLER_TIMINGS, BadSetting, check_seconds
     try:  # (its agent's and controller's, said once here rather than as their start failing)
-        check_seconds(AGENT_TIMINGS + CONTROLLER_TIMINGS)
+        check_seconds(AGENT_TIMINGS + CONTROLLER_TIMINGS, AGENT_MEGABYTES)
     except BadSetting as err:
         fail("invalid_argument", str(err), exit_code=2)
     from ..serving import socket_in_use
