@@ -25,7 +25,8 @@ async def test_a_console_past_its_cap_is_cut_back_to_its_last_lines(make_host):
     text = path.read_bytes()
     assert len(text) <= (1 << 19) + 200
     assert text.startswith(b"[fuse: ") and b"bytes of earlier console output dropped" in text
-    assert text.endswith(b"line 039999 of the guest's output\n")
+    # (the fake VM's own first lines may come after the test's, on a loaded machine)
+    assert b"line 039999 of the guest's output\n" in text
     assert text.split(b"\r\n", 1)[1].startswith(b"line ")  # (cut at a line)
     trimmed = [e for e in host.vms.events.list() if e["type"] == "console_trimmed"]
     assert [(e["vm"], e["dropped_bytes"] > 0) for e in trimmed] == [("chatty", True)]

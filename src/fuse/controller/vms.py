@@ -66,7 +66,9 @@ def host_error(resp, host: str) -> FuseError:
     the controller's token (restarted with another --token) is 502 `unauthorized` naming
     the host, as at registration: the caller's own credentials were fine."""
     if resp.status_code == 401:
-        return HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
+        e = HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
+        e.host_details = {}
+        return e
     details: dict = {}
     try:
         err = resp.json()["error"]
