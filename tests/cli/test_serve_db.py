@@ -46,3 +46,11 @@ def test_a_database_nothing_listens_for_is_one_line_naming_it_and_exit_1(tmp_pat
     assert r.returncode == 1, line
     assert line.startswith("error: db_unavailable: ") and f"postgresql://fuse:***@127.0.0.1:{port}/fuse" in line, line
     assert "refused" in line.lower(), line
+
+
+def test_an_sqlite_file_in_a_dir_that_is_not_there_is_one_io_error_line(tmp_path):
+    """Review 28: a traceback (FileNotFoundError from making the file owner-only)."""
+    r = serve(tmp_path, f"sqlite:///{tmp_path}/no-such-dir/x.db")
+    line = one_error_line(r)
+    assert r.returncode == 1, line
+    assert line.startswith("error: io_error: ") and "no-such-dir/x.db" in line and "No such file" in line, line

@@ -330,3 +330,37 @@ def test_a_dead_replicas_unanswered_create_is_settled_by_another(replicas):
         return False
     wait_until(gone, timeout=150, what="the host's word on v, read by the live replica")  # (its lease: 60 s)
     assert cb.vms.create(name="v", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")["host"] == "h1"
+
+
+def test_a_create_the_host_made_while_the_database_went_away_says_the_vm_is_there(replicas, postgres):
+    """Review 28: answered 503 "try again" while the VM ran on its host (a retried create
+    without a name made a second VM), and it never got its `placed`. The answer says it was
+    made there; once the database is back it is listed and its `placed` comes, unanswered."""
+    agent, proxy, (a, b), ca, cb = replicas
+    proxy.hold[CREATE] = 3.0
+    out: dict = {}
+
+    def create_unnamed():
+        try:
+            out["vm"] = ca.vms.create(shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
+        except fuse.ApiError as err:
+            out["err"] = err
+
+    t = threading.Thread(target=create_unnamed)
+    t.start()
+    try:
+        wait_until(lambda: proxy.held >= 1, timeout=30, what="the create held at the proxy")
+        postgres.down()
+        t.join(60)
+    finally:
+        postgres.up()
+    err = out.get("err")
+    assert err is not None and (err.status, err.code) == (503, "db_unavailable"), out
+    name = err.details["vm"]
+    assert err.details == {"host": "h1", "vm": name} and "do not create it again" in err.message, err
+    assert name in agent_vms(agent)
+    wait_until(lambda: _answers(ca) and name in [v["name"] for v in ca.vms.list()], timeout=60,
+               what="the VM listed once the database is back")
+    wait_until(lambda: [e for e in ca.events.list(0, limit=500)["events"]
+                        if e["type"] == "placed" and e.get("vm") == name and e.get("unanswered")],
+               timeout=60, what="its placed event")

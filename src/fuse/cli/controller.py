@@ -172,6 +172,9 @@ def _open(make, db: Optional[str], state_dir: Path):
     except DBAPIError as exc:  # refused, no such host, a wrong password, no such database...
         where = f"--db {_masked(db)}" if db else f"the SQLite store in {state_dir}"
         fail("db_unavailable", f"{where}: cannot open the database: {one_line(exc.orig or exc)}")
+    except OSError as exc:  # (an SQLite file in a dir that is not there: review 28, a traceback)
+        where = f"--db {_masked(db)}" if db else f"the SQLite store in {state_dir}"
+        fail("io_error", f"{where}: cannot open the database: {one_line(exc)}")
 
 
 def _host_rows(hosts):

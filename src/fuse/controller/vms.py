@@ -22,6 +22,7 @@ from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import Connection
 
 from .store import vms as vms_t
@@ -347,11 +348,14 @@ class VmService:
                 landed = await self._clear_failed(host, name) if resp.status_code >= 500 else None
                 if resp.status_code == 201 or landed is not None:
                     vm = landed or resp.json()
-                    self._record(host, vm)
-                    self._take_room(host, vm, read)
-                    self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
-                                                    "mem_mib": ask.mem_mib, "bundle": vm.get("bundle") or req.bundle},
-                                         host=host)
+                    try:
+                        self._record(host, vm)
+                        self._take_room(host, vm, read)
+                        self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
+                                                        "mem_mib": ask.mem_mib,
+                                                        "bundle": vm.get("bundle") or req.bundle}, host=host)
+                    except DBAPIError as exc:
+                        self._unrecorded(exc, host, name, ask)
                     if not req.standby and (pool := getattr(self.ctl, "pool", None)) is not None:
                         pool.used(host)  # (scale-in: a machine a plan bought has had its work)
                     self.fleet.changed.set()
@@ -561,6 +565,21 @@ class VmService:
         names |= {n for h, n, _, kind in self._others() if h == host and kind == "create"}
         return sorted(names)
 
+    def _unrecorded(self, exc: DBAPIError, host: str, name: str, ask: Resources) -> None:
+        """A VM ``host`` created that the store did not take (its database out of reach): 503
+        saying the VM is there, not "try again" (review 28: a retried create without a name
+        made a second VM); held and recorded, with its ``placed`` (``unanswered: true``), once
+        the database answers, as a create whose host did not answer is."""
+        from .app import db_unreachable
+
+        if not db_unreachable(exc):
+            raise exc
+        self._unanswered_create(host, name, ask)
+        raise FuseError(f"vm {name} was created on host {host}, but the controller could not record it (its "
+                        "database did not answer): the VM list shows it once the database is back, so do not "
+                        "create it again", code="db_unavailable",
+                        details={"host": host, "vm": name}).with_status(503) from None
+
     def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None) -> None:
         """Hold the create ``host`` did not answer until the host says whether the VM landed:
         recorded in the store (``since`` given: read back from it at a start), so the
@@ -598,9 +617,15 @@ class VmService:
             if self.store.drop_unanswered(host, name) or not recorded:  # (one replica says it)
                 self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
                                                 "bundle": vm.get("bundle") or "linux", "unanswered": True}, host=host)
-        recorded = self.store.has_unanswered(host, name)
+        recorded = None  # (whether the store holds it: read once the database answers)
         try:
             while True:
+                if recorded is None:
+                    try:
+                        recorded = self.store.has_unanswered(host, name)
+                    except DBAPIError:
+                        await asyncio.sleep(1)  # (the database out of reach: its VM is recorded once it answers)
+                        continue
                 old = time.time() - self._unanswered_since[ticket] >= UNANSWERED_SECS
                 if old and not warned:
                     warned = True
@@ -608,18 +633,24 @@ class VmService:
                                 "host is no longer held for it, its name is until it says", name, host,
                                 UNANSWERED_SECS)
                 await asyncio.sleep(UNANSWERED_POLL_LATE_S if old else 1)  # (first: it has just not answered)
-                if recorded and not self.store.has_unanswered(host, name):
-                    return  # settled by another replica, or its host removed
-                if row := next((r for r in self.store.vms_named(name) if r["host"] == host), None):
-                    placed(row.get("record") or {})  # recorded meanwhile (the host's poller read its VM list)
-                    return
+                try:
+                    if recorded and not self.store.has_unanswered(host, name):
+                        return  # settled by another replica, or its host removed
+                    if row := next((r for r in self.store.vms_named(name) if r["host"] == host), None):
+                        placed(row.get("record") or {})  # recorded meanwhile (the host's poller read its VM list)
+                        return
+                except DBAPIError:
+                    continue  # (the database out of reach: asked again)
                 try:
                     resp = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
                 except HostUnreachable:
                     resp = None
                 if resp is not None and resp.status_code == 200:
-                    self.fleet.upsert_vms(host, [resp.json()])
-                    placed(resp.json())
+                    try:
+                        self.fleet.upsert_vms(host, [resp.json()])
+                        placed(resp.json())
+                    except DBAPIError:
+                        continue  # (the database out of reach: recorded once it answers)
                     log.warning("vm %s landed on %s after its create went unanswered: recorded", name, host)
                     return
                 if resp is not None and resp.status_code == 404 and agent_not_found(resp):  # the agent's word

@@ -177,11 +177,14 @@ class Store:
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
-            # (a server that does not answer a connection is an error within 10 s, not a hang)
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 10})
+            # (a server that does not answer a connection is an error within 4 s, not a hang: most
+            # calls wait on the event loop, and the health check answers within 5 s; a statement
+            # unanswered is cut by ``_Watchdog``)
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 4})
         if self.is_sqlite:
             _private_sqlite_files(url)
         self.engine: Engine = create_engine(url, **kwargs)
+        self._watch = None if self.is_sqlite else _Watchdog(self.engine, url)
         if self.is_sqlite:
             @event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn, _):
@@ -215,6 +218,7 @@ class Store:
         a reader following the merged stream by id (``events_after``) never passes an
         id that a slower transaction commits later."""
         if self._write_lock is None:
+            self._reachable()
             with self.engine.begin() as conn:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITE_LOCK_KEY})
                 yield conn
@@ -224,10 +228,23 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
+        self._reachable()
         with self.engine.connect() as conn:
             yield conn
 
+    def _reachable(self) -> None:
+        """The driver's OperationalError at once while the watchdog holds the database for
+        out of reach (a statement it left unanswered ``DB_OP_TIMEOUT_S``, no answer to its
+        probe since): each call would otherwise wait its own 10 s, most of them on the
+        event loop, and no route (the health check included) would answer meanwhile."""
+        if self._watch is not None and self._watch.down.is_set():
+            import psycopg
+            from sqlalchemy.exc import OperationalError
+            raise OperationalError("(checkout)", None, psycopg.OperationalError(NOT_ANSWERING))
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop.set()
         self.engine.dispose()
 
     def ping(self) -> None:
@@ -468,3 +485,111 @@ class Store:
         else:
             conn.execute(insert(settings).values(key=key, value=value))
 
+
+
+DB_OP_TIMEOUT_S = 4.5  # a statement PostgreSQL has not answered this long: its connection is cut (the
+# health check answers within 5 s)
+NOT_ANSWERING = f"the database did not answer within {DB_OP_TIMEOUT_S:g} s (not tried again until it answers)"
+DB_PROBE_TIMEOUT_S = 3.0  # the watchdog's own question while the database is held out of reach
+
+
+class _Watchdog:
+    """Bounds every statement on PostgreSQL: a server that stopped answering (frozen, a
+    partition: its TCP still acknowledged, so nothing times out by itself) left each call
+    waiting for good, the event loop's included, so no route answered, not even the
+    health check (review 28: > 180 s). A thread looks at every connection of the pool
+    four times a second; one busy on a statement (libpq's ACTIVE) for ``DB_OP_TIMEOUT_S`` has
+    its socket shut down, which ends the call with the driver's OperationalError (503
+    ``db_unavailable``), and the database is held out of reach (``down``: calls fail at
+    once, ``Store._reachable``) until a probe of its own, on a connection of its own,
+    is answered within ``DB_PROBE_TIMEOUT_S``."""
+
+    def __init__(self, engine: Engine, url: str):
+        import weakref
+
+        self.url = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conns: weakref.WeakSet = weakref.WeakSet()
+        self.busy: dict[int, float] = {}  # id(connection) -> when it was first seen busy
+        self.down, self.stop = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+
+        @event.listens_for(engine, "connect")
+        def _track(dbapi_conn, _):
+            with self._lock:
+                self.conns.add(dbapi_conn)
+
+        @event.listens_for(engine, "do_connect")
+        def _refuse(dialect, record, cargs, cparams):
+            # (a statement cut is retried on a new connection by the pool: while the database
+            # is out of reach that is the driver's error at once, not a connect's 10 s wait)
+            if self.down.is_set():
+                import psycopg
+                raise psycopg.OperationalError(NOT_ANSWERING)
+
+        threading.Thread(target=self._run, name="fuse-db-watchdog", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.25):
+            try:
+                self._look()
+            except Exception:  # (a connection closing while looked at: the next look)
+                pass
+
+    def _look(self) -> None:
+        from psycopg import pq
+
+        now = time.monotonic()
+        with self._lock:
+            conns = list(self.conns)
+        seen = set()
+        for c in conns:
+            if c.closed or c.pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+                continue
+            seen.add(id(c))
+            since = self.busy.setdefault(id(c), now)
+            if now - since >= DB_OP_TIMEOUT_S:
+                self.down.set()
+                _cut(c.pgconn.socket)
+        self.busy = {k: v for k, v in self.busy.items() if k in seen}
+        if self.down.is_set() and self._answers():
+            self.down.clear()
+
+    def _answers(self) -> bool:
+        """A fresh connection's ``SELECT 1`` answered within ``DB_PROBE_TIMEOUT_S`` (in a
+        thread of its own, whose socket is cut when it is not)."""
+        import psycopg
+
+        got: dict[str, Any] = {}
+
+        def probe():
+            try:
+                with psycopg.connect(self.url, connect_timeout=max(2, int(DB_PROBE_TIMEOUT_S))) as c:
+                    got["conn"] = c
+                    c.execute("SELECT 1")
+                    got["ok"] = True
+            except Exception:
+                pass
+
+        t = threading.Thread(target=probe, daemon=True)
+        t.start()
+        t.join(DB_PROBE_TIMEOUT_S)
+        if t.is_alive() and "conn" in got:
+            _cut(got["conn"].pgconn.socket)
+        return bool(got.get("ok"))
+
+
+def _cut(fd: int) -> None:
+    """Shut down the socket ``fd`` (both ways): a call blocked on it returns with an error."""
+    import os
+    import socket
+
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        s.close()
