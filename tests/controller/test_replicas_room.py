@@ -364,3 +364,31 @@ def test_a_create_the_host_made_while_the_database_went_away_says_the_vm_is_ther
     wait_until(lambda: [e for e in ca.events.list(0, limit=500)["events"]
                         if e["type"] == "placed" and e.get("vm") == name and e.get("unanswered")],
                timeout=60, what="its placed event")
+
+
+def test_the_merged_stream_has_no_holes_in_its_ids_with_two_replicas_reading_one_host(replicas):
+    """Review 28: both replicas store each host event; the one the unique key refused still
+    spent an id of PostgreSQL's sequence (64, 68, 69...)."""
+    agent, proxy, (a, b), ca, cb = replicas
+
+    done: list[str] = []
+
+    def churn(k: int) -> None:
+        with fuse.Client((a if k % 2 else b).url) as c, fuse.Client((b if k % 2 else a).url) as other:
+            for i in range(6):
+                c.vms.create(name=f"e{k}-{i}", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
+                other.vms.delete(f"e{k}-{i}")
+                done.append(f"e{k}-{i}")
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(done) == 12, done
+    wait_until(lambda: {e.get("vm") for e in ca.events.list(0, limit=500)["events"]
+                        if e["type"] == "vm_state" and e.get("to") == "deleted"} >= set(done),
+               timeout=60, what="every delete's event stored")
+    time.sleep(2)  # (both replicas' reads of the last events done)
+    ids = [e["id"] for e in ca.events.list(0, limit=500)["events"]]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), [(x, y) for x, y in zip(ids, ids[1:]) if y != x + 1]

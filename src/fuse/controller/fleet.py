@@ -378,11 +378,13 @@ class Fleet:
         vm_changed = False
         with self.store.tx() as c:
             names = _names(c, host_id, agent_id)
-            # Stored already under another name of the machine (a read by another replica that
-            # saw another name connected): the unique key is per name, so look.
+            # Stored already, by another replica (under this name or another of the machine: the
+            # unique key is per name), so look: an insert the key refused still spent its id on
+            # PostgreSQL, and the merged stream's ids had holes (review 28). Under the write lock,
+            # what another replica stored is committed and seen here.
             stored = set(c.execute(select(events_t.c.host_event_id).where(
                 events_t.c.host.in_(names), events_t.c.agent_id == agent_id,
-                events_t.c.host_event_id.in_([e["id"] for e in batch]))).scalars()) if len(names) > 1 else set()
+                events_t.c.host_event_id.in_([e["id"] for e in batch]))).scalars())
             vms = {e["vm"] for e in batch if isinstance(e.get("vm"), str)}
             owner = _owners(c, vms, names)
             if len(names) > 1:
