@@ -64,23 +64,60 @@ async def test_a_cut_while_the_hypervisor_prints_loses_no_line_for_the_file_or_a
     assert read == list(range(LINES)), [(a, b) for a, b in zip(read, read[1:]) if b != a + 1][:5]
 
 
-async def test_a_reader_whose_unread_part_was_dropped_continues_from_the_notice(make_host):
+async def test_offsets_count_every_byte_printed_across_cuts_and_a_reader_behind_gets_the_notice(make_host):
+    """Review 28 (the diff's review): an offset was mapped only while the file was shorter
+    than it, so a reader read the wrong bytes once the log grew back past it, and one whose
+    offset was below the new end lost what the cut dropped without a notice. Offsets now
+    count every byte the guest printed (a cut's dropped bytes too): the same byte, or the
+    notice."""
     host, vm, path = await fake_vm_with_a_small_console(make_host)
-    path.write_bytes(original := b"".join(b"line-%d-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n" % i for i in range(40000)))
-    size = path.stat().st_size
+    line = b"line-%06d-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"
+    stream = b"".join(line % i for i in range(40000))  # what the guest printed, in order
+    path.write_bytes(stream)
     host.vms._cap_console(vm)
-    new_size = path.stat().st_size
-    # read up to a byte past the new end that the cut dropped: what came next went with it
-    dropped = int(re.match(r"\[fuse: (\d+) bytes", path.read_text()).group(1))
-    assert new_size + 10 < dropped
-    page = (await host.client.get("/v1/host/vms/chatty/console", params={"offset": new_size + 10})).json()
-    assert page["offset"] == 0 and page["text"].startswith("[fuse: "), page["offset"]
-    # a byte the cut kept: the same byte, where it is now
-    page = (await host.client.get("/v1/host/vms/chatty/console", params={"offset": dropped + 40})).json()
-    assert page["text"].encode()[:100] == original[dropped + 40:dropped + 140]
-    # read up to the old end: the same place in the part kept, which is the new end
-    page = (await host.client.get("/v1/host/vms/chatty/console", params={"offset": size})).json()
-    assert page["offset"] == new_size and page["text"] == ""
+    notice = path.read_bytes().split(b"\r\n", 1)[0] + b"\r\n"
+    dropped = int(re.match(rb"\[fuse: (\d+) bytes", notice).group(1))
+
+    async def read(offset: int) -> dict:
+        return (await host.client.get("/v1/host/vms/chatty/console", params={"offset": offset})).json()
+
+    # a reader behind, below the new end or past it: its unread part went, so the notice
+    for behind in (100, len(path.read_bytes()) + 10):
+        page = await read(behind)
+        assert page["text"].encode().startswith(notice) and page["offset"] == dropped - len(notice), page["offset"]
+    # the log grows back past the old offsets, and is cut again: a kept byte is the same byte
+    more = b"".join(line % i for i in range(40000, 80000))
+    with open(path, "ab") as f:
+        f.write(more)
+    stream += more
+    for at in (dropped + 40, len(stream) - 2000):
+        page = await read(at)
+        assert page["offset"] == at and page["text"].encode() == stream[at:at + len(page["text"].encode())], at
+    host.vms._cap_console(vm)
+    page = await read(len(stream) - 2000)
+    assert page["offset"] == len(stream) - 2000 and page["text"].encode() == stream[-2000:]
+    page = await read(dropped + 40)  # (went with the second cut)
+    assert page["text"].startswith("[fuse: ") and page["offset"] > dropped + 40  # (its notice: past what went)
+
+
+async def test_a_hypervisor_someone_else_stopped_is_not_cut_nor_continued(make_host):
+    host, vm, path = await fake_vm_with_a_small_console(make_host)
+    path.write_bytes(b"x" * (2 << 20))
+    stopped = subprocess.Popen(["sleep", "60"])
+    own_pid, vm.pid = vm.pid, stopped.pid
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{stopped.pid}/stat").read().rpartition(")")[2].split()[0] not in ("T", "t"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        host.vms._cap_console(vm)
+        assert path.stat().st_size == 2 << 20  # (not cut: a later tick, once it runs)
+        assert open(f"/proc/{stopped.pid}/stat").read().rpartition(")")[2].split()[0] in ("T", "t")
+    finally:
+        vm.pid = own_pid
+        stopped.kill()
+        stopped.wait()
 
 
 def test_a_hypervisor_the_last_agent_stopped_for_a_cut_is_continued_by_the_next(tmp_path):

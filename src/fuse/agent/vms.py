@@ -121,9 +121,6 @@ class VmManager:
         self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
         self._unreaped: set[int] = set()  # ended VM processes of ours not collectable yet
-        # per VM, its console's last cut: (size before it, bytes dropped, the notice's length),
-        # so a reader whose offset was past the cut continues where it was (``console``)
-        self._cuts: dict[str, tuple[int, int, int]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Old names of VMs a claim is renaming right now: claiming one again
         # is a conflict, not an unknown VM.
@@ -173,7 +170,6 @@ class VmManager:
         if to == "deleted":
             shutil.rmtree(self.vm_dir(vm.name), ignore_errors=True)
             self.vms.pop(vm.name, None)
-            self._cuts.pop(vm.name, None)
         else:
             try:
                 self.save(vm)
@@ -321,7 +317,6 @@ class VmManager:
     def _unmake(self, vm: Vm) -> None:
         """Forget a VM whose creation could not be recorded (no process runs for it)."""
         self.vms.pop(vm.name, None)
-        self._cuts.pop(vm.name, None)
         shutil.rmtree(self.vm_dir(vm.name) if vm.dir is None else self.root / vm.dir, ignore_errors=True)
         self.events.emit("vm_state", vm=vm.name, to="deleted", reason="its record could not be written")
 
@@ -422,8 +417,6 @@ class VmManager:
     def _rename(self, vm: Vm, to: str) -> None:
         """Re-key ``vm`` and its lock under name ``to`` (``vm.dir`` keeps its files)."""
         self.vms[to] = self.vms.pop(vm.name)
-        if (cut := self._cuts.pop(vm.name, None)) is not None:
-            self._cuts[to] = cut
         if (lock := self._locks.pop(vm.name, None)) is not None:
             self._locks[to] = lock
         vm.name = to
@@ -567,26 +560,25 @@ class VmManager:
             return {}  # cut short by the crash: the mark stands, its details are lost
 
     def console(self, name: str, offset: int = 0, limit: int = CONSOLE_CHUNK) -> dict[str, Any]:
-        """Serial output from byte ``offset``; ``next_offset`` continues it."""
+        """Serial output from byte ``offset``; ``next_offset`` continues it. Offsets count
+        every byte the guest printed, the ones a cut dropped included (``_cap_console``), so
+        they only grow: a reader continues at the same byte in the part kept, or at the cut's
+        notice (``offset`` says where it starts then) when what it had still to read went."""
         vm = self.get(name)
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
         path = self.vm_dir(vm.name) / "console.log"
+        shift, notice = _console_shift(path)  # (the file's byte p is the stream's byte p + shift)
         data = b""
         size = 0
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            cut = self._cuts.get(vm.name)
-            if cut is not None and size < offset <= cut[0]:
-                # an offset into the log before its last cut: the same byte in the part kept,
-                # or the notice when what the reader had still to read went with the cut
-                before, dropped, notice = cut
-                offset = notice + offset - dropped if offset >= dropped else 0
-            f.seek(min(offset, size))  # (seeking far past the end fails or overflows on some file systems)
+            # an offset past the end (a stale one) continues from the end, not beyond it,
+            # so the output still to come is not skipped
+            at = min(max(offset - shift, 0), size) if offset - shift >= notice else 0
+            f.seek(at)  # (seeking far past the end fails or overflows on some file systems)
             data = f.read(limit)
-        # an offset past the end (a stale one) continues from the end, not beyond it,
-        # so the output still to come is not skipped
-        offset = min(offset, size)
+        offset = at + shift if size else min(offset, shift)
         # Never split a UTF-8 character across two reads.
         cut = len(data)
         while cut > 0 and cut > len(data) - 4:
@@ -791,22 +783,29 @@ class VmManager:
             # while the file is read, emptied and written: what it printed between the read and
             # the cut was lost, and what it printed between the cut and the notice came before
             # the notice. Stopped a few milliseconds, the guest prints on after it, not lost.
+            # (the tail read first, with the hypervisor running: stopped, only what it printed since)
+            with open(path, "rb") as f:
+                first = f.seek(0, os.SEEK_END)
+                f.seek(first - self.console_max // 2)
+                tail = f.read(first - f.tell())
             with _hypervisor_stopped(vm.pid, self.vm_dir(vm.name) / TRIMMING) as stopped:
                 if not stopped:
-                    return  # (a thread still in the kernel: the next tick tries again)
-                size = path.stat().st_size
+                    return  # (a thread still in the kernel, or stopped by someone else: a later tick)
                 with open(path, "rb") as f:
-                    f.seek(size - self.console_max // 2)
-                    tail = f.read()
+                    f.seek(first)
+                    tail += f.read()
+                size = path.stat().st_size
                 if 0 <= (nl := tail.find(b"\n")) < len(tail) - 1:
                     tail = tail[nl + 1:]
                 dropped = size - len(tail)
                 notice = (f"[fuse: {dropped} bytes of earlier console output dropped: past FUSE_CONSOLE_MAX_MB "
                           f"the log keeps its last {len(tail)} bytes]\r\n").encode()
+                shift, _ = _console_shift(path)
+                # the stream's offsets go on: the kept part's first byte keeps its offset
+                _write_shift(path, shift + dropped - len(notice), len(notice))
                 os.truncate(path, 0)
                 with open(path, "ab") as f:
                     f.write(notice + tail)
-                self._cuts[vm.name] = (size, dropped, len(notice))
         except OSError:
             return
         self.events.emit("console_trimmed", vm=vm.name, dropped_bytes=dropped)
@@ -970,8 +969,8 @@ def _hypervisor_stopped(pid: int | None, marker: Path):
     is continued at once) or there is no process. ``marker`` stays in its dir while it is
     stopped, so an agent that died meanwhile has the next one continue it
     (``_resume_after_cut``)."""
-    if not pid:
-        yield False
+    if not pid or _process_state(pid) in ("T", "t", ""):
+        yield False  # (none, or stopped by someone else: theirs to continue, not this cut's)
         return
     marker.write_text(str(pid))
     try:
@@ -986,6 +985,14 @@ def _hypervisor_stopped(pid: int | None, marker: Path):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         marker.unlink(missing_ok=True)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of ``pid``'s main thread ("" when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _all_stopped(pid: int, until: float) -> bool:
@@ -1014,3 +1021,22 @@ def _resume_after_cut(pid: int, marker: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     marker.unlink(missing_ok=True)
+
+
+SHIFT = "console.shift"  # beside a VM's console.log once it was cut: {"shift", "notice"}
+
+
+def _console_shift(console: Path) -> tuple[int, int]:
+    """(shift, notice length) of a console log's last cut: the file's byte p is the stream's
+    byte p + shift, and its first ``notice`` bytes are the cut's notice. (0, 0) for a log never cut."""
+    try:
+        got = json.loads((console.parent / SHIFT).read_text())
+        return int(got["shift"]), int(got["notice"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0
+
+
+def _write_shift(console: Path, shift: int, notice: int) -> None:
+    tmp = console.parent / (SHIFT + ".tmp")
+    tmp.write_text(json.dumps({"shift": shift, "notice": notice}))
+    os.replace(tmp, console.parent / SHIFT)
