@@ -32,7 +32,8 @@ class MoveRollback(MoveRecords):
         run the VM, and `failed` is set only once the VM is home."""
         move_id = row["id"]
         reason = row["record"].get("reason") or (
-            f"the controller driving the move stopped (restarted or died) during {row['state']}")
+            f"the controller driving the move stopped renewing its lease during {row['state']} (it restarted "
+            "or died, or lost its database)")  # (review 28: a database outage read as a crash)
         if row["state"] == "waking":
             # The target may have been asked to wake. Aborting its incoming
             # side waits for a wake under way and never touches a woken VM;
