@@ -127,6 +127,19 @@ def ready_on(client, pw_id: str, n: int, not_on: str, timeout: float = 90) -> fu
     return wait_until(done, timeout=timeout, interval=0.3, what=f"{n} ready VMs in {pw_id}, not on {not_on}")
 
 
+def prewarm_on_edge(client, edge) -> fuse.Prewarm:
+    """Own host ``edge`` registered, a ``local`` cloud linked, and a prewarm of one VM, placed
+    on edge (nothing bought) and ready."""
+    client.hosts.register(fuse.RegisterHostRequest(id="edge", url=edge.url, token=edge.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
+    wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="edge connected")
+    client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [SMALL]})
+    pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=512, ttl_secs=600))
+    assert pw.new_hosts == [] and [p.host for p in pw.placements] == ["edge"]
+    wait_until(lambda: prewarm(client, pw.id).ready == 1, timeout=60, interval=0.3, what="1 ready")
+    return pw
+
+
 def claims(client, pw_id: str, name: str) -> dict:
     """A create of the prewarm's shape, which claims one of its VMs."""
     vm = client.vms.create(name=name, shape={"vcpus": 1, "mem_mib": 512}, entry="sleep 600")
@@ -192,13 +205,7 @@ def test_a_host_away_for_a_moment_keeps_its_placement_and_counts_as_ready_again_
     procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
     procs.append(ctl_ := start_controller(tmp_path))
     with fuse.Client(ctl_.url) as client:
-        client.hosts.register(fuse.RegisterHostRequest(id="edge", url=edge.url, token=edge.token, backend="qemu",
-                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
-        wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="edge connected")
-        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [SMALL]})
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=512, ttl_secs=600))
-        assert pw.new_hosts == [] and [p.host for p in pw.placements] == ["edge"]
-        wait_until(lambda: prewarm(client, pw.id).ready == 1, timeout=60, interval=0.3, what="1 ready")
+        pw = prewarm_on_edge(client, edge)
 
         port = int(edge.url.rsplit(":", 1)[1])
         edge.kill()  # (its VMs outlive it, as on a real host)
@@ -223,13 +230,7 @@ def test_a_host_away_past_the_grace_has_its_vms_placed_again_and_its_extras_go_w
     procs.append(edge := start_agent(tmp_path, backend="fake", name="edge"))
     procs.append(ctl_ := start_controller(tmp_path, env={"FUSE_PREWARM_AWAY_S": "4"}))
     with fuse.Client(ctl_.url) as client:
-        client.hosts.register(fuse.RegisterHostRequest(id="edge", url=edge.url, token=edge.token, backend="qemu",
-                                                       capacity=fuse.HostCapacity(vm_count=4, ram_mb=2048, cpus=2)))
-        wait_until(lambda: client.hosts.get("edge").connected, timeout=30, what="edge connected")
-        client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [SMALL]})
-        pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=512, ttl_secs=600))
-        assert [p.host for p in pw.placements] == ["edge"]
-        wait_until(lambda: prewarm(client, pw.id).ready == 1, timeout=60, interval=0.3, what="1 ready")
+        pw = prewarm_on_edge(client, edge)
         (standby,) = [v["name"] for v in client.vms.list() if v["host"] == "edge"]
 
         port = int(edge.url.rsplit(":", 1)[1])
