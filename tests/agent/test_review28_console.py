@@ -122,6 +122,16 @@ async def _cuts_keep_offsets(host, vm, path) -> None:
     assert page["offset"] == len(stream) - 2000 and page["text"].encode() == stream[-2000:]
     page = await read(dropped + 40)  # (went with the second cut)
     assert page["text"].startswith("[fuse: ") and page["offset"] > dropped + 40  # (its notice: past what went)
+    # the offsets travel with the log (a move copies it; an agent restarting reads it): its notice names them
+    r = await host.client.post("/v1/host/vms", json={"name": "moved", "shape": {"vcpus": 1, "mem_mib": 128},
+                                                     "entry": "sleep 600"})
+    assert r.status_code == 201, r.text
+    moved = host.vms.vm_dir("moved") / "console.log"
+    os.kill(host.vms.get("moved").pid, signal.SIGSTOP)  # (its own counter would print into it)
+    moved.write_bytes(path.read_bytes())
+    at = len(stream) - 2000
+    page = (await host.client.get("/v1/host/vms/moved/console", params={"offset": at})).json()
+    assert page["offset"] == at and page["text"].encode() == stream[at:]
 
 
 async def test_a_hypervisor_someone_else_stopped_is_not_cut_nor_continued(make_host):

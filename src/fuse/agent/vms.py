@@ -798,11 +798,11 @@ class VmManager:
                 if 0 <= (nl := tail.find(b"\n")) < len(tail) - 1:
                     tail = tail[nl + 1:]
                 dropped = size - len(tail)
+                # the stream's offsets go on: the kept part's first byte keeps its offset, which the
+                # notice names (so the log carries it: a move or a restart keeps the offsets)
+                start = _console_shift(path)[0] + dropped
                 notice = (f"[fuse: {dropped} bytes of earlier console output dropped: past FUSE_CONSOLE_MAX_MB "
-                          f"the log keeps its last {len(tail)} bytes]\r\n").encode()
-                shift, _ = _console_shift(path)
-                # the stream's offsets go on: the kept part's first byte keeps its offset
-                _write_shift(path, shift + dropped - len(notice), len(notice))
+                          f"the log keeps its last {len(tail)} bytes, from byte {start} of the output]\r\n").encode()
                 os.truncate(path, 0)
                 with open(path, "ab") as f:
                     f.write(notice + tail)
@@ -1023,20 +1023,18 @@ def _resume_after_cut(pid: int, marker: Path) -> None:
     marker.unlink(missing_ok=True)
 
 
-SHIFT = "console.shift"  # beside a VM's console.log once it was cut: {"shift", "notice"}
+_NOTICE = re.compile(rb"\[fuse: \d+ bytes of earlier console output dropped: [^\r\n]*? from byte (\d+) of the "
+                     rb"output\]\r\n")
 
 
 def _console_shift(console: Path) -> tuple[int, int]:
-    """(shift, notice length) of a console log's last cut: the file's byte p is the stream's
-    byte p + shift, and its first ``notice`` bytes are the cut's notice. (0, 0) for a log never cut."""
+    """(shift, notice length) of a console log's last cut, read from its first line (the cut's
+    notice names the output's byte the kept part starts at): the file's byte p is the output's
+    byte p + shift, and its first ``notice`` bytes are the notice. (0, 0) for a log never cut."""
     try:
-        got = json.loads((console.parent / SHIFT).read_text())
-        return int(got["shift"]), int(got["notice"])
-    except (OSError, ValueError, KeyError, TypeError):
+        with open(console, "rb") as f:
+            head = f.read(512)
+    except OSError:
         return 0, 0
-
-
-def _write_shift(console: Path, shift: int, notice: int) -> None:
-    tmp = console.parent / (SHIFT + ".tmp")
-    tmp.write_text(json.dumps({"shift": shift, "notice": notice}))
-    os.replace(tmp, console.parent / SHIFT)
+    m = _NOTICE.match(head)
+    return (int(m.group(1)) - m.end(), m.end()) if m else (0, 0)
