@@ -570,7 +570,7 @@ class VmManager:
         path = self.vm_dir(vm.name) / "console.log"
         shift, notice = _console_shift(path)  # (the file's byte p is the stream's byte p + shift)
         data = b""
-        size = 0
+        size = at = 0
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             # an offset past the end (a stale one) continues from the end, not beyond it,
@@ -774,16 +774,15 @@ class VmManager:
         is past it (one guest printing without pause filled the host's disk, and every other
         VM's sleep and create failed with it). QEMU appends (``append=on``), so it writes on at
         the new end; the cut starts at a line, says how much went, and is a ``console_trimmed``
-        event. A reader past the new end continues from it (``console``)."""
+        event. Offsets go on across it (``console``)."""
         path = self.vm_dir(vm.name) / "console.log"
         try:
             if path.stat().st_size <= self.console_max:
                 return
             # The hypervisor is stopped (SIGSTOP, all its threads, the guest's vCPUs with them)
-            # while the file is read, emptied and written: what it printed between the read and
-            # the cut was lost, and what it printed between the cut and the notice came before
-            # the notice. Stopped a few milliseconds, the guest prints on after it, not lost.
-            # (the tail read first, with the hypervisor running: stopped, only what it printed since)
+            # while the file is emptied and written: running, what it printed between the read and
+            # the cut was lost, and what it printed between the cut and the notice came before the
+            # notice. The tail is read first, running; stopped, only what it printed since.
             with open(path, "rb") as f:
                 first = f.seek(0, os.SEEK_END)
                 f.seek(first - self.console_max // 2)
@@ -989,8 +988,13 @@ def _hypervisor_stopped(pid: int | None, marker: Path):
 
 def _process_state(pid: int) -> str:
     """The state letter of ``pid``'s main thread ("" when it is gone)."""
+    return _state(Path(f"/proc/{pid}/stat"))
+
+
+def _state(stat: Path) -> str:
+    """The state letter in a /proc ``stat`` file (after the parenthesised name), "" when unread."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        return stat.read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return ""
 
@@ -1000,10 +1004,10 @@ def _all_stopped(pid: int, until: float) -> bool:
     tasks = Path(f"/proc/{pid}/task")
     while True:
         try:
-            states = [(t / "stat").read_text().rpartition(")")[2].split()[0] for t in tasks.iterdir()]
-        except (OSError, IndexError):
-            states = []  # (a thread that ended while read: read again)
-        if states and all(st in ("T", "t") for st in states):
+            states = [_state(t / "stat") for t in tasks.iterdir()]
+        except OSError:
+            states = []
+        if states and all(st in ("T", "t") for st in states):  # ("": a thread that ended: read again)
             return True
         if time.monotonic() >= until:
             return False

@@ -67,20 +67,27 @@ def host_error(resp, host: str) -> FuseError:
     the controller's token (restarted with another --token) is 502 `unauthorized` naming
     the host, as at registration: the caller's own credentials were fine."""
     if resp.status_code == 401:
-        e = HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
-        e.host_details = {}
-        return e
-    details: dict = {}
+        return HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
     try:
         err = resp.json()["error"]
         code, msg = err.get("code", "internal"), err.get("message", resp.text)
-        details = err.get("details") if isinstance(err.get("details"), dict) else {}
     except Exception:
         code, msg = "internal", resp.text[:300]
     e = FuseError(f"host {host}: {msg}", code=code)
     e.http_status = resp.status_code
-    e.host_details = details  # (what the host said beside it: not passed on as ours)
     return e
+
+
+def lacks_bundle(resp) -> bool:
+    """A host's 400 for a guest bundle it does not have (the agent names it in ``details``):
+    that host's refusal, not the request's fault (it listed the bundle at its last poll)."""
+    if resp.status_code != 400:
+        return False
+    try:
+        details = resp.json()["error"].get("details")
+    except Exception:
+        return False
+    return isinstance(details, dict) and "bundle" in details
 
 
 # Why a host's agent answered the controller 401 (vms, usage and the poller say it alike).
@@ -363,12 +370,10 @@ class VmService:
                 err = host_error(resp, host)
                 if err.code == "vm_exists":
                     raise VmExists(f"a vm named {name} already exists on host {host}")
-                if resp.status_code == 400 and "bundle" not in err.host_details:
+                if lacks_bundle(resp):
+                    lacking.add(host)  # (the next host may have it)
+                elif resp.status_code == 400:
                     raise err
-                # (a bundle the host listed at its last poll and has no more: its refusal, not the
-                # request's fault: the next host may have it)
-                if "bundle" in err.host_details:
-                    lacking.add(host)
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
                 self._release(host, ask, name, row)

@@ -172,7 +172,7 @@ class PrewarmService:
     def _away(self, host: str) -> bool:
         """``host`` has not answered for ``AWAY_SECS``: more than a blip (it may still come back)."""
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
-        if view is None or view.connected or self._lost(host) or self.store.get_host(host) is None:
+        if view is None or view.connected or self._lost(host):
             return False
         return time.time() - max(view.seen_at, self._since) >= AWAY_SECS
 
@@ -487,9 +487,7 @@ class PrewarmService:
                 left += 1
                 log.warning("prewarm %s: removing %s from cordoned %s: %s", rec["id"], v["name"], host, exc.message)
         if left and (stored := self._get(rec["id"])) is not None:  # (deleted once it answers: ``_trim_returned``)
-            rec = stored
-            rec.setdefault("away_left", {})[host] = rec.get("away_left", {}).get(host, 0) + left
-            self._save(rec)
+            rec = self._left_on(stored, host, left)
         log.info("prewarm %s: %d VMs leave cordoned host %s for %s", rec["id"], n, host, ", ".join(placed[1]) or "-")
         return rec
 
@@ -508,12 +506,17 @@ class PrewarmService:
                 continue  # no room elsewhere: they wait there, and the next pass tries again
             if placed[0] is None:
                 return None
-            rec = placed[0]
-            away = rec.setdefault("away_left", {})
-            away[host] = away.get(host, 0) + n
-            self._save(rec)
+            rec = self._left_on(placed[0], host, n)
             log.warning("prewarm %s: host %s has not answered for %d s: its %d VMs are placed again on %s", rec["id"],
                         host, AWAY_SECS, n, ", ".join(placed[1]) or "-")
+        return rec
+
+    def _left_on(self, rec: dict, host: str, n: int) -> dict:
+        """``rec`` (stored so) with ``n`` more of its standby VMs left on ``host`` to delete once
+        it answers (``_trim_returned``)."""
+        away = rec.setdefault("away_left", {})
+        away[host] = away.get(host, 0) + n
+        self._save(rec)
         return rec
 
     async def _trim_returned(self, rec: dict) -> dict:
