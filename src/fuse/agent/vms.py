@@ -33,6 +33,7 @@ from typing import Any
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
 from ..models.vm import MAX_ENTRY_BYTES, ClaimRequest, CreateVmRequest, StateFile, Vm
 from ..paths import private_dir, private_opener
+from ..tasks import cancel_and_wait
 from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure, untouched_mib
@@ -732,9 +733,7 @@ class VmManager:
     async def close(self) -> None:
         """Stop watching. VMs keep running; the next agent adopts them."""
         if self._monitor:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            await cancel_and_wait([self._monitor])
         for vm in self.vms.values():
             if vm.state == "running":
                 self.metering.sample(vm.name)

@@ -26,7 +26,6 @@ or moved through), any other with the name that read it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import HostUnreachable, NotFound, NotTrusted
+from ..tasks import cancel_and_wait
 from ..transport import MAX_FACTS_BYTES, BadAddress, HostConnection, transport_kind
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 
@@ -127,12 +127,7 @@ class Fleet:
         await self.sync_hosts()
 
     async def close(self) -> None:
-        tasks = [*self._tasks.values()] + ([self._sync] if self._sync else [])
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([*self._tasks.values()] + ([self._sync] if self._sync else []))
         for cached in self._conns.values():
             await cached[2].close()
 

@@ -17,6 +17,7 @@ from ..envsettings import seconds
 from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, HostUnreachable, InvalidArgument,
                       NotFound, VmExists)
 from ..models.vm import MAX_ENTRY_BYTES, CreateVmRequest
+from ..tasks import cancel_and_wait
 from .hosts import machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
@@ -699,13 +700,7 @@ class VmService:
                 self.store.drop_unanswered(host, u["name"])
 
     async def close(self) -> None:
-        for t in list(self._settling) + ([self._renewer] if self._renewer else []):
-            t.cancel()
-        for t in list(self._settling) + ([self._renewer] if self._renewer else []):
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(list(self._settling) + ([self._renewer] if self._renewer else []))
         if self._rows:  # (what this replica still held: the others need not wait for it to expire)
             self._unhold(*self._rows)
 

@@ -21,6 +21,7 @@ from sqlalchemy import insert, select
 
 from ...errors import FuseError, HostUnreachable, InvalidArgument, NotFound
 from ...models.moves import MoveRequest
+from ...tasks import cancel_and_wait
 from ..store import moves as moves_t
 from ..store import vms as vms_t
 from .copying import MoveCopy
@@ -335,8 +336,4 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             _, late = await asyncio.wait(moves, timeout=STOP_SETTLE_S)
             for t in late:
                 t.cancel()  # (a host that does not answer: the next run settles it, as before)
-        for t in [*others, *moves]:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait([*others, *moves])

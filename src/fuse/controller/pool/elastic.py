@@ -28,6 +28,7 @@ from sqlalchemy import insert, select, update
 
 from ...errors import Conflict, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticHost, ElasticRemoved
+from ...tasks import cancel_and_wait, wait_event
 from ..store import elastic_hosts as hosts_t
 from .elastic_budget import BudgetMixin
 from .elastic_clouds import CloudsMixin
@@ -536,11 +537,7 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+            await cancel_and_wait([self._task])
         for p in self._providers.values():
             try:
                 await p.close()
@@ -560,8 +557,5 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 raise
             except Exception:  # one bad pass must not end the loop
                 log.exception("elastic pool pass failed")
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, self.interval)
             self._wake.clear()
