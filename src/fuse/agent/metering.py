@@ -317,7 +317,7 @@ def window(start: str | None, end: str | None, now: float | None = None) -> tupl
     t0 = 0 if t0 is None else _whole(t0)
     now = time.time() if now is None else now
     if t1 is None and t0 > now:  # (not against now rounded up: a from up to 1 s ahead passed)
-        raise InvalidArgument("to must not be before from")
+        raise InvalidArgument("from is in the future: to defaults to now and must not be before from")
     t1 = math.ceil(now) if t1 is None else _whole(t1)
     if t1 < t0:
         raise InvalidArgument("to must not be before from")
