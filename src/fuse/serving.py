@@ -46,6 +46,13 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         _head_timer: asyncio.TimerHandle | None = None
         _body_timer: asyncio.TimerHandle | None = None
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            # made as the connection is accepted: on a TLS listener its handshake comes before
+            # ``connection_made``, and the head's time counts from here (a peer that took 29 s
+            # over its handshake had 30 s more to send nothing)
+            self._opened = asyncio.get_running_loop().time()
+
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             # A request whose body stops coming is closed as a stalled head is: this long
@@ -72,10 +79,10 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 return
             t.close()
 
-        def _arm(self) -> None:
+        def _arm(self, after: float = HEAD_TIMEOUT_S) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
-            self._head_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_head)
+            self._head_timer = asyncio.get_running_loop().call_later(after, self._no_head)
 
         def _no_head(self) -> None:
             self._head_timer = None
@@ -90,7 +97,7 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()
+            self._arm(HEAD_TIMEOUT_S - (asyncio.get_running_loop().time() - self._opened))
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -257,6 +264,8 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     if not servers:
         raise ValueError("nothing to serve on: give a listen address or a socket path")
     loop = asyncio.get_running_loop()
+    if ssl_options:
+        handshake_deadline(loop)
 
     def stop() -> None:
         for s, _ in servers:
@@ -295,6 +304,25 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     for t in done:
         if not t.cancelled() and (exc := t.exception()) is not None:
             raise exc
+
+
+def handshake_deadline(loop: asyncio.AbstractEventLoop) -> None:
+    """TLS listeners on ``loop`` close a connection whose handshake is not done
+    ``HEAD_TIMEOUT_S`` after it was accepted: uvicorn opens them with asyncio's default
+    of 60 s and no way to set it, so a peer with no certificate at all held one that
+    long, whatever ``FUSE_HTTP_HEAD_TIMEOUT_S`` said (the head's deadline starts once
+    the handshake is done)."""
+    create = loop.create_server
+    if getattr(create, "fuse_handshake_deadline", False):
+        return
+
+    async def create_server(*args, **kwargs):
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", HEAD_TIMEOUT_S)
+        return await create(*args, **kwargs)
+
+    create_server.fuse_handshake_deadline = True  # type: ignore[attr-defined]
+    loop.create_server = create_server  # type: ignore[method-assign]
 
 
 def tls_server_options(cert: str, key: str, ca: str) -> dict[str, Any]:

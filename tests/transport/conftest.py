@@ -165,7 +165,7 @@ class Agent:
 
 def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: Path | None = None,
                 token: str | None = None, tls: tuple[str, str, str] | None = None, backend: str = "qemu",
-                wait: bool = True, host: str = "127.0.0.1") -> Agent:
+                wait: bool = True, host: str = "127.0.0.1", env: dict[str, str] | None = None) -> Agent:
     tmp.mkdir(parents=True, exist_ok=True)
     state = tmp / "agent-state"
     if backend == "fake":
@@ -181,7 +181,7 @@ def start_agent(processes, tmp: Path, *, port: int | None = None, socket_path: P
     if tls:
         args += ["--tls-cert", tls[0], "--tls-key", tls[1], "--tls-ca", tls[2]]
     log = tmp / "agent.log"
-    proc = spawn(args, log)
+    proc = spawn(args, log, env)
     processes.append(proc)
     if wait:
         wait_for(tcp_open(port, host) if port else unix_open(socket_path), proc.proc, log, "fuse host serve")
