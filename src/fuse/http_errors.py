@@ -3,7 +3,9 @@ wire envelope `{"error": {"code", "message"}}`.
 
 Anything else a route raises is a bug: it answers 500 ``internal`` in the
 same envelope (never Starlette's text/plain "Internal Server Error"), and its
-traceback goes to the ``fuse.http`` log once.
+traceback goes to the ``fuse.http`` log once. A client that hangs up before its
+request's body came whole is no bug: one line in the log, and no answer (nobody
+is there to read it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from .errors import FuseError, error_body
@@ -48,6 +51,11 @@ class CatchAll:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            # (a move's chunk cut off mid-upload, a client killed: logged as an internal error
+            # with its traceback, and a 500 written to nobody)
+            log.info("%s %s: the client hung up before its request's body came whole", scope.get("method", ""),
+                     scope.get("path", ""))
         except Exception as exc:
             if started:
                 raise
