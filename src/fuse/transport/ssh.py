@@ -162,7 +162,11 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
         raise NotTrusted(f"SSH login as {t.user} on {t.hostport} was refused: {which_key} "
                          "authorised there (batch mode: no password is ever asked)") from None
     except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
-        raise NotTrusted(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
+        if isinstance(exc, asyncssh.KeyEncryptionError) or "passphrase" in str(exc).lower():
+            raise NotTrusted(f"the SSH key {o.key} cannot be used without a prompt: {exc}") from None
+        # (not encrypted: not a private key at all — a public key given by mistake, say)
+        hint = f": give the private key, {str(o.key)[:-4]}" if str(o.key).endswith(".pub") else ""
+        raise NotTrusted(f"the SSH key {o.key} is not a private key fuse can read ({exc}){hint}") from None
     except (asyncio.TimeoutError, TimeoutError):
         raise HostUnreachable(f"SSH to {t.hostport} did not connect, shake hands and log in within "
                               f"{quoted or timeout:g} s") from None
