@@ -112,8 +112,7 @@ def test_a_counting_vm_moves_and_carries_on(fleet):
     fleet.add("src")
     fleet.add("dst")
     fleet.client.vms.create(vm_body("job1", host="src"))
-    time.sleep(1.0)
-    before = max(fleet.counter("job1"))
+    before = max(wait_until(lambda: fleet.counter("job1"), what="the VM counting"))
     m = fleet.client.moves.create("job1", to="dst")
     assert m["state"] in ("starting", "sleeping", "copying", "waking", "done") and m["to"] == "dst"
     m = fleet.wait_move(m["id"])
@@ -123,10 +122,9 @@ def test_a_counting_vm_moves_and_carries_on(fleet):
     assert fleet.running_copies("job1") == ["dst"]
     assert "job1" not in fleet.host_vms("src")
     assert fleet.client.vms.get("job1")["host"] == "dst"
-    time.sleep(1.0)
     # the console carries on from where it slept, after what it printed on the source: the
     # whole serial log moved with it (was: only what it printed on the target)
-    after = fleet.counter("job1")
+    after = wait_until(lambda: (c := fleet.counter("job1")) and max(c) > before and c, what="counting on")
     assert after[0] <= 1 and max(after) > before
     assert after == list(range(after[0], after[0] + len(after))), after  # no gap, no restart
     states = [e["to"] for e in fleet.client.events.list(0, limit=500)["events"]

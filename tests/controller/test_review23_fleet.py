@@ -114,8 +114,8 @@ def move_held_after_copy(fleet, gone: str) -> tuple[dict, dict, str]:
     fleet.restart(env={"FUSE_TEST_PAUSE_AT": "copied:120"})  # the move holds after its copy
     fleet.client.vms.create(shape(name="v1", host="a", entry="sleep 600"))
     move = fleet.client.moves.create("v1", to="b")
-    wait_until(lambda: fleet.client.moves.get(move["id"])["state"] == "copying", what="copying")
-    time.sleep(1.0)  # (the copy is through: the move waits at the pause)
+    wait_until(lambda: (m := fleet.client.moves.get(move["id"]))["state"] == "copying"
+               and 0 < m["copied_bytes"] == m["total_bytes"], what="the copy through (the move waits at the pause)")
     dead = "b" if gone == "target" else "a"
     agents[dead].stop()
     wait_until(lambda: not fleet.client.hosts.get(dead).connected, what=f"{dead} disconnected")
