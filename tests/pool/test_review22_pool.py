@@ -22,13 +22,13 @@ BIG = {"name": "big", "vcpus": 4, "mem_mib": 4096, "usd_per_hour": 3.0, "billing
 SHAPE = {"vcpus": 1, "mem_mib": 3000}
 
 
-def claim_while(client, remove) -> tuple[dict, object]:
-    """A create of the prewarmed shape, and ``remove()`` called 1 s into its claim (held 3 s)."""
+def claim_while(ctl, client, remove) -> tuple[dict, object]:
+    """A create of the prewarmed shape, and ``remove()`` called once its claim holds (6 s)."""
     created: list = []
     t = threading.Thread(target=lambda: created.append(client.vms.create({"name": "c1", "shape": SHAPE,
                                                                           "entry": "x"})))
     t.start()
-    time.sleep(1.0)
+    wait_until(lambda: "test hook: held at claim" in ctl.logs(), what="the create holding in its claim")
     removed = remove()
     t.join(60)
     assert created, "the create did not answer"
@@ -38,7 +38,7 @@ def claim_while(client, remove) -> tuple[dict, object]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["cloud_remove_host", "remove_prewarm"])
 def test_a_machine_whose_prewarmed_vm_a_create_is_claiming_stays_with_the_vm(tmp_path, procs, how):
-    procs.append(ctl := start_controller(tmp_path, env={"FUSE_TEST_PAUSE_AT": "claim:3"}))
+    procs.append(ctl := start_controller(tmp_path, env={"FUSE_TEST_PAUSE_AT": "claim:6"}))
     with fuse.Client(ctl.url) as client:
         client.pool.link_cloud("dev", "local", {"backend": "fake", "types": [BIG]})
         pw = client.pool.prewarm("linux", fuse.PrewarmOptions(count=1, cpus=1, memory_mb=3000, instance_type="big",
@@ -46,11 +46,11 @@ def test_a_machine_whose_prewarmed_vm_a_create_is_claiming_stays_with_the_vm(tmp
         (machine,) = pw.new_hosts
         ready(client, pw.id, 1, timeout=60)
         if how == "cloud_remove_host":
-            vm, out = claim_while(client, lambda: client.pool.cloud_remove_host([machine]))
+            vm, out = claim_while(ctl, client, lambda: client.pool.cloud_remove_host([machine]))
             assert out.removed == [] and len(out.failed) == 1, out
             assert out.failed[0].startswith(f"{machine}: a VM is being placed on it (c1)"), out
         else:
-            vm, out = claim_while(client, lambda: client.pool.remove_prewarm(pw.id))
+            vm, out = claim_while(ctl, client, lambda: client.pool.remove_prewarm(pw.id))
             assert out is True
         assert vm["host"] == machine and vm["state"] == "running", vm
         time.sleep(2)  # (pool passes: nothing ends the machine under the VM)

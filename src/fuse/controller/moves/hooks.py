@@ -9,9 +9,12 @@ step's recovery is exercised against real hosts. Unset, each is a no-op.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from ...errors import HostUnreachable
+
+log = logging.getLogger("fuse.controller.hooks")
 
 
 def crash_point(point: str) -> None:
@@ -31,7 +34,9 @@ def fail_point(point: str) -> None:
 
 async def pause_point(point: str) -> None:
     """Test hook: FUSE_TEST_PAUSE_AT=<point>:<seconds> holds the move there
-    while the rest of the controller (pollers, API) carries on."""
+    while the rest of the controller (pollers, API) carries on; the log says when it
+    holds (a test acts then, not a guessed while after)."""
     where, _, secs = os.environ.get("FUSE_TEST_PAUSE_AT", "").partition(":")
     if where == point:
+        log.warning("test hook: held at %s for %g s", point, float(secs or 1))
         await asyncio.sleep(float(secs or 1))
