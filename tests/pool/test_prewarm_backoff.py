@@ -40,7 +40,7 @@ class Cloud:
     def __init__(self, ctl: Controller):
         self.ctl, self.calls, self.refuse, self.n = ctl, [], False, 0
 
-    async def place(self, on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None):
+    async def place(self, on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None, pw_id=None):
         self.calls.append(buy)
         if not buy:
             raise FleetFull("prewarm refused, nothing bought: no host has room")

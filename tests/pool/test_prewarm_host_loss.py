@@ -89,7 +89,7 @@ def test_only_standby_vms_on_a_host_that_answers_count_as_ready_or_are_claimed(c
 async def test_a_refill_places_the_vms_of_lost_hosts_again_through_the_prewarms_solve(ctl, monkeypatch):
     solved, created = [], []
 
-    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None):
+    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None, pw_id=None):
         solved.append((on, count))
         return {"up": count}, []
 
@@ -261,7 +261,7 @@ async def test_standby_vms_a_cordoned_host_away_could_not_delete_go_once_it_answ
         ctl.store.put_host(conn, dict(row, state="cordoned"))
     deleted, answers = [], False
 
-    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None):
+    async def place(on, image, kind, cpus, mem, count, ttl, opts, buy=True, exclude=None, pw_id=None):
         return {"up": count}, []
 
     async def create(body):

@@ -84,6 +84,8 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             if row is None:
                 raise NotFound(f"no elastic host {name}")
             row = dict(row)
+            if to == row["state"] == "gone":
+                return row  # (terminal: a second end, a race's, changes nothing of the first)
             if to != row["state"] and to not in TRANSITIONS[row["state"]]:
                 raise IllegalTransition(f"elastic host {name}: {row['state']} -> {to} is not a transition")
             rec = dict(values.pop("record", None) or row["record"] or {})
@@ -119,12 +121,14 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
 
     async def add_hosts(self, provider: str, instance_type: str, region: str | None = None, count: int | None = None,
                         ttl_hours: int | None = None, *, pinned: bool = True,
-                        billed: int | None = None, planned_secs: int | None = None) -> list[ElasticHost]:
+                        billed: int | None = None, planned_secs: int | None = None,
+                        bought_for: str | None = None) -> list[ElasticHost]:
         """Buy ``count`` machines of one type (all within the budget, or none).
         ``pinned``: added by hand — the scaler never removes them; each ends at
         its TTL (default 24 h). A plan's machines (``pinned`` False) have no TTL:
         scale-in removes them once idle; ``billed`` is the seconds the plan
-        bills each for its work (what the monthly cap is checked against)."""
+        bills each for its work (what the monthly cap is checked against). ``bought_for``:
+        the prewarm it is bought for, kept in its record (``PrewarmService.end_orphaned``)."""
         count = 1 if count is None else count
         if not 1 <= count <= MAX_ADD:
             raise InvalidArgument(f"count must be 1 to {MAX_ADD}, not {count}")
@@ -152,7 +156,7 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                         boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
                         record={"history": [{"state": "creating", "time": now, "reason": ""}],
                                 "planned_until": now + (billed or 0 if planned_secs is None else planned_secs),
-                                "budgeted_until": now + (billed or 0)},
+                                "budgeted_until": now + (billed or 0)} | ({"prewarm": bought_for} if bought_for else {}),
                         updated_at=now))
                     # (``type_name``: an event's ``type`` is its own, "elastic_host")
                     self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
@@ -441,6 +445,10 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         name, state = r["name"], r["state"]
         stopped = m is not None and m.state == "stopping"
         if m is None or m.state == "terminated" or stopped:
+            if (self.row(name) or {}).get("state", "gone") == "gone":
+                # removed while the cloud was asked (``r`` was read before): its end is the
+                # removal's, not the cloud's (it was marked ended by the cloud, ``gone`` again)
+                return
             if self.store.get_host(name) is not None and (self.store.get_host(name) or {}).get("state") == "active":
                 self.ctl.hosts.set_state(name, "cordoned")
             if stopped:

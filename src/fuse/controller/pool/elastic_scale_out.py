@@ -127,7 +127,8 @@ class ScaleOutMixin:
         """The hosts of ``snapshot`` bought and not joined yet -> seconds until they are expected to."""
         return {h["name"]: int(h["joins_in_secs"]) for h in snapshot if h.get("joins_in_secs") is not None}
 
-    async def buy(self, new_hosts: list, planned_secs: int | None = None) -> list[ElasticHost]:
+    async def buy(self, new_hosts: list, planned_secs: int | None = None,
+                  bought_for: str | None = None) -> list[ElasticHost]:
         """Buy a plan's machines (``ElasticNewHost``s): all of them or none. The
         whole set is checked against the caps first; if the cloud fails one,
         those already bought are removed again and the error is raised."""
@@ -142,7 +143,8 @@ class ScaleOutMixin:
             try:
                 for h in new_hosts:
                     added += await self.add_hosts(h.provider, h.type_name, h.region, 1, pinned=False,
-                                                  billed=h.billed_secs, planned_secs=planned_secs)
+                                                  billed=h.billed_secs, planned_secs=planned_secs,
+                                                  bought_for=bought_for)
                     if added[-1].state == "gone":
                         raise FuseError(f"{h.provider} did not create {h.type_name}", code="cloud_error").with_status(502)
             except FuseError:

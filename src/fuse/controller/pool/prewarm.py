@@ -77,6 +77,10 @@ from .elastic_budget import BudgetExceeded
 from .request import kind_of_image, learned_shape
 
 log = logging.getLogger("fuse.controller.pool")
+
+# On a store replicas share, how long after its purchase a machine bought for a prewarm no
+# replica stores is taken for an orphan (another may still be buying for it: ``end_orphaned``)
+ORPHAN_GRACE_S = 600.0
 DEFAULT_TTL_SECS = 3600
 JOIN_WAIT_SECS = 600  # a machine bought for a prewarm may take this long to join
 REFILL_WAIT_S = 30.0  # a create waits this long at most for a refill's standby creates of its shape
@@ -132,6 +136,7 @@ class PrewarmService:
         self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
         self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle, host) -> standby creates under way
+        self._starting: set[str] = set()  # prewarms being placed in this replica, not stored yet
         self._since = time.time()  # (a host this controller has not heard from yet: away since it started)
 
     # ---- records ---------------------------------------------------------------
@@ -256,8 +261,12 @@ class PrewarmService:
         count = opts.count or 1
         ttl = DEFAULT_TTL_SECS if opts.ttl_secs is None else opts.ttl_secs  # (at least 1: PrewarmOptions)
         async with self._room_lock:
-            placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts)
             pw_id = "pw-" + secrets.token_hex(3)
+            self._starting.add(pw_id)  # (its machines are bought before it is stored: not orphans)
+            try:
+                placements, new_hosts = await self._place(on, image, kind, cpus, mem, count, ttl, opts, pw_id=pw_id)
+            finally:
+                self._starting.discard(pw_id)
             rec = {"id": pw_id, "image": image, "kind": kind, "cpus": cpus, "memory_mb": mem, "count": count,
                    "on": on, "ttl_secs": ttl, "expires_at": min(U64, int(time.time()) + ttl),
                    "placements": placements, "new_hosts": new_hosts, "next": 1, "instance_type": opts.instance_type,
@@ -272,10 +281,11 @@ class PrewarmService:
         return self.view(rec)
 
     async def _place(self, on: str, image: str, kind: str, cpus: int, mem: int, count: int, ttl: int,
-                     opts: PrewarmOptions, buy: bool = True, exclude: str | None = None
+                     opts: PrewarmOptions, buy: bool = True, exclude: str | None = None, pw_id: str | None = None
                      ) -> tuple[dict[str, int], list[str]]:
         """Where the standby VMs go (host -> count), and the hosts bought for them
-        (``buy`` False: none, only hosts already there; ``exclude``: a host they leave)."""
+        (``buy`` False: none, only hosts already there; ``exclude``: a host they leave;
+        ``pw_id``: the prewarm they are for, which the machines bought keep in their record)."""
         target = parse_on(on)
         if target.kind == "host":
             host = target.name
@@ -328,7 +338,7 @@ class PrewarmService:
                 f"${b.month_usd:.2f} spent this month)" if cls is BudgetExceeded and caps else ""))
         if any(h.one_space for h in plan.new_hosts):
             raise FleetFull("prewarm refused, nothing bought: the plan needs one-VM sandboxes, not hosts")
-        names = [a.name for a in await pool.buy(plan.new_hosts)] if plan.new_hosts else []
+        names = [a.name for a in await pool.buy(plan.new_hosts, bought_for=pw_id)] if plan.new_hosts else []
         added = names
         placements: dict[str, int] = {}
         for a in plan.assignments:
@@ -723,7 +733,7 @@ class PrewarmService:
         args = (rec["on"], rec["image"], rec["kind"], rec["cpus"], rec["memory_mb"], n,
                 max(1, int(rec["expires_at"] - time.time())), opts)
         try:
-            where, bought = await self._place(*args, buy=buy, exclude=off)
+            where, bought = await self._place(*args, buy=buy, exclude=off, pw_id=rec["id"])
         except FuseError as exc:
             if buy and exc.code == "cloud_error" and (stored := self._get(rec["id"])) is not None:
                 # the cloud refused the machine: as one it ended at once (the next pass would ask again)
@@ -808,6 +818,30 @@ class PrewarmService:
                 log.info("prewarm %s ended: its machine %s stays: %s", pw_id, host, exc.message)
                 self.ctl.pool.work_ended(host)
         return True
+
+    def end_orphaned(self, now: float) -> list[str]:
+        """Machines bought for a prewarm that is no more, still planned for its work: their
+        planned time ends now (``work_ended``), so scale-in removes them once idle. A
+        controller killed while it ended the prewarm (its row goes first), or while it bought
+        for one not stored yet, left them idle and billed until the prewarm's TTL (10 days,
+        or for good) with nothing left to end them. On a store shared by replicas another
+        may be placing one right now: there, a machine is an orphan ORPHAN_GRACE_S after
+        it was bought. The names whose time was ended."""
+        with self.store.read() as c:
+            live = {r[0] for r in c.execute(select(prewarms_t.c.id))}
+        grace = 0.0 if self.store.is_sqlite else ORPHAN_GRACE_S
+        ended = []
+        for r in self.ctl.pool.rows():
+            rec = r["record"] or {}
+            pw = rec.get("prewarm")
+            if (not pw or pw in live or pw in self._starting or r["state"] == "gone" or r["expires"]
+                    or rec.get("planned_until", 0) <= now or now - r["started"] < grace):
+                continue
+            log.warning("elastic host %s was bought for prewarm %s, which is no more: it goes once idle",
+                        r["name"], pw)
+            self.ctl.pool.work_ended(r["name"])
+            ended.append(r["name"])
+        return ended
 
     def pinned_to(self, host: str) -> list[str]:
         """The prewarms pinned to ``host`` (``on: host:NAME``): their VMs go nowhere else."""

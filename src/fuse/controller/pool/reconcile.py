@@ -69,9 +69,12 @@ class Load:
         return [(mem, None) for mem in self.vms] + list(zip(self.standby, on))
 
 
-def _clock(t: float) -> str:
+def _clock(t: float, now: float | None = None) -> str:
+    """``t`` as UTC time of day, with its date when that is not ``now``'s (a machine kept
+    for work planned 10 days out read "until 16:26:43 UTC", a time already past today)."""
     import time
-    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
+    day = time.gmtime(t)[:3] == time.gmtime(now)[:3] if now is not None else True
+    return time.strftime("%H:%M:%S UTC" if day else "%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def _fits(vms: list[tuple[int, frozenset[str] | None]], room: dict[str, tuple[int, int]]) -> bool:
@@ -122,16 +125,16 @@ def decide(rows: list[dict], loads: dict[str, Load], room: dict[str, tuple[int, 
             # its paid step's: kept past it, the next step was billed for nothing)
             until = (r["record"] or {})["planned_until"]
             out[name] = ElasticDecision(host=name, action="keep", until=int(until),
-                                        reason=f"idle; bought for work planned until {_clock(until)}")
+                                        reason=f"idle; bought for work planned until {_clock(until, now)}")
         elif not used:
             end = paid_until(r, now)
             step = max(int(r["billing_step_secs"]), 1)
             if end - now <= horizon:
                 out[name] = ElasticDecision(host=name, action="remove", saves_usd=round(r["usd_per_hour"] * step / 3600, 6),
-                                            reason=f"idle; its paid time ends at {_clock(end)}")
+                                            reason=f"idle; its paid time ends at {_clock(end, now)}")
             else:
                 out[name] = ElasticDecision(host=name, action="keep", until=int(end - horizon),
-                                            reason=f"idle; paid until {_clock(end)}, removed then")
+                                            reason=f"idle; paid until {_clock(end, now)}, removed then")
     busy = sorted((r for r in live if r["name"] not in out and r["state"] == "joined"),
                   key=lambda r: (sum(loads[r["name"]].held) / max(loads[r["name"]].mem_mib, 1), r["name"]))
     if len(busy) > 0:
@@ -224,6 +227,8 @@ async def reconcile(pool, *, horizon: float = HORIZON_SECS) -> list[ElasticDecis
     import time
 
     now = time.time()
+    if (prewarm := getattr(pool.ctl, "prewarm", None)) is not None:
+        prewarm.end_orphaned(now)  # (before the rows are read: their planned time ends now)
     rows = [r for r in pool.rows() if r["state"] != "gone"]
     # (a host the scaler cordoned is room for the plans, which uncordon it: not for scale-in;
     # nor is a machine still booting: its room is not there yet to take a cordoned host's VMs)
