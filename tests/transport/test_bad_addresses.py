@@ -30,6 +30,10 @@ BAD = {
     "an IPv4 literal with an octet above 255": ("http://999.1.1.1:80", "999.1.1.1 is not an IPv4 address"),
     "a port that is not a number": ("http://127.0.0.1:abc", "port 'abc' is not a number"),
     "an ssh port above 65535": ("ssh://u@127.0.0.1:99999", "port 99999 is out of range"),
+    # (review 29: "out of range" for 42502, and :080 stored as written, :80 then another address)
+    "a port with a leading zero": ("http://127.0.0.1:042502", "port 042502 has leading zeros: write it 42502"),
+    "a port of 80 with a leading zero": ("http://127.0.0.1:080", "port 080 has leading zeros: write it 80"),
+    "an ssh port with leading zeros": ("ssh://u@127.0.0.1:0022", "port 0022 has leading zeros: write it 22"),
     "an ssh port that is not a number": ("ssh://u@127.0.0.1:abc", "port 'abc' is not a number"),
     "an ssh address with no host": ("ssh://u@", "names no host"),
     # (review 27: accepted, and the no-known_hosts message suggested an ssh-keyscan command

@@ -201,6 +201,11 @@ def _port(addr: str, text: str | None) -> int | None:
         raise _bad(addr, "the port after ':' is empty")
     if not _DIGITS.fullmatch(text):
         raise _bad(addr, f"port {_shown(text)} is not a number from 1 to 65535")
+    if len(text) > 1 and text[0] == "0" and 0 < len(text.lstrip("0")) <= 5:
+        # (`:042502` was "out of range", `:080` stored as written: a later `:80` read as another
+        # address, a move of the host to elsewhere): written one way only
+        raise _bad(addr, f"port {text[:10]}{'...' if len(text) > 10 else ''} has leading zeros: "
+                         f"write it {text.lstrip('0')}")
     port = int(text) if len(text) <= 5 else 65536  # int() of thousands of digits is itself an error
     if not 1 <= port <= 65535:
         raise _bad(addr, f"port {text if len(text) <= 10 else text[:10] + '...'} is out of range "
