@@ -151,6 +151,21 @@ def test_a_declared_gpu_kind_on_a_host_without_one_quotes_what_the_probe_reports
     assert w == "capacity.gpu_kind: declared 'A100' differs from probed '' (no GPU); keeping the declared value"
 
 
+def test_a_declared_arch_the_probe_contradicts_is_replaced_and_said(client, agent):
+    """(review 29: declared arm64 at an amd64 agent was stored amd64 without a word, where every
+    other declared fact the probe contradicts is warned about)"""
+    probed = httpx.get(agent.url + "/v1/host", headers={"Authorization": f"Bearer {agent.token}"}).json()
+    other = "arm64" if probed["arch"] != "arm64" else "amd64"
+    host = client.hosts.register(RegisterHostRequest(id="a1", url=agent.url, token=agent.token, backend="qemu",
+                                                     capacity=HostCapacity(vm_count=2, arch=other)))
+    assert host.capacity.arch == probed["arch"]
+    assert (f"capacity.arch: declared {other!r} differs from probed {probed['arch']!r}; storing the probed value "
+            "(the agent's machine is what runs the VMs)") in host.warnings, host.warnings
+    same = client.hosts.register(RegisterHostRequest(id="a1", url=agent.url, token=agent.token, backend="qemu",
+                                                     capacity=HostCapacity(vm_count=2, arch=probed["arch"])))
+    assert not [w for w in same.warnings if w.startswith("capacity.arch")], same.warnings
+
+
 FACTS = {"cpus": 4, "ram_mb": 8192, "storage_gb": 100, "arch": "amd64"}
 
 

@@ -262,6 +262,10 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
                                 "stored as 0 (declare a value to override the probe)")
         else:
             _warn_above_probe(f"capacity.{field}", declared, real, warnings)
+    if cap.arch and probed.get("arch") and cap.arch != probed["arch"]:
+        # (replaced without a word, where every other fact that differs from the probe is said)
+        warnings.append(f"capacity.arch: declared {cap.arch!r} differs from probed {probed['arch']!r}; "
+                        "storing the probed value (the agent's machine is what runs the VMs)")
     out.arch = probed.get("arch", "") or out.arch
     if out.arch and out.arch not in ARCHES:
         warnings.append(f"arch: the host agent runs on {out.arch}; the elastic planner plans amd64 and arm64 "
