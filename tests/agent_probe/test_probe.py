@@ -170,3 +170,51 @@ def test_gpu_kind_label_matches_whole_model_names(model, label):
 def test_firecracker_absent_reports_empty_release(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert probe.firecracker_release() == ""
+
+
+def stand_in(tmp: Path, monkeypatch, name: str, script: str) -> None:
+    """`name` on PATH as a shell script, ahead of any real one."""
+    (tmp / "bin").mkdir(exist_ok=True)
+    (tmp / "bin" / name).write_text("#!/bin/sh\n" + script)
+    (tmp / "bin" / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp / 'bin'}:{os.environ['PATH']}")
+
+
+MISMATCH = 'echo "Failed to initialize NVML: Driver/library version mismatch"; echo "NVML library version: 550.90"; exit 18\n'
+KNOWN = {"gpus": 2, "gpu_kind": "nvidia:A100", "gpu_devices": probe.parse_nvidia_gpus(NVIDIA_CSV),
+         "mig_profiles": {"1g.10gb": 14}, "firecracker": "v1.10.1"}
+
+
+def test_a_failing_nvidia_smi_is_not_a_machine_without_gpus(tmp_path, monkeypatch):
+    stand_in(tmp_path, monkeypatch, "nvidia-smi", MISMATCH)
+    said = ("nvidia-smi exited with status 18 (Failed to initialize NVML: Driver/library version mismatch): ")
+    # At start-up nothing is known: none, but said (was: none, in silence).
+    facts = probe.probe(tmp_path)
+    assert (facts["gpus"], facts["gpu_kind"], facts["gpu_devices"], facts["mig_profiles"]) == (0, "", [], {})
+    assert facts["probe_warnings"] == [said + "no GPUs are reported until it answers"]
+    # A later probe keeps what an earlier one read (was: gpus 0 over the 2 the machine has).
+    facts = probe.probe(tmp_path, KNOWN)
+    assert {k: facts[k] for k in probe.NO_GPUS} == {k: KNOWN[k] for k in probe.NO_GPUS}
+    assert facts["probe_warnings"] == [said + "the GPU facts stay those an earlier probe read (gpus 2, "
+                                              "gpu_kind nvidia:A100)"]
+
+
+def test_a_failing_firecracker_keeps_the_release_an_earlier_probe_read(tmp_path, monkeypatch):
+    stand_in(tmp_path, monkeypatch, "firecracker", 'echo "error: cannot open /dev/kvm" >&2; exit 1\n')
+    facts = probe.probe(tmp_path, KNOWN)
+    assert facts["firecracker"] == "v1.10.1"
+    assert facts["probe_warnings"] == ["firecracker --version exited with status 1 (error: cannot open /dev/kvm): "
+                                       "the Firecracker release stays v1.10.1, as an earlier probe read it"]
+
+
+def test_a_tool_past_its_time_is_named_with_the_time_and_its_first_line(tmp_path, monkeypatch):
+    stand_in(tmp_path, monkeypatch, "nvidia-smi", 'echo "waiting for the GPUs to initialise" >&2; sleep 5\n')
+    with pytest.raises(probe.ToolFailed) as exc:
+        probe._run(["nvidia-smi", "--query-gpu=name", "--format=csv"], timeout=0.5)
+    assert str(exc.value) == "nvidia-smi did not answer within 0.5 s (waiting for the GPUs to initialise)"
+
+
+def test_tools_not_installed_are_none_without_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(probe.shutil, "which", lambda name: None)
+    facts = probe.probe(tmp_path, KNOWN)
+    assert (facts["gpus"], facts["firecracker"], facts["qemu_version"], facts["probe_warnings"]) == (0, "", "", [])

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,26 +51,33 @@ FRESH_PROBE_S = seconds("FUSE_FRESH_PROBE_S", 6.0)
 
 async def fresh_probe(app: FastAPI) -> str:
     """Probe the machine again into the agent's facts, within ``FUSE_FRESH_PROBE_S``; "" when
-    done, else a note saying the facts are the start-up ones. A probe that overruns still ends
-    in the background and updates them then; one runs at a time (a second call waits on it)."""
+    done, else a note saying which probe the facts are from. A probe that overruns still ends
+    in the background and updates them then; one runs at a time (a second call waits on it).
+    A vendor tool that fails or times out leaves its facts as they were (see `probe.probe`)."""
     cfg, vms = app.state.config, getattr(app.state, "vms", None)
 
     def apply(new: dict[str, Any]) -> None:
         for k in ("kvm", "kvm_device"):  # (what the backend settled on at start stands)
             new.pop(k, None)
         cfg.facts.update(new)
+        app.state.probed_at = time.monotonic()
         if vms is not None:
             vms.ram_mb, vms.cpus = cfg.facts["ram_mb"], cfg.facts["cpus"]
 
     task = getattr(app.state, "fresh_probe", None)
     if task is None or task.done():
-        task = app.state.fresh_probe = asyncio.ensure_future(asyncio.to_thread(probe_mod.probe, cfg.state_dir))
+        task = app.state.fresh_probe = asyncio.ensure_future(
+            asyncio.to_thread(probe_mod.probe, cfg.state_dir, dict(cfg.facts)))
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or apply(t.result()))
     try:
         await asyncio.wait_for(asyncio.shield(task), FRESH_PROBE_S)
     except asyncio.TimeoutError:
+        # (once an overrun probe has ended, the facts are no longer the start-up ones)
+        probed_at = getattr(app.state, "probed_at", None)
+        which = ("the facts probed when the agent started" if probed_at is None else
+                 f"the facts of its last probe to finish, {time.monotonic() - probed_at:.0f} s ago")
         return (f"the fresh probe did not finish within {FRESH_PROBE_S:g} s (a slow nvidia-smi, qemu or firecracker "
-                f"--version?): these are the facts probed when the agent started")
+                f"--version?): these are {which}")
     return ""
 
 

@@ -142,14 +142,37 @@ def kvm_device_answers(dev: str = "/dev/kvm") -> bool:
         os.close(fd)
 
 
+class ToolFailed(Exception):
+    """An installed vendor tool that exited non-zero or did not answer in time. What it
+    reports is then unknown, not none: a machine whose nvidia-smi fails (a driver and
+    library of two versions) still has its GPUs."""
+
+    def __init__(self, cmd: list[str], how: str, output: str | bytes | None):
+        if isinstance(output, bytes):  # (a timeout's partial output comes as bytes, text or not)
+            output = output.decode(errors="replace")
+        first = next((line.strip() for line in (output or "").splitlines() if line.strip()), "")
+        # The tool as a person would type it: its options up to the first one with a value
+        # (nvidia-smi's --query-gpu=... list says nothing the tool's name does not).
+        shown = " ".join(cmd[:next((i for i, a in enumerate(cmd) if "=" in a), len(cmd))])
+        super().__init__(f"{shown} {how}" + (f" ({first[:200]})" if first else ""))
+
+
 def _run(cmd: list[str], timeout: float = 10) -> str | None:
+    """The tool's output; None when it is not installed (the machine has none of what it
+    reports). An installed one that fails or runs past ``timeout`` raises ToolFailed."""
     if shutil.which(cmd[0]) is None:
         return None
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
+    except subprocess.TimeoutExpired as exc:
+        raise ToolFailed(cmd, f"did not answer within {timeout:g} s", exc.stderr or exc.output) from None
+    except OSError as exc:  # (on PATH and executable, yet it does not start: a bad interpreter line)
+        raise ToolFailed(cmd, "could not be started", str(exc)) from None
+    if out.returncode < 0:
+        raise ToolFailed(cmd, f"was killed by signal {-out.returncode}", out.stderr or out.stdout)
+    if out.returncode != 0:
+        raise ToolFailed(cmd, f"exited with status {out.returncode}", out.stderr or out.stdout)
+    return out.stdout
 
 
 def qemu_version() -> str:
@@ -160,7 +183,7 @@ def qemu_version() -> str:
 
 def firecracker_release() -> str:
     """`firecracker --version` prints e.g. "Firecracker v1.10.1"; "" when
-    no binary is on PATH."""
+    no binary is on PATH (ToolFailed when one is and fails)."""
     out = _run(["firecracker", "--version"]) or ""
     m = re.search(r"v\d+\.\d+\.\d+\S*", out)
     return m.group(0) if m else ""
@@ -216,11 +239,16 @@ def gpu_kind_label(model: str) -> str:
     return f"nvidia:{m.group(1)}" if m else (f"nvidia:{model}" if model else "")
 
 
+NO_GPUS: dict[str, Any] = {"gpus": 0, "gpu_kind": "", "gpu_devices": [], "mig_profiles": {}}
+
+
 def probe_gpus() -> dict[str, Any]:
+    """The GPU facts by nvidia-smi; none when it is not installed (ToolFailed when it is and
+    fails: its listing of MIG profiles too, as those facts are read together)."""
     csv = _run(["nvidia-smi", "--query-gpu=name,uuid,pci.bus_id,memory.total,driver_version,"
                 "mig.mode.current", "--format=csv,noheader,nounits"])
     if not csv:
-        return {"gpus": 0, "gpu_kind": "", "gpu_devices": [], "mig_profiles": {}}
+        return dict(NO_GPUS)
     devices = parse_nvidia_gpus(csv)
     mig = {}
     if any(d["mig_mode"] == "Enabled" for d in devices):
@@ -229,13 +257,34 @@ def probe_gpus() -> dict[str, Any]:
             "gpu_devices": devices, "mig_profiles": mig}
 
 
-def probe(state_dir: Path) -> dict[str, Any]:
+# Each vendor tool the probe runs: how its facts are read, what they are where it is not
+# installed, and what a warning says of them when it fails (kept from an earlier probe, or
+# none when there was none to keep).
+_TOOLS = (
+    (lambda: {"qemu_version": qemu_version()}, {"qemu_version": ""},
+     "the QEMU version stays {qemu_version}, as an earlier probe read it",
+     "no QEMU version is reported until it answers"),
+    (lambda: {"firecracker": firecracker_release()}, {"firecracker": ""},
+     "the Firecracker release stays {firecracker}, as an earlier probe read it",
+     "no Firecracker release is reported until it answers"),
+    (probe_gpus, NO_GPUS,
+     "the GPU facts stay those an earlier probe read (gpus {gpus}, gpu_kind {gpu_kind})",
+     "no GPUs are reported until it answers"),
+)
+
+
+def probe(state_dir: Path, known: dict[str, Any] | None = None) -> dict[str, Any]:
     """The static hardware facts of this machine.
 
     ``kvm_device`` is whether /dev/kvm answers. ``kvm`` (usable KVM) needs the
     backend's boot probe too, so here it is only the device's answer: the
     agent's summary and ``host_facts`` replace it with what the backend
-    settled on."""
+    settled on.
+
+    A vendor tool that is installed but fails or times out says nothing of the
+    machine: its facts are the ones in ``known`` (an earlier probe's), none
+    without it, and ``probe_warnings`` says so in a sentence each (empty when
+    every tool answered)."""
     kvm_device = kvm_device_answers()
     facts = {
         "cpus": usable_cpus(),
@@ -244,11 +293,17 @@ def probe(state_dir: Path) -> dict[str, Any]:
         "arch": arch(),
         "kvm": kvm_device,
         "kvm_device": kvm_device,
-        "qemu_version": qemu_version(),
-        "firecracker": firecracker_release(),
         "firecracker_pinned": FIRECRACKER_PINNED,
     }
-    facts.update(probe_gpus())
+    warnings = []
+    for read, none, kept_note, none_note in _TOOLS:
+        try:
+            facts.update(read())
+        except ToolFailed as exc:
+            kept = {k: (known or {}).get(k, v) for k, v in none.items()}
+            facts.update(kept)
+            warnings.append(f"{exc}: {kept_note.format(**kept) if kept != none else none_note}")
+    facts["probe_warnings"] = warnings
     return facts
 
 

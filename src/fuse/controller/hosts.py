@@ -150,7 +150,10 @@ class ProbedFacts(Record):
     firecracker_pinned: StrictStr = ""
     backend: StrictStr = ""
     agent_id: StrictStr = ""
-    probe_note: StrictStr = ""  # (set when its fresh probe overran: the facts are its start-up ones)
+    probe_note: StrictStr = ""  # (set when its fresh probe overran: the facts are an earlier probe's)
+    # A vendor tool (nvidia-smi, firecracker --version) that failed or timed out, a sentence
+    # each: its facts are an earlier probe's, or none, and not what the machine has
+    probe_warnings: list[StrictStr] = Field(default_factory=list)
 
 
 def agent_facts(url: str, body: bytes) -> dict[str, Any]:
@@ -406,6 +409,7 @@ class HostRegistry:
             warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
         if probed and probed.get("probe_note"):
             warnings.append(f"the host agent at {req.url}: {probed['probe_note']}")
+        warnings += [f"the host agent at {req.url}: {w}" for w in (probed or {}).get("probe_warnings", [])]
         if from_probe:
             backend = validate(req.model_copy(update={"backend": self._backend_from_probe(req.id, probed,
                                                                                           warnings)}))
