@@ -144,6 +144,30 @@ async def test_a_vm_whose_woken_qemu_died_with_the_agent_stays_sleeping_and_wake
         await (second or first).close()
 
 
+async def test_a_sleep_the_agent_died_before_metering_is_metered_when_its_state_was_written(tmp_path, bundle_dir):
+    """(review 29: metered at the restart that found it asleep: an agent down an hour moved the
+    state's bytes an hour later, out of the usage window they were written in)"""
+    first, state = await _counting_vm(tmp_path, bundle_dir)
+    second = None
+    try:
+        def crash(*a, **k):
+            raise Crash
+
+        first.metering.state_written = crash  # (dies as it meters the write: the file is in place)
+        with pytest.raises(Crash):
+            await first.sleep("c")
+        await _die(first)
+        saved = first.vm_dir("c") / "state" / STATE_FILE
+        await asyncio.sleep(1.0)  # (this restart comes after the write: the two times differ)
+        second = await _restart(state)
+        assert second.get("c").state == "sleeping"
+        (w,) = [w for w in second.metering.writes if w["vm"] == "c"]
+        assert (w["time"], w["bytes"]) == (saved.stat().st_mtime, saved.stat().st_size), w
+    finally:
+        await (second or first).delete("c")
+        await (second or first).close()
+
+
 @pytest.mark.parametrize("move_id", [None, "m-1"], ids=["a plain sleep", "a move's sleep"])
 async def test_an_agent_killed_after_the_state_file_is_in_place_finds_the_vm_sleeping(tmp_path, bundle_dir, move_id):
     first, state = await _counting_vm(tmp_path, bundle_dir)
@@ -167,6 +191,9 @@ async def test_an_agent_killed_after_the_state_file_is_in_place_finds_the_vm_sle
         assert (vm.move_id, vm.move_role, vm.return_room) == \
             ((move_id, "source", True) if move_id else (None, None, False))
         assert second.metering._open_segment("c") is None  # not metered as running
+        # its state's bytes metered once (review 29: the agent had metered them before it died,
+        # and this restart metered them again)
+        assert [w["bytes"] for w in second.metering.writes if w["vm"] == "c"] == [saved.stat().st_size]
         assert not (second.vm_dir("c") / SLEEP_MARK).exists()
         if move_id:
             await second.wake("c", move_id=move_id)

@@ -697,9 +697,14 @@ class VmManager:
     def _slept(self, vm: Vm, saved: list[Path], move_id: str | None) -> None:
         """Record as asleep a VM whose sleep finished as its agent died."""
         saved = [p for p in saved if p.name != MOVED_CONSOLE] or saved  # (its state; the log is copied anew)
-        self.metering.stop(vm.name, now=max(p.stat().st_mtime for p in saved))
+        written = max(p.stat().st_mtime for p in saved)  # (when the sleep ended: not this restart)
+        self.metering.stop(vm.name, now=written)
         vm.files = [_describe(p) for p in saved]
-        self.metering.state_written(vm.name, sum(f.size for f in vm.files), created_at=_created(vm))
+        # metered at the time it was written, once: the agent may have died after it metered
+        # the write and before it recorded the VM asleep (it was counted twice then)
+        if not any(w["vm"] == vm.name and w.get("created_at") == _created(vm) and w["time"] >= written
+                   for w in self.metering.writes):
+            self.metering.state_written(vm.name, sum(f.size for f in vm.files), now=written, created_at=_created(vm))
         if move_id:  # (as the sleep would have: its serial log goes with it)
             vm.files += _console_for_move(_bare_spec(self, vm))
         vm.move_id, vm.pid = move_id, None
