@@ -97,15 +97,24 @@ def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Opti
                     'the API\'s answers, one object per line for each new piece of text.'))) -> None:
     """The VM's serial console, all of it. Pass an answer's next_offset as --offset to read on from there."""
     with api_errors(json_), _client() as c:
-        if follow:
-            _follow(c, name, offset, host, json_)
-        elif json_:
-            pages = list(_to_end(c, name, offset, host))
-            emit_json({"text": "".join(p.get("text", "") for p in pages), "offset": pages[0]["offset"],
-                       "next_offset": pages[-1]["next_offset"]})
-        else:
-            for page in _to_end(c, name, offset, host):
-                typer.echo(page.get("text", ""), nl=False)
+        try:
+            if follow:
+                _follow(c, name, offset, host, json_)
+            elif json_:
+                pages = list(_to_end(c, name, offset, host))
+                emit_json({"text": "".join(p.get("text", "") for p in pages), "offset": pages[0]["offset"],
+                           "next_offset": pages[-1]["next_offset"]})
+            else:
+                for page in _to_end(c, name, offset, host):
+                    typer.echo(page.get("text", ""), nl=False)
+        except BrokenPipeError:  # (`console v1 -f | head -2`: was an io_error line, exit 1)
+            _reader_left()
+
+
+def _reader_left() -> None:
+    """The reader (`| head`) has what it wanted: stop quietly, exit 0, not an io_error.
+    stdout goes to /dev/null first, or Python's flush at exit fails on the pipe again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _to_end(c, name: str, offset: int, host: Optional[str]):
@@ -189,9 +198,7 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
                     typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} "
                                f"{json.dumps(rest, sort_keys=True)}")
         except BrokenPipeError:
-            # The reader (`| head`) has what it wanted: stop quietly, exit 0, not an io_error.
-            # stdout goes to /dev/null first, or Python's flush at exit fails on the pipe again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _reader_left()
 
 
 def _caught_up(c, since: int):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -65,12 +66,16 @@ def _pool(
 
 # ---- talking to a controller ------------------------------------------------
 
-def _url_option(help: str = "Controller: unix:///path or http(s)://host:port (default: its socket).") -> Any:
-    return typer.Option(None, "--url", envvar="FUSE_URL", help=help)
+# (no envvar on the subcommands' own flags: filled from $FUSE_URL they won over a `fuse pool
+# --url X` given before the subcommand, and an exported production url took a staging one's
+# purchase. $FUSE_URL and $FUSE_TOKEN come last, through the client, as for `fuse controller`)
+def _url_option(help: str = "Controller: unix:///path or http(s)://host:port (default: $FUSE_URL, else its "
+                            "socket).") -> Any:
+    return typer.Option(None, "--url", help=help)
 
 
 def _token_option() -> Any:
-    return typer.Option(None, "--token", envvar="FUSE_TOKEN", help="Controller token (TCP).")
+    return typer.Option(None, "--token", help="Controller token (TCP; default: $FUSE_TOKEN).")
 
 
 def _fail(code: str, message: str, details: dict | None = None, json_: bool = False) -> None:
@@ -227,8 +232,8 @@ def plan_cmd(
         "Re-solve an edited model (a plan's json field, or a whole plan saved with --json); "
         "takes no request flags: edit the file instead.")),
     time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Solver seconds (offline only)."),
-    url: Optional[str] = _url_option("Controller: unix:///path or http(s)://host:port (default: its socket; "
-                                     "offline when no controller listens there)."),
+    url: Optional[str] = _url_option("Controller: unix:///path or http(s)://host:port (default: $FUSE_URL, else "
+                                     "its socket; offline when no controller listens there)."),
     token: Optional[str] = _token_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the ElasticPlan as JSON."),
 ) -> None:
@@ -286,7 +291,7 @@ def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest
     from fuse.controller.service import default_controller_socket
 
     try:
-        with _controller(url, token, as_json, offline_ok=not (url or _group["url"])) as c:
+        with _controller(url, token, as_json, offline_ok=not (url or _group["url"] or os.environ.get("FUSE_URL"))) as c:
             return c.pool.cloud_plan(req)
     except _NoController as e:
         sock = default_controller_socket()
