@@ -113,6 +113,9 @@ def normalise_address(addr: str) -> str:
         return addr
     scheme, _, rest = addr.partition("://")
     authority, slash, path = rest.partition("/")
+    # a port written with leading zeros is stored without (`:080` is `:80`: registered again as
+    # `:80`, it was read as another address, a move of the host to elsewhere)
+    authority = re.sub(r"(:)0+(\d+)$", r"\1\2", authority)
     return f"{scheme.lower()}://{authority}{(slash + path).rstrip('/')}"
 
 
@@ -201,12 +204,9 @@ def _port(addr: str, text: str | None) -> int | None:
         raise _bad(addr, "the port after ':' is empty")
     if not _DIGITS.fullmatch(text):
         raise _bad(addr, f"port {_shown(text)} is not a number from 1 to 65535")
-    if len(text) > 1 and text[0] == "0" and 0 < len(text.lstrip("0")) <= 5:
-        # (`:042502` was "out of range", `:080` stored as written: a later `:80` read as another
-        # address, a move of the host to elsewhere): written one way only
-        raise _bad(addr, f"port {text[:10]}{'...' if len(text) > 10 else ''} has leading zeros: "
-                         f"write it {text.lstrip('0')}")
-    port = int(text) if len(text) <= 5 else 65536  # int() of thousands of digits is itself an error
+    # (leading zeros are the port's too: `:042502` is 42502, and `normalise_address` stores it so)
+    digits = text.lstrip("0") or "0"
+    port = int(digits) if len(digits) <= 5 else 65536  # int() of thousands of digits is itself an error
     if not 1 <= port <= 65535:
         raise _bad(addr, f"port {text if len(text) <= 10 else text[:10] + '...'} is out of range "
                          "(a port is 1 to 65535)")
