@@ -199,6 +199,23 @@ def test_a_failing_nvidia_smi_is_not_a_machine_without_gpus(tmp_path, monkeypatc
                                               "gpu_kind nvidia:A100)"]
 
 
+def test_a_failing_mig_listing_keeps_the_gpus_nvidia_smi_listed(tmp_path, monkeypatch):
+    """(diff review 29: a failing `nvidia-smi mig -lgip` threw away the GPUs the first call listed:
+    0 GPUs at start-up, where the release before reported them)"""
+    csv = tmp_path / "gpus.csv"
+    csv.write_text(NVIDIA_CSV)
+    stand_in(tmp_path, monkeypatch, "nvidia-smi", f'[ "$1" = mig ] && {{ echo "Insufficient Permissions" >&2; exit 4; }}\n'
+                                                  f'cat {csv}\n')
+    said = "nvidia-smi mig -lgip exited with status 4 (Insufficient Permissions): the GPUs it listed stand; "
+    facts = probe.probe(tmp_path)
+    assert (facts["gpus"], facts["gpu_kind"], len(facts["gpu_devices"]), facts["mig_profiles"]) == \
+        (2, "nvidia:A100", 2, {})
+    assert facts["probe_warnings"] == [said + "their MIG profiles are not reported until it answers"]
+    facts = probe.probe(tmp_path, KNOWN)
+    assert (facts["gpus"], facts["mig_profiles"]) == (2, {"1g.10gb": 14})
+    assert facts["probe_warnings"] == [said + "their MIG profiles stay {'1g.10gb': 14}, as an earlier probe read them"]
+
+
 def test_a_failing_firecracker_keeps_the_release_an_earlier_probe_read(tmp_path, monkeypatch):
     stand_in(tmp_path, monkeypatch, "firecracker", 'echo "error: cannot open /dev/kvm" >&2; exit 1\n')
     facts = probe.probe(tmp_path, KNOWN)

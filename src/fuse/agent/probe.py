@@ -242,19 +242,31 @@ def gpu_kind_label(model: str) -> str:
 NO_GPUS: dict[str, Any] = {"gpus": 0, "gpu_kind": "", "gpu_devices": [], "mig_profiles": {}}
 
 
+class MigUnread(ToolFailed):
+    """The GPUs were listed, and only their MIG profiles could not be read: ``facts`` has
+    the listing (its ``mig_profiles`` are an earlier probe's, or none)."""
+
+    def __init__(self, failed: ToolFailed, facts: dict[str, Any]):
+        Exception.__init__(self, str(failed))
+        self.facts = facts
+
+
 def probe_gpus() -> dict[str, Any]:
     """The GPU facts by nvidia-smi; none when it is not installed (ToolFailed when it is and
-    fails: its listing of MIG profiles too, as those facts are read together)."""
+    fails; MigUnread when only its listing of MIG profiles does: the GPUs listed stand)."""
     csv = _run(["nvidia-smi", "--query-gpu=name,uuid,pci.bus_id,memory.total,driver_version,"
                 "mig.mode.current", "--format=csv,noheader,nounits"])
     if not csv:
         return dict(NO_GPUS)
     devices = parse_nvidia_gpus(csv)
-    mig = {}
+    listed = {"gpus": len(devices), "gpu_kind": gpu_kind_label(devices[0]["model"]) if devices else "",
+              "gpu_devices": devices, "mig_profiles": {}}
     if any(d["mig_mode"] == "Enabled" for d in devices):
-        mig = parse_mig_profiles(_run(["nvidia-smi", "mig", "-lgip"]) or "")
-    return {"gpus": len(devices), "gpu_kind": gpu_kind_label(devices[0]["model"]) if devices else "",
-            "gpu_devices": devices, "mig_profiles": mig}
+        try:
+            listed["mig_profiles"] = parse_mig_profiles(_run(["nvidia-smi", "mig", "-lgip"]) or "")
+        except ToolFailed as exc:  # (the GPUs it listed are there all the same)
+            raise MigUnread(exc, listed) from None
+    return listed
 
 
 # Each vendor tool the probe runs: how its facts are read, what they are where it is not
@@ -299,6 +311,12 @@ def probe(state_dir: Path, known: dict[str, Any] | None = None) -> dict[str, Any
     for read, none, kept_note, none_note in _TOOLS:
         try:
             facts.update(read())
+        except MigUnread as exc:
+            kept = (known or {}).get("mig_profiles") or {}
+            facts.update(exc.facts, mig_profiles=kept)
+            warnings.append(f"{exc}: the GPUs it listed stand; their MIG profiles "
+                            + (f"stay {kept}, as an earlier probe read them" if kept else
+                               "are not reported until it answers"))
         except ToolFailed as exc:
             kept = {k: (known or {}).get(k, v) for k, v in none.items()}
             facts.update(kept)
