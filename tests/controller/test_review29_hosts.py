@@ -5,6 +5,7 @@ at its start, and the registration says so in a warning naming the tool."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import httpx
@@ -38,6 +39,20 @@ def machine(tmp_path, **tools: str) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "FUSE_FRESH_PROBE_S": "1"}
 
 
+@contextlib.contextmanager
+def fleet(tmp_path, **tools: str):
+    """(agent, client): a fake-backend agent with the stand-in ``tools`` and a controller."""
+    agent = start_agent(tmp_path, backend="fake", name="a1", env=machine(tmp_path, **tools))
+    ctl = start_controller(tmp_path)
+    client = fuse.Client(ctl.url)
+    try:
+        yield agent, client
+    finally:
+        client.close()
+        ctl.stop()
+        agent.stop()
+
+
 def register(client, agent, backend="qemu"):
     return client.hosts.register(fuse.RegisterHostRequest(
         id="h1", url=agent.url, token=agent.token, backend=backend, capacity=HostCapacity(vm_count=2)))
@@ -50,10 +65,7 @@ def ended_with_warnings(agent) -> list[str]:
 
 
 def test_a_failing_nvidia_smi_keeps_the_gpus_and_says_why(tmp_path):
-    agent = start_agent(tmp_path, backend="fake", name="a1", env=machine(tmp_path, nvidia_smi=NVIDIA_SMI))
-    ctl = start_controller(tmp_path)
-    client = fuse.Client(ctl.url)
-    try:
+    with fleet(tmp_path, nvidia_smi=NVIDIA_SMI) as (agent, client):
         assert register(client, agent).capacity.gpus == 1
         (tmp_path / "fail").touch()
         # (was: gpus 0, gpu_kind "", no devices, and no warning)
@@ -64,35 +76,21 @@ def test_a_failing_nvidia_smi_keeps_the_gpus_and_says_why(tmp_path):
         (tmp_path / "fail").unlink()
         host = register(client, agent)
         assert host.capacity.gpus == 1 and not [w for w in host.warnings if "nvidia-smi" in w], host.warnings
-    finally:
-        client.close()
-        ctl.stop()
-        agent.stop()
 
 
 def test_an_nvidia_smi_failing_from_the_start_registers_no_gpus_with_a_warning(tmp_path):
     (tmp_path / "fail").touch()
-    agent = start_agent(tmp_path, backend="fake", name="a1", env=machine(tmp_path, nvidia_smi=NVIDIA_SMI))
-    ctl = start_controller(tmp_path)
-    client = fuse.Client(ctl.url)
-    try:
+    with fleet(tmp_path, nvidia_smi=NVIDIA_SMI) as (agent, client):
         host = register(client, agent)
         assert host.capacity.gpus == 0
         assert f"the host agent at {agent.url}: {MISMATCH}: no GPUs are reported until it answers" in host.warnings
         (tmp_path / "fail").unlink()
         host = register(client, agent)  # (the fresh probe reads them once it answers)
         assert host.capacity.gpus == 1 and not [w for w in host.warnings if "nvidia-smi" in w], host.warnings
-    finally:
-        client.close()
-        ctl.stop()
-        agent.stop()
 
 
 def test_a_background_probe_past_nvidia_smis_time_keeps_the_start_up_gpus(tmp_path):
-    agent = start_agent(tmp_path, backend="fake", name="a1", env=machine(tmp_path, nvidia_smi=NVIDIA_SMI))
-    ctl = start_controller(tmp_path)
-    client = fuse.Client(ctl.url)
-    try:
+    with fleet(tmp_path, nvidia_smi=NVIDIA_SMI) as (agent, client):
         (tmp_path / "slow").touch()
         host = register(client, agent)  # overruns 1 s: the start-up facts, said
         assert host.capacity.gpus == 1
@@ -107,17 +105,10 @@ def test_a_background_probe_past_nvidia_smis_time_keeps_the_start_up_gpus(tmp_pa
         # (was: "these are the facts probed when the agent started", which they no longer were)
         assert [w for w in host.warnings if "facts of its last probe to finish" in w], host.warnings
         assert not [w for w in host.warnings if "when the agent started" in w], host.warnings
-    finally:
-        client.close()
-        ctl.stop()
-        agent.stop()
 
 
 def test_a_slow_firecracker_version_keeps_the_release(tmp_path):
-    agent = start_agent(tmp_path, backend="fake", name="a1", env=machine(tmp_path, firecracker=FIRECRACKER))
-    ctl = start_controller(tmp_path)
-    client = fuse.Client(ctl.url)
-    try:
+    with fleet(tmp_path, firecracker=FIRECRACKER) as (agent, client):
         assert register(client, agent, backend="firecracker").capacity.firecracker == "v1.10.1"
         (tmp_path / "slow").touch()
         assert register(client, agent, backend="firecracker").capacity.firecracker == "v1.10.1"
@@ -128,7 +119,3 @@ def test_a_slow_firecracker_version_keeps_the_release(tmp_path):
         assert said == ["firecracker --version did not answer within 10 s: the Firecracker release stays v1.10.1, "
                         "as an earlier probe read it"]
         assert f"the host agent at {agent.url}: {said[0]}" in host.warnings, host.warnings
-    finally:
-        client.close()
-        ctl.stop()
-        agent.stop()
