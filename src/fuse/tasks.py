@@ -23,6 +23,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future], limit: float | None =
     """Cancel ``tasks`` and wait until each has ended, cancelling those still
     running every RECANCEL_S; ``limit`` seconds at most when given. The tasks
     still running then (none without a limit)."""
+    tasks = list(tasks)  # (read twice: an iterator given would be spent by the first)
     pending = {t for t in tasks if not t.done()}
     loop = asyncio.get_running_loop()
     deadline = None if limit is None else loop.time() + limit

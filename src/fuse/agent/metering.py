@@ -189,6 +189,12 @@ class Metering:
         self.writes.append({"vm": vm, "created_at": created_at, "time": now or time.time(), "bytes": int(nbytes)})
         self.persist()
 
+    def state_written_once(self, vm: str, nbytes: int, at: float, created_at: str | None = None) -> None:
+        """``state_written`` at ``at``, unless a write of the VM is metered at or after it already
+        (an agent that died after it metered a sleep's write, before it recorded the VM asleep)."""
+        if not any(w["vm"] == vm and w.get("created_at") == created_at and w["time"] >= at for w in self.writes):
+            self.state_written(vm, nbytes, now=at, created_at=created_at)
+
     def usage(self, start: float = 0.0, end: float | None = None, now: float | None = None) -> dict[str, Any]:
         """Per-VM rows (one per VM: name and ``created_at``) and totals for
         the window [start, end), as exact decimals (serialise with

@@ -700,11 +700,9 @@ class VmManager:
         written = max(p.stat().st_mtime for p in saved)  # (when the sleep ended: not this restart)
         self.metering.stop(vm.name, now=written)
         vm.files = [_describe(p) for p in saved]
-        # metered at the time it was written, once: the agent may have died after it metered
-        # the write and before it recorded the VM asleep (it was counted twice then)
-        if not any(w["vm"] == vm.name and w.get("created_at") == _created(vm) and w["time"] >= written
-                   for w in self.metering.writes):
-            self.metering.state_written(vm.name, sum(f.size for f in vm.files), now=written, created_at=_created(vm))
+        # metered at the time it was written, once (it was counted twice when the agent died after
+        # it metered the write and before it recorded the VM asleep)
+        self.metering.state_written_once(vm.name, sum(f.size for f in vm.files), written, _created(vm))
         if move_id:  # (as the sleep would have: its serial log goes with it)
             vm.files += _console_for_move(_bare_spec(self, vm))
         vm.move_id, vm.pid = move_id, None

@@ -278,38 +278,37 @@ def hosts_get(host_id: str, json_: bool = typer.Option(False, "--json")) -> None
     emit_json(host) if json_ else table(HOST_COLUMNS, _host_rows([host]))
 
 
+def _host_action(verb: str, name: str, host_id: str, json_: bool, force: bool = False) -> None:
+    """`client.hosts.<verb>` on ``host_id``; --json prints the API's answer (drain's report),
+    or `{"id", "action", "ok": true}` for the calls that answer nothing (204)."""
+    with api_errors(json_), client() as c:
+        report = getattr(c.hosts, verb)(host_id, **({"force": True} if force else {}))
+    if json_:
+        emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})
+    else:
+        typer.echo(f"host {host_id}: {verb} done")
+        if verb == "drain":
+            for m in report["moved"]:
+                typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
+            for s in report["stuck"]:
+                typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
+            for f in report.get("finished") or []:
+                typer.echo(f"  finished {f['vm']} ({f['state']}): nothing to move, it goes with the host")
+            for vm in report.get("prewarmed") or []:
+                typer.echo(f"  prewarmed {vm}: a standby VM, placed again elsewhere by its prewarm")
+    if verb == "drain" and report["stuck"]:
+        raise typer.Exit(1)
+
+
 def _action(verb: str, name: str):
-    """The `hosts NAME HOST` command calling `client.hosts.<verb>`; --json prints
-    the API's answer (drain's report), or `{"id", "action", "ok": true}` for the
-    calls that answer nothing (204)."""
-    def call(host_id: str, json_: bool, force: bool = False) -> None:
-        with api_errors(json_), client() as c:
-            report = getattr(c.hosts, verb)(host_id, **({"force": True} if force else {}))
-        if json_:
-            emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})
-        else:
-            typer.echo(f"host {host_id}: {verb} done")
-            if verb == "drain":
-                for m in report["moved"]:
-                    typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")
-                for s in report["stuck"]:
-                    typer.echo(f"  stuck {s['vm']}: {s['code']}: {s['reason']}")
-                for f in report.get("finished") or []:
-                    typer.echo(f"  finished {f['vm']} ({f['state']}): nothing to move, it goes with the host")
-                for vm in report.get("prewarmed") or []:
-                    typer.echo(f"  prewarmed {vm}: a standby VM, placed again elsewhere by its prewarm")
-        if verb == "drain" and report["stuck"]:
-            raise typer.Exit(1)
-
-    # (cordon, uncordon and drain take no --force: offered in their help, it was a TypeError
-    # traceback; `hosts remove` passes its own)
+    """The `hosts NAME HOST` command (cordon, uncordon, drain: no --force, which only `hosts
+    remove` takes; offered in their help, it was a TypeError traceback)."""
     def run(host_id: str, json_: bool = typer.Option(False, "--json")) -> None:
-        call(host_id, json_)
+        _host_action(verb, name, host_id, json_)
 
-    run.call = call  # type: ignore[attr-defined]
     run.__name__ = f"hosts_{name}"
     run.__doc__ = {"cordon": "Stop new placements on a host.", "uncordon": "Resume placements (ends a drain).",
-                   "drain": "Stop placements and move every VM away.", "deregister": "Remove a host."}[verb]
+                   "drain": "Stop placements and move every VM away."}[verb]
     return run
 
 
@@ -323,7 +322,7 @@ def hosts_remove(host_id: str, json_: bool = typer.Option(False, "--json"),
                      "The host's agent is gone for good: remove it with its VMs' records (each a vm_lost "
                      "event); refused while the agent answers."))) -> None:
     """Remove a host."""
-    _action("deregister", "remove").call(host_id, json_, force)
+    _host_action("deregister", "remove", host_id, json_, force)
 
 
 @app.command()

@@ -156,7 +156,8 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                         boot_secs=offer.boot_secs, pinned=int(pinned), token=secrets.token_urlsafe(24),
                         record={"history": [{"state": "creating", "time": now, "reason": ""}],
                                 "planned_until": now + (billed or 0 if planned_secs is None else planned_secs),
-                                "budgeted_until": now + (billed or 0)} | ({"prewarm": bought_for} if bought_for else {}),
+                                "budgeted_until": now + (billed or 0),
+                                **({"prewarm": bought_for} if bought_for else {})},
                         updated_at=now))
                     # (``type_name``: an event's ``type`` is its own, "elastic_host")
                     self.store.add_event("elastic_host", {"host": name, "from": "", "to": "creating",
