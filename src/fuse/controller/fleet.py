@@ -254,16 +254,47 @@ class Fleet:
 
     async def _adopt(self, host_id: str, conn: HostConnection, lost: bool = False) -> None:
         """Take in the VMs the host already runs (restarts, leftovers). ``lost``: another
-        agent than the one recorded answers there, so the VMs it lacks were lost."""
+        agent than the one recorded answers there, so the VMs it lacks were lost.
+
+        A stored VM the list lacks is dropped only once the host says it has no such VM: the
+        list may be older than the row (a create through this controller or another replica
+        that the host made after listing, recorded while the list was on its way), and
+        dropping it made a running VM unknown — its delete answered 404, as if gone."""
         resp = await conn.request("GET", "/v1/host/vms")
         if resp.status_code != 200:
             return
-        if self.upsert_vms(host_id, resp.json().get("vms", []), replace=True, lost=lost):
+        records = resp.json().get("vms", [])
+        gone = None
+        if not lost:
+            listed = {r["name"] for r in records if r.get("state") != "deleted"}
+            missing = sorted(self._stored_names(host_id) - listed)
+            answers = await asyncio.gather(*(self._has_vm(host_id, conn, n) for n in missing))
+            gone = {n for n, there in zip(missing, answers) if there is False}
+        if self.upsert_vms(host_id, records, replace=True, lost=lost, gone=gone):
             self.changed.set()
 
-    def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False, lost: bool = False) -> bool:
+    def _stored_names(self, host_id: str) -> set[str]:
+        with self.store.read() as c:
+            return set(c.execute(select(vms_t.c.name).where(vms_t.c.host == host_id)).scalars())
+
+    async def _has_vm(self, host_id: str, conn: HostConnection, name: str) -> bool | None:
+        """Whether the host has VM ``name`` (None: it did not say)."""
+        from .vms import agent_not_found
+        try:
+            resp = await conn.request("GET", f"/v1/host/vms/{name}", timeout=5)
+            if resp.status_code == 404 and agent_not_found(resp):
+                return False
+            if resp.status_code == 200:
+                return resp.json().get("state") != "deleted"
+        except Exception as exc:  # (any failure: it stays, and the next adoption asks again)
+            log.info("host %s: could not ask for vm %s: %s", host_id, name, exc)
+        return None
+
+    def upsert_vms(self, host_id: str, records: list[dict], replace: bool = False, lost: bool = False,
+                   gone: set[str] | None = None) -> bool:
         """Record what ``host_id``'s agent says of its VMs. ``replace``: the whole list (a
-        poller adopting), so rows it lacks go (with ``lost``, each with a ``vm_lost`` event:
+        poller adopting), so rows it lacks go — of those, only the ``gone`` ones when it is
+        given (the host said it has no such VM) — (with ``lost``, each with a ``vm_lost`` event:
         another agent answers there; whether any event was added is returned). A machine registered under several names
         (seed 004 counts it once) lists each VM under one of them: a poller leaves a VM
         another name of the same agent holds where it is; an action through this name
@@ -304,7 +335,7 @@ class Fleet:
                         _retag(c, r, host_id, aliases, agent)
             if replace:
                 for name in sorted(known.keys() - keep):
-                    if known[name]["state"] not in ("moving",):
+                    if known[name]["state"] not in ("moving",) and (gone is None or name in gone):
                         c.execute(vms_t.delete().where(vms_t.c.host == host_id, vms_t.c.name == name))
                         if lost:  # as the pool says of a machine's VMs that went with it
                             self.store.add_event("vm_lost", {
