@@ -25,6 +25,7 @@ log = logging.getLogger("fuse.http")
 
 _STATUS_CODES = {400: "invalid_argument", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                  405: "method_not_allowed", 409: "conflict", 502: "host_unreachable"}
+NO_ROUTE = "no_route"  # the code of a 404 for a path no route takes (``not_found`` is a resource's)
 
 
 class CatchAll:
@@ -83,10 +84,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         code = _STATUS_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
+        detail = str(exc.detail)
+        if exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
+            # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
+            code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
+                                      "server's (a controller's, an agent's), with no path of its own?")
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:  # Allow: every method the path takes, not the first route's alone
             headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers)
+        return JSONResponse(error_body(code, detail), status_code=exc.status_code, headers=headers)
 
 
 def _methods(request: Request) -> list[str]:

@@ -65,3 +65,28 @@ def test_every_route_of_the_agent_needs_the_token_on_tcp(agent, given):
     for method, path in routes:
         r = httpx.request(method, agent.url + path, headers=headers, json={}, timeout=10)
         assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized"), (method, path)
+
+
+def test_the_document_says_what_the_agent_answers(agent):
+    """Review 30: the agent's document was FastAPI's default — 422 with a ``detail`` list on
+    every route (the agent answers 400 with the error envelope), no 401, 404 or 409, no
+    bearer scheme, request bodies open to unknown fields (refused)."""
+    import json
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = httpx.get(agent.url + "/openapi.json", headers=auth, timeout=10).json()
+    text = json.dumps(doc)
+    assert '"422"' not in text and "HTTPValidationError" not in text
+    assert doc["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    create = doc["paths"]["/v1/host/vms"]["post"]
+    for status in ("400", "401", "409"):
+        assert create["responses"][status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"}, status
+    assert "404" in doc["paths"]["/v1/host/vms/{name}"]["get"]["responses"]
+    assert create["security"] == [{"bearerAuth": []}]
+    body = create["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert doc["components"]["schemas"][body]["additionalProperties"] is False
+    # and the agent answers so: an unknown field is a 400 in the documented envelope
+    r = httpx.post(agent.url + "/v1/host/vms", json={"name": "x", "zz": 1}, headers=auth, timeout=10)
+    assert r.status_code == 400 and set(r.json()) == {"error"} and r.json()["error"]["code"] == "invalid_argument"
+    r = httpx.get(agent.url + "/v1/host/nope", headers=auth, timeout=10)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "no_route")

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Query, Request
 
 from .. import http_errors
+from ..models.errors import bearer_scheme, close_request_objects, document_400_not_422
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
 from ..controller.validation import LimitBody, RefuseBadPath, reject_unknown_query
@@ -132,6 +133,31 @@ def _vm_manager(cfg: AgentConfig):
                      max_vms=cfg.max_vms, reserve_mib=cfg.reserve_mib)
 
 
+def document_agent_errors(doc: dict[str, Any]) -> dict[str, Any]:
+    """The agent's document as the agent answers (FastAPI's own says 422 with its
+    ``detail`` list, which the agent never answers): a bad request is 400 with the error
+    envelope, an unknown body field too, every route needs the token on TCP (401), a route
+    naming a VM or an incoming move is 404 ``not_found`` when there is none, and one that
+    changes something may be 409 (its code says why)."""
+    doc = close_request_objects(document_400_not_422(doc))
+    doc = bearer_scheme(doc, "The agent's token (`fuse host serve --token TOKEN`, or $FUSE_HOST_TOKEN): required "
+                             "on its TCP listener by every route; requests over its owner-only unix socket need "
+                             "none.", refused="over TCP, no `Authorization: Bearer <token>` or another token")
+    envelope = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for path, ops in doc.get("paths", {}).items():
+        for method, op in ops.items():
+            rs = op.setdefault("responses", {})
+            if "{" in path:
+                rs.setdefault("404", {"description": "not_found: no such VM (or incoming move, or state file)",
+                                      "content": envelope})
+            if method in ("post", "put", "delete"):
+                rs.setdefault("409", {"description": "conflict: the VM's state does not allow it (a sleep of a VM "
+                                                     "not running, say); vm_exists: a create's name is taken; "
+                                                     "host_full: admission refused (no room for it)",
+                                      "content": envelope})
+    return doc
+
+
 def create_app(cfg: AgentConfig) -> FastAPI:
     private_dir(cfg.state_dir)  # the dirs made for it 0700, whatever the umask (README: owner-only)
     if not cfg.facts:
@@ -185,6 +211,15 @@ def create_app(cfg: AgentConfig) -> FastAPI:
         return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live, **({"probe_note": note} if note else {})}
+
+    plain_openapi = app.openapi
+
+    def documented() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_agent_errors(plain_openapi())
+        return app.openapi_schema
+
+    app.openapi = documented  # type: ignore[method-assign]
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> dict[str, Any]:

@@ -54,7 +54,7 @@ import math
 import os
 import re
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -297,7 +297,10 @@ def instant(value: str | None, what: str) -> float | None:
         t = float(value)
     else:
         try:
-            t = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            # a time with no offset is UTC (as `Z`): read in the server's own time zone, one
+            # window meant different hours on hosts in different zones, and year 1 failed
+            t = (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
         except ValueError:
             t = math.nan
     if not math.isfinite(t):

@@ -17,6 +17,7 @@ class AsyncClient:
                  transport: httpx.AsyncBaseTransport | None = None):
         base, uds = _core.resolve_url(url)
         self._where = _core.where(base, uds)
+        self._timeout = timeout
         if transport is None and uds:
             transport = httpx.AsyncHTTPTransport(uds=uds)
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
@@ -32,6 +33,8 @@ class AsyncClient:
                                             **_core.body_kw(call.body), **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc
+        except httpx.DecodingError as exc:  # (an answer whose Content-Encoding its body is not)
+            raise _core.undecodable(exc, call) from exc
         return _core.finish(call, resp)
 
     async def aclose(self) -> None:

@@ -86,7 +86,12 @@ class Call:
 def finish(call: Call, resp: httpx.Response) -> Any:
     """The call's answer from a response: parsed, ``not_found``'s value, or ApiError."""
     if call.not_found is not NO_VALUE and resp.status_code == 404:
-        return call.not_found
+        try:
+            check(resp)
+        except ApiError as err:  # (the API's not_found only: a proxy's 404 page, or another server's, is no answer)
+            if err.code == "not_found":
+                return call.not_found
+            raise
     check(resp)
     try:
         return call.parse(resp)
@@ -103,6 +108,11 @@ def path(base: str, *parts: str) -> str:
     """`base` plus each part, percent-encoded (ids are free-form). A part of "." or
     ".." is sent as %2E: the URL library would take it for a dot segment and drop it
     (``hosts.get(".")`` read the host list as one empty host)."""
+    for p in parts:
+        try:
+            p.encode()
+        except UnicodeEncodeError:  # (a lone surrogate: said here, not as the encoder's traceback)
+            raise ValueError(f"{p!r} is not text a url can carry (it holds a lone surrogate)") from None
     return base + "".join("/" + (p.replace(".", "%2E") if p in (".", "..") else quote(p, safe=""))
                           for p in parts)
 
@@ -144,6 +154,8 @@ def check(resp: httpx.Response) -> None:
         code = INVALID_ANSWER
         message = (f"answered {resp.status_code} {resp.reason_phrase} without the API's error body "
                    f"(is the url a fuse controller?): {' '.join(resp.text.split())[:300]}")
+    elif code == "no_route":  # a fuse server without the route: an agent's url, or a path prefix
+        code, message = INVALID_ANSWER, f"answered {resp.status_code}: {message}"
     raise ApiError(resp.status_code, code, message, details)
 
 
@@ -185,8 +197,18 @@ def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.
     return parse
 
 
-def none(_: httpx.Response) -> None:
+def none(resp: httpx.Response) -> None:
+    """The answer of a call the API answers 204 with no body: any other is not the API's
+    (a proxy's catch-all ``200 {}`` read as a VM deleted, a host cordoned)."""
+    if resp.status_code != 204 or resp.content:
+        raise ValueError(f"expected 204 with no body, not {resp.status_code} with {len(resp.content)} bytes")
     return None
+
+
+def undecodable(exc: Exception, call: Call) -> ApiError:
+    """The ApiError of an answer whose body does not decode as its headers say."""
+    return ApiError(0, INVALID_ANSWER, f"{call.method} {call.path} was answered with a body that does not decode "
+                                       f"as its Content-Encoding says ({exc}): is the url a fuse controller?")
 
 
 def where(base: str, uds: str | None) -> str:
@@ -225,6 +247,11 @@ def _check_http_url(url: str) -> None:
         raise ValueError(f"url {url!r} is not an http(s)://host:port address: {exc}") from None
     if not parsed.host:
         raise ValueError(f"url {url!r} names no host: http(s)://host:port")
+    if parsed.userinfo:  # (the HTTP library sends it as Basic auth in place of the bearer token)
+        raise ValueError(f"url {parsed.copy_with(username=None, password=None)} carries a user or password: "
+                         "give the controller's token as token=, not in the url")
+    if parsed.query or parsed.fragment:  # (a query was sent before every call's path: ?x=1/v1/hosts)
+        raise ValueError(f"url {url!r} has a query or fragment: give http(s)://host:port[/path]")
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"url {url!r} has port {port}: a port is 1-65535")
 

@@ -38,7 +38,9 @@ def attach(client: Any, *, asynchronous: bool = False) -> None:
     def health():
         """`{"status": "ok"}` from GET /v1/healthz (no token needed); the controller
         answers 503 db_unavailable (an ApiError) when it cannot reach its database."""
-        return client._send(Call("GET", "/v1/healthz", timeout=10, parse=record("status")))
+        # (10 s at most: the check reads the database; a client's shorter timeout is its own)
+        limit = min(10.0, client._timeout or 10.0) if isinstance(client._timeout, (int, float)) else 10.0
+        return client._send(Call("GET", "/v1/healthz", timeout=limit, parse=record("status")))
 
     client.usage = usage
     client.health = health

@@ -17,6 +17,7 @@ class Client:
                  transport: httpx.BaseTransport | None = None):
         base, uds = _core.resolve_url(url)
         self._where = _core.where(base, uds)
+        self._timeout = timeout
         if transport is None and uds:
             transport = httpx.HTTPTransport(uds=uds)
         self._http = httpx.Client(base_url=base, headers=_core.headers(token), timeout=timeout, transport=transport)
@@ -30,6 +31,8 @@ class Client:
                                       **kw)
         except httpx.TransportError as exc:
             raise _core.unreachable(exc, self._where) from exc
+        except httpx.DecodingError as exc:  # (an answer whose Content-Encoding its body is not)
+            raise _core.undecodable(exc, call) from exc
         return _core.finish(call, resp)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
                            ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
-from ._core import Call, model, model_list, path, record
+from ._core import Call, model, model_list, none, path, record
 
 # Every pool call waits on the pool (a cloud's API, a plan's solve, a controller busy
 # buying): as long as its work may take, not the client's timeout (README)
@@ -80,7 +80,7 @@ class PoolAPI:
 
     def remove_prewarm(self, id: str) -> bool:
         """End prewarm ``id`` (its ready VMs go). False: no such prewarm."""
-        return self._send(Call("DELETE", path("/v1/prewarms", id), parse=lambda r: True, not_found=False))
+        return self._send(Call("DELETE", path("/v1/prewarms", id), parse=lambda r: none(r) or True, not_found=False))
 
     # ---- linked clouds (not in the seed: how a cloud gets linked is fuse's own) ----
     def clouds(self) -> list[dict]:
@@ -94,4 +94,4 @@ class PoolAPI:
 
     def unlink_cloud(self, name: str) -> None:
         """Forget cloud ``name`` (refused while it has hosts)."""
-        return self._send(Call("DELETE", path("/v1/pool/clouds", name), parse=lambda r: None))
+        return self._send(Call("DELETE", path("/v1/pool/clouds", name), parse=none))

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from .. import http_errors
 from ..errors import error_body
 from ..auth import BearerFirst
-from ..models.errors import ErrorBody, document_400_not_422
+from ..models.errors import ErrorBody, bearer_scheme, close_request_objects, document_400_not_422
 from .routes import controller as controller_routes
 from .routes import events as event_routes
 from .routes import hosts as host_routes
@@ -52,7 +52,6 @@ def db_unreachable(exc: DBAPIError) -> bool:
     return False
 HEALTH_DB_SECS = 5.0  # the health check's wait for the database's answer
 log = logging.getLogger("fuse.controller")
-BEARER = "bearerAuth"
 
 
 def operation_id(route: APIRoute) -> str:
@@ -62,28 +61,6 @@ def operation_id(route: APIRoute) -> str:
         return m.group(1)
     head, *rest = route.name.split("_")
     return head + "".join(w.capitalize() for w in rest)
-
-
-def _refs(node: Any) -> set[str]:
-    """The component schemas ``node`` refers to, directly."""
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        out = {ref.rsplit("/", 1)[-1]} if isinstance(ref, str) else set()
-        return out.union(*(_refs(v) for k, v in node.items() if k != "$ref"))
-    if isinstance(node, list):
-        return set().union(*(_refs(v) for v in node))
-    return set()
-
-
-def _reach(doc: dict[str, Any], roots: set[str]) -> set[str]:
-    schemas = doc.get("components", {}).get("schemas", {})
-    seen, todo = set(), list(roots)
-    while todo:
-        name = todo.pop()
-        if name not in seen and name in schemas:
-            seen.add(name)
-            todo += _refs(schemas[name])
-    return seen
 
 
 def document_strict_bodies(doc: dict[str, Any]) -> dict[str, Any]:
@@ -112,38 +89,16 @@ def document_strict_bodies(doc: dict[str, Any]) -> dict[str, Any]:
     if op is not None:
         op["requestBody"]["content"]["application/json"]["schema"] = {"oneOf": [
             {"$ref": "#/components/schemas/RegisterHostRequest"}, {"$ref": "#/components/schemas/AddHostRequest"}]}
-    requests, answers = set(), set()
-    for ops in doc.get("paths", {}).values():
-        for op in ops.values():
-            requests |= _refs(op.get("requestBody", {}))
-            answers |= _refs(op.get("responses", {})) | _refs(op.get("parameters", []))
-    for name in _reach(doc, requests) - _reach(doc, answers):
-        schema = schemas[name]
-        if schema.get("type") == "object" and "properties" in schema:
-            schema.setdefault("additionalProperties", False)
-    return doc
+    return close_request_objects(doc)
 
 
 def document_bearer(doc: dict[str, Any]) -> dict[str, Any]:
-    """Declare the controller's token as an HTTP bearer scheme, required (with
-    its 401) by every operation but the open ones. The owner-only unix socket
-    needs no token, which OpenAPI cannot say per transport: the scheme's
-    description does."""
-    components = doc.setdefault("components", {})
-    components.setdefault("securitySchemes", {})[BEARER] = {
-        "type": "http", "scheme": "bearer",
-        "description": "The controller's token (`fuse controller serve --listen HOST:PORT --token TOKEN`): required on "
-                       "its TCP listener by every route but the health check; requests over its owner-only unix "
-                       "socket need none."}
-    unauthorized = {"description": "unauthorized: over TCP, no `Authorization: Bearer <token>` or another token",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-    for path, ops in doc.get("paths", {}).items():
-        if path in OPEN_PATHS:
-            continue
-        for op in ops.values():
-            op["security"] = [{BEARER: []}]
-            op.setdefault("responses", {})["401"] = dict(unauthorized)
-    return doc
+    """The controller's token as the document's bearer scheme. The owner-only unix socket
+    needs no token, which OpenAPI cannot say per transport: the scheme's description does."""
+    return bearer_scheme(doc, "The controller's token (`fuse controller serve --listen HOST:PORT --token TOKEN`): "
+                              "required on its TCP listener by every route but the health check; requests over "
+                              "its owner-only unix socket need none.", OPEN_PATHS,
+                        refused="over TCP, no `Authorization: Bearer <token>` or another token")
 
 
 def create_app(ctl: Controller) -> FastAPI:

@@ -860,6 +860,8 @@ class VmService:
 
     # ---- one VM --------------------------------------------------------------
     def locate(self, name: str, host: str | None = None) -> str:
+        if host == "":  # (as on the list and a create: a value that names nothing is no default)
+            raise InvalidArgument("host must name a host (leave it out and the vm is looked for on every host)")
         rows = self.store.vms_named(name)
         if host is not None:
             rows = [r for r in rows if r["host"] == host]

@@ -61,3 +61,63 @@ def document_400_not_422(doc: dict[str, Any]) -> dict[str, Any]:
                                                  "details); where a host failed, its own code passes through "
                                                  "(sleep_failed, say)", "content": envelope})
     return doc
+
+
+def _refs(node: Any) -> set[str]:
+    """The component schemas ``node`` refers to, directly."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        out = {ref.rsplit("/", 1)[-1]} if isinstance(ref, str) else set()
+        return out.union(*(_refs(v) for k, v in node.items() if k != "$ref"))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def _reach(doc: dict[str, Any], roots: set[str]) -> set[str]:
+    schemas = doc.get("components", {}).get("schemas", {})
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name not in seen and name in schemas:
+            seen.add(name)
+            todo += _refs(schemas[name])
+    return seen
+
+
+def close_request_objects(doc: dict[str, Any]) -> dict[str, Any]:
+    """Say what the app does with request bodies: an unknown field, at any depth, is 400.
+    Every object schema only request bodies use gets ``additionalProperties: false`` (one an
+    answer uses too stays open: a newer server may add fields to an answer)."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    requests, answers = set(), set()
+    for ops in doc.get("paths", {}).values():
+        for op in ops.values():
+            requests |= _refs(op.get("requestBody", {}))
+            answers |= _refs(op.get("responses", {})) | _refs(op.get("parameters", []))
+    for name in _reach(doc, requests) - _reach(doc, answers):
+        schema = schemas[name]
+        if schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    return doc
+
+
+BEARER = "bearerAuth"
+
+
+def bearer_scheme(doc: dict[str, Any], description: str, open_paths: tuple[str, ...] = (),
+                  refused: str = "no `Authorization: Bearer <token>`, or another token") -> dict[str, Any]:
+    """Declare the server's token as an HTTP bearer scheme, required (with its 401, whose
+    description ``refused`` says when) by every operation but those at ``open_paths``."""
+    components = doc.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[BEARER] = {"type": "http", "scheme": "bearer",
+                                                            "description": description}
+    unauthorized = {"description": f"unauthorized: {refused}",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    for path, ops in doc.get("paths", {}).items():
+        if path in open_paths:
+            continue
+        for op in ops.values():
+            op["security"] = [{BEARER: []}]
+            op.setdefault("responses", {})["401"] = dict(unauthorized)
+    return doc

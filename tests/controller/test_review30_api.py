@@ -1,0 +1,37 @@
+"""Thirtieth session: an empty host on the per-VM routes is refused as on the others,
+and a usage window's ISO times with no offset are UTC."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from fuse.agent.metering import instant
+
+
+@pytest.fixture
+def raw(controller):
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(controller.socket)), base_url="http://c",
+                      timeout=30) as c:
+        yield c
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/v1/vms/v1"), ("DELETE", "/v1/vms/v1"),
+                                         ("POST", "/v1/vms/v1/sleep"), ("GET", "/v1/vms/v1/console")])
+def test_an_empty_host_on_a_vms_route_is_400_as_on_the_list(raw, method, path):
+    """(was: 404 "vm v1 not found: no host  is registered")"""
+    r = raw.request(method, path, params={"host": ""})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), r.text
+    assert "host must name a host" in r.json()["error"]["message"]
+
+
+def test_iso_times_with_no_offset_are_utc_year_1_included():
+    assert instant("0001-01-01T00:00:00", "from") == instant("0001-01-01T00:00:00Z", "from") == -62135596800
+    assert instant("0001-01-01", "from") == -62135596800  # (was: 400 "not ISO 8601")
+    assert instant("2026-12-06T10:00:00", "to") == instant("2026-12-06T10:00:00+00:00", "to")
+
+
+def test_the_controller_takes_a_usage_window_from_year_1_with_no_offset(raw):
+    r = raw.get("/v1/usage", params={"from": "0001-01-01T00:00:00", "to": "2026-12-06T10:00:00"})
+    assert r.status_code == 200, r.text  # (was: 400 "from must be unix seconds or an ISO 8601 time")
+    assert (r.json()["from"], r.json()["to"]) == (-62135596800, 1796551200)
