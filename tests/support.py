@@ -164,16 +164,41 @@ def start_agent(tmp: Path, *, token: str | None = "agent-token", backend: str = 
     state.mkdir(parents=True, exist_ok=True)
     if backend == "fake":
         fake_bundle(state)
-    port = port or free_port()
     sock = socket_path or (tmp / f"{name}.sock")
-    args = ["host", "serve", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--backend", backend,
-            "--socket", str(sock)] + (["--token", token] if token else []) + (extra or [])
-    p = Proc(_spawn(args, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"http://127.0.0.1:{port}",
-             socket=sock, token=token, state_dir=state)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    wait_until(lambda: p.popen.poll() is None and httpx.get(p.url + "/v1/host", headers=headers, timeout=2).status_code == 200,
-               what=f"agent {name} ({p.logs()[-500:] if p.popen.poll() is not None else ''})")
+    for attempt in range(PORT_TRIES):
+        at = port or free_port()
+        args = ["host", "serve", "--listen", f"127.0.0.1:{at}", "--state-dir", str(state), "--backend", backend,
+                "--socket", str(sock)] + (["--token", token] if token else []) + (extra or [])
+        since = _log_size(tmp / f"{name}.log")
+        p = Proc(_spawn(args, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"http://127.0.0.1:{at}",
+                 socket=sock, token=token, state_dir=state)
+        up = wait_until(lambda: _port_taken(p, since) or (
+            p.popen.poll() is None and httpx.get(p.url + "/v1/host", headers=headers, timeout=2).status_code == 200),
+            what=f"agent {name} ({p.logs()[-500:] if p.popen.poll() is not None else ''})")
+        if up != PORT_TAKEN or port or attempt == PORT_TRIES - 1:
+            break
+    if up == PORT_TAKEN:
+        raise RuntimeError(f"agent {name}: port {at} taken: {p.logs()[-500:]}")
     return p
+
+
+PORT_TRIES = 3
+PORT_TAKEN = "port taken"
+
+
+def _log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def _port_taken(p: "Proc", since: int) -> str | None:
+    """PORT_TAKEN when ``p`` exited for its port being taken meanwhile (``free_port`` picks a
+    port another process may bind before the server does): the caller starts it on another."""
+    if p.popen.poll() is None or not p.log.exists():
+        return None
+    with open(p.log, "rb") as fh:
+        fh.seek(since)
+        return PORT_TAKEN if b"address already in use" in fh.read().lower() else None
 
 
 def start_controller(tmp: Path, *, db: str | None = None, name: str = "controller", token: str | None = None,
@@ -184,15 +209,25 @@ def start_controller(tmp: Path, *, db: str | None = None, name: str = "controlle
     port = None
     if db:
         args += ["--db", db]
-    if listen:
-        port = free_port()
-        args += ["--listen", f"127.0.0.1:{port}", "--token", token or "controller-token"]
-    p = Proc(_spawn(args, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"unix://{sock}", socket=sock,
-             token=token, state_dir=state, extra={"port": port})
     transport = httpx.HTTPTransport(uds=str(sock))
-    with httpx.Client(transport=transport, base_url="http://c") as c:
-        wait_until(lambda: p.popen.poll() is None and c.get("/v1/healthz", timeout=2).status_code == 200,
-                   what=f"controller ({p.logs()[-800:]})")
+    for _ in range(PORT_TRIES):
+        given = list(args)
+        if listen:
+            port = free_port()
+            given += ["--listen", f"127.0.0.1:{port}", "--token", token or "controller-token"]
+        since = _log_size(tmp / f"{name}.log")
+        p = Proc(_spawn(given, tmp / f"{name}.log", env), tmp / f"{name}.log", url=f"unix://{sock}", socket=sock,
+                 token=token, state_dir=state, extra={"port": port})
+        with httpx.Client(transport=transport, base_url="http://c") as c:
+            # (over TCP too: the socket may answer before a taken port ends the process)
+            up = wait_until(lambda: _port_taken(p, since) or (
+                p.popen.poll() is None and c.get("/v1/healthz", timeout=2).status_code == 200 and (
+                    port is None or httpx.get(f"http://127.0.0.1:{port}/v1/healthz", timeout=2).status_code == 200)),
+                what=f"controller ({p.logs()[-800:]})")
+        if up != PORT_TAKEN:
+            break
+    if up == PORT_TAKEN:
+        raise RuntimeError(f"controller {name}: its port was taken each time: {p.logs()[-800:]}")
     return p
 
 
