@@ -411,3 +411,25 @@ def test_creates_and_deletes_racing_through_two_replicas_lose_no_vm(replicas):
     for t in threads:
         t.join(120)
     assert errors == [] and agent_vms(agent) == {}, (errors, sorted(agent_vms(agent)))
+
+
+def test_a_host_added_or_freed_through_one_replica_takes_a_create_through_the_other_at_once(replicas, tmp_path):
+    """Review 30: a host registered through one replica was "disconnected" to the other for
+    about a second (its registry read once a second: a create pinned there 409 fleet_full),
+    and the slot a delete through one replica freed was "vm_count policy 1 reached" to a
+    create through the other (its poller's summary up to a second old)."""
+    agent, proxy, (a, b), ca, cb = replicas
+    other = start_agent(tmp_path, backend="fake", name="agent2")
+    try:
+        for k in range(3):
+            cb.hosts.register(fuse.RegisterHostRequest(id=f"one{k}", url=other.url, token=other.token,
+                                                       backend="qemu", capacity=fuse.HostCapacity(vm_count=1)))
+            assert ca.vms.create(name=f"first{k}", host=f"one{k}", shape={"vcpus": 1, "mem_mib": 128},
+                                 entry="sleep 600")["host"] == f"one{k}"
+            cb.vms.delete(f"first{k}", host=f"one{k}")
+            assert ca.vms.create(name=f"again{k}", host=f"one{k}", shape={"vcpus": 1, "mem_mib": 128},
+                                 entry="sleep 600")["host"] == f"one{k}"
+            ca.vms.delete(f"again{k}", host=f"one{k}")
+            ca.hosts.deregister(f"one{k}")
+    finally:
+        other.stop()

@@ -158,8 +158,12 @@ class Fleet:
         """Wait, at most ``timeout`` seconds, until each host of ``ids`` that has a poller has
         been polled once (answered or not). Right after the controller starts none has, and
         placement would read every host as disconnected: a create sent in its first second
-        was 409 fleet_full "host is disconnected" on a fleet that answers."""
+        was 409 fleet_full "host is disconnected" on a fleet that answers. A host of ``ids``
+        with no poller yet (registered through another replica since this one last read the
+        registry, up to a second ago) gets its poller first, and is waited for too."""
         deadline = time.monotonic() + timeout
+        if any(h not in self._tasks for h in ids):
+            await self.sync_hosts()
 
         def unread(h: str) -> bool:
             task, view = self._tasks.get(h), self.views.get(h)

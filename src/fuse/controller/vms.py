@@ -39,6 +39,8 @@ JOIN_WAIT_SECS = 600  # a machine bought for a create may take this long to join
 UNANSWERED_SECS = seconds("FUSE_CREATE_UNANSWERED_S", 600.0)
 UNANSWERED_POLL_LATE_S = 10.0  # past UNANSWERED_SECS, an unanswered create's host is asked this often
 FIRST_POLL_WAIT_S = 6.0  # a create waits at most this for hosts not yet polled once (a poll's timeout is 5 s)
+# before a create is refused for want of room: the hosts short of it polled again (``_recheck_full``)
+RECHECK_HOSTS, RECHECK_WAIT_S = 8, 2.0
 # The host says it has no such VM twice, this far apart: the create never
 # reached it, or will not land now (two reads, so a request still on its way
 # when the first was answered has had time to be admitted).
@@ -275,6 +277,7 @@ class VmService:
         lacking: set[str] = set()  # hosts that refused the create for want of its bundle
         reopened: set[str] = set()
         scaled = False
+        rechecked = False
         cloud_hosts = self._cloud_hosts(req, on)
         while True:
             async with self._lock:
@@ -307,6 +310,11 @@ class VmService:
                 if host is None and self._reopen(req, ask, among, reopened):
                     decisions.pop()  # (it said the host is cordoned: no longer so)
                     continue  # a host scale-in cordoned has the room: place again
+            if host is None and not rechecked:
+                rechecked = True
+                if await self._recheck_full(fleet, ask, out):
+                    decisions.pop()
+                    continue  # fresh figures: place again
             if host is None:
                 if lacking and req.bundle:  # (hosts that listed the bundle said they have it no more:
                     # when no other host has it, the answer is the bundle's 400, as before placement)
@@ -1012,6 +1020,24 @@ class VmService:
                     self._waking.discard((host, name))
         await self._refresh_room(host)  # (a sleep gave room back, a wake took it)
         return vm | {"host": host}
+
+    async def _recheck_full(self, fleet, ask: Resources, out: set[str]) -> bool:
+        """Poll again the hosts (the ``RECHECK_HOSTS`` with the most memory free) that answer
+        and lack the room for ``ask`` — its memory or a slot of their vm_count policy — by
+        their poller's last summary, which may be a second old: a delete through another
+        replica (whose own figures it refreshed) freed the room, and a create right after
+        through this one was refused for it. Whether any was read again (``RECHECK_WAIT_S``
+        at most: a host slow to answer keeps its figures)."""
+        short = [i for i in range(len(fleet.ids)) if fleet.usable[i] and fleet.ids[i] not in out
+                 and (fleet.free_mem[i] < ask.mem_mib or fleet.vm_count[i] >= fleet.vm_limit[i])]
+        short.sort(key=lambda i: -float(fleet.free_mem[i]))
+        ids = [fleet.ids[i] for i in short[:RECHECK_HOSTS]]
+        if not ids:
+            return False
+        polls = [asyncio.ensure_future(self.fleet.refresh(h)) for h in ids]
+        done, _ = await asyncio.wait(polls, timeout=RECHECK_WAIT_S)
+        await cancel_and_wait(p for p in polls if p not in done)
+        return any(not p.cancelled() and p.exception() is None for p in done)
 
     async def _refresh_room(self, host: str) -> None:
         """Read the summary of ``host`` (and of its machine's other names) again after a
