@@ -56,9 +56,13 @@ class MoveJanitor(MoveRecords):
             mine = (row["record"] or {}).get("owner") == self.ctl.instance
             running = row["id"] in self._tasks and not self._tasks[row["id"]].done()
             if mine and running:
-                with self.store.tx() as c:  # renew
-                    rec = dict(row["record"], lease_until=now + LEASE_S)
-                    c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
+                with self.store.tx() as c:  # renew (the row read again, locked: another replica may
+                    # have taken the move over since the read above, and its claim must stand)
+                    q = select(moves_t).where(moves_t.c.id == row["id"])
+                    now_row = c.execute(q if self.store.is_sqlite else q.with_for_update()).mappings().first()
+                    if now_row is not None and (now_row["record"] or {}).get("owner") == self.ctl.instance:
+                        rec = dict(now_row["record"], lease_until=now + LEASE_S)
+                        c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
             elif not running and (claimed := self._claim(row["id"])) is not None:
                 log.warning("move %s: taking over from %s", row["id"], (row["record"] or {}).get("owner"))
                 self._tasks[row["id"]] = asyncio.create_task(self._recover(claimed))

@@ -53,6 +53,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # Per-request limit while copying: a target whose network vanished must fail
 # the move (and bring the VM home) in bounded time, not hang it.
 IO_TIMEOUT = seconds("FUSE_MOVE_IO_TIMEOUT", 30.0)
+
+
+class TakenOver(Exception):
+    """This replica drove a move another one has taken over since (this one stalled past
+    its lease: a pause, a frozen process): it stops, and writes nothing more to the move."""
 # The limit for the calls on a moving VM's path that do little on the host: the
 # target beginning its incoming side (an admission check and a reservation) and
 # aborting one that was never woken (removing files). They answer in milliseconds;
@@ -133,7 +138,12 @@ class MoveRecords:
     def _set(self, move_id: str, state: str | None = None, **rec: Any) -> dict:
         """Persist a transition (checked against the table) and/or record fields."""
         with self.store.tx() as c:
-            row = dict(c.execute(select(moves_t).where(moves_t.c.id == move_id)).mappings().one())
+            q = select(moves_t).where(moves_t.c.id == move_id)
+            row = dict(c.execute(q if self.store.is_sqlite else q.with_for_update()).mappings().one())
+            owner = (row["record"] or {}).get("owner")
+            if owner not in (None, self.ctl.instance) and "owner" not in rec:
+                raise TakenOver(f"move {move_id}: replica {owner} took it over while this one stalled past its "
+                                f"lease (it is {row['state']} there); this one stops driving it")
             record = dict(row["record"] or {}, **rec)
             if record.get("owner") == self.ctl.instance:
                 record["lease_until"] = time.time() + LEASE_S

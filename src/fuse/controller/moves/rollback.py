@@ -16,7 +16,7 @@ import contextlib
 import time
 
 from ...errors import FuseError, HostUnreachable, NotFound
-from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, log
+from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log
 
 
 WAKE_RETRY_FIRST_S, WAKE_RETRY_MAX_S = 2.0, 60.0  # a failed move's source wake, tried again (backing off)
@@ -134,6 +134,9 @@ class MoveRollback(MoveRecords):
         for _ in range(600):  # ~10 minutes
             try:
                 await self._settle(row)
+                return
+            except TakenOver as exc:  # (another replica settles it)
+                log.warning("%s", exc)
                 return
             except FuseError as exc:
                 log.warning("move %s: settling waits for a host: %s", move_id, exc.message)

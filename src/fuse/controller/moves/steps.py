@@ -16,13 +16,19 @@ import contextlib
 from ...errors import FuseError
 from ..store import vms as vms_t
 from . import hooks
-from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, log, timed_out
+from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
 
 
 class MoveSteps(MoveRecords):
     """The steps of a move, in the order `_run` takes them."""
 
     async def _run(self, move_id: str) -> None:
+        try:
+            await self._drive(move_id)
+        except TakenOver as exc:
+            log.warning("%s", exc)
+
+    async def _drive(self, move_id: str) -> None:
         row = self._row(move_id)
         if row["state"] not in ("starting", "pending"):
             return
