@@ -181,6 +181,7 @@ class MoveRecords:
         except HostUnreachable as exc:
             if timed_out(exc) and kw.get("timeout"):
                 exc.hung = (host, kw["timeout"])  # (for the move's reason: `_failure`)
+            exc.host = host  # (the reason names the host and its role: `_failure`)
             raise
         if resp.status_code == 404 and 404 in ok and not agent_not_found(resp):
             # a 404 read as "the host holds nothing" must be the agent's own word: a proxy or

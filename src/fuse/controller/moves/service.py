@@ -93,6 +93,9 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             err = refuse("not_movable", f"vm {name} is {vm['state']}; only a running or sleeping vm moves")
             err.vm_state = vm["state"]  # (fresh from its host: a drain tells a finished VM from a stuck one)
             raise err
+        if vm.get("standby"):  # (its host refuses to sleep it: the move was 202, then failed at its sleep)
+            raise refuse("not_movable", f"vm {name} is a prewarm's standby VM (no entry yet): it is not moved; "
+                                        "a create of its shape claims it, or delete it")
         silent = None  # (a named target's silence, said once its own checks pass: a cordoned one says so first)
         if to is not None and self.store.get_host(to) is not None:
             # A named target is asked outside the lock too (a frozen one held every move up)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ...errors import FuseError
+from ...errors import FuseError, HostUnreachable
 from ..store import vms as vms_t
 from . import hooks
 from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
@@ -107,6 +107,10 @@ class MoveSteps(MoveRecords):
                         f"{IO_TIMEOUT:g} s, though both hosts answer", False)
             hung = (quiet[0], IO_TIMEOUT)
         if hung is None:
+            host = getattr(exc, "host", None)
+            if isinstance(exc, HostUnreachable) and host in (row["source"], row["target"]):
+                # (a dropped connection named an address: the operator reads which host, in which role)
+                return f"{'target' if host == row['target'] else 'source'} host {host}: {exc.message}", False
             return exc.message, False
         host, secs = hung
         role = "target" if host == row["target"] else "source"
