@@ -89,6 +89,9 @@ def install(app: FastAPI) -> None:
             # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
             code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
                                       "server's (a controller's, an agent's), with no path of its own?")
+        elif exc.status_code == 400 and detail == "There was an error parsing the body":  # (FastAPI's words)
+            detail = ("the request body could not be read as JSON: send UTF-8 JSON with no Content-Encoding, "
+                      "nested at most a few hundred levels, its integers at most 4,300 digits long")
         headers = getattr(exc, "headers", None)
         if exc.status_code == 405:  # Allow: every method the path takes, not the first route's alone
             headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}

@@ -35,3 +35,16 @@ def test_the_controller_takes_a_usage_window_from_year_1_with_no_offset(raw):
     r = raw.get("/v1/usage", params={"from": "0001-01-01T00:00:00", "to": "2026-12-06T10:00:00"})
     assert r.status_code == 200, r.text  # (was: 400 "from must be unix seconds or an ISO 8601 time")
     assert (r.json()["from"], r.json()["to"]) == (-62135596800, 1796551200)
+
+
+@pytest.mark.parametrize("content,headers", [
+    (b'{"name": "n\\xe9"}'.replace(b"\\xe9", bytes([0xE9])), {}),
+    (b'{"shape": {"vcpus": 1' + b"0" * 5000 + b', "mem_mib": 128}}', {}),
+    (b"\x1f\x8b\x08\x00not really gzip", {"Content-Encoding": "gzip"}),
+])
+def test_a_body_that_does_not_read_as_json_says_what_to_send(raw, content, headers):
+    """(was: FastAPI's "There was an error parsing the body")"""
+    r = raw.post("/v1/vms", content=content, headers={"Content-Type": "application/json", **headers})
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), r.text
+    msg = r.json()["error"]["message"]
+    assert "error parsing the body" not in msg and "JSON" in msg, msg
