@@ -468,10 +468,7 @@ def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_one
     extra = []
     try:
         with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
-            for h, ag in zip(("src", "dst"), agents):
-                ca.hosts.register(fuse.RegisterHostRequest(id=h, url=ag.url, token=ag.token, backend="qemu",
-                                                           capacity=fuse.HostCapacity(vm_count=4)))
-            wait_until(lambda: all(h.connected for h in cb.hosts.list()), what="replica b sees the hosts")
+            register_src_dst(ca, cb, agents)
             ca.vms.create(vm_body("job1", host="src"))
             m = ca.moves.create("job1", to="dst")  # replica a drives it, and dies at chunk 2
             wait_until(lambda: a.popen.poll() is not None, timeout=60, what="replica a to die mid-copy")
@@ -492,6 +489,14 @@ def test_replicas_on_postgresql_leave_a_live_move_alone_and_take_over_a_dead_one
         for p in (a, b, *agents, *extra):
             p.stop()
         reap(tmp_path)
+
+
+def register_src_dst(ca: fuse.Client, cb: fuse.Client, agents) -> None:
+    """Hosts src and dst (``agents``) registered through replica ``ca``, once ``cb`` sees them."""
+    for h, ag in zip(("src", "dst"), agents):
+        ca.hosts.register(fuse.RegisterHostRequest(id=h, url=ag.url, token=ag.token, backend="qemu",
+                                                   capacity=fuse.HostCapacity(vm_count=4)))
+    wait_until(lambda: all(h.connected for h in cb.hosts.list()), what="replica b sees the hosts")
 
 
 def test_a_lost_reply_after_the_target_woke_finishes_forward_never_two_copies(fleet):

@@ -12,7 +12,7 @@ import pytest
 
 import fuse
 from support import reap, start_agent, start_controller, wait_until
-from test_moves import vm_body
+from test_moves import register_src_dst, vm_body
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 
@@ -24,10 +24,7 @@ def test_a_replica_frozen_past_its_move_lease_stops_driving_the_move_the_other_s
     agents = [start_agent(tmp_path, backend="fake", name=f"agent-{h}") for h in ("src", "dst")]
     try:
         with fuse.Client(a.url) as ca, fuse.Client(b.url) as cb:
-            for h, ag in zip(("src", "dst"), agents):
-                ca.hosts.register(fuse.RegisterHostRequest(id=h, url=ag.url, token=ag.token, backend="qemu",
-                                                           capacity=fuse.HostCapacity(vm_count=4)))
-            wait_until(lambda: all(h.connected for h in cb.hosts.list()), what="replica b sees the hosts")
+            register_src_dst(ca, cb, agents)
             ca.vms.create(vm_body("job", host="src"))
             m = ca.moves.create("job", to="dst")
             wait_until(lambda: "test hook: held at slept" in a.logs(), timeout=30, what="the move held at slept")
