@@ -15,6 +15,28 @@ def default_agent_socket() -> Path:
     return Path(runtime) / "fuse-host.sock" if runtime else Path(f"/tmp/fuse-{os.getuid()}/fuse-host.sock")
 
 
+def socket_dir_problem(directory: Path) -> str | None:
+    """Why an owner-only socket cannot live in ``directory`` (one line), or None (it is
+    missing: it will be made 0700). A directory another user owns, or one others may write
+    to (not sticky, as /tmp is), lets them put their own socket in the server's place and
+    read what clients send it, agent tokens included (``/tmp/fuse-UID`` made first by
+    another user, with no ``XDG_RUNTIME_DIR``)."""
+    import stat
+    try:
+        st = os.stat(directory)  # (followed: a symbolic link to another user's directory is theirs)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"the socket's directory {directory}: {exc.strerror or exc}"
+    if st.st_uid not in (os.geteuid(), 0):
+        return (f"the socket's directory {directory} belongs to another user (uid {st.st_uid}), who could put "
+                "their own socket in its place: give --socket in a directory of your own, or set XDG_RUNTIME_DIR")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"the socket's directory {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), "
+                f"who could put their own socket in its place: chmod go-w {directory}, or give --socket elsewhere")
+    return None
+
+
 def private_dir(path: Path) -> Path:
     """Create `path` and any missing parents owner-only (0700) whatever the
     umask: mkdir's mode is filtered by the umask and `parents=True` gives the

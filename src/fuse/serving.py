@@ -27,7 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .envsettings import seconds
-from .paths import private_dir
+from .paths import private_dir, socket_dir_problem
 from .statelock import lock_file
 
 # A connection that has not sent a whole request head this long after it opened, or after
@@ -171,6 +171,8 @@ def socket_path_problem(path: Path) -> str | None:
     if len(os.fsencode(str(path))) > MAX_SOCKET_PATH_BYTES:
         return (f"--socket {path}: the path is {len(os.fsencode(str(path)))} bytes; a unix socket's "
                 f"path is at most {MAX_SOCKET_PATH_BYTES}: choose a shorter one")
+    if why := socket_dir_problem(path.parent):
+        return f"--socket {path}: {why}"
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -188,6 +190,8 @@ def owner_only_socket(path: Path) -> socket.socket:
     if why := socket_path_problem(path):  # (the CLIs say it before they start; this never deletes a file)
         raise ValueError(why)
     private_dir(path.parent)  # every directory made for it 0700, whatever the umask
+    if why := socket_dir_problem(path.parent):  # (made by another user between the check and the mkdir)
+        raise ValueError(f"--socket {path}: {why}")
     if not _lock_socket(path):
         raise SocketInUse(f"socket {path} is in use by a running server (it holds {path}.lock)")
     if path.exists() or path.is_symlink():

@@ -91,7 +91,9 @@ def relay(
     socket: Optional[Path] = typer.Option(None, help="The agent socket (default: the standard one)."),
 ) -> None:
     """Hand this channel's requests to the local host agent (run by the controller over SSH)."""
-    from ..paths import default_agent_socket
+    from ..paths import default_agent_socket, socket_dir_problem
 
+    if socket is None and (why := socket_dir_problem(default_agent_socket().parent)):
+        _fail(f"the default host agent socket {default_agent_socket()}: {why}")  # (it would get the requests)
     sock = _connect(socket or default_agent_socket())
     pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno())

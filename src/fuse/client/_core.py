@@ -223,7 +223,11 @@ def resolve_url(url: str | None) -> tuple[str, str | None]:
         url = os.environ.get("FUSE_URL", "")
     if not url:
         from ..controller.service import default_controller_socket
-        return "http://fuse", str(default_controller_socket())
+        from ..paths import socket_dir_problem
+        sock = default_controller_socket()
+        if why := socket_dir_problem(sock.parent):  # (the requests would go to whoever put a socket there)
+            raise ValueError(f"the default controller socket {sock}: {why}")
+        return "http://fuse", str(sock)
     if url.startswith("unix://"):
         if not url[len("unix://"):]:
             raise ValueError(f"url {url!r} names no socket: unix:///path/to/controller.sock")
