@@ -219,7 +219,9 @@ def test_an_event_the_disk_refuses_is_served_from_memory_and_leaves_whole_lines(
     log.close()
     assert [e["type"] for e in log.list()] == ["one", "two", "three"]
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
-    assert [json.loads(line)["type"] for line in lines] == ["one", "three"]
+    # (review 30: the line the disk refused is written with the next one, once there is room —
+    # it was left out, and the hole in the file's ids shifted every read past it)
+    assert [json.loads(line)["type"] for line in lines] == ["one", "two", "three"]
 
 
 @pytest.mark.qemu

@@ -21,6 +21,7 @@ handed back is a real one.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import logging
@@ -64,7 +65,8 @@ class EventLog:
         # Python >= 3.10 events bind to a loop only when awaited.
         self._changed = asyncio.Event()
         self._stopping = False
-        self._unwritten = False  # the last line could not be written (disk full): logged once
+        self._unwritten: list[tuple[int, bytes]] = []  # lines the disk did not take yet, oldest first
+        holes: list[tuple[int, int]] = []  # ids missing between two lines (an older agent's full disk)
         if path.exists():
             with open(path, "rb") as f:
                 for line in f:
@@ -73,6 +75,8 @@ class EventLog:
                     except ValueError:
                         event = None  # a torn line from a crash
                     if event is not None:
+                        if self._events and event["id"] > self._events[-1]["id"] + 1:
+                            holes.append((self._events[-1]["id"] + 1, event["id"] - 1))
                         self._mark(event["id"])
                         self._events.append(event)
                     self._size += len(line)
@@ -87,8 +91,11 @@ class EventLog:
             self._next = max(self._next, kept_next)  # (the log is new, or lost: go on from its ids)
         elif kept_next - self._next <= LOST_MAX:  # (the ids stay dense: each lost one is given back)
             for _ in range(self._next, kept_next):
-                self.emit("events_lost", reason="the event log lost this id's line (torn by a crash, or "
-                                                "the log restored from an older copy)")
+                self.emit("events_lost", reason="the event log lost this id's line (torn by a crash, a full "
+                                                "disk, or the log restored from an older copy)")
+        for lo, hi in holes:  # (their ids are past: said once each, with the ids, as new events)
+            self.emit("events_lost", reason=f"the event log lost the lines of ids {lo} to {hi} (a full disk, "
+                                            "with an agent before this one)", lost_from=lo, lost_to=hi)
 
     def _mark(self, event_id: int) -> None:
         if event_id % BLOCK == 0 or not self._marks:
@@ -105,29 +112,40 @@ class EventLog:
             event["vm"] = vm
         event.update(data)
         self._next += 1
-        os.pwrite(self._next_file, f"{self._next:020d}\n".encode(), 0)  # before the line: never reused
+        try:  # before the line: never reused (the same 21 bytes rewritten: no new block on a full disk)
+            os.pwrite(self._next_file, f"{self._next:020d}\n".encode(), 0)
+        except OSError as exc:  # (a new state dir on a full disk: the event is still served)
+            log.warning("event log %s: cannot keep the next id (%s)", self.path, exc)
         self._events.append(event)
         if len(self._events) > 2 * KEEP:
             del self._events[:-KEEP]
-        line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
-        self._mark(event["id"])
-        try:
-            if self._file.write(line) != len(line):  # (unbuffered: a full disk takes part of it)
-                raise OSError(f"wrote part of the line of event {event['id']}")
-            self._size += len(line)
-            self._unwritten = False
-        except OSError as exc:
-            # Served from memory all the same (its id stays taken: .next was written); the
-            # log keeps whole lines only, so the next line does not land on a torn one.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._file.fileno(), self._size)
-            if not self._unwritten:
-                log.warning("event log %s: cannot write event %d (%s); events are served from "
-                            "memory until it can", self.path, event["id"], exc)
-            self._unwritten = True
+        self._unwritten.append((event["id"], (json.dumps(event, separators=(",", ":")) + "\n").encode()))
+        self._write_unwritten()
         self._changed.set()
         self._changed = asyncio.Event()
         return event
+
+    def _write_unwritten(self) -> None:
+        """Append the lines not on disk yet, oldest first: the file keeps its ids dense (lines
+        the disk refused are written with the next event once it has room, not skipped — a
+        hole in the file shifted every later read past it), and whole lines only."""
+        data = b"".join(line for _, line in self._unwritten)
+        try:
+            if self._file.write(data) != len(data):  # (unbuffered: a full disk takes part of it)
+                raise OSError(f"wrote part of the lines of events {self._unwritten[0][0]}-{self._unwritten[-1][0]}")
+        except OSError as exc:
+            # Served from memory all the same (their ids stay taken: .next was written); the
+            # log keeps whole lines only, so the next line does not land on a torn one.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._file.fileno(), self._size)
+            if len(self._unwritten) == 1:
+                log.warning("event log %s: cannot write event %d (%s); events are served from "
+                            "memory until it can", self.path, self._unwritten[0][0], exc)
+            return
+        for event_id, line in self._unwritten:
+            self._mark(event_id)
+            self._size += len(line)
+        self._unwritten.clear()
 
     def list(self, since: int = 0, limit: int = 100) -> list[dict[str, Any]]:
         """Events with ``id > since``, oldest first, at most ``limit`` (≤ 500)."""
@@ -135,11 +153,11 @@ class EventLog:
             raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
         if since < 0:
             raise InvalidArgument("since must be >= 0")
-        # ids are dense and increasing: find the start by offset, not a scan.
         first = self._events[0]["id"] if self._events else self._next
         if since + 1 < first:
             return self._from_disk(since, limit)
-        start = since + 1 - first
+        # (by search, not by offset: a log an older agent wrote may have a hole in its ids)
+        start = bisect.bisect_right(self._events, since, key=lambda e: e["id"])
         return self._events[start:start + limit]
 
     def _from_disk(self, since: int, limit: int) -> list[dict[str, Any]]:
