@@ -1,0 +1,65 @@
+"""Review 30: a sleep reads no bundle file, so a running VM whose bundle is gone (or not this
+fuse's) still sleeps — and so moves and drains (it was 500 bundle_missing); and a move's
+sleep whose console copy the disk has no room for records the VM asleep (it was recorded
+running with no process left, its move `failed`)."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+
+import pytest
+
+from agent_support import COUNTER, counted
+from fuse.models.vm import CreateVmRequest
+from support import fake_bundle
+from test_review22_agent import SHAPE, fake_agent, wait_for
+from fuse.agent import vms as vms_mod
+from fuse.agent.vms import VmManager
+
+
+async def test_a_vm_whose_bundle_is_gone_still_sleeps_fake(tmp_path):
+    state = tmp_path / "host"
+    async with fake_agent(state) as mgr:
+        await mgr.create(CreateVmRequest.model_validate({"name": "b", "shape": SHAPE, "entry": "x"}))
+        shutil.rmtree(state / "bundles" / "linux")
+        assert (await mgr.sleep("b", move_id="mv-1")).state == "sleeping"  # (was: 500 bundle_missing)
+        fake_bundle(state)
+
+
+@pytest.mark.qemu
+async def test_a_real_vm_whose_bundle_is_gone_sleeps_and_wakes_once_it_is_back(tmp_path, bundle_dir):
+    state = tmp_path / "host"
+    shutil.copytree(bundle_dir, state / "bundles" / bundle_dir.name)
+    mgr = VmManager(state, "qemu", ram_mb=4096, cpus=2)
+    await mgr.start()
+    try:
+        await mgr.create(CreateVmRequest.model_validate({"name": "c", "shape": SHAPE, "entry": COUNTER}))
+        console = mgr.vm_dir("c") / "console.log"
+        await wait_for(lambda: len(counted(console.read_text())) >= 2, "c never counted", 60)
+        shutil.move(state / "bundles" / bundle_dir.name, tmp_path / "away")
+        assert (await mgr.sleep("c")).state == "sleeping"
+        shutil.move(tmp_path / "away", state / "bundles" / bundle_dir.name)
+        before = len(counted(console.read_text()))
+        assert (await mgr.wake("c")).state == "running"
+        await wait_for(lambda: len(counted(console.read_text())) > before + 1, "c did not count on", 60)
+    finally:
+        for v in list(mgr.vms.values()):
+            await mgr.delete(v.name, v.move_id)
+        await mgr.close()
+
+
+async def test_a_moves_sleep_whose_console_copy_finds_no_room_still_records_the_vm_asleep(tmp_path, monkeypatch):
+    state = tmp_path / "host"
+    async with fake_agent(state) as mgr:
+        await mgr.create(CreateVmRequest.model_validate({"name": "m", "shape": SHAPE, "entry": "x"}))
+        (mgr.vm_dir("m") / "console.log").write_text("printed before the move\n")
+
+        def full(src, dst, *a, **kw):
+            open(dst, "wb").close()  # (a partial copy, then the disk is full)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(vms_mod.shutil, "copyfile", full)
+        vm = await mgr.sleep("m", move_id="mv-2")  # (was: OSError, the VM recorded running with no process)
+        assert vm.state == "sleeping" and vm.move_id == "mv-2"
+        assert vms_mod.MOVED_CONSOLE not in [f.name for f in vm.files]
+        assert not (mgr.vm_dir("m") / "state" / vms_mod.MOVED_CONSOLE).exists()
