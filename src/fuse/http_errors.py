@@ -85,7 +85,10 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         code = _STATUS_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
         detail = str(exc.detail)
-        if exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
+        path = request.url.path
+        if exc.status_code == 404 and (path.endswith("/") or "//" in path):  # an empty id (`/v1/prewarms/`
+            detail = f"{path}: an empty id names nothing"  # for a prewarm ""): no such resource, not_found
+        elif exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
             # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
             code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
                                       "server's (a controller's, an agent's), with no path of its own?")
