@@ -342,12 +342,12 @@ class LimitBody:
                 await send(message)
         await self.app(scope, limited, unless_over)
         if over:
-            await self._refuse(scope, receive, send, seen, limit)
+            await self._refuse(scope, receive, send, None, limit)  # (read up to past the limit: its size unknown)
 
     @staticmethod
-    async def _refuse(scope, receive, send, size: int, limit: int) -> None:
-        await JSONResponse(error_body("invalid_argument", f"the request body is {'over ' if size <= limit else ''}"
-                                      f"{size} bytes: at most {limit} are read"),
+    async def _refuse(scope, receive, send, size: int | None, limit: int) -> None:
+        said = f"over {limit} bytes" if size is None else f"{'over ' if size <= limit else ''}{size} bytes"
+        await JSONResponse(error_body("invalid_argument", f"the request body is {said}: at most {limit} are read"),
                            status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
 
