@@ -166,6 +166,10 @@ def check_cert_purpose(path: str, name: str, *, client: bool) -> None:
     from cryptography import x509  # imported only where used
 
     cert = _first_cert(path, name)
+    if _is_ca(cert):  # (no extended key usage: it passed as any purpose; every peer refuses it)
+        raise IdentityError(f"{name}: {path} is a CA's certificate, not a {'client' if client else 'host'}'s: "
+                            f"issue one with `fuse host cert issue{' --client' if client else ''}` (and keep "
+                            "the CA's key off the host)")
     try:
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
@@ -188,15 +192,25 @@ def check_ca_file(path: str, name: str) -> None:
 
     with open(path, "rb") as f:
         cas = x509.load_pem_x509_certificates(f.read())
+    now = datetime.datetime.now(datetime.timezone.utc)
     for ca in cas:
-        try:
-            is_ca = ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-        except x509.ExtensionNotFound:
-            is_ca = False
-        if not is_ca:
+        if not _is_ca(ca):
             raise IdentityError(f"{name}: {path} holds a certificate that is not a CA's "
                                 f"({ca.subject.rfc4514_string()}), which signs no certificate to trust; give "
                                 "the CA's ca.pem (`fuse host ca create`)")
+        if now > ca.not_valid_after_utc:  # (the peers' valid certificates would then read as expired)
+            raise IdentityError(f"{name}: the CA certificate in {path} has expired (it was valid until "
+                                f"{ca.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC): make a new CA with "
+                                "`fuse host ca create` and issue the certificates again from it")
+
+
+def _is_ca(cert) -> bool:
+    from cryptography import x509  # imported only where used
+
+    try:
+        return cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False
 
 
 # Identity failures already logged, so a poller meeting one every second logs it once.

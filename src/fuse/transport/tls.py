@@ -150,8 +150,13 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
         raise ValueError(why)
     ca_cert, ca_key = load_ca(ca_dir)
     out = Path(out)
-    key = ec.generate_private_key(ec.SECP256R1())
     before, after = _validity(days)
+    if ca_cert.not_valid_after_utc <= before:  # (every certificate it signed would fail as expired)
+        raise ValueError(f"the CA in {ca_dir} has expired (it was valid until "
+                         f"{ca_cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC): make a new one with "
+                         "`fuse host ca create` and issue the certificates again from it")
+    after = min(after, ca_cert.not_valid_after_utc)  # (valid no longer than what it is checked against)
+    key = ec.generate_private_key(ec.SECP256R1())
     eku = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
