@@ -15,6 +15,7 @@ out of time with the host and its limit (for the move's reason) and reads a 404 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 
@@ -58,6 +59,12 @@ IO_TIMEOUT = seconds("FUSE_MOVE_IO_TIMEOUT", 30.0)
 class TakenOver(Exception):
     """This replica drove a move another one has taken over since (this one stalled past
     its lease: a pause, a frozen process): it stops, and writes nothing more to the move."""
+
+
+# The move the running task drives (`_run`, `_recover`; the tasks they start inherit it): only
+# a driver's writes are refused once another replica owns the move — the janitor's tidying of
+# a finished move, a force deregister's, are anyone's (an ended move keeps its last owner).
+DRIVING: contextvars.ContextVar[str | None] = contextvars.ContextVar("fuse_move_driving", default=None)
 # The limit for the calls on a moving VM's path that do little on the host: the
 # target beginning its incoming side (an admission check and a reservation) and
 # aborting one that was never woken (removing files). They answer in milliseconds;
@@ -141,7 +148,7 @@ class MoveRecords:
             q = select(moves_t).where(moves_t.c.id == move_id)
             row = dict(c.execute(q if self.store.is_sqlite else q.with_for_update()).mappings().one())
             owner = (row["record"] or {}).get("owner")
-            if owner not in (None, self.ctl.instance) and "owner" not in rec:
+            if DRIVING.get() == move_id and owner not in (None, self.ctl.instance) and "owner" not in rec:
                 raise TakenOver(f"move {move_id}: replica {owner} took it over while this one stalled past its "
                                 f"lease (it is {row['state']} there); this one stops driving it")
             record = dict(row["record"] or {}, **rec)

@@ -16,7 +16,7 @@ import contextlib
 import time
 
 from ...errors import FuseError, HostUnreachable, NotFound
-from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log
+from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log
 
 
 WAKE_RETRY_FIRST_S, WAKE_RETRY_MAX_S = 2.0, 60.0  # a failed move's source wake, tried again (backing off)
@@ -131,16 +131,20 @@ class MoveRollback(MoveRecords):
         """Settle a move, retrying while a host it needs does not answer
         (bounded here; the janitor takes the move up again after that)."""
         move_id = row["id"]
-        for _ in range(600):  # ~10 minutes
-            try:
-                await self._settle(row)
-                return
-            except TakenOver as exc:  # (another replica settles it)
-                log.warning("%s", exc)
-                return
-            except FuseError as exc:
-                log.warning("move %s: settling waits for a host: %s", move_id, exc.message)
-            await asyncio.sleep(1)
-            row = self._row(move_id)
-            if row["state"] not in ACTIVE:
-                return
+        driving = DRIVING.set(move_id)  # (a task of its own, or `_run`'s: either drives this move)
+        try:
+            for _ in range(600):  # ~10 minutes
+                try:
+                    await self._settle(row)
+                    return
+                except TakenOver as exc:  # (another replica settles it)
+                    log.warning("%s", exc)
+                    return
+                except FuseError as exc:
+                    log.warning("move %s: settling waits for a host: %s", move_id, exc.message)
+                await asyncio.sleep(1)
+                row = self._row(move_id)
+                if row["state"] not in ACTIVE:
+                    return
+        finally:
+            DRIVING.reset(driving)

@@ -16,13 +16,14 @@ import contextlib
 from ...errors import FuseError, HostUnreachable
 from ..store import vms as vms_t
 from . import hooks
-from .records import ACTIVE, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
+from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
 
 
 class MoveSteps(MoveRecords):
     """The steps of a move, in the order `_run` takes them."""
 
     async def _run(self, move_id: str) -> None:
+        DRIVING.set(move_id)  # (this task's context: what it starts inherits it)
         try:
             await self._drive(move_id)
         except TakenOver as exc:
