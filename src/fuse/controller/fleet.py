@@ -148,7 +148,9 @@ class Fleet:
         for host_id in ids - self._tasks.keys():
             self._tasks[host_id] = asyncio.create_task(self._poll(host_id))
         for host_id in self._tasks.keys() - ids:
-            self._tasks.pop(host_id).cancel()
+            if (task := self._tasks.pop(host_id, None)) is None:
+                continue  # (another call of this one, beside it, got there first)
+            task.cancel()
             self.views.pop(host_id, None)
             c = self._conns.pop(host_id, None)
             if c:
@@ -170,6 +172,10 @@ class Fleet:
             return task is not None and not task.done() and (view is None or (not view.seen_at and not view.error))
         while any(unread(h) for h in ids) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+
+    async def poll_now(self, host_id: str) -> None:
+        """Poll a host its poller already watches now (no registry read: ``refresh``)."""
+        await self._poll_once(host_id)
 
     async def refresh(self, host_id: str) -> None:
         """Poll a host now (after registration, or when a caller needs fresh

@@ -1034,10 +1034,11 @@ class VmService:
         ids = [fleet.ids[i] for i in short[:RECHECK_HOSTS]]
         if not ids:
             return False
-        polls = [asyncio.ensure_future(self.fleet.refresh(h)) for h in ids]
+        polls = [asyncio.ensure_future(self.fleet.poll_now(h)) for h in ids]  # (no registry read each)
         done, _ = await asyncio.wait(polls, timeout=RECHECK_WAIT_S)
         await cancel_and_wait(p for p in polls if p not in done)
-        return any(not p.cancelled() and p.exception() is None for p in done)
+        read = [not p.cancelled() and p.exception() is None for p in done]  # (every outcome retrieved)
+        return any(read)
 
     async def _refresh_room(self, host: str) -> None:
         """Read the summary of ``host`` (and of its machine's other names) again after a
