@@ -17,23 +17,30 @@ def default_agent_socket() -> Path:
 
 def socket_dir_problem(directory: Path) -> str | None:
     """Why an owner-only socket cannot live in ``directory`` (one line), or None (it is
-    missing: it will be made 0700). A directory another user owns, or one others may write
-    to (not sticky, as /tmp is), lets them put their own socket in the server's place and
-    read what clients send it, agent tokens included (``/tmp/fuse-UID`` made first by
-    another user, with no ``XDG_RUNTIME_DIR``)."""
+    missing: it will be made 0700). A directory another user owns, a symbolic link another
+    user made, or a directory others may write to (sticky too, as /tmp is: the socket's name
+    is known, so they can make it first) lets them put their own socket in the server's place
+    and read what clients send it, agent tokens included (``/tmp/fuse-UID`` made first by
+    another user, with no ``XDG_RUNTIME_DIR``; or made a link to /tmp)."""
     import stat
+    mine = (os.geteuid(), 0)
     try:
+        link = os.lstat(directory)
         st = os.stat(directory)  # (followed: a symbolic link to another user's directory is theirs)
     except FileNotFoundError:
-        return None
+        return None if not os.path.islink(directory) else (
+            f"the socket's directory {directory} is a symbolic link to nowhere: give --socket elsewhere")
     except OSError as exc:
         return f"the socket's directory {directory}: {exc.strerror or exc}"
-    if st.st_uid not in (os.geteuid(), 0):
-        return (f"the socket's directory {directory} belongs to another user (uid {st.st_uid}), who could put "
-                "their own socket in its place: give --socket in a directory of your own, or set XDG_RUNTIME_DIR")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+    for what, s in (("is a symbolic link that ", link), ("", st)):
+        if s.st_uid not in mine:
+            return (f"the socket's directory {directory} {what}belongs to another user (uid {s.st_uid}), who "
+                    "could put their own socket in its place: give --socket in a directory of your own, or set "
+                    "XDG_RUNTIME_DIR")
+    if st.st_mode & 0o022:
         return (f"the socket's directory {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), "
-                f"who could put their own socket in its place: chmod go-w {directory}, or give --socket elsewhere")
+                f"who could put their own socket in its place: chmod go-w {directory}, or give --socket in a "
+                "directory of your own")
     return None
 
 

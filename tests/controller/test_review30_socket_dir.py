@@ -37,15 +37,21 @@ def test_a_server_refuses_a_socket_dir_others_control(tmp_path, bad_dir, serve):
     assert not (d / "s.sock").exists()
 
 
-def test_a_sticky_shared_dir_and_an_own_dir_are_taken(tmp_path):
+def test_an_own_dir_is_taken_a_sticky_shared_one_or_another_users_link_is_not(tmp_path):
     from fuse.paths import socket_dir_problem
-    sticky = tmp_path / "sticky"
-    sticky.mkdir()
-    sticky.chmod(0o1777)  # (as /tmp: others cannot remove or rename what is not theirs)
     own = tmp_path / "own"
     own.mkdir(mode=0o700)
-    assert socket_dir_problem(sticky) is None and socket_dir_problem(own) is None
+    assert socket_dir_problem(own) is None
     assert socket_dir_problem(tmp_path / "missing") is None  # (made 0700 when the server starts)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # (as /tmp: others cannot remove what is not theirs, but can make a name first)
+    assert "writable by others" in socket_dir_problem(sticky)
+    link = tmp_path / "fuse-1000"
+    link.symlink_to(own)
+    import os
+    os.lchown(link, NOBODY, NOBODY)  # (another user's link to a directory that passes: /tmp/fuse-UID -> /tmp)
+    assert "symbolic link that belongs to another user" in socket_dir_problem(link)
 
 
 def test_the_sdk_refuses_a_default_socket_in_a_dir_others_control(tmp_path, bad_dir, monkeypatch):
