@@ -1,5 +1,6 @@
-"""Review 30: a sleep reads no bundle file, so a running VM whose bundle is gone (or not this
-fuse's) still sleeps — and so moves and drains (it was 500 bundle_missing); and a move's
+"""Review 30: a move's sleep reads no bundle file, so a running VM whose bundle is gone (or not
+this fuse's) still moves and drains (it was 500 bundle_missing; a plain sleep is still refused,
+since nothing could wake it there); and a move's
 sleep whose console copy the disk has no room for records the VM asleep (it was recorded
 running with no process left, its move `failed`)."""
 
@@ -23,6 +24,9 @@ async def test_a_vm_whose_bundle_is_gone_still_sleeps_fake(tmp_path):
     async with fake_agent(state) as mgr:
         await mgr.create(CreateVmRequest.model_validate({"name": "b", "shape": SHAPE, "entry": "x"}))
         shutil.rmtree(state / "bundles" / "linux")
+        with pytest.raises(vms_mod.FuseError) as err:  # (a plain sleep: nothing could wake it here)
+            await mgr.sleep("b")
+        assert err.value.code == "bundle_missing" and mgr.get("b").state == "running"
         assert (await mgr.sleep("b", move_id="mv-1")).state == "sleeping"  # (was: 500 bundle_missing)
         fake_bundle(state)
 
@@ -38,10 +42,10 @@ async def test_a_real_vm_whose_bundle_is_gone_sleeps_and_wakes_once_it_is_back(t
         console = mgr.vm_dir("c") / "console.log"
         await wait_for(lambda: len(counted(console.read_text())) >= 2, "c never counted", 60)
         shutil.move(state / "bundles" / bundle_dir.name, tmp_path / "away")
-        assert (await mgr.sleep("c")).state == "sleeping"
+        assert (await mgr.sleep("c", move_id="mv-3")).state == "sleeping"  # (a move's: its target wakes it)
         shutil.move(tmp_path / "away", state / "bundles" / bundle_dir.name)
         before = len(counted(console.read_text()))
-        assert (await mgr.wake("c")).state == "running"
+        assert (await mgr.wake("c", move_id="mv-3", if_marked=True)).state == "running"  # (the move home)
         await wait_for(lambda: len(counted(console.read_text())) > before + 1, "c did not count on", 60)
     finally:
         for v in list(mgr.vms.values()):

@@ -453,9 +453,12 @@ class VmManager:
                 raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep")
             if vm.standby:  # a move (it starts with a sleep) would land it as a vm with no entry
                 raise Conflict(f"vm {name} is standby (waiting for its entry); claim or delete it")
-            # (a sleep reads no bundle file: with its bundle gone or not this fuse's, a running VM
-            # still sleeps, and so moves and drains — refused, the host could not be emptied)
-            spec = _bare_spec(self, vm)
+            # A sleep reads no bundle file, but a wake does: a plain sleep of a VM whose bundle is
+            # gone (or not this fuse's) is refused as before, as nothing could wake it here; a
+            # move's goes on — its target wakes it with its own bundle (refused, a host could not be
+            # drained to one with a good bundle; a move that fails after it leaves the VM asleep
+            # here until the bundle is back)
+            spec = self.spec(vm) if not move_id else _bare_spec(self, vm)
             self.metering.sample(name)
             try:
                 self._set_mark(vm, SLEEP_MARK, {"move_id": move_id})
@@ -479,7 +482,7 @@ class VmManager:
             vm.files = await asyncio.to_thread(lambda: [_describe(spec.state_dir / f) for f in names])
             self.metering.state_written(name, sum(f.size for f in vm.files), created_at=_created(vm))
             if move_id:  # its serial log goes with it: the target's carries on from it
-                vm.files += await asyncio.to_thread(_console_for_move, spec, True)
+                vm.files += await asyncio.to_thread(_console_for_move, spec)
             vm.move_id, vm.pid = move_id, None
             vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
             self.transition(vm, "sleeping")
@@ -913,13 +916,14 @@ def _holds_memory(vm: Vm) -> bool:
     return vm.state in HOLDS_MEMORY or (vm.state == "sleeping" and (vm.reserved or vm.return_room))
 
 
-def _console_for_move(spec: BootSpec, asleep: bool = False) -> list[StateFile]:
+def _console_for_move(spec: BootSpec) -> list[StateFile]:
     """A copy of the VM's serial log beside its state files, for a move to take along (a
     moved VM's console showed only what it printed on its new host), described as they
     are; none when it has no log or an empty one (a guest moved before it printed a byte:
-    a target takes no empty file, and there is nothing to keep). ``asleep``: its hypervisor
-    has ended, so a copy the disk has no room for is left out (logged) rather than failing
-    the sleep, which left the VM recorded running with no process (its move `failed`)."""
+    a target takes no empty file, and there is nothing to keep). The VM is asleep (its
+    hypervisor has ended), so a copy the disk has no room for is left out (logged) rather
+    than failing: a sleep's left the VM recorded running with no process (its move `failed`),
+    an agent restart's ended the agent's start."""
     copy = spec.state_dir / MOVED_CONSOLE
     try:
         shutil.copyfile(spec.console, copy)
@@ -927,8 +931,6 @@ def _console_for_move(spec: BootSpec, asleep: bool = False) -> list[StateFile]:
         return []
     except OSError as exc:
         copy.unlink(missing_ok=True)
-        if not asleep:
-            raise
         log.warning("vm %s: its console log is not taken along by its move (%s)", spec.name, exc)
         return []
     if copy.stat().st_size == 0:
