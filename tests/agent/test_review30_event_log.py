@@ -42,6 +42,9 @@ def test_a_log_with_a_hole_an_older_agent_left_is_read_by_id_and_says_what_it_lo
     assert [e["id"] for e in log.list(since=5, limit=3)] == [20, 21, 22]  # (was: 25, 26... past the end)
     lost = [e for e in log.list(since=24, limit=10) if e["type"] == "events_lost"]
     assert [(e["lost_from"], e["lost_to"]) for e in lost] == [(6, 19)], lost
+    log.close()
+    again = EventLog(path)  # (restarted: said once, not at every start)
+    assert again.last_id == log.last_id and again.list(since=log.last_id) == []
 
 
 def test_a_new_event_log_on_a_full_disk_still_serves_its_events(tmp_path):

@@ -41,6 +41,7 @@ MAX_WAIT_S = 60.0  # a long poll's wait, at most (a longer one is cut to this, a
 # reads them from there), found through a byte offset kept every BLOCK ids.
 KEEP = 20_000
 BLOCK = 1_000
+UNWRITTEN_MAX = 5_000  # lines kept for a disk that has no room, at most (each event tries them all)
 LOST_MAX = 100_000  # ids a log may have lost and get back as events_lost (more: .next is not believed)
 
 log = logging.getLogger("fuse.agent")
@@ -67,6 +68,7 @@ class EventLog:
         self._stopping = False
         self._unwritten: list[tuple[int, bytes]] = []  # lines the disk did not take yet, oldest first
         holes: list[tuple[int, int]] = []  # ids missing between two lines (an older agent's full disk)
+        said: set[tuple[int, int]] = set()  # holes an events_lost in the log already names
         if path.exists():
             with open(path, "rb") as f:
                 for line in f:
@@ -77,6 +79,8 @@ class EventLog:
                     if event is not None:
                         if self._events and event["id"] > self._events[-1]["id"] + 1:
                             holes.append((self._events[-1]["id"] + 1, event["id"] - 1))
+                        if event.get("type") == "events_lost" and "lost_from" in event:
+                            said.add((event["lost_from"], event.get("lost_to")))
                         self._mark(event["id"])
                         self._events.append(event)
                     self._size += len(line)
@@ -93,7 +97,9 @@ class EventLog:
             for _ in range(self._next, kept_next):
                 self.emit("events_lost", reason="the event log lost this id's line (torn by a crash, a full "
                                                 "disk, or the log restored from an older copy)")
-        for lo, hi in holes:  # (their ids are past: said once each, with the ids, as new events)
+        for lo, hi in holes:  # (their ids are past: said once each, with the ids, as new events;
+            if (lo, hi) in said:  # not again at each restart: the log keeps what it said)
+                continue
             self.emit("events_lost", reason=f"the event log lost the lines of ids {lo} to {hi} (a full disk, "
                                             "with an agent before this one)", lost_from=lo, lost_to=hi)
 
@@ -120,6 +126,8 @@ class EventLog:
         if len(self._events) > 2 * KEEP:
             del self._events[:-KEEP]
         self._unwritten.append((event["id"], (json.dumps(event, separators=(",", ":")) + "\n").encode()))
+        if len(self._unwritten) > UNWRITTEN_MAX:  # (a disk full for long: the oldest become a hole in
+            del self._unwritten[0]  # the file, read by id and said at the next start as events_lost)
         self._write_unwritten()
         self._changed.set()
         self._changed = asyncio.Event()
