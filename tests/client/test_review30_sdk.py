@@ -105,7 +105,7 @@ def test_health_waits_no_longer_than_the_clients_timeout(stand_in):
 
 
 @pytest.mark.parametrize("url", ["http://user:pw@127.0.0.1:8080", "http://127.0.0.1:8080?x=1",
-                                 "http://127.0.0.1:8080/#frag"])
+                                 "http://127.0.0.1:8080/#frag", "http://127.0.0.1:8080?"])
 def test_urls_a_controller_cannot_have_are_refused_where_the_client_is_made(url):
     with pytest.raises(ValueError) as info:
         fuse.Client(url)
@@ -116,6 +116,8 @@ def test_a_lone_surrogate_in_a_name_is_a_value_error_not_an_encoder_traceback(st
     with fuse.Client(stand_in.url) as c:
         with pytest.raises(ValueError, match="lone surrogate"):
             c.vms.get("\udfff")
+        with pytest.raises(ValueError, match="host .* lone surrogate"):
+            c.vms.delete("x", host="\udfff")
 
 
 def test_a_route_the_server_lacks_is_no_route_and_the_sdk_says_invalid_answer(tmp_path):

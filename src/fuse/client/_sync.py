@@ -26,6 +26,7 @@ class Client:
 
     def _send(self, call: Call) -> Any:
         kw = {"timeout": call.timeout} if call.timeout is not None else {}
+        _core.check_params(call.params)
         try:
             resp = self._http.request(call.method, call.path, params=call.params, **_core.body_kw(call.body),
                                       **kw)
