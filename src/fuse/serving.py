@@ -36,6 +36,23 @@ from .statelock import lock_file
 HEAD_TIMEOUT_S = seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
 
 
+WAITING_RECHECK_S = 1.0  # a connection a timer would close, with bytes waiting: looked at again after this
+
+
+def _bytes_waiting(transport) -> bool:
+    """Whether bytes the server has not read yet wait on ``transport``'s socket."""
+    import fcntl
+    import struct
+    import termios
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+    except OSError:
+        return False
+
+
 def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, closing a connection with no request in flight
     ``HEAD_TIMEOUT_S`` after it opened or answered (uvicorn's keep-alive timer starts only
@@ -89,6 +106,9 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             t = getattr(self, "transport", None)
             if t is None or t.is_closing() or t.get_protocol() is not self:
                 return
+            if _bytes_waiting(t):  # (a head came as the timer ran out: it is read, not cut)
+                self._arm(WAITING_RECHECK_S)
+                return
             if (conns := getattr(self, "connections", None)) is not None and self not in conns:
                 return  # (uvicorn's no longer: the agent's bulk copy has it)
             cycle = getattr(self, "cycle", None)
@@ -98,6 +118,18 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm(HEAD_TIMEOUT_S - (asyncio.get_running_loop().time() - self._opened))
+
+        def timeout_keep_alive_handler(self) -> None:
+            # A request that came as uvicorn's keep-alive timer ran out (the server paused —
+            # a stopped process, a stalled machine — or a client that sent just then): the
+            # timer can run before the bytes are read, and closing with them unread resets the
+            # connection (the request lost: a sleep sent while the agent was stopped 6 s)
+            t = getattr(self, "transport", None)
+            if t is not None and not t.is_closing() and _bytes_waiting(t):
+                self.timeout_keep_alive_task = asyncio.get_running_loop().call_later(
+                    WAITING_RECHECK_S, self.timeout_keep_alive_handler)
+                return
+            super().timeout_keep_alive_handler()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
