@@ -95,11 +95,12 @@ async def counting_on_tmpfs(tmp_path: Path, bundle_dir: Path, name: str):
 
 
 @contextlib.asynccontextmanager
-async def fake_agent(state: Path, **kw):
-    """A started agent (VmManager) of the fake backend on ``state`` with a bundle; every VM
-    deleted and the agent closed after."""
-    fake_bundle(state)
-    mgr = VmManager(state, "fake", ram_mb=4096, cpus=2, **kw)
+async def fake_agent(state: Path, backend: str = "fake", **kw):
+    """A started agent (VmManager) of the fake backend (or ``backend``: its bundle put in
+    ``state`` first) on ``state`` with a bundle; every VM deleted and the agent closed after."""
+    if backend == "fake":
+        fake_bundle(state)
+    mgr = VmManager(state, backend, ram_mb=4096, cpus=2, **kw)
     await mgr.start()
     try:
         yield mgr

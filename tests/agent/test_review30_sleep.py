@@ -16,7 +16,6 @@ from fuse.models.vm import CreateVmRequest
 from support import fake_bundle
 from test_review22_agent import SHAPE, fake_agent, wait_for
 from fuse.agent import vms as vms_mod
-from fuse.agent.vms import VmManager
 
 
 async def test_a_vm_whose_bundle_is_gone_still_sleeps_fake(tmp_path):
@@ -32,12 +31,10 @@ async def test_a_vm_whose_bundle_is_gone_still_sleeps_fake(tmp_path):
 
 
 @pytest.mark.qemu
-async def test_a_real_vm_whose_bundle_is_gone_sleeps_and_wakes_once_it_is_back(tmp_path, bundle_dir):
+async def test_a_real_vm_whose_bundle_is_gone_sleeps_for_its_move_and_wakes_once_it_is_back(tmp_path, bundle_dir):
     state = tmp_path / "host"
     shutil.copytree(bundle_dir, state / "bundles" / bundle_dir.name)
-    mgr = VmManager(state, "qemu", ram_mb=4096, cpus=2)
-    await mgr.start()
-    try:
+    async with fake_agent(state, backend="qemu") as mgr:
         await mgr.create(CreateVmRequest.model_validate({"name": "c", "shape": SHAPE, "entry": COUNTER}))
         console = mgr.vm_dir("c") / "console.log"
         await wait_for(lambda: len(counted(console.read_text())) >= 2, "c never counted", 60)
@@ -47,10 +44,6 @@ async def test_a_real_vm_whose_bundle_is_gone_sleeps_and_wakes_once_it_is_back(t
         before = len(counted(console.read_text()))
         assert (await mgr.wake("c", move_id="mv-3", if_marked=True)).state == "running"  # (the move home)
         await wait_for(lambda: len(counted(console.read_text())) > before + 1, "c did not count on", 60)
-    finally:
-        for v in list(mgr.vms.values()):
-            await mgr.delete(v.name, v.move_id)
-        await mgr.close()
 
 
 async def test_a_moves_sleep_whose_console_copy_finds_no_room_still_records_the_vm_asleep(tmp_path, monkeypatch):
