@@ -37,6 +37,15 @@ HEAD_TIMEOUT_S = seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
 
 
 WAITING_RECHECK_S = 1.0  # a connection a timer would close, with bytes waiting: looked at again after this
+LATE_S = 1.0  # a timer this late ran after a pause of the server (a stop, a stall), not a client's silence
+
+
+def _late(timer: asyncio.TimerHandle | None) -> bool:
+    """Whether ``timer`` runs ``LATE_S`` or more after it was due: the server was paused, and
+    bytes waiting came meanwhile. (A timer on time closes as ever, whatever waits: a client
+    that keeps sending bytes nobody reads never holds a connection open so; the re-check's own
+    timer is on time, so a connection gets one second more at most.)"""
+    return timer is not None and asyncio.get_running_loop().time() - timer.when() >= LATE_S
 
 
 def _bytes_waiting(transport) -> bool:
@@ -102,11 +111,12 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             self._head_timer = asyncio.get_running_loop().call_later(after, self._no_head)
 
         def _no_head(self) -> None:
+            late = _late(self._head_timer)
             self._head_timer = None
             t = getattr(self, "transport", None)
             if t is None or t.is_closing() or t.get_protocol() is not self:
                 return
-            if _bytes_waiting(t):  # (a head came as the timer ran out: it is read, not cut)
+            if late and _bytes_waiting(t):  # (a head came while the server was stopped: read, not cut)
                 self._arm(WAITING_RECHECK_S)
                 return
             if (conns := getattr(self, "connections", None)) is not None and self not in conns:
@@ -125,7 +135,7 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             # timer can run before the bytes are read, and closing with them unread resets the
             # connection (the request lost: a sleep sent while the agent was stopped 6 s)
             t = getattr(self, "transport", None)
-            if t is not None and not t.is_closing() and _bytes_waiting(t):
+            if _late(self.timeout_keep_alive_task) and t is not None and not t.is_closing() and _bytes_waiting(t):
                 self.timeout_keep_alive_task = asyncio.get_running_loop().call_later(
                     WAITING_RECHECK_S, self.timeout_keep_alive_handler)
                 return

@@ -49,7 +49,16 @@ def test_an_agent_refuses_an_expired_ca_and_the_cas_own_certificate(tmp_path, ex
     r = _serve(tmp_path, files.cert, files.key, expired_ca / "ca.pem")
     assert r.returncode == 3 and "has expired" in r.stderr and "CA" in r.stderr, r.stderr
     r = _serve(tmp_path, tmp_path / "ca" / "ca.pem", tmp_path / "ca" / "ca.key", tmp_path / "ca" / "ca.pem")
-    assert r.returncode == 3 and "is a CA's certificate" in r.stderr, r.stderr  # (it started, and listened)
+    assert r.returncode == 3 and "cannot sign a TLS handshake" in r.stderr, r.stderr  # (it started, and listened)
+
+
+def test_a_ca_file_with_an_expired_ca_beside_a_valid_one_is_taken(tmp_path, expired_ca):
+    """(a CA being replaced: the old one expires while the file holds both)"""
+    from fuse.transport import check_ca_file
+    create_ca(tmp_path / "ca")
+    both = tmp_path / "both.pem"
+    both.write_bytes((expired_ca / "ca.pem").read_bytes() + (tmp_path / "ca" / "ca.pem").read_bytes())
+    check_ca_file(str(both), "--tls-ca")
 
 
 def test_the_controller_refuses_an_expired_ca_in_its_settings(tmp_path, expired_ca, controller):

@@ -166,10 +166,15 @@ def check_cert_purpose(path: str, name: str, *, client: bool) -> None:
     from cryptography import x509  # imported only where used
 
     cert = _first_cert(path, name)
-    if _is_ca(cert):  # (no extended key usage: it passed as any purpose; every peer refuses it)
-        raise IdentityError(f"{name}: {path} is a CA's certificate, not a {'client' if client else 'host'}'s: "
-                            f"issue one with `fuse host cert issue{' --client' if client else ''}` (and keep "
-                            "the CA's key off the host)")
+    try:  # (a key usage without digitalSignature signs no TLS handshake: a CA's, `fuse host ca create`'s;
+        # it passed, having no extended key usage, and every peer refused it)
+        signs = cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature
+    except x509.ExtensionNotFound:
+        signs = True
+    if not signs:
+        raise IdentityError(f"{name}: {path} cannot sign a TLS handshake (its key usage lacks digitalSignature"
+                            f"{': a CA' + chr(39) + 's certificate' if _is_ca(cert) else ''}): issue one with "
+                            f"`fuse host cert issue{' --client' if client else ''}` (and keep the CA's key off the host)")
     try:
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
@@ -198,10 +203,12 @@ def check_ca_file(path: str, name: str) -> None:
             raise IdentityError(f"{name}: {path} holds a certificate that is not a CA's "
                                 f"({ca.subject.rfc4514_string()}), which signs no certificate to trust; give "
                                 "the CA's ca.pem (`fuse host ca create`)")
-        if now > ca.not_valid_after_utc:  # (the peers' valid certificates would then read as expired)
-            raise IdentityError(f"{name}: the CA certificate in {path} has expired (it was valid until "
-                                f"{ca.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC): make a new CA with "
-                                "`fuse host ca create` and issue the certificates again from it")
+    if cas and all(now > ca.not_valid_after_utc for ca in cas):  # (one valid beside: a CA being replaced)
+        ca = cas[0]
+        raise IdentityError(f"{name}: the CA certificate in {path} ({ca.subject.rfc4514_string()}) has expired "
+                            f"(it was valid until {ca.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC), so the peers' "
+                            "certificates would read as expired: make a new CA with `fuse host ca create` and "
+                            "issue the certificates again from it")
 
 
 def _is_ca(cert) -> bool:

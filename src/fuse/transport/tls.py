@@ -151,7 +151,7 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
     ca_cert, ca_key = load_ca(ca_dir)
     out = Path(out)
     before, after = _validity(days)
-    if ca_cert.not_valid_after_utc <= before:  # (every certificate it signed would fail as expired)
+    if ca_cert.not_valid_after_utc <= dt.datetime.now(dt.timezone.utc):  # (what it signs would fail as expired)
         raise ValueError(f"the CA in {ca_dir} has expired (it was valid until "
                          f"{ca_cert.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC): make a new one with "
                          "`fuse host ca create` and issue the certificates again from it")
