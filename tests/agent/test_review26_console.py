@@ -32,7 +32,8 @@ async def test_a_console_past_its_cap_is_cut_back_to_its_last_lines(make_host):
     assert [(e["vm"], e["dropped_bytes"] > 0) for e in trimmed] == [("chatty", True)]
     # offsets count every byte printed (review 28): a reader at the old end continues there
     page = (await host.client.get("/v1/host/vms/chatty/console", params={"offset": size})).json()
-    assert page["offset"] == size and page["text"] == ""
+    # (nothing printed before it again; the fake VM's own first lines may come only now, loaded)
+    assert page["offset"] == size and "of the guest's output" not in page["text"], page
 
 
 @pytest.mark.qemu

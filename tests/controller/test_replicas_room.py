@@ -322,14 +322,17 @@ def test_a_dead_replicas_unanswered_create_is_settled_by_another(replicas):
         os.kill(agent.popen.pid, signal.SIGCONT)
     a.popen.kill()  # the replica that holds it in memory dies
 
-    def gone() -> bool:
+    def settled() -> str | None:  # (the host read the create once it resumed and made v, or it did not)
         try:
-            cb.vms.get("v")
+            return cb.vms.get("v")["host"]
         except fuse.ApiError as err:
-            return err.code == "not_found"
-        return False
-    wait_until(gone, timeout=150, what="the host's word on v, read by the live replica")  # (its lease: 60 s)
-    assert cb.vms.create(name="v", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")["host"] == "h1"
+            return "gone" if err.code == "not_found" else None
+    where = wait_until(settled, timeout=150, what="the host's word on v, read by the live replica")  # (lease: 60 s)
+    if where == "gone":
+        assert cb.vms.create(name="v", shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")["host"] == "h1"
+    else:
+        assert where == "h1" and api_error(cb.vms.create, name="v", shape={"vcpus": 1, "mem_mib": 256},
+                                           entry="sleep 600").code == "vm_exists"
 
 
 def test_a_create_the_host_made_while_the_database_went_away_says_the_vm_is_there(replicas, postgres):
