@@ -109,21 +109,23 @@ def check_params(params: dict[str, Any] | None) -> None:
     anything is sent, as a path's is (the HTTP library's encoder raised UnicodeEncodeError)."""
     for key, value in (params or {}).items():
         if isinstance(value, str):
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"{key} {value!r} is not text a url can carry (it holds a lone surrogate)") from None
+            _url_text(value, f"{key} ")
+
+
+def _url_text(value: str, what: str = "") -> None:
+    """``ValueError`` when ``value`` (named ``what``) holds a lone surrogate, which no url carries."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{what}{value!r} is not text a url can carry (it holds a lone surrogate)") from None
 
 
 def path(base: str, *parts: str) -> str:
     """`base` plus each part, percent-encoded (ids are free-form). A part of "." or
     ".." is sent as %2E: the URL library would take it for a dot segment and drop it
     (``hosts.get(".")`` read the host list as one empty host)."""
-    for p in parts:
-        try:
-            p.encode()
-        except UnicodeEncodeError:  # (a lone surrogate: said here, not as the encoder's traceback)
-            raise ValueError(f"{p!r} is not text a url can carry (it holds a lone surrogate)") from None
+    for p in parts:  # (a lone surrogate: said here, not as the encoder's traceback)
+        _url_text(p)
     return base + "".join("/" + (p.replace(".", "%2E") if p in (".", "..") else quote(p, safe=""))
                           for p in parts)
 
@@ -265,7 +267,7 @@ def _check_http_url(url: str) -> None:
     if parsed.userinfo:  # (the HTTP library sends it as Basic auth in place of the bearer token)
         raise ValueError(f"url {parsed.copy_with(username=None, password=None)} carries a user or password: "
                          "give the controller's token as token=, not in the url")
-    if parsed.query or parsed.fragment or "?" in url or "#" in url:  # (a query went before every path: ?x=1/v1/hosts)
+    if "?" in url or "#" in url:  # (a query went before every path: ?x=1/v1/hosts)
         raise ValueError(f"url {url!r} has a query or fragment: give http(s)://host:port[/path]")
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"url {url!r} has port {port}: a port is 1-65535")
