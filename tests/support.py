@@ -20,7 +20,26 @@ import httpx
 FUSE = [sys.executable, "-m", "fuse.cli"]
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port free now, drawn from below the kernel's ephemeral
+    range (32768 up), so the outgoing connections of this or another test
+    cannot take it between this call and the server's bind; not one this
+    process has handed out before."""
+    import random
+    for _ in range(200):
+        port = random.randint(10000, 20999)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -20,6 +20,7 @@ import pytest
 
 import fuse
 from fuse.transport.tls import issue_cert
+from support import free_port  # noqa: F401 (the suite's modules import it from here)
 
 FUSE = str(Path(sys.executable).parent / "fuse") if (Path(sys.executable).parent / "fuse").exists() \
     else shutil.which("fuse")
@@ -27,10 +28,6 @@ SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(check: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str,
