@@ -11,6 +11,7 @@ is there to read it).
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -86,8 +87,8 @@ def install(app: FastAPI) -> None:
         code = _STATUS_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
         detail = str(exc.detail)
         path = request.url.path
-        if exc.status_code == 404 and (path.endswith("/") or "//" in path):  # an empty id (`/v1/prewarms/`
-            detail = f"{path}: an empty id names nothing"  # for a prewarm ""): no such resource, not_found
+        if exc.status_code == 404 and _empty_id(request):  # an empty id (`/v1/prewarms/` for a prewarm
+            detail = f"{path}: an empty id names nothing"  # ""): no such resource, not_found
         elif exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
             # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
             code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
@@ -99,6 +100,17 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 405:  # Allow: every method the path takes, not the first route's alone
             headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}
         return JSONResponse(error_body(code, detail), status_code=exc.status_code, headers=headers)
+
+
+def _empty_id(request: Request) -> bool:
+    """Whether the path is a route's with an id left empty (`/v1/vms/`, `/v1/vms//sleep`): with
+    each empty part filled in, some route takes it (`/v1/nosuch/` stays a route there is not)."""
+    path = request.scope.get("path", "")
+    filled = re.sub(r"/(?=/|$)", "/x", path)
+    if filled == path:
+        return False
+    scope = {**request.scope, "path": filled}
+    return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
 
 
 def _methods(request: Request) -> list[str]:
