@@ -21,6 +21,15 @@ holds of that agent (its old names all gone, the machine registered again under
 a new one: its log is not delivered a second time). An event of a VM
 is tagged with the name the store records the VM under (the one it was created
 or moved through), any other with the name that read it.
+
+An agent's log can go back while its identity stays: its files removed (the log and
+its ``.next`` both) or restored from an older copy. Its ids then start again below
+the cursor. A read whose page says the newest id is below the cursor (``last_id``,
+asked of the agent, not the summary a replica's read may have overtaken) finds it so:
+the store announces ``host_events_reset`` and keys the agent's events from there
+under a new source (``AGENT/EPOCH``, in the cursor and event rows), reading the log from
+its start; an event the store holds under an earlier source of the agent (same id,
+time and type: the older copy's) is not stored again.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -362,42 +371,75 @@ class Fleet:
         alias = [h for h, v in self.views.items() if agent_id and h != host_id and v.agent_id == agent_id]
         with self.store.read() as c:
             cur = c.execute(select(host_cursors).where(host_cursors.c.host == host_id)).mappings().first()
-            shared = c.execute(select(func.max(host_cursors.c.cursor)).where(
-                host_cursors.c.agent_id == agent_id, host_cursors.c.host.in_(alias))).scalar() if alias else None
-            fresh = bool(agent_id) and (cur is None or cur["agent_id"] != agent_id)
+            # the source the agent's events are keyed under: its identity, or the newest of its
+            # logs since one went back (module docstring)
+            family = [dict(r) for r in c.execute(select(host_cursors).where(
+                host_cursors.c.host.in_([host_id, *alias]), _of_agent(host_cursors.c.agent_id, agent_id)))
+                .mappings()] if agent_id else []
+            source = max((r["agent_id"] for r in family), key=lambda a: _epoch(a, agent_id), default=agent_id)
+            shared = max((r["cursor"] for r in family if r["host"] != host_id and r["agent_id"] == source),
+                         default=None)
+            fresh = bool(agent_id) and (cur is None or cur["agent_id"] != source)
             # An agent this name has no cursor for, whose log the store holds events of: read
             # under a name since deregistered (its cursor went with it). Its ids go on.
             stored = c.execute(select(func.max(events_t.c.host_event_id)).where(
-                events_t.c.agent_id == agent_id)).scalar() if fresh else None
-        own = cur["cursor"] if cur and cur["agent_id"] == agent_id else 0  # a new agent restarts its ids
+                events_t.c.agent_id == source)).scalar() if fresh else None
+        own = cur["cursor"] if cur and cur["agent_id"] == source else 0  # a new agent restarts its ids
         cursor = max(own, shared or 0, stored or 0)
         if cursor > own or fresh:
             # A name that joined after the others had read: it starts where they got to, kept
             # in the store, so that it neither replays the log when they go nor after a restart
             # (and the store's events are looked through once per name and agent, not each poll).
-            self._advance(host_id, agent_id, cursor)
+            self._advance(host_id, source, cursor)
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
             return
         view = self.views.setdefault(host_id, HostView())
         last = summary.get("last_event_id")
         if isinstance(last, int):
             if last == cursor:
-                return  # nothing new (a lower id: the agent's log started over, read it)
+                return  # nothing new (a lower id: the agent's log went back, read it)
         elif time.monotonic() < view.events_at:
             return
         resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
         if resp.status_code != 200:
             return
-        batch = resp.json().get("events", [])
+        page = resp.json()
+        top = page.get("last_id")
+        if agent_id and isinstance(top, int) and top < cursor:
+            source = self._log_went_back(host_id, agent_id, cursor, top)
+            cursor = 0
+            resp = await conn.request("GET", "/v1/host/events", params={"since": 0, "limit": EVENT_BATCH})
+            if resp.status_code != 200:
+                return
+            page = resp.json()
+        batch = page.get("events", [])
         # (the backoff for an agent whose summary cannot say whether there is news)
         view.events_wait = 0.0 if batch else min(max(2 * view.events_wait, self.ctl.poll_interval), EVENT_BACKOFF_MAX)
         view.events_at = time.monotonic() + view.events_wait
         if not batch:
             return
-        vm_changed = self._store_events(host_id, agent_id, cursor, batch)
+        vm_changed = self._store_events(host_id, agent_id, cursor, batch, source=source)
         self.changed.set()
         if vm_changed:
             await self._adopt(host_id, conn)
+
+    def _log_went_back(self, host_id: str, agent_id: str, cursor: int, top: int) -> str:
+        """The agent's newest id is below what was read of it: its log was removed or restored
+        from an older copy. A new source for its events from here, every name's cursor at 0 under
+        it, and an event that says so (module docstring)."""
+        source = f"{agent_id}/{time.time_ns() // 1_000_000}"
+        log.warning("host %s: its event log went back (newest id %d, read up to %d): reading it again "
+                    "from its start", host_id, top, cursor)
+        with self.store.tx() as c:
+            for h in _names(c, host_id, agent_id):
+                if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
+                    c.execute(update(host_cursors).where(host_cursors.c.host == h).values(cursor=0, agent_id=source))
+                else:
+                    c.execute(insert(host_cursors).values(host=h, cursor=0, agent_id=source))
+            self.store.add_event("host_events_reset", {"agent_id": agent_id, "read_to": cursor, "newest": top},
+                                 host=host_id, conn=c)
+        self.changed.set()
+        return source
 
     def _advance(self, host_id: str, agent_id: str, cursor: int) -> None:
         """Raise ``host_id``'s stored cursor to ``cursor`` (never lower it: a read may have
@@ -410,7 +452,9 @@ class Fleet:
                 c.execute(update(host_cursors).where(host_cursors.c.host == host_id)
                           .values(cursor=cursor, agent_id=agent_id))
 
-    def _store_events(self, host_id: str, agent_id: str, cursor: int, batch: list[dict]) -> bool:
+    def _store_events(self, host_id: str, agent_id: str, cursor: int, batch: list[dict],
+                      source: str | None = None) -> bool:
+        source = source or agent_id
         vm_changed = False
         with self.store.tx() as c:
             names = _names(c, host_id, agent_id)
@@ -419,8 +463,13 @@ class Fleet:
             # PostgreSQL, and the merged stream's ids had holes (review 28). Under the write lock,
             # what another replica stored is committed and seen here.
             stored = set(c.execute(select(events_t.c.host_event_id).where(
-                events_t.c.host.in_(names), events_t.c.agent_id == agent_id,
+                events_t.c.host.in_(names), events_t.c.agent_id == source,
                 events_t.c.host_event_id.in_([e["id"] for e in batch]))).scalars())
+            if source != agent_id:  # the older copy's events, stored under an earlier source
+                earlier = set(c.execute(select(events_t.c.host_event_id, events_t.c.ts, events_t.c.type).where(
+                    events_t.c.host.in_(names), _of_agent(events_t.c.agent_id, agent_id),
+                    events_t.c.agent_id != source, events_t.c.host_event_id.in_([e["id"] for e in batch]))).all())
+                stored |= {e["id"] for e in batch if (e["id"], e.get("time"), e["type"]) in earlier}
             vms = {e["vm"] for e in batch if isinstance(e.get("vm"), str)}
             owner = _owners(c, vms, names)
             if len(names) > 1:
@@ -441,7 +490,7 @@ class Fleet:
                 try:
                     with c.begin_nested():
                         c.execute(insert(events_t).values(ts=e.get("time", time.time()), type=e["type"],
-                                                          host=owner.get(e.get("vm"), host_id), agent_id=agent_id,
+                                                          host=owner.get(e.get("vm"), host_id), agent_id=source,
                                                           host_event_id=e["id"], data=data))
                 except IntegrityError:
                     continue  # stored already (another replica, or a retry)
@@ -451,10 +500,21 @@ class Fleet:
             for h in names:
                 if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
                     c.execute(update(host_cursors).where(host_cursors.c.host == h)
-                              .values(cursor=last, agent_id=agent_id))
+                              .values(cursor=last, agent_id=source))
                 else:
-                    c.execute(insert(host_cursors).values(host=h, cursor=last, agent_id=agent_id))
+                    c.execute(insert(host_cursors).values(host=h, cursor=last, agent_id=source))
         return vm_changed
+
+
+def _of_agent(column, agent_id: str):
+    """``column`` (an event source) is the agent's: its identity, or one of its later logs'."""
+    return or_(column == agent_id, column.startswith(agent_id + "/", autoescape=True))
+
+
+def _epoch(source: str, agent_id: str) -> int:
+    """Which of an agent's logs ``source`` keys (0: its first; later ones by the time found)."""
+    _, _, epoch = source.partition("/")
+    return int(epoch) if source.startswith(agent_id + "/") and epoch.isdigit() else 0
 
 
 def _names(c: Connection, host_id: str, agent_id: str) -> list[str]:
@@ -510,7 +570,8 @@ def _retag(c: Connection, record: dict, host_id: str, aliases: list[str], agent_
     try:
         with c.begin_nested():
             c.execute(update(events_t).where(
-                events_t.c.host.in_(aliases), events_t.c.agent_id == agent_id, events_t.c.host_event_id.is_not(None),
+                events_t.c.host.in_(aliases), _of_agent(events_t.c.agent_id, agent_id),
+                events_t.c.host_event_id.is_not(None),
                 events_t.c.ts >= since, events_t.c.data["vm"].as_string() == record["name"]).values(host=host_id))
     except IntegrityError:
         pass  # stored under both names already (a store from before names shared one cursor): leave it
