@@ -341,12 +341,14 @@ class VmService:
                     among = self._among(on)
                 continue
             tried.add(host)
+            flying = self._in_flight(host, name, ask)
             try:  # (the reservation and the name go back on every way out, in the finally)
                 try:
                     read = self._summary(host)  # (the host's figures before it got the create)
                     resp = await self._create_on(host, host_body)
                 except HostUnreachable as exc:
                     if getattr(exc, "maybe_sent", True):
+                        flying = None  # (its record is the unanswered create's from here)
                         # the request may have reached the host, which may still carry it out: a try on
                         # another host could leave the VM in two places (a host that got it late
                         # created it after a fleet_full reply). The VM list shows it if it lands; until
@@ -359,6 +361,7 @@ class VmService:
                             details={"host": host, "vm": name}) from None
                     reasons[host] = exc.message  # (never sent: the connection failed)
                     continue
+                flying = self._landed(host, name, flying)  # the host answered: no longer in flight
                 # a 5xx: the boot that failed leaves the host a `failed` record, removed here; one the
                 # host runs all the same (its answer was about something else) is the create's VM there
                 landed = await self._clear_failed(host, name) if resp.status_code >= 500 else None
@@ -385,6 +388,8 @@ class VmService:
                     raise err
                 reasons[host] = err.message.split(": ", 1)[-1]
             finally:
+                if flying is not None:  # (left by a way out with no answer: a cancelled request may have
+                    self._unanswered_create(host, name, ask, since=flying)  # reached the host all the same)
                 self._release(host, ask, name, row)
         if not req.standby and (prewarm := getattr(self.ctl, "prewarm", None)) is not None:
             # a claim's refill may have created VMs of this shape, or be creating them, in the
@@ -594,6 +599,30 @@ class VmService:
                         "create it again", code="db_unavailable",
                         details={"host": host, "vm": name}).with_status(503) from None
 
+    def _in_flight(self, host: str, name: str, ask: Resources) -> float | None:
+        """Record a create about to be sent to ``host`` as an unanswered one, before it is sent:
+        a controller killed while the host makes the VM (or while the host is out of reach) holds
+        the name when it starts again, until the host says (review 31: on SQLite nothing was
+        recorded, and the name was placed again elsewhere: the VM ran twice). Its time (None:
+        the store did not take it)."""
+        since = time.time()
+        try:
+            self.store.add_unanswered(host, name, ask.vcpus, ask.mem_mib, since)
+        except Exception as exc:  # (the create goes on: held in memory, as before)
+            log.warning("vm %s: could not record its create on %s before sending it: %s", name, host, exc)
+            return None
+        return since
+
+    def _landed(self, host: str, name: str, flying: float | None) -> None:
+        """The host answered the create sent at ``flying``: its in-flight record goes (before the
+        VM's own is written: a controller killed in between finds the VM in the host's list)."""
+        if flying is not None:
+            try:
+                self.store.drop_unanswered(host, name)
+            except Exception as exc:  # (the next start asks the host, which says)
+                log.warning("vm %s: could not remove the in-flight record of its create on %s: %s", name, host, exc)
+        return None
+
     def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None) -> None:
         """Hold the create ``host`` did not answer until the host says whether the VM landed:
         recorded in the store (``since`` given: read back from it at a start), so the
@@ -690,11 +719,16 @@ class VmService:
         """At the controller's start: go on holding, and asking about, the creates a host
         did not answer that the store still records (a restart forgot them: the name was
         placed again elsewhere, and the VM ran twice once the host came back)."""
-        mine = {(h, n) for h, n, _ in self._unanswered.values()}
+        mine = {(h, n) for h, n, _ in self._unanswered.values()} | self._flying(self._others())
         for u in self.store.unanswered():
             if (u["host"], u["name"]) not in mine:
                 self._unanswered_create(u["host"], u["name"], Resources.vm(u["vcpus"], u["mem_mib"]),
                                         since=u["since"])
+
+    def _flying(self, others: list[tuple[str, str, Resources, str]]) -> set[tuple[str, str]]:
+        """(host, name) of the creates in flight now, this replica's and the others' (their placing
+        rows): their store records are theirs to settle, not an unanswered create's to ask about."""
+        return set(self._naming) | {(o[0], o[1]) for o in others if o[3] == "create"}
 
     def forget_unanswered(self, host: str) -> None:
         """A force deregister of ``host`` (its agent gone for good): its unanswered creates
@@ -829,9 +863,10 @@ class VmService:
         ``others``: the other replicas' (read here when None)."""
         placing = [h for h, n in self._naming if n == name]
         placing += [h for h, n, _ in self._unanswered.values() if n == name]
-        placing += [o[0] for o in (self._others() if others is None else others) if o[1] == name and o[3] == "create"]
+        theirs = self._others() if others is None else others
+        placing += [o[0] for o in theirs if o[1] == name and o[3] == "create"]
         if others is None:  # (and those the store records: another replica's, an earlier run's)
-            mine = {(h, n) for h, n, _ in self._unanswered.values()}
+            mine = {(h, n) for h, n, _ in self._unanswered.values()} | self._flying(theirs)
             for u in self.store.unanswered():
                 if u["name"] == name:
                     placing.append(u["host"])
