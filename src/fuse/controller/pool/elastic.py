@@ -24,17 +24,20 @@ import secrets
 import time
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from ...errors import Conflict, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticHost, ElasticRemoved
 from ...tasks import cancel_and_wait, wait_event
-from ..store import elastic_hosts as hosts_t
+from ..store import elastic_hosts as hosts_t, settings as settings_t
 from .elastic_budget import BudgetMixin
 from .elastic_clouds import CloudsMixin
 from .elastic_host import CREATE_LEASE_SECS, JOIN_GRACE_SECS, LIVE, TRANSITIONS, IllegalTransition, to_record
 from .elastic_scale_out import ScaleOutMixin
 from .model import Offer, ceil_to
+
+REMOVING = "pool-removing:"  # a setting per host a removal cordoned, while it runs
+REMOVING_LEFT_SECS = 900.0  # on a store replicas share, a removal's mark this old is one a stopped replica left
 
 log = logging.getLogger("fuse.controller.pool")
 
@@ -281,8 +284,26 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             raise Conflict("the cloud is still creating it: remove it once it is booting")
         registered = self.store.get_host(name)
         was = (registered or {}).get("state")
-        if registered is not None and was == "active":
-            self.ctl.hosts.set_state(name, "cordoned")  # first: no placement lands while it is looked at
+        if registered is None or was != "active":
+            return await self._remove(name, row, reason, prewarm, registered, was, [])
+        # first: no placement lands while it is looked at; a removal that fails (a host that does
+        # not answer the delete of its standby VM, a cloud that refuses to end it) or a controller
+        # stopped in it puts it back in placement (review 31: it stayed cordoned for good while
+        # the pool bought new machines), the latter at the next start (``resume_removals``)
+        self.store.put_setting(REMOVING + name, {"since": time.time()})
+        self.ctl.hosts.set_state(name, "cordoned")
+        ending: list[bool] = []
+        try:
+            await self._remove(name, row, reason, prewarm, registered, was, ending)
+        except BaseException:
+            if not ending and self.store.get_host(name) is not None:
+                self.ctl.hosts.set_state(name, "active")
+            raise
+        finally:
+            self._removed(name)
+
+    async def _remove(self, name: str, row: dict, reason: str, prewarm: str | None, registered: dict | None,
+                      was: str | None, ending: list[bool]) -> None:
         pinned = getattr(self.ctl, "prewarm", None) and self.ctl.prewarm.pinned_to(name)
         if busy := (self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm))
                     or (pinned and f"prewarm {', '.join(pinned)} is pinned to it (on host:{name}): "
@@ -299,11 +320,34 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             raise Conflict(busy)
         for v in self.store.vms_on(name):  # ended VMs end with their machine
             await self.ctl.vms.delete(v["name"], name)
+        ending.append(True)  # (from here its machine may be ending: it is not put back)
         if row["cloud_id"]:
             await self.provider(row["provider"]).terminate(row["cloud_id"])
         if self.store.get_host(name) is not None:
             await self.ctl.deregister_host(name)
         self._transition(name, "gone", reason)
+
+    def _removed(self, name: str) -> None:
+        with self.store.tx() as c:
+            c.execute(delete(settings_t).where(settings_t.c.key == REMOVING + name))
+
+    def resume_removals(self) -> None:
+        """At the start: a host a removal cordoned when the controller stopped in it, still
+        registered and not gone, is put back in placement (``remove``)."""
+        shared = getattr(getattr(self.ctl, "vms", None), "_shared", False)
+        with self.store.read() as c:
+            marks = list(c.execute(select(settings_t.c.key, settings_t.c.value).where(
+                settings_t.c.key.like(REMOVING + "%"))))
+        for key, value in marks:
+            name = key[len(REMOVING):]
+            if shared and time.time() - float((value or {}).get("since", 0)) < REMOVING_LEFT_SECS:
+                continue  # (another replica's removal may be under way)
+            host = self.store.get_host(name)
+            if host is not None and host.get("state") == "cordoned" and (self.row(name) or {}).get("state") != "gone":
+                log.warning("elastic host %s: its removal was cut short (the controller stopped): back in "
+                            "placement", name)
+                self.ctl.hosts.set_state(name, "active")
+            self._removed(name)
 
     async def remove_forced(self, name: str) -> None:
         """A host this pool added whose agent is gone for good: deregistered with force (its VMs'
@@ -542,6 +586,10 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         self._wake.set()
 
     async def start(self) -> None:
+        try:
+            self.resume_removals()
+        except Exception as exc:  # (the store out of reach: the next start looks again)
+            log.warning("could not look for removals cut short: %s", exc)
         self._task = asyncio.create_task(self._loop(), name="fuse-elastic-pool")
 
     async def close(self) -> None:
