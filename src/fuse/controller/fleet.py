@@ -551,6 +551,14 @@ def _last_tagged(c: Connection, vms: set[str], names: list[str]) -> dict[str, st
     return out
 
 
+def _tagged_since(c: Connection, vm: str, names: list[str], since: float) -> str | None:
+    """The name (of ``names``, one machine's) that the first stored event of VM ``vm`` from
+    ``since`` on carries: the name a VM created then ran under there."""
+    return c.execute(select(events_t.c.host).where(
+        events_t.c.host.in_(names), events_t.c.data["vm"].as_string() == vm, events_t.c.ts >= since - 0.001)
+        .order_by(events_t.c.id).limit(1)).scalar()
+
+
 def _retag(c: Connection, record: dict, host_id: str, aliases: list[str], agent_id: str) -> None:
     """A VM recorded under ``host_id`` by an action through it (a create, a move's arrival)
     takes its events along: those the machine's log gave before the store knew the VM

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -89,7 +90,12 @@ class UsageService:
             group = names[host]
             for row in data.get("vms", []):
                 vm = row.get("vm")
-                vms.append({"host": _tag(recorded.get((group[0], vm)), row, last.get((group[0], vm), host)), **row})
+                tag = _tag(recorded.get((group[0], vm)), row, host) if len(group) > 1 else host
+                if tag is None or (len(group) > 1 and (group[0], vm) not in recorded):
+                    # a VM the store no longer records there, or an earlier VM of a name it records
+                    # again: the name it ran under, by its own events
+                    tag = self._ran_under(row, group) or last.get((group[0], vm), host)
+                vms.append({"host": tag, **row})
             for k, v in (data.get("totals") or {}).items():
                 if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
                     continue
@@ -126,6 +132,19 @@ class UsageService:
                 out.update({(group[0], vm): h for vm, h in _last_tagged(c, gone, group).items()})
         return out
 
+    def _ran_under(self, row: dict[str, Any], group: list[str]) -> str | None:
+        """The name of a machine under several names that an earlier VM of a name now used again
+        ran under there: the name its first event since it was created carries (review 31: it
+        was reported under the name asked, so a past window's rows moved with a later create)."""
+        from .fleet import _tagged_since
+
+        try:
+            since = datetime.fromisoformat(str(row.get("created_at"))).timestamp()
+        except (TypeError, ValueError):
+            return None
+        with self.ctl.store.read() as c:
+            return _tagged_since(c, str(row.get("vm")), group, since)
+
     def _recorded(self, groups: list[list[str]]) -> dict[tuple[str, str], tuple[str, str | None]]:
         """(the machine's first name, VM) -> (the machine's name the store records the VM under,
         the VM's ``created_at``), for machines under several names (one name: that name is
@@ -142,11 +161,12 @@ class UsageService:
         return out
 
 
-def _tag(recorded: tuple[str, str | None] | None, row: dict[str, Any], asked: str) -> str:
+def _tag(recorded: tuple[str, str | None] | None, row: dict[str, Any], asked: str) -> str | None:
     """The host name a usage row is reported under: the one the store records its VM under,
     when the row is that VM (a row or record without ``created_at`` matches by name, as
-    from an agent that keyed rows by name alone); else the name asked."""
+    from an agent that keyed rows by name alone); else the name asked; None for a row of an
+    earlier VM of the name the store records (``_ran_under`` says)."""
     if recorded is None:
         return asked
     host, created = recorded
-    return host if None in (created, row.get("created_at")) or created == row.get("created_at") else asked
+    return host if None in (created, row.get("created_at")) or created == row.get("created_at") else None
