@@ -232,6 +232,9 @@ class Fleet:
             if resp.status_code != 200:
                 raise HostUnreachable(f"host answered {resp.status_code}")
             summary = resp.json()
+            if problem := summary_problem(summary):  # (one odd host must not fail every placement:
+                # its figures are read as numbers fleet-wide; it reads as out of reach, with why)
+                raise HostUnreachable(f"the host's summary (GET /v1/host) is not a fuse agent's: {problem}")
             ident = summary.get("agent_id", "")
             # (the first answer a poller gets is no change: the adoption below reads the list)
             new_agent = bool(ident and view.agent_id and ident != view.agent_id)
@@ -504,6 +507,29 @@ class Fleet:
                 else:
                     c.execute(insert(host_cursors).values(host=h, cursor=last, agent_id=source))
         return vm_changed
+
+
+SUMMARY_INTS = ("free_vcpus", "free_mem_mib", "vm_count", "last_event_id", "max_vms")
+SUMMARY_OPTIONAL = ("last_event_id", "max_vms")  # (may be null or absent)
+
+
+def summary_problem(summary: Any) -> str | None:
+    """What makes an agent's summary unusable (the figures placement reads as numbers), if
+    anything (review 31: a null or huge figure from one host made every create a 500)."""
+    if not isinstance(summary, dict):
+        return f"a JSON {type(summary).__name__}, not an object"
+    for key in SUMMARY_INTS:
+        v = summary.get(key)
+        if v is None and (key in SUMMARY_OPTIONAL or key not in summary):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or abs(v) >= 2 ** 53:
+            return f"{key} is {str(v)[:40]!r}, not a whole number"
+    for key, kind in (("agent_id", str), ("platform", str), ("bundles", list), ("features", list)):
+        if summary.get(key) is not None and not isinstance(summary[key], kind):
+            return f"{key} is not a {'string' if kind is str else 'list'}"
+    if any(not isinstance(b, dict) for b in summary.get("bundles") or []):
+        return "bundles holds an entry that is not an object"
+    return None
 
 
 def _of_agent(column, agent_id: str):
