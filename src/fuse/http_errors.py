@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -89,6 +90,8 @@ def install(app: FastAPI) -> None:
         path = request.url.path
         if exc.status_code == 404 and _empty_id(request):  # an empty id (`/v1/prewarms/` for a prewarm
             detail = f"{path}: an empty id names nothing"  # ""): no such resource, not_found
+        elif exc.status_code == 404 and _slashed_id(request):  # `/v1/vms/a%2Fb`: no VM is named so
+            detail = f"{path}: no such resource (its name holds a '/', which no name here does)"
         elif exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
             # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
             code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
@@ -109,6 +112,17 @@ def _empty_id(request: Request) -> bool:
     filled = re.sub(r"/(?=/|$)", "/x", path)
     if filled == path:
         return False
+    scope = {**request.scope, "path": filled}
+    return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
+
+
+def _slashed_id(request: Request) -> bool:
+    """Whether the path is a route's with an id that holds an encoded '/' (`/v1/vms/a%2Fb`):
+    with each such id made one part, some route takes it."""
+    raw = request.scope.get("raw_path") or b""
+    if b"%2f" not in raw.lower():
+        return False
+    filled = unquote(re.sub(r"%2[fF]", "x", raw.decode("latin-1")))
     scope = {**request.scope, "path": filled}
     return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
 

@@ -47,3 +47,20 @@ def test_agent_url_as_controller_empty_names_are_invalid_answer(servers):
         assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found"), r.text
         r = h.get("/v1/host/nosuch/")
         assert (r.status_code, r.json()["error"]["code"]) == (404, "no_route"), r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/vms/a%2Fb", "/v1/moves/a%2fb"])
+def test_a_name_holding_a_slash_is_not_found_not_a_missing_route(servers, path):
+    _, url = servers
+    r = httpx.get(url + path, headers={"Authorization": "Bearer ctl-token"}, timeout=10)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found"), r.text
+    r = httpx.get(url + "/v1/nosuch/a%2Fb", headers={"Authorization": "Bearer ctl-token"}, timeout=10)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "no_route"), r.text
+
+
+def test_the_sdk_and_cli_say_not_found_for_a_vm_name_with_a_slash(servers):
+    _, url = servers
+    with fuse.Client(url, token="ctl-token") as c:
+        with pytest.raises(fuse.ApiError) as info:
+            c.vms.get("a/b")
+        assert info.value.code == "not_found" and fuse.is_not_found(info.value), info.value
