@@ -77,8 +77,14 @@ _EXIT_MARK = re.compile(rb"^FUSE-EXIT (\d+)(?: [0-9a-f]+)?\r?$", re.M)
 # Written in a VM's dir before a sleep or wake touches its process and removed
 # once the record says how it ended: an agent killed in between left the record
 # one state behind the process and state files, and the next agent settles it
-# (``_settle_interrupted``).
-SLEEP_MARK, WAKE_MARK = "sleep.pending", "wake.pending"
+# (``_settle_interrupted``). A delete's mark is written before its hypervisor is stopped
+# and goes with the dir: an agent killed in between left a VM whose process it had killed,
+# which the next agent read as failed; it finishes the delete (``_finish_delete``).
+SLEEP_MARK, WAKE_MARK, DELETE_MARK = "sleep.pending", "wake.pending", "delete.pending"
+# A record (vm.json) that cannot be read is kept aside under this name plus the time
+# (``_put_aside``), its dir left as it is: the VM's files (a sleeping VM's memory) and
+# hypervisor stay until someone who can tell whose they are mends or removes them.
+DAMAGED = "vm.json.damaged-"
 CONSOLE_CHUNK = 64 * 1024
 DELIVERING = "entry.delivering"  # in a standby VM's dir while a claim delivers its entry
 TRIMMING = "console.trimming"  # in a VM's dir while its hypervisor is stopped for a console cut
@@ -121,6 +127,7 @@ class VmManager:
         # backend's to settle (``_settle_accel``), and ``kvm`` reports that.
         self.kvm_device = probe_mod.kvm_device_answers()
         self.vms: dict[str, Vm] = {}
+        self._unreadable: set[str] = set()  # dirs whose damaged vm.json could not even be put aside
         self._unreaped: set[int] = set()  # ended VM processes of ours not collectable yet
         self._locks: dict[str, asyncio.Lock] = {}
         # Old names of VMs a claim is renaming right now: claiming one again
@@ -152,10 +159,15 @@ class VmManager:
         try:
             with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
                 f.write(vm.model_dump_json(indent=1))
+                # on disk before it replaces the last record: renamed unwritten, a power cut left
+                # an empty or torn vm.json, the VM's only record (``start`` keeps it aside)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)  # (a full disk: no empty or partial record left beside it)
             raise
+        _sync_dir(path.parent)  # (the rename itself: the record the crash finds is this one)
 
     def transition(self, vm: Vm, to: str, reason: str | None = None) -> None:
         """Move ``vm`` to state ``to``: checked, recorded, persisted, announced."""
@@ -335,9 +347,19 @@ class VmManager:
             if vm.state == "incoming":
                 await self.incoming.abort_vm(vm)
                 return
-            self.metering.stop(name)
-            await self.backend.stop(_bare_spec(self, vm))
-            self.transition(vm, "deleted")
+            try:  # (an agent killed from here on: the next one finishes the delete)
+                self._set_mark(vm, DELETE_MARK)
+            except OSError as exc:  # a full disk must not keep a VM (and its files) from going
+                log.warning("vm %s: its delete mark could not be written (%s); it is deleted all the same",
+                            name, exc)
+            try:
+                self.metering.stop(name)
+                await self.backend.stop(_bare_spec(self, vm))
+            except Exception:
+                with contextlib.suppress(OSError):  # not deleted: it is as it was (the monitor sees it)
+                    self._clear_mark(vm, DELETE_MARK)
+                raise
+            self.transition(vm, "deleted")  # (its dir, the mark with it, goes)
         self._locks.pop(name, None)
 
     async def claim(self, name: str, req: ClaimRequest) -> Vm:
@@ -361,6 +383,8 @@ class VmManager:
                                "only a running standby vm can be claimed")
             if new != name and new in self.vms:
                 raise VmExists(f"a vm named {new} already exists on this host")
+            if new != name:
+                self._check_not_damaged(new)
             self._rename(vm, new)
             self._claiming.add(name)
             delivering = _bare_spec(self, vm).vm_dir / DELIVERING  # (an agent dying in the delivery: ``load``)
@@ -414,6 +438,41 @@ class VmManager:
         if name in self._claiming:
             raise VmExists(f"a vm named {name} is being claimed on this host (its name is free once "
                            "the claim has its entry in)")
+        self._check_not_damaged(name)
+
+    def _check_not_damaged(self, name: str) -> None:
+        """Conflict while ``vms/<name>`` holds a damaged record: a VM made there would write over
+        that VM's files (a sleeping one's memory), and a mended record would name two VMs."""
+        if (kept := self._damaged_record(name)) is not None:
+            raise Conflict(f"vms/{name} on this host holds the damaged record of a vm of that name "
+                           f"({kept.name}) with whatever files it left (a sleeping vm's memory; a hypervisor "
+                           f"may still run there): mend the record back to vm.json and restart the agent, "
+                           f"or remove the dir (and stop its hypervisor), to free the name")
+
+    def _damaged_record(self, d: str) -> Path | None:
+        """The damaged record ``vms/<d>`` holds where no VM's record is (``_put_aside``), or None."""
+        if any((v.dir or v.name) == d for v in self.vms.values()):
+            return None
+        path = self.root / d
+        if d in self._unreadable and (path / "vm.json").exists():
+            return path / "vm.json"
+        return max(path.glob(DAMAGED + "*"), default=None)
+
+    def _put_aside(self, path: Path, exc: Exception) -> None:
+        """Keep aside a VM record ``start`` cannot read (torn by a crash, say), loudly and once:
+        skipped without a word, its VM's running hypervisor was killed as an orphan and its dir
+        (a sleeping VM's memory) was written over by the next create of its name."""
+        d = path.parent.name
+        why = f"its record could not be read ({' '.join(str(exc).split())[:300]})"
+        aside = path.with_name(f"{DAMAGED}{int(time.time())}")
+        try:
+            os.replace(path, aside)
+        except OSError as not_moved:
+            self._unreadable.add(d)  # (found again by the next start, and reported again)
+            aside, why = path, f"{why}; it could not be put aside ({not_moved})"
+        log.error("vm %s: %s; kept as %s with its dir as it is (its hypervisor, if any, runs on); a vm of that "
+                  "name cannot be made here until the record is mended or the dir removed", d, why, aside)
+        self.events.emit("vm_record_damaged", vm=d, path=str(aside), reason=why)
 
     def _rename(self, vm: Vm, to: str) -> None:
         """Re-key ``vm`` and its lock under name ``to`` (``vm.dir`` keeps its files)."""
@@ -612,18 +671,23 @@ class VmManager:
     # -- watching and adoption -------------------------------------------------
 
     async def start(self) -> None:
-        """Load every record and adopt what still runs (side by side; a VM whose
-        hypervisor does not answer in time is adopted with a ``vm_adopt_warning``);
-        then watch."""
+        """Load every record (one that cannot be read is kept aside: ``_put_aside``), finish
+        a delete the last agent died in (``_finish_delete``) and adopt what still runs (side by
+        side; a VM whose hypervisor does not answer in time is adopted with a
+        ``vm_adopt_warning``); then watch."""
         for path in sorted(self.root.glob("*/vm.json")):
             try:
                 vm = Vm.model_validate_json(path.read_text())
-            except ValueError:
+            except (OSError, ValueError) as exc:
+                self._put_aside(path, exc)
                 continue
             self.vms[vm.name] = vm
             # Usage rows are per VM, not per name: metering an older agent keyed by name alone
             # (a process's start is read in clock ticks: a second's slack)
             self.metering.identify(vm.name, _created(vm), since=vm.created_at.timestamp() - 1.0)
+        for vm in list(self.vms.values()):
+            if (self.vm_dir(vm.name) / DELETE_MARK).exists():
+                await self._finish_delete(vm)
         self.incoming.load()
         for vm in list(self.vms.values()):
             self._settle_interrupted(vm)
@@ -666,6 +730,25 @@ class VmManager:
         if isinstance(b, bundles.Bundle):
             await self._settle_accel(b)
         self._monitor = asyncio.create_task(self._watch())
+
+    async def _finish_delete(self, vm: Vm) -> None:
+        """Finish the delete the last agent died in (its mark in the VM's dir): its hypervisor,
+        if it still runs, stopped, the VM deleted as the delete would have (read as failed, it
+        came back as a VM its owner had deleted). Metered to when the delete began, or later
+        if its process was seen alive after (``Metering.stop``)."""
+        mark = self.vm_dir(vm.name) / DELETE_MARK
+        try:
+            began: float | None = mark.stat().st_mtime
+        except OSError:
+            began = None
+        self.metering.stop(vm.name, now=began)
+        try:
+            await self.backend.stop(_bare_spec(self, vm))
+        except (BackendError, OSError) as exc:  # (not stopped: it stays, its mark with it, for a delete)
+            log.warning("vm %s: the delete the last agent began could not stop it (%s)", vm.name, exc)
+            return
+        self.transition(vm, "deleted", "its delete finished when the agent restarted")
+        self._locks.pop(vm.name, None)
 
     def _settle_interrupted(self, vm: Vm) -> None:
         """Finish, from what is on disk, a sleep or wake the last agent died in.
@@ -717,7 +800,8 @@ class VmManager:
     async def _sweep_orphans(self) -> None:
         """Kill hypervisor processes under our VM dirs that no running
         record accounts for (e.g. a crash between killing a VM and writing
-        its record): nothing may hold memory that admission cannot see."""
+        its record): nothing may hold memory that admission cannot see. One
+        under a dir whose record is damaged is left running (``_put_aside``)."""
         marker = str(self.root) + "/"
         by_dir = {v.dir or v.name: v for v in self.vms.values()}
         for proc in Path("/proc").iterdir():
@@ -732,6 +816,11 @@ class VmManager:
                 continue  # (a grep or an editor naming a VM's files is no hypervisor)
             d = cmd.split(marker, 1)[1].split("/", 1)[0]
             vm = by_dir.get(d)
+            if vm is None and (kept := self._damaged_record(d)) is not None:
+                # no record accounts for it because its record is damaged, not gone: whose VM it
+                # runs and whether to stop it is for whoever mends or removes the record
+                log.warning("vm %s: hypervisor %s left running: its record is damaged (%s)", d, proc.name, kept)
+                continue
             if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
                 await kill_and_wait(int(proc.name), marker + d + "/")
                 if vm is None:
@@ -884,6 +973,16 @@ def unrecorded(name: str, exc: OSError) -> FuseError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return HostFull(f"no room on this host's disk for vm {name}'s files ({exc.strerror})")
     return FuseError(f"vm {name} could not be recorded on this host's disk: {exc}", code="io_error")
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory (its renames on disk), where the file system allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _created(vm: Vm) -> str:
