@@ -163,7 +163,11 @@ def _run(cmd: list[str], timeout: float = 10) -> str | None:
     if shutil.which(cmd[0]) is None:
         return None
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # (what a tool prints is read, not checked: a stray byte that is not UTF-8 — a GPU's name in
+        # another encoding, a locale's message — is U+FFFD, where a decode error ended the agent's
+        # start and made a registration's fresh probe 500; so is a NUL, which PostgreSQL cannot store)
+        out = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                             timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ToolFailed(cmd, f"did not answer within {timeout:g} s", exc.stderr or exc.output) from None
     except OSError as exc:  # (on PATH and executable, yet it does not start: a bad interpreter line)
@@ -172,7 +176,7 @@ def _run(cmd: list[str], timeout: float = 10) -> str | None:
         raise ToolFailed(cmd, f"was killed by signal {-out.returncode}", out.stderr or out.stdout)
     if out.returncode != 0:
         raise ToolFailed(cmd, f"exited with status {out.returncode}", out.stderr or out.stdout)
-    return out.stdout
+    return out.stdout.replace("\x00", "\ufffd")
 
 
 def qemu_version() -> str:
@@ -182,11 +186,17 @@ def qemu_version() -> str:
 
 
 def firecracker_release() -> str:
-    """`firecracker --version` prints e.g. "Firecracker v1.10.1"; "" when
-    no binary is on PATH (ToolFailed when one is and fails)."""
-    out = _run(["firecracker", "--version"]) or ""
-    m = re.search(r"v\d+\.\d+\.\d+\S*", out)
-    return m.group(0) if m else ""
+    """`firecracker --version` prints e.g. "Firecracker v1.10.1" (some builds "Firecracker
+    1.12.0", read as v1.12.0: moves compare releases across hosts); "" when no binary is on
+    PATH. ToolFailed when one is and fails, or prints no release: its release is unknown, not none."""
+    cmd = ["firecracker", "--version"]
+    out = _run(cmd)
+    if out is None:
+        return ""
+    m = re.search(r"(?<![\w.])v?(\d+\.\d+\.\d+\S*)", out)
+    if m is None:
+        raise ToolFailed(cmd, "printed no release number", out)
+    return "v" + m.group(1)
 
 
 def parse_nvidia_gpus(csv: str) -> list[dict[str, Any]]:
