@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import time
 import uuid
@@ -105,6 +106,8 @@ def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
         return "invalid_argument", (f"state dir {state_dir} holds vms of the {theirs} backend ({', '.join(names[:5])}"
                 f"{', ...' if len(names) > 5 else ''}): serve it with --backend {theirs}, "
                 "or delete them with that backend first")
+    if why := identity_problem(state_dir):
+        return "io_error", why
     if backend == "firecracker" and shutil.which("firecracker") is None:
         # (it started and registered as an active host with no release, every VM then failing)
         return "io_error", ("firecracker is not on PATH: install a Firecracker release binary "
@@ -112,9 +115,36 @@ def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
     return None
 
 
+def identity_problem(state_dir: Path) -> str | None:
+    """Why the agent must not take a new identity in ``state_dir``, or None: its ``agent-id``
+    is missing or empty while the dir holds an agent's state (an event log with events, VMs).
+    A new identity there would be another machine to the controller, which then reads the
+    whole event log a second time and takes this agent's VMs for another's; a new state dir
+    (or one whose first write of the file was torn, before anything else) gets one."""
+    path = state_dir / "agent-id"
+    try:
+        if path.exists() and path.read_text().strip():
+            return None
+        log = state_dir / "events.jsonl"
+        held = [what for what, there in (
+            ("an event log", log.is_file() and log.stat().st_size > 0),
+            ("VMs", (state_dir / "vms").is_dir() and any((state_dir / "vms").iterdir()))) if there]
+    except OSError:
+        return None  # (not readable: the agent's start says so in its own words)
+    if not held:
+        return None
+    return (f"state dir {state_dir} holds an agent's state ({' and '.join(held)}) but its identity file {path} "
+            f"is {'empty' if path.exists() else 'missing'}: restore it with the agent_id a controller lists for "
+            f"this host (`fuse controller hosts list --json`), as `echo AGENT_ID > {path}` (on a machine copied "
+            "from another, whose state is the other's, remove events.jsonl, events.jsonl.next and vms/ instead, "
+            "to start as a new agent); a new identity taken here would be another machine to a controller, which "
+            "would read this agent's events again")
+
+
 def agent_id(state_dir: Path) -> str:
     """A stable identity for this agent, so a controller that reaches one
-    machine under two names can tell (usage counts it once)."""
+    machine under two names can tell (usage counts it once). A dir that holds an
+    agent's state without one is refused before this (`identity_problem`)."""
     path = state_dir / "agent-id"
     if not path.exists() or not (ident := path.read_text().strip()):
         # (an empty one: torn by a crash as it was first written, so never handed out)
@@ -163,6 +193,11 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     if not cfg.facts:
         cfg.facts = probe_mod.probe(cfg.state_dir)
     ident = agent_id(cfg.state_dir)
+    # This process's own mark, new at each start: an agent-id file copied to another machine
+    # (an image made after the agent ran) gives two agents one identity, and a controller that
+    # finds that identity at two addresses tells one machine reached two ways (one instance)
+    # from two machines by it.
+    instance = secrets.token_hex(8)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -208,7 +243,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
                 "vm_count": 0, "memory_pressure": False, "bundles": []}
         if vms is not None:
             live.update(vms.summary())
-        return {"agent_id": ident, "backend": cfg.backend, "features": [FEATURE],
+        return {"agent_id": ident, "instance": instance, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live, **({"probe_note": note} if note else {})}
 

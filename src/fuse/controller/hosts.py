@@ -18,6 +18,11 @@ agent replaced at an address: the same agent still lists it, another does
 not and the row goes; its events stay the id's either way. Deregistering is
 also refused while a move still needs the host.
 
+One agent identity is one machine only while one agent process answers to it: an
+agent-id file copied to another machine (made from an image after its agent ran) is
+refused at registration (409), where the agent at another registered address of that
+identity answers as another process (each agent reports an ``instance`` of its own).
+
 Nothing is stored that a read of it would fail on: the probe's reply is held
 to the bounds a declared capacity is (a reply past them is not an agent's),
 and the record a read makes of the new row is made before the row is written.
@@ -25,6 +30,7 @@ and the record a read makes of the new row is made before the row is written.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -150,6 +156,7 @@ class ProbedFacts(Record):
     firecracker_pinned: StrictStr = ""
     backend: StrictStr = ""
     agent_id: StrictStr = ""
+    instance: StrictStr = ""  # (the agent process's own mark, new at each start; none from an older agent)
     probe_note: StrictStr = ""  # (set when its fresh probe overran: the facts are an earlier probe's)
     # A vendor tool (nvidia-smi, firecracker --version) that failed or timed out, a sentence
     # each: its facts are an earlier probe's, or none, and not what the machine has
@@ -219,6 +226,34 @@ async def probe_host(url: str, token: str | None, tls: TlsSettings | None) -> di
         raise NotAnAgent(f"{url} answered but is not a fuse agent: its reply to GET /v1/host is HTTP "
                          f"{resp.status_code}{_said(resp)}, not an agent's facts")
     return agent_facts(url, resp.content)
+
+
+# How long a registration waits on another address of the agent it probed
+# (`HostRegistry.refuse_copied_identity`): the poller's bound, as such an address not
+# answering is a machine that moved, not a copy.
+OTHER_ADDRESS_S = 5.0
+
+
+async def identity_at(url: str, token: str | None, tls: TlsSettings | None) -> tuple[str, str] | None:
+    """(agent_id, instance) of the agent answering at ``url`` now (its facts as they are, not
+    probed afresh), or None when none answers there as an agent."""
+    try:
+        conn = HostConnection(url, token, tls, timeout=OTHER_ADDRESS_S)
+    except (HostUnreachable, InvalidArgument):  # (a mutual-TLS address and no certificate; a stored typo)
+        return None
+    try:
+        resp = await conn.request("GET", "/v1/host", max_bytes=MAX_FACTS_BYTES)
+    except HostUnreachable:
+        return None
+    finally:
+        await conn.close()
+    try:
+        data = resp.json() if resp.status_code == 200 else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(ident := data.get("agent_id"), str):
+        return None
+    return ident, data["instance"] if isinstance(data.get("instance"), str) else ""
 
 
 # The GPU inventory a host holds: what its agent reports, never declared (the Fuse
@@ -407,6 +442,8 @@ class HostRegistry:
                 raise
             probed = None
             warnings.append(f"probe skipped, host unreachable ({exc.message}); registered with the declared capacity")
+        if probed:
+            await self.refuse_copied_identity(req, probed)
         if probed and probed.get("probe_note"):
             warnings.append(f"the host agent at {req.url}: {probed['probe_note']}")
         warnings += [f"the host agent at {req.url}: {w}" for w in (probed or {}).get("probe_warnings", [])]
@@ -457,6 +494,41 @@ class HostRegistry:
         host = self._to_host(row, self.store.allocated(), machine_names([*others, row])[req.id])
         host.warnings = warnings
         return host, old is None
+
+    async def refuse_copied_identity(self, req: RegisterHostRequest, probed: dict[str, Any]) -> None:
+        """409 conflict when the agent probed at ``req.url`` has the identity of an agent
+        registered at another address (another host's, or this host's before) and an agent of
+        that identity answers there now as another process: two machines, one agent-id file
+        copied (a machine made from another's image). Taken for one machine reached two ways,
+        the copy was an alias of the first, and a host moved to it forgot the VMs running on
+        the first. An address that does not answer is a machine that moved (the identity goes
+        with it), and an agent that reports no ``instance`` (one from before) is taken at its
+        word, as before."""
+        ident, instance = probed.get("agent_id") or "", probed.get("instance") or ""
+        if not ident or not instance:
+            return
+        others: dict[str, tuple[str, str]] = {}  # address -> (the first host there, its token)
+        for r in sorted(self.store.list_hosts(), key=lambda r: r["id"]):
+            if r["agent_id"] == ident and (url := _same_address(r["url"])) != req.url:
+                others.setdefault(url, (r["id"], r["token"]))
+        if not others:
+            return
+        tls = self._tls()
+        answers = await asyncio.gather(*(identity_at(url, token, tls) for url, (_, token) in others.items()))
+        for (url, (host_id, _)), got in zip(others.items(), answers):
+            if got is None or got[0] != ident or not got[1] or got[1] == instance:
+                continue
+            # (the agent restarted between the two reads: the address probed now answers as
+            # the other does, one process, one machine)
+            if (again := await identity_at(req.url, req.token, tls)) is not None and again[1] == got[1]:
+                continue
+            whose = "this host's address before" if host_id == req.id else f"host {host_id}'s address"
+            raise Conflict(f"the host agent at {req.url} has the identity (agent_id {ident}) of the one at {url} "
+                           f"({whose}), and another agent with it answers there: they are two machines, the "
+                           "agent-id file of one copied from the other (a machine made from another's image?). Give "
+                           "the copy an identity of its own: stop its agent, remove agent-id from its state dir (with "
+                           "events.jsonl, events.jsonl.next and vms/ if it has them: they are the other machine's), "
+                           "start it again and register it again")
 
     def _backend_from_probe(self, host_id: str, probed: dict | None, warnings: list[str]) -> str:
         """The backend of a request that names none: the one the agent runs. Not known
