@@ -9,6 +9,12 @@ not at 1, and ids a crash tore out of the log (a power loss cutting its last
 line) come back as ``events_lost`` events: a controller that already read
 them keeps what it read, and one that did not learns they are gone. (A
 controller keys host events by their id: a reused id would never reach it.)
+Ids lost before the last line are said at the next start by one new
+``events_lost`` with ``lost_from`` and ``lost_to``, once (the log keeps it):
+a line damaged on disk (garbage in its place, even JSON that is no event)
+loses the ids between the events around it (one id a line before the first),
+and a hole between two ids with no damaged line there is an older agent's full
+disk's.
 
 A page (``GET /v1/host/events``) is ``{"events": [...], "next": id,
 "last_id": id}``; pass ``next`` as the next ``since``. As in the
@@ -67,22 +73,27 @@ class EventLog:
         self._changed = asyncio.Event()
         self._stopping = False
         self._unwritten: list[tuple[int, bytes]] = []  # lines the disk did not take yet, oldest first
-        holes: list[tuple[int, int]] = []  # ids missing between two lines (an older agent's full disk)
+        # ids missing between two lines: (first, last, whether damaged lines stood there) (an
+        # older agent's full disk; a line damaged on disk, whose id is read from no line)
+        holes: list[tuple[int, int, bool]] = []
         said: set[tuple[int, int]] = set()  # holes an events_lost in the log already names
+        damaged = 0  # lines since the last event read that are none (torn, or damaged on disk)
         if path.exists():
             with open(path, "rb") as f:
                 for line in f:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        event = None  # a torn line from a crash
-                    if event is not None:
-                        if self._events and event["id"] > self._events[-1]["id"] + 1:
-                            holes.append((self._events[-1]["id"] + 1, event["id"] - 1))
+                    event = _parse(line)
+                    if event is None:
+                        damaged += line.strip() != b""
+                    else:
+                        # (damaged lines before the first event: one id each, as a line holds one)
+                        last = self._events[-1]["id"] if self._events else max(0, event["id"] - 1 - damaged)
+                        if event["id"] > last + 1:
+                            holes.append((last + 1, event["id"] - 1, damaged > 0))
                         if event.get("type") == "events_lost" and "lost_from" in event:
                             said.add((event["lost_from"], event.get("lost_to")))
                         self._mark(event["id"])
                         self._events.append(event)
+                        damaged = 0
                     self._size += len(line)
             if self._events:
                 self._next = self._events[-1]["id"] + 1
@@ -93,15 +104,19 @@ class EventLog:
             self._size += 1
         if not self._events:
             self._next = max(self._next, kept_next)  # (the log is new, or lost: go on from its ids)
+            if damaged and kept_next > 1:  # (every line damaged: those ids are lost, not a log never written)
+                holes.append((max(1, kept_next - damaged), kept_next - 1, True))
         elif kept_next - self._next <= LOST_MAX:  # (the ids stay dense: each lost one is given back)
             for _ in range(self._next, kept_next):
                 self.emit("events_lost", reason="the event log lost this id's line (torn by a crash, a full "
                                                 "disk, or the log restored from an older copy)")
-        for lo, hi in holes:  # (their ids are past: said once each, with the ids, as new events;
-            if (lo, hi) in said:  # not again at each restart: the log keeps what it said)
+        for lo, hi, by_damage in holes:  # (their ids are past: said once each, with the ids, as new
+            if (lo, hi) in said:  # events; not again at each restart: the log keeps what it said)
                 continue
-            self.emit("events_lost", reason=f"the event log lost the lines of ids {lo} to {hi} (a full disk, "
-                                            "with an agent before this one)", lost_from=lo, lost_to=hi)
+            why = ("damaged on disk: no event could be read from them" if by_damage else
+                   "a full disk, with an agent before this one")
+            self.emit("events_lost", reason=f"the event log lost the lines of ids {lo} to {hi} ({why})",
+                      lost_from=lo, lost_to=hi)
 
     def _mark(self, event_id: int) -> None:
         if event_id % BLOCK == 0 or not self._marks:
@@ -180,9 +195,7 @@ class EventLog:
         with open(self.path, "rb") as f:
             f.seek(at)
             for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
+                if (event := _parse(line)) is None:
                     continue
                 if event["id"] > since:
                     out.append(event)
@@ -227,6 +240,18 @@ class EventLog:
     def close(self) -> None:
         self._file.close()
         os.close(self._next_file)
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    """The event a line of the log holds, or None: a line torn by a crash, or damaged on disk
+    (even into JSON that is no event: a number, an object without a whole-number id)."""
+    try:
+        event = json.loads(line)
+    except ValueError:  # (bytes that are not UTF-8 included)
+        return None
+    if not isinstance(event, dict) or type(event.get("id")) is not int or event["id"] < 1:
+        return None
+    return event
 
 
 def _ends_line(path: Path) -> bool:
