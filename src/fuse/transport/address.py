@@ -48,7 +48,7 @@ class BadAddress(InvalidArgument, ValueError):
 
 @dataclass(frozen=True)
 class Address:
-    text: str               # as given: what is stored and shown (normalise_address: the scheme in lower case)
+    text: str               # as given (what is stored and shown is `normalise_address`'s spelling)
     kind: str               # local | http | ssh | tls
     host: str = ""          # lower case; an IPv6 literal without its brackets
     port: int | None = None  # None: the scheme's default
@@ -97,9 +97,13 @@ def parse_address(addr: str) -> Address:
 
 def normalise_address(addr: str) -> str:
     """`addr` as the registry stores and compares it (`BadAddress` when it is
-    not one, or a unix:// socket path that is relative): an http(s) or ssh address without trailing slashes, which name
-    nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is `/p`).
-    Anything else as given. (Neither has a query or fragment: `parse_address`.)"""
+    not one, or a unix:// socket path that is relative): one spelling for each address,
+    so registering it again spelt another way is not a move. The scheme and the host name
+    in lower case (both are case-insensitive: `HTTP://LocalHost:1` is `http://localhost:1`),
+    a port without leading zeros (`:080` is `:80`), an http(s) or ssh address without trailing
+    slashes, which name nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is
+    `/p`). An ssh user and an http path prefix are kept as given, as is a socket path.
+    (None has a query or fragment: `parse_address`.)"""
     a = parse_address(addr)
     if a.kind == "local" and a.path and not a.path.startswith("/"):
         # (unix://run/a.sock is the path run/a.sock, read from the controller's working
@@ -109,14 +113,18 @@ def normalise_address(addr: str) -> str:
             raise _bad(addr, "unix:// addresses take no user or password: give the socket's absolute path "
                              "(unix:///path/to/agent.sock)")
         raise _bad(addr, f"the socket path {a.path} is relative: give an absolute one (unix:///{a.path})")
-    if a.kind not in ("http", "ssh"):
-        return addr
+    if a.kind == "local":  # (`local`, or a socket path: case-sensitive, as given)
+        return f"unix://{a.path}" if a.path else addr
+    # (a port written with leading zeros is stored without: `:080` registered again as `:80`
+    # was read as another address, a move of the host to elsewhere; so was `LOCALHOST`)
+    host = f"[{a.host}]" if ":" in a.host else a.host
+    where = host + (f":{a.port}" if a.port is not None else "")
+    if a.kind == "tls":
+        return where
     scheme, _, rest = addr.partition("://")
-    authority, slash, path = rest.partition("/")
-    # a port written with leading zeros is stored without (`:080` is `:80`: registered again as
-    # `:80`, it was read as another address, a move of the host to elsewhere)
-    authority = re.sub(r"(:)0+(\d+)$", r"\1\2", authority)
-    return f"{scheme.lower()}://{authority}{(slash + path).rstrip('/')}"
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    info, at, _ = rest[:cut].rpartition("@")  # (ssh's user, as written: a login name is case-sensitive)
+    return f"{scheme.lower()}://{info}{at}{where}{rest[cut:].rstrip('/')}"
 
 
 def transport_kind(addr: str) -> str:
