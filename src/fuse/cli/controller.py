@@ -83,6 +83,7 @@ def serve(
     if sock and socket_in_use(sock):  # (taking it over would leave that one running unreachable)
         exit_socket_in_use(sock, "controller")
     ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
+    _sound(ctl.store, db, state_dir)
     banner = f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}"
     try:  # (the banner once it accepts)
         asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner.strip()))
@@ -175,6 +176,19 @@ def _open(make, db: Optional[str], state_dir: Path):
     except OSError as exc:  # (an SQLite file in a dir that is not there: review 28, a traceback)
         where = f"--db {_masked(db)}" if db else f"the SQLite store in {state_dir}"
         fail("io_error", f"{where}: cannot open the database: {one_line(exc)}")
+
+
+def _sound(store, db: Optional[str], state_dir: Path) -> None:
+    """Exit 1 with one ``db_unavailable`` line when the SQLite file is damaged where opening it
+    did not look (review 31: it was served, healthz 200 while routes answered 500)."""
+    if (why := store.damage()) is None:
+        return
+    store.close()
+    path = store.engine.url.database
+    where = f"--db {_masked(db)}" if db else f"the SQLite store in {state_dir}"
+    fail("db_unavailable", f"{where}: the database file is damaged (SQLite's quick_check: {why}): restore it "
+                           f"from a backup, or rebuild it from what it still holds (`sqlite3 {path} .recover | "
+                           f"sqlite3 {path}.recovered`, then that file in its place)")
 
 
 def _host_rows(hosts):
@@ -286,7 +300,10 @@ def _host_action(verb: str, name: str, host_id: str, json_: bool, force: bool = 
     if json_:
         emit_json(report if report is not None else {"id": host_id, "action": name, "ok": True})
     else:
-        typer.echo(f"host {host_id}: {verb} done")
+        stuck = len(report["stuck"]) if verb == "drain" else 0
+        # (a drain that left VMs behind said "drain done", then listed them and exited 1)
+        typer.echo(f"host {host_id}: drain finished, {stuck} VM{'' if stuck == 1 else 's'} stuck" if stuck
+                   else f"host {host_id}: {verb} done")
         if verb == "drain":
             for m in report["moved"]:
                 typer.echo(f"  moved {m['vm']} to {m['to']} ({m['move']})")

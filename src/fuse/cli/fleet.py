@@ -13,7 +13,7 @@ import typer
 
 from ..client import ApiError
 from ..client.events import RECONNECT_S
-from .output import api_errors, emit_json, table
+from .output import api_errors, emit_json, fail, table
 
 vms_app = typer.Typer(help="VMs placed by the controller (no sub-command: list them).")
 
@@ -37,12 +37,35 @@ def _vm_rows(vms):
 
 
 @vms_app.callback(invoke_without_command=True)
-def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json"),
-             host: Optional[str] = typer.Option(None, help="Only this host's VMs (listing).")) -> None:
+def vms_main(ctx: typer.Context, json_: bool = typer.Option(False, "--json", help=(
+                 "Print JSON (before a sub-command: its --json).")),
+             host: Optional[str] = typer.Option(None, help=(
+                 "Only this host's VMs (listing); before a sub-command, its --host."))) -> None:
     if ctx.invoked_subcommand is None:
         with api_errors(json_), _client() as c:
             vms = c.vms.list(host)
         emit_json(vms) if json_ else table(VM_COLUMNS, _vm_rows(vms))
+        return
+    # (`vms --host h2 delete v5` deleted v5 wherever it was: the group's flags went unread)
+    sub = ctx.command.get_command(ctx, ctx.invoked_subcommand)
+    takes = {p.name for p in sub.params} if sub is not None else set()
+    for flag, name, value in (("--host", "host", host), ("--json", "json_", json_)):
+        if value not in (None, False) and name not in takes:
+            fail("invalid_argument", f"{flag} before `{ctx.invoked_subcommand}`: `vms {ctx.invoked_subcommand}` "
+                 f"takes no {flag}", json_=json_, exit_code=2)
+
+
+def _group_flags(ctx: Optional[typer.Context], host: Optional[str], json_: bool) -> tuple[Optional[str], bool]:
+    """A `vms` sub-command's --host and --json with the group's (`vms --host h2 delete v5`)
+    applied: the group's where the sub-command's own is not given; two different hosts
+    are exit 2, naming both. (``ctx`` None: called as a function, no group.)"""
+    group = ctx.parent.params if ctx is not None and ctx.parent is not None else {}
+    json_ = json_ or bool(group.get("json_"))
+    given = group.get("host")
+    if given is not None and host is not None and given != host:
+        fail("invalid_argument", f"--host {given!r} before the sub-command and --host {host!r} after it name "
+             "different hosts: give one", json_=json_, exit_code=2)
+    return (host if host is not None else given), json_
 
 
 @vms_app.command("create")
@@ -53,8 +76,10 @@ def vms_create(
     on: Optional[str] = typer.Option(None, "--on", help=(
         "auto (default: any host, a prewarmed VM first; with the budget's autoscale on, a machine the elastic "
         "pool buys) | local (your own hosts) | <linked cloud> | host:<machine>.")),
+    ctx: typer.Context = None,
 ) -> None:
     """Place a VM on the best host."""
+    host, json_ = _group_flags(ctx, host, json_)
     body = {"shape": {"vcpus": vcpus, "mem_mib": mem_mib}, "entry": entry, "bundle": bundle}
     # given, even empty, they go as given: the controller refuses an empty one, which names nothing
     # (an empty --host or --name was dropped, the VM placed anywhere under a name of its own)
@@ -67,18 +92,22 @@ def vms_create(
 
 
 @vms_app.command("get")
-def vms_get(name: str, host: Optional[str] = None, json_: bool = typer.Option(False, "--json")) -> None:
+def vms_get(name: str, host: Optional[str] = None,
+            json_: bool = typer.Option(False, "--json"), ctx: typer.Context = None) -> None:
     """One VM: where it runs, its state and shape."""
+    host, json_ = _group_flags(ctx, host, json_)
     with api_errors(json_), _client() as c:
         vm = c.vms.get(name, host)
     emit_json(vm) if json_ else table(VM_COLUMNS, _vm_rows([vm]))
 
 
 @vms_app.command("delete")
-def vms_delete(name: str, host: Optional[str] = None, json_: bool = typer.Option(False, "--json", help=(
+def vms_delete(name: str, host: Optional[str] = None,
+               json_: bool = typer.Option(False, "--json", help=(
         'Print {"name", "action": "delete", "ok": true}: the API answers 204, no body '
-        '(as `hosts remove --json` prints {"id", "action", "ok"}).'))) -> None:
+        '(as `hosts remove --json` prints {"id", "action", "ok"}).')), ctx: typer.Context = None) -> None:
     """Stop and remove a VM."""
+    host, json_ = _group_flags(ctx, host, json_)
     with api_errors(json_), _client() as c:
         c.vms.delete(name, host)
     if json_:
@@ -88,14 +117,17 @@ def vms_delete(name: str, host: Optional[str] = None, json_: bool = typer.Option
 
 
 @vms_app.command("console")
-def vms_console(name: str, host: Optional[str] = None, follow: bool = typer.Option(False, "--follow", "-f", help=(
+def vms_console(name: str, host: Optional[str] = None,
+                follow: bool = typer.Option(False, "--follow", "-f", help=(
                     "Keep printing what the VM writes; ends once its run is over (exited or failed) and "
                     "all it wrote is printed, or when it is deleted.")),
                 offset: int = typer.Option(0, help="Start at this byte of the serial log (a `next_offset`)."),
                 json_: bool = typer.Option(False, "--json", help=(
                     'Print {"text", "offset", "next_offset"}: from --offset to the end of the log; with --follow, '
-                    'the API\'s answers, one object per line for each new piece of text.'))) -> None:
+                    'the API\'s answers, one object per line for each new piece of text.')),
+                ctx: typer.Context = None) -> None:
     """The VM's serial console, all of it. Pass an answer's next_offset as --offset to read on from there."""
+    host, json_ = _group_flags(ctx, host, json_)
     with api_errors(json_), _client() as c:
         try:
             if follow:
@@ -161,7 +193,8 @@ def _follow(c, name: str, offset: int, host: Optional[str], json_: bool) -> None
 for _act in ("sleep", "wake"):
     def _make(act: str):
         def run(name: str, host: Optional[str] = None, json_: bool = typer.Option(
-                False, "--json", help="Print the VM record the API answers.")) -> None:
+                False, "--json", help="Print the VM record the API answers."), ctx: typer.Context = None) -> None:
+            host, json_ = _group_flags(ctx, host, json_)
             with api_errors(json_), _client() as c:
                 vm = getattr(c.vms, act)(name, host)
             if json_:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -243,8 +244,10 @@ def plan_cmd(
                  instance_type=instance_type, hosts=hosts, no_scale=no_scale or None,
                  devices_only=devices_only or None, max_usd_per_hour=max_usd_per_hour)
     try:
-        if time_limit is not None and not time_limit > 0:  # (NaN too)
-            raise InvalidArgument(f"--time-limit must be seconds above 0, not {time_limit}")
+        if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
+            # (NaN and infinity too: an infinite limit was planned with, and written into the plan's
+            # json as Infinity, which is no JSON and which --model then refused)
+            raise InvalidArgument(f"--time-limit must be seconds above 0 (a finite number), not {time_limit}")
         if apply and model is not None:
             raise InvalidArgument("--apply buys machines in the linked clouds, so it needs a controller and the "
                                   "request flags, not --model; an offline plan only shows what it would do")
@@ -254,7 +257,9 @@ def plan_cmd(
                 raise InvalidArgument(f"--model re-solves the model in the file as it is, so {', '.join(flags)} "
                                       "would be ignored: edit the model instead (its groups and constraints)")
             m = load_model(model)
-            result = solve_plan(m if time_limit is None else m.model_copy(update={"time_limit_secs": time_limit}))
+            if time_limit is not None:  # (validated: model_copy checks nothing)
+                m = PlanModel.model_validate({**m.model_dump(), "time_limit_secs": time_limit})
+            result = solve_plan(m)
         else:
             req = _request(**given, apply=apply or None)
             if apply and not as_json:
@@ -268,10 +273,12 @@ def plan_cmd(
                            err=True)
     except FuseError as e:
         _fail(e.code, e.message, json_=as_json)
-    except ValidationError as e:  # a --model file that is not a model
+    except ValidationError as e:  # a --model file that is not a model, or a --time-limit no model takes
         where = ".".join(map(str, e.errors()[0]["loc"]))
-        _fail("invalid_argument", f"{model}: not a plan model: {where + ': ' if where else ''}{e.errors()[0]['msg']}",
-              json_=as_json)
+        if where == "time_limit_secs" and time_limit is not None:  # (without --model: "None: not a plan model")
+            _fail("invalid_argument", f"--time-limit: {e.errors()[0]['msg']}", json_=as_json)
+        what = f"{model}: not a plan model" if model is not None else "the flags make no plan model"
+        _fail("invalid_argument", f"{what}: {where + ': ' if where else ''}{e.errors()[0]['msg']}", json_=as_json)
     except (ValueError, OSError) as e:  # the --model file: not JSON, or unreadable
         _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}", json_=as_json)
     if as_json:

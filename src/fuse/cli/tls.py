@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -46,6 +47,19 @@ def _show(files, json_: bool) -> None:
         table(["field", "value"], [(k, ", ".join(v) if isinstance(v, list) else v) for k, v in info.items()])
 
 
+def _failed(err: OSError | ValueError, out: Path, json_: bool) -> NoReturn:
+    """End with ``error: CODE: MESSAGE`` naming the file and what is wrong (it was the bare
+    ``[Errno 2] No such file or directory: '/proc/nope'``): files that do not load (a junk
+    ca.pem) are invalid_argument, exit 2, as a bad --name is; what cannot be written, io_error."""
+    if isinstance(err, ValueError):
+        fail("invalid_argument", str(err), json_=json_, exit_code=2)
+    if isinstance(err, FileExistsError) and err.filename is not None and Path(err.filename) == out:
+        fail("io_error", f"--out {out}: it is a file, not a directory", json_=json_)
+    if err.strerror and err.filename is not None:  # (the OS's: name the file; ours say it all already)
+        fail("io_error", f"--out {out}: cannot write there: {err.filename}: {err.strerror}", json_=json_)
+    fail("io_error", str(err), json_=json_)
+
+
 @ca_app.command("create")
 def ca_create(
     out: Path = typer.Option(..., help="Directory for ca.pem and ca.key (the key is written 0600)."),
@@ -60,8 +74,7 @@ def ca_create(
     try:
         files = create_ca(out, name=name, days=days, overwrite=force)
     except (OSError, ValueError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1)
+        _failed(err, out, json_)
     _show(files, json_)
 
 
@@ -88,6 +101,5 @@ def cert_issue(
     try:
         files = issue_cert(ca, name, out, client=client, days=days, overwrite=force)
     except (OSError, ValueError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1)
+        _failed(err, out, json_)
     _show(files, json_)

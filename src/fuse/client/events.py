@@ -12,9 +12,19 @@ from ._core import UNREACHABLE, ApiError, Call
 RECONNECT_S = 30.0  # how long `follow` keeps trying a controller that does not answer
 FIRST_PAUSE_S, LAST_PAUSE_S = 0.25, 2.0  # its pauses between tries double from the first to the last
 GRACE_S = 10.0  # how long past its wait_s `follow` waits for a long poll's answer
+# A controller answers a long poll within this many seconds whatever wait_s asks (it waits at
+# most 60 s), so no wait is longer: a wait_s of 1e10 was a timeout no socket takes
+# (OverflowError), and a controller that hung was waited on for wait_s + 30 s.
+SERVER_MAX_WAIT_S = 60.0
 # what a follow tries again: no controller answering, or one that cannot reach its database
 # for now (503: it serves again once the database is back)
 RETRIED = (UNREACHABLE, "db_unavailable")
+
+
+def _waited(wait_s: float) -> float:
+    """How long a long poll asking for ``wait_s`` may wait at the controller: 0 to 60 s
+    (a wait_s that is no number, NaN say, is the controller's to refuse, with its 400)."""
+    return min(max(wait_s, 0), SERVER_MAX_WAIT_S) if math.isfinite(wait_s) else 0
 
 
 def _cursor(page: dict, since: int) -> int:
@@ -64,7 +74,7 @@ class _Reconnect:
         """(wait_s, timeout) for the next try: the long poll while the controller answers;
         while it does not, a short one bounded by what is left of `limit_s`."""
         if self.failing_since is None:
-            return wait_s, max(wait_s if math.isfinite(wait_s) else 0, 0) + GRACE_S
+            return wait_s, _waited(wait_s) + GRACE_S
         left = self.limit_s - (time.monotonic() - self.failing_since)
         return 0, max(min(GRACE_S, left), 0.5)
 
@@ -79,12 +89,11 @@ class EventsAPI:
     def list(self, since: int = 0, wait_s: float = 0, limit: int = 100, timeout: float | None = None) -> dict:
         """`{"events": [...], "next_cursor": cursor, "next": cursor}` (the same
         cursor under both names); waits up to `wait_s` for news, and for the answer
-        up to `timeout` seconds (default: wait_s + 30)."""
-        # (a wait_s that is no number, NaN say, is the controller's to refuse, with its 400:
-        # it must not become a timeout that is no number either)
-        wait = wait_s if math.isfinite(wait_s) else 0
+        up to `timeout` seconds (default: wait_s + 30, the wait taken as at most the
+        controller's 60 s)."""
+        # (a wait_s that is no number must not become a timeout that is no number either)
         return self._send(Call("GET", "/v1/events", params={"since": since, "wait_s": wait_s, "limit": limit},
-                               timeout=max(wait, 0) + 30 if timeout is None else timeout, parse=_page))
+                               timeout=_waited(wait_s) + 30 if timeout is None else timeout, parse=_page))
 
     def follow(self, since: int = 0, wait_s: float = 30, max_events: int | None = None,
                reconnect_s: float = RECONNECT_S) -> Iterator[dict]:
@@ -97,7 +106,7 @@ class EventsAPI:
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             wait, limit = retry.next_try(wait_s)
-            due = time.monotonic() + (wait if math.isfinite(wait) else 0)
+            due = time.monotonic() + _waited(wait)
             try:
                 page = self.list(since, wait, timeout=limit)
             except ApiError as err:
@@ -126,7 +135,7 @@ class AsyncEventsAPI(EventsAPI):
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             wait, limit = retry.next_try(wait_s)
-            due = time.monotonic() + (wait if math.isfinite(wait) else 0)
+            due = time.monotonic() + _waited(wait)
             try:
                 page = await self.list(since, wait, timeout=limit)
             except ApiError as err:

@@ -108,8 +108,17 @@ def load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
     for p in (cert_path, key_path):
         if not p.is_file():
             raise FileNotFoundError(f"no {p.name} in {ca_dir}: make the CA with `fuse host ca create --out {ca_dir}`")
-    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    # (cryptography's own words named neither file: "Unable to load PEM file ... MalformedFraming")
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except ValueError:
+        raise ValueError(f"{cert_path} holds no PEM certificate: give the directory `fuse host ca create` "
+                         "made") from None
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except (ValueError, TypeError):  # (TypeError: an encrypted key, which is never prompted for)
+        raise ValueError(f"{key_path} holds no unencrypted PEM private key: give the directory "
+                         "`fuse host ca create` made") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{key_path} is not an ECDSA key")
     return cert, key

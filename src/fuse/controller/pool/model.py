@@ -30,6 +30,7 @@ ARCHES = ("amd64", "arm64")
 U32 = 2**32 - 1
 MAX_OVERCOMMIT = 1000.0  # vCPUs sold per vCPU in an edited model: beyond it no what-if means anything
 MAX_FIGURE = 2**53  # a host's declared capacity figures go this high (fuse.models.hosts.MAX_AMOUNT)
+INT32 = 2**31  # the solvers' random seed is a C int32 (CP-SAT's random_seed)
 
 
 class _Data(BaseModel):
@@ -153,7 +154,8 @@ class PlanModel(_Data):
     offers: list[Offer] = Field(default_factory=list)
     constraints: Constraints = Field(default_factory=Constraints)
     time_limit_secs: float = Field(default=5.0, gt=0)
-    seed: int = 0
+    # (an edited model's 2^31 reached CP-SAT's int32 random_seed: a TypeError traceback)
+    seed: int = Field(default=0, ge=-INT32, le=INT32 - 1)
 
     @model_validator(mode="after")
     def _one_meaning(self) -> PlanModel:

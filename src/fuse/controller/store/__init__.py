@@ -15,7 +15,7 @@ from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, Stri
                         UniqueConstraint, and_, create_engine, delete, event, func, insert, or_, select, text,
                         update)
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ...agent.admission import HOLDS_MEMORY
 from ...paths import private_file
@@ -246,6 +246,22 @@ class Store:
         if self._watch is not None:
             self._watch.stop.set()
         self.engine.dispose()
+
+    def damage(self) -> str | None:
+        """What SQLite's ``PRAGMA quick_check`` finds wrong with the file (its first lines), or
+        None: sound, or not SQLite. Opening reads only the first pages: a file damaged past
+        them was served, with some routes answering 500 and every loop pass a traceback."""
+        if not self.is_sqlite:
+            return None
+        try:
+            with self.engine.connect() as conn:
+                rows = [str(r[0]) for r in conn.execute(text("PRAGMA quick_check(3)"))]
+        except DBAPIError as exc:  # ("database disk image is malformed" before it can say more)
+            return " ".join(str(exc.orig or exc).split())
+        if rows == ["ok"]:
+            return None
+        lines = [line.strip() for r in rows for line in r.splitlines()]
+        return "; ".join([line for line in lines if line and not line.startswith("*** in database")][:3])
 
     def ping(self) -> None:
         """Raise unless the database answers a query (the health check's)."""
