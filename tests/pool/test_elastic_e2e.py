@@ -233,7 +233,7 @@ def test_a_create_on_a_cloud_uncordons_its_host_with_room_before_buying_another(
         own.stop()
 
 
-def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path):
+def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path, loopback_subnet):
     """The aws kind through the controller against a moto server on loopback: the machine is
     bought (an instance of the type, tagged), waits to join (moto runs no agent), and removing it
     terminates the instance. The secret never comes back."""
@@ -253,13 +253,16 @@ def test_an_aws_cloud_buys_real_ec2_calls_and_terminates_what_it_bought(tmp_path
                            aws_secret_access_key="s3cr3t-value")
         ami = ec2.describe_images()["Images"][0]["ImageId"]
         cloud = client.pool.link_cloud("aws", "aws", {"image_id": ami, "endpoint_url": url, "access_key_id": "k",
-                                                      "secret_access_key": "s3cr3t-value"})
+                                                      "secret_access_key": "s3cr3t-value",
+                                                      "subnet_id": loopback_subnet(ec2)})
         assert "s3cr3t-value" not in str(cloud) and "m7i.large" in cloud["types"]
         (h,) = client.pool.cloud_add_host("aws", "m7i.large", ttl_hours=1)
         assert h.name == "aws-1" and h.state == "booting" and h.id.startswith("i-")
         (inst,) = [i for r in ec2.describe_instances(InstanceIds=[h.id])["Reservations"] for i in r["Instances"]]
         assert inst["InstanceType"] == "m7i.large"
         assert {"Key": "Name", "Value": "aws-1"} in inst["Tags"]
+        # what the controller (a process: no in-process guard) probes is on loopback, not moto's made-up IPs
+        assert "PublicIpAddress" not in inst and inst["PrivateIpAddress"].startswith("127.0.1."), inst
         plan = client.pool.cloud_plan(fuse.ElasticPlanRequest(count=1, kind="container"))
         assert all(n.provider == "aws" for n in plan.new_hosts)  # only the linked cloud's offers now
         with pytest.raises(fuse.ApiError) as e:  # the images its machines get are known (was a 500)

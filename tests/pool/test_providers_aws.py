@@ -32,9 +32,10 @@ def ami(ec2) -> str:
 
 
 @pytest.fixture
-async def provider(moto_url, ami, tmp_path):
+async def provider(moto_url, moto_subnet, ami, tmp_path):
     p = link("aws", "aws-west", {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "testing",
-                                 "secret_access_key": SECRET, "agent_port": 8123}, tmp_path)
+                                 "secret_access_key": SECRET, "agent_port": 8123, "subnet_id": moto_subnet},
+             tmp_path)
     yield p
     await p.close()
 
@@ -110,22 +111,24 @@ async def test_create_describe_terminate_round_trip(provider, ec2):
     seen = (await provider.describe([m.id]))[m.id]
     assert seen.state == "running"
     ip = inst.get("PublicIpAddress") or inst["PrivateIpAddress"]
-    assert seen.address == f"http://{ip}:8123"
+    assert seen.address == f"http://{ip}:8123" and ip.startswith("127.0.1.")  # (moto_subnet: on loopback)
 
     await provider.terminate(m.id)
     assert (await provider.describe([m.id]))[m.id].state == "terminated"
     await provider.terminate(m.id)  # idempotent
 
 
-async def test_optional_options_reach_run_instances(moto_url, ami, ec2, tmp_path):
-    group = ec2.create_security_group(GroupName="fuse-agents", Description="fuse agents")["GroupId"]
+async def test_optional_options_reach_run_instances(moto_url, moto_subnet, ami, ec2, tmp_path):
+    vpc = ec2.describe_subnets(SubnetIds=[moto_subnet])["Subnets"][0]["VpcId"]
+    group = ec2.create_security_group(GroupName="fuse-agents", Description="fuse agents", VpcId=vpc)["GroupId"]
     ec2.create_key_pair(KeyName="ops")
     p = link("aws", "aws-west", {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "testing",
-                                 "secret_access_key": SECRET, "key_name": "ops", "security_group_ids": [group]},
-             tmp_path)
+                                 "secret_access_key": SECRET, "key_name": "ops", "security_group_ids": [group],
+                                 "subnet_id": moto_subnet}, tmp_path)
     m = await p.create(host_name="pool-2", type_name="t3.medium", region="", agent_token=TOKEN)
     inst = ec2.describe_instances(InstanceIds=[m.id])["Reservations"][0]["Instances"][0]
     assert inst["KeyName"] == "ops" and group in [g["GroupId"] for g in inst["SecurityGroups"]]
+    assert inst["SubnetId"] == moto_subnet
     await p.terminate(m.id)
     await p.close()
 

@@ -39,9 +39,11 @@ def x86_ami(ec2, ami) -> str:  # noqa: F811
 
 
 
-def options(url: str, image_id, **more) -> dict:
+def options(url: str, image_id, subnet_id: str | None = None, **more) -> dict:
+    """The link options of a cloud on ``url``; ``subnet_id`` (``moto_subnet``) keeps its machines'
+    addresses on loopback."""
     return {"image_id": image_id, "endpoint_url": url, "access_key_id": "testing", "secret_access_key": SECRET,
-            **more}
+            **({"subnet_id": subnet_id} if subnet_id else {}), **more}
 
 
 def put(client, name: str, opts: dict):
@@ -60,9 +62,9 @@ def age(ctl, name: str, secs: float) -> None:
 
 # ---- 1. one AMI, one architecture; the link asks EC2 ---------------------------------------
 
-def test_a_single_x86_ami_offers_only_amd64_types_and_c6g_metal_is_refused(app, moto_url, x86_ami):
+def test_a_single_x86_ami_offers_only_amd64_types_and_c6g_metal_is_refused(app, moto_url, moto_subnet, x86_ami):
     client, ctl = app
-    r = put(client, "archtest", options(moto_url, x86_ami))
+    r = put(client, "archtest", options(moto_url, x86_ami, moto_subnet))
     assert r.status_code == 200, r.text
     assert arch_of(ctl, "archtest") == {"amd64"} and "c6g.metal" not in r.json()["types"]
     assert r.json()["options"]["image_id"] == {"amd64": x86_ami}  # stored resolved: a re-link asks nothing
@@ -75,25 +77,27 @@ def test_a_single_x86_ami_offers_only_amd64_types_and_c6g_metal_is_refused(app, 
     assert r.status_code == 200 and r.json()["new_hosts"] == [] and r.json()["unplaced"], r.text
 
 
-def test_a_single_arm_ami_offers_only_arm64_types(app, moto_url, arm_ami):
+def test_a_single_arm_ami_offers_only_arm64_types(app, moto_url, moto_subnet, arm_ami):
     client, ctl = app
-    r = put(client, "armtest", options(moto_url, arm_ami))
+    r = put(client, "armtest", options(moto_url, arm_ami, moto_subnet))
     assert r.status_code == 200, r.text
     assert arch_of(ctl, "armtest") == {"arm64"} and "c6g.metal" in r.json()["types"]
 
 
-def test_the_per_arch_mapping_still_works_and_each_ami_must_be_of_its_arch(app, moto_url, x86_ami, arm_ami):
+def test_the_per_arch_mapping_still_works_and_each_ami_must_be_of_its_arch(app, moto_url, moto_subnet, x86_ami,
+                                                                           arm_ami):
     client, ctl = app
-    r = put(client, "both", options(moto_url, {"amd64": x86_ami, "arm64": arm_ami}))
+    r = put(client, "both", options(moto_url, {"amd64": x86_ami, "arm64": arm_ami}, moto_subnet))
     assert r.status_code == 200, r.text
     assert arch_of(ctl, "both") == {"amd64", "arm64"}
-    r = put(client, "swapped", options(moto_url, {"arm64": x86_ami}))
+    r = put(client, "swapped", options(moto_url, {"arm64": x86_ami}, moto_subnet))
     assert r.status_code == 400 and "image_id.arm64" in r.json()["error"]["message"], r.text
 
 
-def test_an_ami_ec2_does_not_have_is_400_naming_image_id_and_region_and_nothing_is_stored(app, moto_url):
+def test_an_ami_ec2_does_not_have_is_400_naming_image_id_and_region_and_nothing_is_stored(app, moto_url,
+                                                                                          moto_subnet):
     client, _ = app
-    r = put(client, "noami", options(moto_url, "ami-12345678"))
+    r = put(client, "noami", options(moto_url, "ami-12345678", moto_subnet))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
     message = r.json()["error"]["message"]
     assert "image_id" in message and "ami-12345678" in message and "us-west-2" in message
@@ -108,17 +112,19 @@ def test_an_endpoint_that_does_not_answer_refuses_the_link_with_the_clouds_reaso
     assert client.get("/v1/pool/clouds").json()["clouds"] == []
 
 
-def test_wrong_credentials_refuse_the_link_with_the_clouds_reason(app, moto_url, x86_ami, monkeypatch):
+def test_wrong_credentials_refuse_the_link_with_the_clouds_reason(app, moto_url, moto_subnet, x86_ami,
+                                                                  monkeypatch):
     import moto.settings
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # (the server is in-process)
     client, _ = app
-    r = put(client, "badkey", options(moto_url, x86_ami))
+    r = put(client, "badkey", options(moto_url, x86_ami, moto_subnet))
     assert r.status_code == 502 and r.json()["error"]["code"] == "cloud_error", r.text
     assert "AuthFailure" in r.json()["error"]["message"] and SECRET not in r.text
     assert client.get("/v1/pool/clouds").json()["clouds"] == []
 
 
-def test_missing_credentials_refuse_the_link_with_the_clouds_reason(app, moto_url, x86_ami, monkeypatch, tmp_path):
+def test_missing_credentials_refuse_the_link_with_the_clouds_reason(app, moto_url, moto_subnet, x86_ami, monkeypatch,
+                                                                    tmp_path):
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                 "AWS_WEB_IDENTITY_TOKEN_FILE"):
@@ -127,7 +133,7 @@ def test_missing_credentials_refuse_the_link_with_the_clouds_reason(app, moto_ur
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     client, _ = app
-    r = put(client, "nokey", {"image_id": x86_ami, "endpoint_url": moto_url})
+    r = put(client, "nokey", {"image_id": x86_ami, "endpoint_url": moto_url, "subnet_id": moto_subnet})
     assert r.status_code == 502 and r.json()["error"]["code"] == "cloud_error", r.text
     assert "NoCredentialsError" in r.json()["error"]["message"]
     assert client.get("/v1/pool/clouds").json()["clouds"] == []
@@ -142,14 +148,15 @@ def test_an_empty_types_list_is_said_to_be_empty(tmp_path):
 
 # ---- 2. a cloud that cannot be asked; a machine late to join -------------------------------
 
-def test_a_booting_machine_whose_cloud_is_down_goes_offline_past_boot_and_grace(app, x86_ami):
+def test_a_booting_machine_whose_cloud_is_down_goes_offline_past_boot_and_grace(app, moto_subnet, x86_ami):
     from moto.server import ThreadedMotoServer
 
     client, ctl = app
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=(port := free_port()), verbose=False)
     server.start()
     try:
-        assert put(client, "flaky", options(f"http://127.0.0.1:{port}", x86_ami)).status_code == 200
+        # (moto_subnet is this server's too: moto's state is the process's, whichever server serves it)
+        assert put(client, "flaky", options(f"http://127.0.0.1:{port}", x86_ami, moto_subnet)).status_code == 200
         r = client.post("/v1/pool/hosts", json={"provider": "flaky", "instance_type": "t3.medium"})
         assert r.status_code == 201, r.text
         (h,) = r.json()["hosts"]
@@ -163,11 +170,12 @@ def test_a_booting_machine_whose_cloud_is_down_goes_offline_past_boot_and_grace(
     assert not any(s.get("joins_in_secs") for s in ctl.pool_snapshot())  # no longer room for plans
 
 
-def test_a_running_machine_whose_agent_never_answers_goes_offline_past_boot_and_grace(app, moto_url, x86_ami):
+def test_a_running_machine_whose_agent_never_answers_goes_offline_past_boot_and_grace(app, moto_url, moto_subnet,
+                                                                                      x86_ami):
     """(review 22: moto's instance runs at once with an address no agent answers on; it stayed
     ``booting`` for good, offered to plans and counted as ready in 1 s)"""
     client, ctl = app
-    assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200
+    assert put(client, "aws", options(moto_url, x86_ami, moto_subnet)).status_code == 200
     (h,) = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium"}).json()["hosts"]
     asyncio.run(ctl.pool.tick())
     assert ctl.pool.row(h["name"])["state"] == "booting"  # (within its time: it may yet answer)
@@ -179,9 +187,9 @@ def test_a_running_machine_whose_agent_never_answers_goes_offline_past_boot_and_
     assert not any(s.get("joins_in_secs") for s in ctl.pool_snapshot())  # no longer room for plans
 
 
-def test_a_machine_past_its_boot_time_is_said_to_be_late_not_joining_in_1_s(app, moto_url, x86_ami):
+def test_a_machine_past_its_boot_time_is_said_to_be_late_not_joining_in_1_s(app, moto_url, moto_subnet, x86_ami):
     client, ctl = app
-    assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200
+    assert put(client, "aws", options(moto_url, x86_ami, moto_subnet)).status_code == 200
     (h,) = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium"}).json()["hosts"]
     age(ctl, h["name"], ctl.pool.row(h["name"])["boot_secs"] + 60)
     r = client.post("/v1/pool/plan", json={"count": 1, "kind": "container", "cpus": 1, "memory_mb": 512})
@@ -218,9 +226,10 @@ async def test_a_guest_shutdown_terminates_the_machine(provider, ec2):  # noqa: 
     await provider.terminate(m.id)
 
 
-def test_a_machine_stopped_outside_the_pool_is_terminated_and_goes_gone(app, moto_url, x86_ami, ec2):  # noqa: F811
+def test_a_machine_stopped_outside_the_pool_is_terminated_and_goes_gone(app, moto_url, moto_subnet, x86_ami,
+                                                                        ec2):  # noqa: F811
     client, ctl = app
-    assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200
+    assert put(client, "aws", options(moto_url, x86_ami, moto_subnet)).status_code == 200
     (h,) = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium"}).json()["hosts"]
     ec2.stop_instances(InstanceIds=[h["id"]])
     asyncio.run(ctl.pool.tick())
@@ -234,9 +243,9 @@ def test_a_machine_stopped_outside_the_pool_is_terminated_and_goes_gone(app, mot
 
 # ---- 5. the creating event keeps the machine type -----------------------------------------
 
-def test_the_creating_event_records_the_machine_type_as_type_name(app, moto_url, x86_ami):
+def test_the_creating_event_records_the_machine_type_as_type_name(app, moto_url, moto_subnet, x86_ami):
     client, _ = app
-    assert put(client, "aws", options(moto_url, x86_ami)).status_code == 200
+    assert put(client, "aws", options(moto_url, x86_ami, moto_subnet)).status_code == 200
     (h,) = client.post("/v1/pool/hosts", json={"provider": "aws", "instance_type": "t3.medium"}).json()["hosts"]
     events = client.get("/v1/events", params={"limit": 500}).json()["events"]
     (created,) = [e for e in events if e["type"] == "elastic_host" and e.get("to") == "creating"]

@@ -116,15 +116,16 @@ def test_a_controller_killed_in_cloud_add_host_leaves_no_machine_unseen_once_sta
         client.pool.cloud_remove_host(sorted(live))
 
 
-def aws_left_creating(ctl, ec2, ami, name: str, fresh: bool = False) -> str:  # noqa: F811
+def aws_left_creating(ctl, ec2, ami, subnet: str, name: str, fresh: bool = False) -> str:  # noqa: F811
     """A ``creating`` row of cloud ``aws1`` and the instance its create started (tagged as the
-    provider tags it); ``fresh``: its lease renewed a moment ago (a live replica creating it)."""
+    provider tags it, in its ``subnet``); ``fresh``: its lease renewed a moment ago (a live replica
+    creating it)."""
     left_creating(ctl.store, name, "aws1", "m7i.large", "us-west-2")
     if fresh:
         with ctl.store.tx() as c:
             c.execute(update(hosts_t).where(hosts_t.c.name == name).values(updated_at=time.time()))
     tags = [{"Key": "Name", "Value": name}, {"Key": "fuse-pool", "Value": "aws1"}]
-    reply = ec2.run_instances(ImageId=ami, InstanceType="m7i.large", MinCount=1, MaxCount=1,
+    reply = ec2.run_instances(ImageId=ami, InstanceType="m7i.large", MinCount=1, MaxCount=1, SubnetId=subnet,
                               TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
     return reply["Instances"][0]["InstanceId"]
 
@@ -133,15 +134,16 @@ def state_of(ec2, instance_id: str) -> str:  # noqa: F811
     return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
 
 
-def test_an_aws_host_left_creating_is_found_by_its_name_tag_and_terminated(app, moto_url, ami, ec2,  # noqa: F811
-                                                                           monkeypatch):
+def test_an_aws_host_left_creating_is_found_by_its_name_tag_and_terminated(app, moto_url, moto_subnet,  # noqa: F811
+                                                                           ami, ec2, monkeypatch):
     client, ctl = app
     r = client.put("/v1/pool/clouds/aws1", json={"kind": "aws", "options": {
-        "image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": SECRET}})
+        "image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": SECRET,
+        "subnet_id": moto_subnet}})
     assert r.status_code == 200, r.text
-    ticked = aws_left_creating(ctl, ec2, ami, "aws1-1")
-    removed = aws_left_creating(ctl, ec2, ami, "aws1-2")
-    live = aws_left_creating(ctl, ec2, ami, live_name := "aws1-3", fresh=True)
+    ticked = aws_left_creating(ctl, ec2, ami, moto_subnet, "aws1-1")
+    removed = aws_left_creating(ctl, ec2, ami, moto_subnet, "aws1-2")
+    live = aws_left_creating(ctl, ec2, ami, moto_subnet, live_name := "aws1-3", fresh=True)
     # (the rows were last renewed 5 s ago, or now)
     monkeypatch.setattr("fuse.controller.pool.elastic.CREATE_LEASE_SECS", 4.0, raising=False)
     with ctl.store.tx() as c:  # (renewed again just before: on a loaded machine the moto calls

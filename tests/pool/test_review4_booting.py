@@ -29,7 +29,7 @@ TYPES = [{"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.
 
 
 @pytest.fixture
-def aws(moto_url, tmp_path):
+def aws(moto_url, moto_subnet, tmp_path):
     """The controller app (not started: nothing joins) with an aws cloud on moto."""
     ctl = Controller(tmp_path / "ctl")
     client = TestClient(create_app(ctl))
@@ -37,7 +37,8 @@ def aws(moto_url, tmp_path):
                        aws_secret_access_key="s")
     ami = ec2.describe_images()["Images"][0]["ImageId"]
     r = client.put("/v1/pool/clouds/aws", json={"kind": "aws", "options": {
-        "image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": "s"}})
+        "image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": "s",
+        "subnet_id": moto_subnet}})
     assert r.status_code == 200, r.text
     yield client, ctl
     client.post("/v1/pool/hosts/remove", json={"names": [h["name"] for h in client.get("/v1/pool/hosts").json()["hosts"]]})

@@ -40,8 +40,9 @@ def app(tmp_path):
     reap(tmp_path)
 
 
-def aws_options(moto_url, ami, **caps) -> dict:
-    return {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": "s", **caps}
+def aws_options(moto_url, moto_subnet, ami, **caps) -> dict:
+    return {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "k", "secret_access_key": "s",
+            "subnet_id": moto_subnet, **caps}
 
 
 def model(client, **body) -> tuple[dict, dict]:
@@ -64,9 +65,10 @@ def model(client, **body) -> tuple[dict, dict]:
         "a quota that is not an integer is refused", "a quota of true is refused", "quotas not an object are refused",
         "a limit on an unknown type is named", "a limit on a type the link's types leave out is named",
         "a local cloud's families are its types' (default standard)", "a negative limit is refused"])
-def test_caps_are_checked_when_the_cloud_is_linked_naming_the_option(app, moto_url, ami, kind, caps, named, says):
+def test_caps_are_checked_when_the_cloud_is_linked_naming_the_option(app, moto_url, moto_subnet, ami, kind, caps,
+                                                                     named, says):
     client, _ = app
-    options = aws_options(moto_url, ami, **caps) if kind == "aws" else {"backend": "fake", **caps}
+    options = aws_options(moto_url, moto_subnet, ami, **caps) if kind == "aws" else {"backend": "fake", **caps}
     r = client.put("/v1/pool/clouds/c1", json={"kind": kind, "options": options})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument", r.text
     assert f"option '{named}'" in r.json()["error"]["message"] and says in r.json()["error"]["message"], r.text
@@ -87,10 +89,10 @@ def test_a_cloud_families_are_its_own_and_its_caps_go_into_its_offers(tmp_path):
                                          "quota_family": "no/slash"}]}, tmp_path)
 
 
-def test_quotas_and_limits_reach_the_plan_and_count_the_machines_the_cloud_runs(app, moto_url, ami):
+def test_quotas_and_limits_reach_the_plan_and_count_the_machines_the_cloud_runs(app, moto_url, moto_subnet, ami):
     client, _ = app
     r = client.put("/v1/pool/clouds/aws2", json={"kind": "aws", "options": aws_options(
-        moto_url, ami, quotas={"standard": 8, "g": 0, "p": 0}, limits={"t3.medium": 3})})
+        moto_url, moto_subnet, ami, quotas={"standard": 8, "g": 0, "p": 0}, limits={"t3.medium": 3})})
     assert r.status_code == 200, r.text
     assert r.json()["options"]["quotas"] == {"standard": 8, "g": 0, "p": 0} and r.json()["options"]["limits"] == {"t3.medium": 3}
     _, m = model(client)
@@ -124,13 +126,13 @@ def test_quotas_and_limits_reach_the_plan_and_count_the_machines_the_cloud_runs(
 
     # its caps (only those) may change while it has hosts: the quota was raised
     r = client.put("/v1/pool/clouds/aws2", json={"kind": "aws", "options": aws_options(
-        moto_url, ami, quotas={"standard": 16})})
+        moto_url, moto_subnet, ami, quotas={"standard": 16})})
     assert r.status_code == 200, r.text
     _, m = model(client)
     assert m["constraints"]["quotas"] == {"aws2:standard": 10}
     assert {o["type_name"]: o["limit"] for o in m["offers"]}["t3.medium"] is None
     r = client.put("/v1/pool/clouds/aws2", json={"kind": "aws", "options": aws_options(
-        moto_url, ami, quotas={"standard": 16}, agent_port=9000)})
+        moto_url, moto_subnet, ami, quotas={"standard": 16}, agent_port=9000)})
     assert r.status_code == 409 and "only its limits and quotas may change" in r.json()["error"]["message"], r.text
 
 
