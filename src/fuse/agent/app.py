@@ -100,7 +100,7 @@ def startup_problem(state_dir: Path, backend: str) -> tuple[str, str] | None:
             if vm.get("state") in ("creating", "running", "sleeping", "incoming") and theirs != backend:
                 others.setdefault(str(theirs), []).append(str(vm.get("name")))
         except (OSError, ValueError, AttributeError):
-            continue  # (a record the agent cannot read is skipped by it too)
+            continue  # (a record the agent cannot read: kept aside by it, with an event, at its start)
     if others:
         theirs, names = next(iter(others.items()))
         return "invalid_argument", (f"state dir {state_dir} holds vms of the {theirs} backend ({', '.join(names[:5])}"
