@@ -55,3 +55,16 @@ def test_a_removal_that_fails_puts_the_host_back_in_placement(tmp_path, procs):
         out = c.pool.cloud_remove_host([h.name])
         assert out.removed == [] and len(out.failed) == 1 and out.failed[0].startswith(h.name), out
         assert _state(c, h.name) == "active"  # was: cordoned for good
+
+
+@pytest.mark.timeout(180)
+def test_a_gone_host_added_by_hand_ends_when_its_paid_time_ended_not_at_its_ttl(tmp_path, procs):
+    import time
+    procs.append(ctl := start_controller(tmp_path))
+    with fuse.Client(ctl.url) as c:
+        c.pool.link_cloud("lc", "local", {"backend": "fake", "types": [MACHINE]})
+        (h,) = c.pool.cloud_add_host("lc", "s1", ttl_hours=1)
+        assert h.expires >= time.time() + 3000  # (live: its TTL)
+        assert c.pool.cloud_remove_host([h.name]).removed == [h.name]
+        (gone,) = [x for x in c.pool.cloud_hosts(include_gone=True) if x.name == h.name]
+        assert gone.state == "gone" and gone.expires <= time.time() + 5, gone  # (billed by the second)

@@ -124,7 +124,7 @@ def ends_on_its_own(row: dict, now: float) -> float:
     keeps it until its planned work ends, then removes it, once idle, at the end of the paid
     time that holds then; so, recomputed at every read, it follows the billed time while VMs
     keep the host busy. A gone host: when its paid time ended."""
-    if row["expires"]:
+    if row["expires"] and row["state"] != "gone":  # (gone: its paid time ended, TTL or none)
         return row["expires"]
     return paid_until(row, max(now, (row["record"] or {}).get("planned_until", 0)))
 
