@@ -59,3 +59,29 @@ def test_a_create_in_flight_when_the_controller_dies_holds_its_name_after_the_re
         ctl.stop()
         a1.stop()
         a2.stop()
+
+
+def test_a_create_whose_connection_never_opened_holds_nothing(tmp_path):
+    """(the diff review: its in-flight record stayed, as an unanswered create's: the next try
+    was `409 vm_exists` on the host that never got it, and the name held until it answered)"""
+    a1 = start_agent(tmp_path, backend="fake", name="a1")
+    a2 = start_agent(tmp_path, backend="fake", name="a2")
+    ctl = start_controller(tmp_path, listen=True, token="ct")
+    try:
+        c = _c(ctl)
+        for name, a in (("h1", a1), ("h2", a2)):
+            r = c.post("/v1/hosts", json={"name": name, "addr": a.url, "token": a.token})
+            assert r.status_code == 201, r.text
+        wait_until(lambda: all(h.get("connected") for h in c.get("/v1/hosts").json()["hosts"]), what="connected")
+        a1.stop(signal.SIGKILL)  # its port refuses: a create is never sent
+        body = {"name": "x1", "host": "h1", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x"}
+        r = c.post("/v1/vms", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "fleet_full"), r.text
+        assert c.get("/v1/vms/x1").status_code == 404
+        r = c.post("/v1/vms", json={**body, "host": None})
+        assert r.status_code == 201 and r.json()["host"] == "h2", r.text
+        assert c.delete("/v1/vms/x1").status_code == 204
+    finally:
+        ctl.stop()
+        a1.stop()
+        a2.stop()

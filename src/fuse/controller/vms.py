@@ -360,6 +360,7 @@ class VmService:
                             "create it (the VM list shows it once the host answers), so no other host was tried",
                             details={"host": host, "vm": name}) from None
                     reasons[host] = exc.message  # (never sent: the connection failed)
+                    flying = self._landed(host, name, flying)  # (nothing can land: its record goes)
                     continue
                 flying = self._landed(host, name, flying)  # the host answered: no longer in flight
                 # a 5xx: the boot that failed leaves the host a `failed` record, removed here; one the
