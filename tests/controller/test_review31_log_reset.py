@@ -22,7 +22,7 @@ def fleet(tmp_path):
                      timeout=30)
     r = c.post("/v1/hosts", json={"name": "h", "addr": agent.url, "token": agent.token})
     assert r.status_code == 201, r.text
-    box = {"agent": agent}
+    box = {"agent": agent, "ctl": ctl}
 
     def restart(between=lambda: None):
         port = int(box["agent"].url.rsplit(":", 1)[1])
@@ -99,3 +99,68 @@ def test_a_removed_log_is_read_from_its_start_and_its_vms_adopted(fleet):
     assert _states(events, "a") == ["creating", "running", "deleted"]
     time.sleep(1.5)  # polls go on without another reset
     assert [e["type"] for e in _stream(c)].count("host_events_reset") == 1
+
+
+def test_a_log_restored_while_the_controller_looked_away_and_written_past_its_cursor_is_read_again(fleet):
+    """(the diff review: the agent restarted on an older copy while the controller was away and
+    wrote more events than it had lost before the next read: its newest id was past the cursor,
+    so nothing looked amiss, and the events at the ids read already were never stored)"""
+    import signal
+
+    c, box, restart = fleet
+    state = box["agent"].state_dir
+    for f in ("events.jsonl", "events.jsonl.next"):
+        shutil.copy(state / f, state.parent / (f + ".backup"))
+    for vm in ("a", "b"):
+        _vm(c, vm)
+        assert c.delete(f"/v1/vms/{vm}").status_code == 204
+    wait_until(lambda: "deleted" in _states(_stream(c), "b"), what="b's events")
+
+    def restore():
+        for f in ("events.jsonl", "events.jsonl.next"):
+            shutil.copy(state.parent / (f + ".backup"), state / f)
+    ctl = box["ctl"]
+    ctl.popen.send_signal(signal.SIGSTOP)  # the controller looks away
+    try:
+        restart(restore)
+        a = httpx.Client(base_url=box["agent"].url, headers={"Authorization": f"Bearer {box['agent'].token}"},
+                         timeout=30)
+        for vm in ("n1", "n2", "n3"):  # past the ids the controller read (a and b: 6)
+            assert a.post("/v1/host/vms", json={"name": vm, "shape": {"vcpus": 1, "mem_mib": 256},
+                                                "entry": "x"}).status_code in (200, 201)
+            assert a.delete(f"/v1/host/vms/{vm}").status_code in (200, 204)
+        assert a.get("/v1/host").json()["last_event_id"] > 6
+    finally:
+        ctl.popen.send_signal(signal.SIGCONT)
+    wait_until(lambda: all("deleted" in _states(_stream(c), vm) for vm in ("n1", "n2", "n3")), timeout=20,
+               what="the restored log's events")
+    events = _stream(c)
+    assert [e["type"] for e in events].count("host_events_reset") == 1
+    for vm in ("n1", "n2", "n3"):
+        assert _states(events, vm) == ["creating", "running", "deleted"], (vm, _states(events, vm))
+
+
+def test_a_host_registered_again_after_its_log_went_back_is_not_said_to_go_back_again(fleet):
+    """(the diff review: the new name had no cursor, read the old log's newest stored id as
+    where to start, and announced a second host_events_reset for a log nobody touched)"""
+    c, box, restart = fleet
+    for vm in ("a", "a2"):  # (the old log longer than the new one will be)
+        _vm(c, vm)
+        assert c.delete(f"/v1/vms/{vm}").status_code == 204
+    wait_until(lambda: "deleted" in _states(_stream(c), "a2"), what="a2's events")
+    state = box["agent"].state_dir
+    restart(lambda: [(state / f).unlink() for f in ("events.jsonl", "events.jsonl.next")])
+    _vm(c, "b")
+    wait_until(lambda: "running" in _states(_stream(c), "b"), timeout=20, what="b's events")
+    assert c.delete("/v1/vms/b").status_code == 204
+    wait_until(lambda: "deleted" in _states(_stream(c), "b"), what="b's delete read")
+    assert c.delete("/v1/hosts/h").status_code == 204
+    r = c.post("/v1/hosts", json={"name": "h", "addr": box["agent"].url, "token": box["agent"].token})
+    assert r.status_code == 201, r.text
+    _vm(c, "d")
+    wait_until(lambda: "running" in _states(_stream(c), "d"), timeout=20, what="d's events")
+    time.sleep(1.5)
+    events = _stream(c)
+    assert [e["type"] for e in events].count("host_events_reset") == 1, [e for e in events
+                                                                         if e["type"] == "host_events_reset"]
+    assert _states(events, "b") == ["creating", "running", "deleted"]  # (not read a second time)

@@ -68,6 +68,8 @@ class HostView:
     url: str = ""  # the address these were seen at
     events_wait: float = 0.0  # seconds until the next event read, when the summary cannot tell
     events_at: float = 0.0  # monotonic time of the next event read, then
+    log_checked: bool = False  # whether the agent's log was checked against the store since it answered
+    instance: str = ""  # the agent process last seen (a new one: its log is checked again)
     # one poll of the host at a time: a registration's (or a wake's) refresh beside the
     # poller's own could adopt the VM list twice, the later one from a stale read (it
     # dropped a VM recorded in between)
@@ -236,6 +238,8 @@ class Fleet:
                 # its figures are read as numbers fleet-wide; it reads as out of reach, with why)
                 raise HostUnreachable(f"the host's summary (GET /v1/host) is not a fuse agent's: {problem}")
             ident = summary.get("agent_id", "")
+            if (inst := summary.get("instance") or "") != view.instance:  # (an agent restarted, perhaps
+                view.instance, view.log_checked = inst, False  # unseen: its log may be an older copy)
             # (the first answer a poller gets is no change: the adoption below reads the list)
             new_agent = bool(ident and view.agent_id and ident != view.agent_id)
             other_agent = new_agent
@@ -261,6 +265,7 @@ class Fleet:
                 await self._pull_events(host_id, conn, summary.get("agent_id", ""), summary)
         except HostUnreachable as exc:
             view.failures += 1
+            view.log_checked = False  # (it may come back with its log restored from an older copy)
             # One slow answer on a busy host is not a lost host: two in a row are.
             if (view.connected and view.failures >= DISCONNECT_AFTER) or (not view.connected and not view.error):
                 view.connected = False
@@ -379,7 +384,13 @@ class Fleet:
             family = [dict(r) for r in c.execute(select(host_cursors).where(
                 host_cursors.c.host.in_([host_id, *alias]), _of_agent(host_cursors.c.agent_id, agent_id)))
                 .mappings()] if agent_id else []
-            source = max((r["agent_id"] for r in family), key=lambda a: _epoch(a, agent_id), default=agent_id)
+            source = max((r["agent_id"] for r in family), key=lambda a: _epoch(a, agent_id), default=None)
+            if source is None and agent_id:  # no name has a cursor of it: the source its newest stored
+                # event has (a log that went back before, read under a name since deregistered)
+                source = c.execute(select(events_t.c.agent_id).where(
+                    _of_agent(events_t.c.agent_id, agent_id), events_t.c.host_event_id.is_not(None))
+                    .order_by(events_t.c.id.desc()).limit(1)).scalar()
+            source = source or agent_id
             shared = max((r["cursor"] for r in family if r["host"] != host_id and r["agent_id"] == source),
                          default=None)
             fresh = bool(agent_id) and (cur is None or cur["agent_id"] != source)
@@ -397,6 +408,14 @@ class Fleet:
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
             return
         view = self.views.setdefault(host_id, HostView())
+        if not view.log_checked and agent_id and cursor > 0:
+            # (once each time it answers again: a log restored from an older copy while it was
+            # away, that has since passed the cursor, gives the ids read already other events)
+            replaced, newest = await self._log_replaced(host_id, conn, agent_id, source, cursor)
+            if replaced is not None:
+                view.log_checked = True
+            if replaced:
+                source, cursor = self._log_went_back(host_id, agent_id, cursor, newest), 0
         last = summary.get("last_event_id")
         if isinstance(last, int):
             if last == cursor:
@@ -426,13 +445,33 @@ class Fleet:
         if vm_changed:
             await self._adopt(host_id, conn)
 
-    def _log_went_back(self, host_id: str, agent_id: str, cursor: int, top: int) -> str:
+    async def _log_replaced(self, host_id: str, conn: HostConnection, agent_id: str, source: str,
+                            cursor: int) -> tuple[bool | None, int | None]:
+        """Whether the agent's log went back below the cursor, or went back and has passed it
+        since (its event at the cursor's id is not the one the store holds: same id, another
+        event), None when the agent did not say; and its newest id when below the cursor."""
+        resp = await conn.request("GET", "/v1/host/events", params={"since": cursor - 1, "limit": 1})
+        if resp.status_code != 200:
+            return None, None
+        page = resp.json()
+        if isinstance(page.get("last_id"), int) and page["last_id"] < cursor:
+            return True, page["last_id"]
+        events = page.get("events") or []
+        if not events or events[0].get("id") != cursor or events[0].get("type") == "events_lost":
+            return False, None  # (an id its log lost since is given back as events_lost: not another log)
+        with self.store.read() as c:
+            held = c.execute(select(events_t.c.ts, events_t.c.type).where(
+                events_t.c.host.in_(_names(c, host_id, agent_id)), events_t.c.agent_id == source,
+                events_t.c.host_event_id == cursor)).first()
+        return held is not None and (held[0], held[1]) != (events[0].get("time"), events[0].get("type")), None
+
+    def _log_went_back(self, host_id: str, agent_id: str, cursor: int, top: int | None) -> str:
         """The agent's newest id is below what was read of it: its log was removed or restored
         from an older copy. A new source for its events from here, every name's cursor at 0 under
         it, and an event that says so (module docstring)."""
         source = f"{agent_id}/{time.time_ns() // 1_000_000}"
-        log.warning("host %s: its event log went back (newest id %d, read up to %d): reading it again "
-                    "from its start", host_id, top, cursor)
+        log.warning("host %s: its event log went back (newest id %s, read up to %d): reading it again "
+                    "from its start", host_id, "past it, other events" if top is None else top, cursor)
         with self.store.tx() as c:
             for h in _names(c, host_id, agent_id):
                 if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
