@@ -18,16 +18,22 @@ def _c(ctl) -> httpx.Client:
                         timeout=60)
 
 
-def test_a_create_in_flight_when_the_controller_dies_holds_its_name_after_the_restart(tmp_path):
+def _two_hosts(tmp_path):
+    """Two fake-backend agents registered as h1 and h2 with a listening controller, connected."""
     a1 = start_agent(tmp_path, backend="fake", name="a1")
     a2 = start_agent(tmp_path, backend="fake", name="a2")
     ctl = start_controller(tmp_path, listen=True, token="ct")
+    c = _c(ctl)
+    for name, a in (("h1", a1), ("h2", a2)):
+        r = c.post("/v1/hosts", json={"name": name, "addr": a.url, "token": a.token})
+        assert r.status_code == 201, r.text
+    wait_until(lambda: all(h.get("connected") for h in c.get("/v1/hosts").json()["hosts"]), what="connected")
+    return a1, a2, ctl, c
+
+
+def test_a_create_in_flight_when_the_controller_dies_holds_its_name_after_the_restart(tmp_path):
+    a1, a2, ctl, c = _two_hosts(tmp_path)
     try:
-        c = _c(ctl)
-        for name, a in (("h1", a1), ("h2", a2)):
-            r = c.post("/v1/hosts", json={"name": name, "addr": a.url, "token": a.token})
-            assert r.status_code == 201, r.text
-        wait_until(lambda: all(h.get("connected") for h in c.get("/v1/hosts").json()["hosts"]), what="connected")
         a1.popen.send_signal(signal.SIGSTOP)  # the create reaches h1's socket, unread
         body = {"name": "tw1", "host": "h1", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x"}
         threading.Thread(target=lambda: _c(ctl).post("/v1/vms", json=body), daemon=True).start()
@@ -64,15 +70,8 @@ def test_a_create_in_flight_when_the_controller_dies_holds_its_name_after_the_re
 def test_a_create_whose_connection_never_opened_holds_nothing(tmp_path):
     """(the diff review: its in-flight record stayed, as an unanswered create's: the next try
     was `409 vm_exists` on the host that never got it, and the name held until it answered)"""
-    a1 = start_agent(tmp_path, backend="fake", name="a1")
-    a2 = start_agent(tmp_path, backend="fake", name="a2")
-    ctl = start_controller(tmp_path, listen=True, token="ct")
+    a1, a2, ctl, c = _two_hosts(tmp_path)
     try:
-        c = _c(ctl)
-        for name, a in (("h1", a1), ("h2", a2)):
-            r = c.post("/v1/hosts", json={"name": name, "addr": a.url, "token": a.token})
-            assert r.status_code == 201, r.text
-        wait_until(lambda: all(h.get("connected") for h in c.get("/v1/hosts").json()["hosts"]), what="connected")
         a1.stop(signal.SIGKILL)  # its port refuses: a create is never sent
         body = {"name": "x1", "host": "h1", "shape": {"vcpus": 1, "mem_mib": 256}, "entry": "x"}
         r = c.post("/v1/vms", json=body)
