@@ -320,7 +320,9 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             raise Conflict(busy)
         for v in self.store.vms_on(name):  # ended VMs end with their machine
             await self.ctl.vms.delete(v["name"], name)
-        ending.append(True)  # (from here its machine may be ending: it is not put back)
+        ending.append(True)  # (from here its machine may be ending: it is not put back, nor at a start)
+        if self.store.get_setting(REMOVING + name) is not None:
+            self.store.put_setting(REMOVING + name, {"since": time.time(), "ending": True})
         if row["cloud_id"]:
             await self.provider(row["provider"]).terminate(row["cloud_id"])
         if self.store.get_host(name) is not None:
@@ -343,7 +345,9 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
             if shared and time.time() - float((value or {}).get("since", 0)) < REMOVING_LEFT_SECS:
                 continue  # (another replica's removal may be under way)
             host = self.store.get_host(name)
-            if host is not None and host.get("state") == "cordoned" and (self.row(name) or {}).get("state") != "gone":
+            if (value or {}).get("ending"):
+                pass  # (its machine was being ended: the pool's pass finds it gone and lets the host go)
+            elif host is not None and host.get("state") == "cordoned" and (self.row(name) or {}).get("state") != "gone":
                 log.warning("elastic host %s: its removal was cut short (the controller stopped): back in "
                             "placement", name)
                 self.ctl.hosts.set_state(name, "active")
