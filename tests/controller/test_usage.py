@@ -135,13 +135,14 @@ def test_a_from_less_than_a_second_ahead_is_in_the_future_too(ctl):
     for _ in range(5):  # (a from still ahead once the request is read: a loaded machine may take longer)
         now = time.time()
         ahead = int(now) + 0.95  # ahead of now, and before now rounded up to the second
+        asked = len(hosts["h1"].asked)
         r = get_usage(ctl, f"?from={ahead:.3f}")
         if time.time() < ahead:
             break
         time.sleep(max(0.0, ahead + 0.1 - time.time()))
     assert r.status_code == 400 and r.json()["error"] == {
         "code": "invalid_argument", "message": "from is in the future: to defaults to now and must not be before from"}
-    assert hosts["h1"].asked == []
+    assert hosts["h1"].asked[asked:] == []
 
 
 def test_unreachable_lists_host_names_and_the_reasons_sit_beside_them(ctl):
