@@ -110,20 +110,19 @@ def _empty_id(request: Request) -> bool:
     each empty part filled in, some route takes it (`/v1/nosuch/` stays a route there is not)."""
     path = request.scope.get("path", "")
     filled = re.sub(r"/(?=/|$)", "/x", path)
-    if filled == path:
-        return False
-    scope = {**request.scope, "path": filled}
-    return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
+    return filled != path and _routed(request, filled)
 
 
 def _slashed_id(request: Request) -> bool:
     """Whether the path is a route's with an id that holds an encoded '/' (`/v1/vms/a%2Fb`):
     with each such id made one part, some route takes it."""
     raw = request.scope.get("raw_path") or b""
-    if b"%2f" not in raw.lower():
-        return False
-    filled = unquote(re.sub(r"%2[fF]", "x", raw.decode("latin-1")))
-    scope = {**request.scope, "path": filled}
+    return b"%2f" in raw.lower() and _routed(request, unquote(re.sub(r"%2[fF]", "x", raw.decode("latin-1"))))
+
+
+def _routed(request: Request, path: str) -> bool:
+    """Whether some route of the app takes ``path`` (any method)."""
+    scope = {**request.scope, "path": path}
     return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
 
 

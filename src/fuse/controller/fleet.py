@@ -473,11 +473,7 @@ class Fleet:
         log.warning("host %s: its event log went back (newest id %s, read up to %d): reading it again "
                     "from its start", host_id, "past it, other events" if top is None else top, cursor)
         with self.store.tx() as c:
-            for h in _names(c, host_id, agent_id):
-                if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
-                    c.execute(update(host_cursors).where(host_cursors.c.host == h).values(cursor=0, agent_id=source))
-                else:
-                    c.execute(insert(host_cursors).values(host=h, cursor=0, agent_id=source))
+            _set_cursors(c, _names(c, host_id, agent_id), 0, source)
             self.store.add_event("host_events_reset", {"agent_id": agent_id, "read_to": cursor, "newest": top},
                                  host=host_id, conn=c)
         self.changed.set()
@@ -538,13 +534,7 @@ class Fleet:
                     continue  # stored already (another replica, or a retry)
                 vm_changed = vm_changed or "vm" in e
             last = batch[-1]["id"]
-            # every name of the machine has now read this far (module docstring)
-            for h in names:
-                if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
-                    c.execute(update(host_cursors).where(host_cursors.c.host == h)
-                              .values(cursor=last, agent_id=source))
-                else:
-                    c.execute(insert(host_cursors).values(host=h, cursor=last, agent_id=source))
+            _set_cursors(c, names, last, source)  # every name of the machine has now read this far
         return vm_changed
 
 
@@ -569,6 +559,15 @@ def summary_problem(summary: Any) -> str | None:
     if any(not isinstance(b, dict) for b in summary.get("bundles") or []):
         return "bundles holds an entry that is not an object"
     return None
+
+
+def _set_cursors(c: Connection, names: list[str], cursor: int, source: str) -> None:
+    """Set the cursor of every name in ``names`` (one machine's) to ``cursor`` under ``source``."""
+    for h in names:
+        if c.execute(select(host_cursors.c.host).where(host_cursors.c.host == h)).first():
+            c.execute(update(host_cursors).where(host_cursors.c.host == h).values(cursor=cursor, agent_id=source))
+        else:
+            c.execute(insert(host_cursors).values(host=h, cursor=cursor, agent_id=source))
 
 
 def _of_agent(column, agent_id: str):

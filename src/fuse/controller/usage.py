@@ -90,9 +90,12 @@ class UsageService:
             group = names[host]
             for row in data.get("vms", []):
                 vm = row.get("vm")
-                tag = _tag(recorded.get((group[0], vm)), row, host) if len(group) > 1 else host
-                if tag is None or (len(group) > 1 and (group[0], vm) not in recorded):
-                    # a VM the store no longer records there, or an earlier VM of a name it records
+                rec = recorded.get((group[0], vm))
+                if len(group) == 1:
+                    tag = host
+                elif _is_recorded(rec, row):
+                    tag = rec[0]
+                else:  # a VM the store no longer records there, or an earlier VM of a name it records
                     # again: the name it ran under, by its own events
                     tag = self._ran_under(row, group) or last.get((group[0], vm), host)
                 vms.append({"host": tag, **row})
@@ -161,12 +164,11 @@ class UsageService:
         return out
 
 
-def _tag(recorded: tuple[str, str | None] | None, row: dict[str, Any], asked: str) -> str | None:
-    """The host name a usage row is reported under: the one the store records its VM under,
-    when the row is that VM (a row or record without ``created_at`` matches by name, as
-    from an agent that keyed rows by name alone); else the name asked; None for a row of an
-    earlier VM of the name the store records (``_ran_under`` says)."""
+def _is_recorded(recorded: tuple[str, str | None] | None, row: dict[str, Any]) -> bool:
+    """Whether a usage row is of the VM the store records (``recorded``: its name there, its
+    ``created_at``), reported under that name; a row or record without ``created_at`` matches
+    by name, as from an agent that keyed rows by name alone."""
     if recorded is None:
-        return asked
-    host, created = recorded
-    return host if None in (created, row.get("created_at")) or created == row.get("created_at") else None
+        return False
+    created = recorded[1]
+    return None in (created, row.get("created_at")) or created == row.get("created_at")

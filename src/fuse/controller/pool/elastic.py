@@ -285,7 +285,7 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         registered = self.store.get_host(name)
         was = (registered or {}).get("state")
         if registered is None or was != "active":
-            return await self._remove(name, row, reason, prewarm, registered, was, [])
+            return await self._remove(name, row, reason, prewarm, [])
         # first: no placement lands while it is looked at; a removal that fails (a host that does
         # not answer the delete of its standby VM, a cloud that refuses to end it) or a controller
         # stopped in it puts it back in placement (review 31: it stayed cordoned for good while
@@ -294,7 +294,7 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         self.ctl.hosts.set_state(name, "cordoned")
         ending: list[bool] = []
         try:
-            await self._remove(name, row, reason, prewarm, registered, was, ending)
+            await self._remove(name, row, reason, prewarm, ending)
         except BaseException:
             if not ending and self.store.get_host(name) is not None:
                 self.ctl.hosts.set_state(name, "active")
@@ -302,21 +302,18 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         finally:
             self._removed(name)
 
-    async def _remove(self, name: str, row: dict, reason: str, prewarm: str | None, registered: dict | None,
-                      was: str | None, ending: list[bool]) -> None:
+    async def _remove(self, name: str, row: dict, reason: str, prewarm: str | None, ending: list[bool]) -> None:
+        """``remove``'s steps; a refusal or failure before ``ending`` is marked leaves the machine
+        running (``remove`` then puts a host it cordoned back in placement)."""
         pinned = getattr(self.ctl, "prewarm", None) and self.ctl.prewarm.pinned_to(name)
         if busy := (self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm))
                     or (pinned and f"prewarm {', '.join(pinned)} is pinned to it (on host:{name}): "
                                    "remove the prewarm first")):
-            if registered is not None and was == "active":
-                self.ctl.hosts.set_state(name, "active")
             raise Conflict(busy)
         prewarm = getattr(self.ctl, "prewarm", None)
         if prewarm is not None:
             await prewarm.release_host(name)
         if busy := self._work_on(name):  # (a VM with work got there meanwhile: it stays, and so does its host)
-            if registered is not None and was == "active":
-                self.ctl.hosts.set_state(name, "active")
             raise Conflict(busy)
         for v in self.store.vms_on(name):  # ended VMs end with their machine
             await self.ctl.vms.delete(v["name"], name)
