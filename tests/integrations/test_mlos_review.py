@@ -263,7 +263,7 @@ def test_a_recreate_onto_a_host_at_its_vm_count_policy_keeps_the_vm(make_fleet, 
             fleet.client.vms.create({"name": f"f{i}", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x",
                                      "host": "h2"})
         assert provision(svc, {**p, "vmHost": "h2"})[0] == Status.FAILED
-        assert "vmHost h2 is at its vm_count policy (8 VMs)" in caplog.text
+        assert "vmHost h2 is at its VM limit (vm_count policy 8 VMs" in caplog.text
         assert ("keep", "h1", "running") in where(fleet.client)
         # on its own host the old VM's slot is counted free: a new shape there is recreated
         status, info = provision(svc, {**p, "memMiB": 256})

@@ -88,7 +88,7 @@ def test_a_sleeping_vms_reshape_on_a_full_host_keeps_it_asleep(make_fleet, caplo
             fleet.client.vms.create({"name": f"f{i}", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x",
                                      "host": "h1"})
         assert provision(svc, {**p, "memMiB": 160})[0] == Status.FAILED
-        assert "vmHost h1 is at its vm_count policy (8 VMs)" in caplog.text
+        assert "vmHost h1 is at its VM limit (vm_count policy 8 VMs" in caplog.text
         assert ("sl1", "h1", "sleeping") in where(fleet.client)
 
 

@@ -130,7 +130,8 @@ class Fleet:
         s = v.summary
         return {"connected": v.connected, "free_vcpus": int(s.get("free_vcpus", 0)),
                 "free_mem_mib": int(s.get("free_mem_mib", 0)), "memory_pressure": bool(s.get("memory_pressure")),
-                "platform": s.get("platform", ""), "bundles": s.get("bundles", [])}
+                "platform": s.get("platform", ""), "bundles": s.get("bundles", []),
+                "vm_count": int(s.get("vm_count", 0)), "max_vms": s.get("max_vms")}
 
     # ---- lifecycle -----------------------------------------------------------
     async def start(self) -> None:

@@ -558,11 +558,17 @@ class HostRegistry:
         # Free room as placement believes it: what the agent reports, within what the
         # declared capacity leaves once the controller's allocations are counted, on every
         # name of the machine (``names``: one agent registered under several ids is one room).
-        held = {k: sum(alloc.get(h, {}).get(k, 0) for h in (names or [row["id"]])) for k in ("ram_mb", "cpus")}
+        held = {k: sum(alloc.get(h, {}).get(k, 0) for h in (names or [row["id"]]))
+                for k in ("ram_mb", "cpus", "vm_count")}
         if "free_mem_mib" in live:
             live["free_mem_mib"] = max(0, min(live["free_mem_mib"], cap.ram_mb - held["ram_mb"]))
         if "free_vcpus" in live:
             live["free_vcpus"] = max(0, min(live["free_vcpus"], cap.cpus - held["cpus"]))
+        # VM slots as placement counts them (``VmService._fleet``): the policy and the agent's
+        # own --max-vms, less the VMs the machine holds (the agent's count or the controller's)
+        running, agent_max = max(live.pop("vm_count", 0), held["vm_count"]), live.pop("max_vms", None)
+        limit = min(cap.vm_count, agent_max) if isinstance(agent_max, int) else cap.vm_count
+        live["free_vm_slots"] = max(0, limit - running)
         return Host(
             id=row["id"], url=row["url"], region=row["region"], state=row["state"], backend=row["backend"],
             labels=row["labels"] or {}, capacity=cap,

@@ -274,13 +274,17 @@ class ControllerCalls:
             return None
 
         def slots_left(h) -> int:
+            # the controller's own count: the machine's VMs under all its names, within its
+            # agent's --max-vms too (the host's allocated alone counted neither)
             own = vm["host"] == h.id and vm["state"] == "running"  # (a sleeping VM holds no slot)
-            return h.capacity.vm_count - h.allocated.vm_count + (1 if own else 0)
+            return h.free_vm_slots + (1 if own else 0)
 
         cands = [h for h in cands if slots_left(h) > 0]
         if not cands:
-            return (f"vmHost {spec.host} is at its vm_count policy ({hosts[spec.host].capacity.vm_count} VMs)"
-                    if spec.host else "every host with the bundle is at its vm_count policy")
+            return (f"vmHost {spec.host} is at its VM limit (vm_count policy {hosts[spec.host].capacity.vm_count} "
+                    "VMs, its agent's own --max-vms, the machine's VMs under each of its names counted)"
+                    if spec.host else "every host with the bundle is at its VM limit (vm_count policy or its "
+                                      "agent's own --max-vms)")
 
         def free_mem(h) -> int:
             own = vm["host"] == h.id and vm["state"] == "running"

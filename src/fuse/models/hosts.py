@@ -112,6 +112,9 @@ class Host(Record):
     connected: bool = False
     free_vcpus: int = 0
     free_mem_mib: int = 0
+    # VMs placement would still start there: its vm_count policy less the VMs of the whole
+    # machine (every name it is registered under), and within its agent's own --max-vms
+    free_vm_slots: int = 0
     memory_pressure: bool = False
     platform: str = ""
     bundles: list[dict] = Field(default_factory=list)
