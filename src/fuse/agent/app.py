@@ -185,6 +185,9 @@ def document_agent_errors(doc: dict[str, Any]) -> dict[str, Any]:
                                                      "not running, say); vm_exists: a create's name is taken; "
                                                      "host_full: admission refused (no room for it)",
                                       "content": envelope})
+            elif "/files" in path and path.startswith("/v1/host/vms/"):
+                rs.setdefault("409", {"description": "conflict: the VM is not sleeping (only a sleeping VM has "
+                                                     "state files)", "content": envelope})
     return doc
 
 

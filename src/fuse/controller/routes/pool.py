@@ -105,7 +105,9 @@ async def list_clouds(request: Request) -> CloudList:
 @router.put("/v1/pool/clouds/{name}", response_model=Cloud,
             responses=responses(s400="invalid_argument: a bad name, kind or option (named)",
                                 s409="conflict: the cloud has hosts (their ids mean something only to the cloud "
-                                     "as it was linked); remove them before re-linking it"),
+                                     "as it was linked); remove them before re-linking it",
+                                s502="cloud_error: the cloud's endpoint did not answer or refused the link "
+                                     "(its reason is given)"),
             summary="linkCloud: link (or re-link) a cloud; its machine types join the plans.")
 async def link_cloud(name: str, body: LinkCloudRequest, request: Request) -> Cloud:
     return Cloud(**await _pool(request).link(name, body.kind, body.options))
