@@ -120,6 +120,8 @@ def validate(req: RegisterHostRequest) -> str:
     if cap.mig_profiles:
         if backend != "qemu":
             raise InvalidArgument(f"only qemu hosts may declare capacity.mig_profiles (backend is {backend})")
+        if len(cap.mig_profiles) > MAX_LABELS:  # (a GPU offers a handful; the map goes out with every host read)
+            raise InvalidArgument(f"capacity.mig_profiles: at most {MAX_LABELS} profiles, not {len(cap.mig_profiles)}")
         for name, count in cap.mig_profiles.items():
             if why := mig_entry_problem(name, count):
                 raise InvalidArgument(f"capacity.mig_profiles: {why}")
@@ -151,7 +153,7 @@ class ProbedFacts(Record):
     gpus: StrictInt = Field(0, ge=0, le=MAX_AMOUNT)
     gpu_kind: StrictStr = ""
     gpu_devices: list[GPUDevice] = Field(default_factory=list)
-    mig_profiles: dict[str, StrictInt] = Field(default_factory=dict)
+    mig_profiles: dict[str, StrictInt] = Field(default_factory=dict, max_length=MAX_LABELS)
     firecracker: StrictStr = ""
     firecracker_pinned: StrictStr = ""
     backend: StrictStr = ""

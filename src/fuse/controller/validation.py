@@ -24,6 +24,7 @@ import email.message
 import json
 import re
 import types
+from collections import Counter
 from typing import Annotated, Any, Iterable, Optional, Union, get_args, get_origin
 from urllib.parse import unquote_to_bytes
 
@@ -173,8 +174,9 @@ def duplicate_keys(raw: bytes) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in items]
-        for k in dict.fromkeys(k for k in keys if keys.count(k) > 1):
+        counts = Counter(k for k, _ in items)  # (linear: a count per key made one body of
+        # 20,000 keys hold the event loop for seconds, and a 16 MiB one for hours)
+        for k in (k for k, n in counts.items() if n > 1):
             seen.append({"type": "value_error", "loc": ("body", k), "input": None,
                          "msg": "appears twice in one JSON object: give it once"})
         return dict(items)
