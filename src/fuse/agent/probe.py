@@ -26,10 +26,17 @@ _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "ar
 _KVM_GET_API_VERSION = 0xAE00
 
 
+def agent_affinity() -> set[int]:
+    """The CPUs this process may run on: its main thread's mask, the one `taskset -p PID`
+    sets. (Not the calling thread's own, `sched_getaffinity(0)`: a thread keeps the mask
+    it was made with, so a worker made before the pin still has the old one.)"""
+    return os.sched_getaffinity(os.getpid())
+
+
 def usable_cpus(root: Path = Path("/")) -> int:
-    """CPUs this process may use: its affinity mask, capped by the tightest
-    CPU quota of its own cgroup (see `cgroup_cpu_limit`)."""
-    n = len(os.sched_getaffinity(0))
+    """CPUs this process may use: its affinity mask (`agent_affinity`), capped by
+    the tightest CPU quota of its own cgroup (see `cgroup_cpu_limit`)."""
+    n = len(agent_affinity())
     limit = cgroup_cpu_limit(root)
     return n if limit is None else min(n, limit)
 

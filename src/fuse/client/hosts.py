@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..models.hosts import Host, HostPage, RegisterHostRequest
+from ..models.hosts import Host, HostCapacity, HostPage, RegisterHostRequest
 from ._core import Call, model, none, path, record
 
 _page = model(HostPage)  # ({} is no page: every field has a default)
@@ -22,7 +22,11 @@ class HostsAPI:
         """Seed 004's short form, `POST /v1/hosts {name, addr}`: as `register`, but
         the backend, when `fields` names none, is the one the host agent runs, and
         capacity.vm_count defaults to 16. `fields`: token, region, backend,
-        capacity (a dict), labels."""
+        capacity (a `HostCapacity` or a dict), labels. Of a `HostCapacity`, the
+        fields given when it was made are sent, so one without vm_count takes
+        that default too."""
+        if isinstance(capacity := fields.get("capacity"), HostCapacity):
+            fields["capacity"] = capacity.model_dump(mode="json", exclude_none=True, exclude_unset=True)
         return self._send(Call("POST", "/v1/hosts", body={"name": name, "addr": addr, **fields}, parse=model(Host)))
 
     def list(self) -> list[Host]:

@@ -16,6 +16,7 @@ VMs it did not start in this process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bundle import BOOT_FILES
+from ..probe import agent_affinity
 
 CONSOLE = "console.log"
 STATE_DIR = "state"
@@ -142,6 +144,17 @@ class Backend(ABC):
 
 
 # -- process helpers shared by backends --------------------------------------
+
+def follow_agent_affinity() -> None:
+    """Give the calling thread the agent's CPU mask (`probe.agent_affinity`); called right
+    before it starts a hypervisor. A child runs on its spawning thread's mask, and a worker
+    thread (``asyncio.to_thread``) made before the agent was pinned with `taskset -p PID`
+    still has the old one: a VM started from it ran on CPUs the operator took away.
+    (Not ``preexec_fn``: it is unsafe in a process with threads.)"""
+    with contextlib.suppress(OSError):  # (the mask the thread has stands)
+        if os.sched_getaffinity(0) != (mask := agent_affinity()):
+            os.sched_setaffinity(0, mask)
+
 
 def process_alive(pid: int | None, marker: str) -> bool:
     """True when ``pid`` is a live (non-zombie) process whose command line

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import STANDBY_MARK, Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile, wait_console_line
+from .base import (STANDBY_MARK, Backend, BackendError, BootSpec, follow_agent_affinity, kill_and_wait, process_alive,
+                   read_pidfile, wait_console_line)
 
 _PROGRAM = r"""
 import os, sys, time
@@ -63,6 +64,7 @@ class FakeBackend(Backend):
 
     async def _spawn(self, spec: BootSpec, start: int) -> int:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
+        follow_agent_affinity()  # (as QEMU: a VM runs where the agent was pinned)
         p = subprocess.Popen([sys.executable, "-c", _PROGRAM, str(spec.vm_dir), str(start), spec.entry[:200],
                               "1" if spec.standby else "0"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -56,8 +56,8 @@ from qemu.qmp import QMPClient, QMPError
 
 from ...paths import private_dir, private_file, private_opener
 from ..bundle import Bundle
-from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, kill_and_wait,
-                   process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
+from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
+                   kill_and_wait, process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
@@ -347,6 +347,7 @@ class QemuBackend(Backend):
                             kernel=bundle.vmlinux, initrd=bundle.initrd,
                             platform={**self.platform(), "accel": "kvm"})
             argv = self.argv(spec, daemon=False)
+            follow_agent_affinity()  # (run on a worker thread: see _launch)
             try:
                 subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
             except subprocess.TimeoutExpired:
@@ -396,10 +397,13 @@ class QemuBackend(Backend):
         # console it appends to is made owner-only first, and its sockets are tightened below.
         private_file(spec.console)
         err_path = spec.vm_dir / "qemu.err"
+        argv = self.argv(spec, incoming=incoming)
         with open(err_path, "wb", opener=private_opener) as err:
-            # With -daemonize this returns once QEMU is set up (QMP listening).
-            proc = await asyncio.to_thread(subprocess.run, self.argv(spec, incoming=incoming),
-                                           stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+            def run() -> subprocess.CompletedProcess:
+                follow_agent_affinity()  # (a worker thread's mask may predate a pin of the agent)
+                # With -daemonize this returns once QEMU is set up (QMP listening).
+                return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+            proc = await asyncio.to_thread(run)
         reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
         pid = read_pidfile(spec.vm_dir / "qemu.pid")
         if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
