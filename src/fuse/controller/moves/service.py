@@ -71,7 +71,9 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         try:
             source = self.ctl.vms.locate(name, pin)
         except NotFound as exc:  # seed 004's replies: nothing to move is not_movable
-            raise refuse("not_movable", exc.message) from None
+            err = refuse("not_movable", exc.message)
+            err.vm_state = "deleted"  # (a drain's VM deleted since its round listed it: nothing to move)
+            raise err from None
         if self.active_for(name, source) is not None:
             raise refuse("move_in_progress", f"vm {name} is already moving")
         self._not_acted_on(name, source)
@@ -112,13 +114,7 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         async with self._lock:
             if self.active_for(name, source) is not None:  # (one begun while this one looked)
                 raise refuse("move_in_progress", f"vm {name} is already moving")
-            try:  # (and not moved away by one that began and ended meanwhile)
-                moved = self.ctl.vms.locate(name, pin) != source
-            except FuseError:
-                moved = True
-            if moved:
-                raise refuse("move_in_progress", f"vm {name} left host {source} while this move was asked: "
-                                                 "ask again")
+            self._still_there(name, pin, source)  # (and not moved away by one that began and ended meanwhile)
             if to is not None and self.store.get_host(to) is None:  # (no poller to wait on: 6 s under the lock)
                 raise refuse("unknown_host", f"host {to} is not registered")
             if to is None:
@@ -133,6 +129,9 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
                 raise silent
             if to is None:  # (a named one was asked above)
                 target = await self._answering(name, source, vm, target, leftovers)
+                # (a slow target's answer took seconds: a delete that ended meanwhile was answered
+                # 204, and a move recorded now would be 202 for no VM, then `failed`)
+                self._still_there(name, pin, source)
             move_id = f"mv-{secrets.token_hex(6)}"
             now = time.time()
             # (no await from here to the record: a create of the name on the target either holds
@@ -158,6 +157,22 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
             self.fleet.changed.set()
         self._spawn(move_id)
         return self.get(move_id)
+
+    def _still_there(self, name: str, pin: str | None, source: str) -> None:
+        """409 unless the VM is still the controller's on ``source``: ``not_movable`` when it
+        was deleted while the move was asked (seed 004: nothing to move), ``move_in_progress``
+        when another move took it elsewhere meanwhile."""
+        try:
+            moved = self.ctl.vms.locate(name, pin) != source
+        except NotFound:
+            err = refuse("not_movable", f"vm {name} is no longer on host {source}: it was deleted while "
+                                        "this move was asked")
+            err.vm_state = "deleted"  # (a drain leaves it out: nothing there to move)
+            raise err from None
+        except FuseError:
+            moved = True
+        if moved:
+            raise refuse("move_in_progress", f"vm {name} left host {source} while this move was asked: ask again")
 
     def _not_acted_on(self, name: str, host: str) -> None:
         """409 ``not_movable`` while a delete, sleep or wake of the VM through this controller
