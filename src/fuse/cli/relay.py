@@ -7,7 +7,10 @@ HTTP/1.1 through it (see fuse.transport.ssh for the framing). It knows
 nothing about HTTP, so it never buffers a body and never re-frames one.
 
 Failures are one sentence on stderr and a non-zero exit: the controller
-reports that sentence as the reason the host is unreachable.
+reports that sentence as the reason the host is unreachable. A relay that
+could not connect to the agent exits `NOT_CONNECTED` before it reads a byte of
+stdin: the controller then knows the request reached no agent (a create may go
+to another host), as over `unix://` when the socket is not there.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from typing import Optional
 import typer
 
 CHUNK = 1 << 18
+# The exit status of a relay that never connected to the agent, so forwarded nothing
+# (sysexits' EX_UNAVAILABLE). fuse.transport.ssh.RELAY_NOT_CONNECTED is the same number:
+# the transport does not import the CLI, nor the relay asyncssh.
+NOT_CONNECTED = 69
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = NOT_CONNECTED) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
     raise typer.Exit(code)

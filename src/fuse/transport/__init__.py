@@ -22,7 +22,12 @@ read or used (moved away since `PUT /v1/controller`): nothing is dialled, and
 the reason names the file. An address answered in another protocol (a TLS
 handshake met by plain HTTP or an sshd, which is named as one; with
 `diagnose`, an sshd at an http:// address or an HTTP server at an ssh://
-one) is `NotAnAgent`: a wrong address, never an outage. An idempotent read
+one) is `NotAnAgent`: a wrong address, never an outage. A certificate refused by
+the handshake a request began is a request the host never got (`maybe_sent`
+False); a mutual-TLS host that hangs up right after the handshake, before the
+refusal can be read, is asked once more (a read, on a connection of its own)
+whether it refuses the controller's certificate, since a host that took it and
+died may have got the request. An idempotent read
 may ask for `retries`: an agent closes a kept-alive connection after ~5 s
 idle, and a request that meets one as it closes is sent again on a new one.
 """
@@ -250,18 +255,22 @@ IDEMPOTENT = ("GET", "HEAD")
 # controller reads no further, however much it sends (it used to read it whole, each poll).
 MAX_ANSWER_BYTES = 64 * 2**20
 MAX_FACTS_BYTES = 4 * 2**20  # a host's facts (GET /v1/host): a few KiB from any agent
+PROBE_S = 1.0  # how long a look at whether a mutual-TLS host refuses our certificate may take (a failure only)
 
 # How a peer hanging up reads, in httpx's words and OpenSSL's.
+# (A broken pipe is a write meeting one: the peer hung up while the request was still going out.)
 _HUNG_UP = ("server disconnected without sending", "connection reset", "unexpected eof", "eof occurred",
-            "peer closed connection")
+            "peer closed connection", "broken pipe")
 
 
 def _describe(exc: Exception, address: Address, handshake: str = "",
-              identity: "TlsSettings | None" = None) -> tuple[str, bool]:
+              identity: "TlsSettings | None" = None, refused: bool = False) -> tuple[str, bool]:
     """One sentence saying why a host could not be reached, and whether it was a
     matter of trust (a certificate either side refused: a mistake, not an outage).
     `handshake`: this request began a TLS handshake and got no answer: "cut" when the
-    handshake did not finish, "done" when it did (and then no answer came)."""
+    handshake did not finish, "done" when it did (and then no answer came). `refused`:
+    a mutual-TLS host that hung up right after the handshake was seen to refuse the
+    controller's certificate (`HostConnection._refuses_us`)."""
     addr = address.text
     # httpx wraps the OS error ("All connection attempts failed"): read the chain.
     chain = _chain(exc)
@@ -270,13 +279,9 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         # exception's class name ("ConnectTimeout") is not a reason.
         return _timed_out(exc, addr, handshake == "cut"), False
     text = _said(chain)
-    low = " ".join(str(c).lower() for c in chain)
-    if any(isinstance(c, ConnectionRefusedError) for c in chain):
-        low += " connection refused"
-    if any(isinstance(c, FileNotFoundError) for c in chain):
-        low += " no such file"
+    low = _words(chain)
     if address.kind == "tls":
-        tls, untrusted = _describe_tls(chain, low, addr, handshake, identity)
+        tls, untrusted = _describe_tls(chain, low, addr, handshake, identity, refused)
         if tls:
             return tls, untrusted
     elif why := _verify_failed(chain, low):
@@ -307,6 +312,19 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         # (never what it sent: httpx quotes the bytes, "illegal status line: bytearray(b'...')")
         return f"{addr} answered with something that is not HTTP", False
     return f"cannot reach {addr}: {text}", False
+
+
+def _words(chain: list[BaseException]) -> str:
+    """What the exception chain says, in lower case, with what its classes say unsaid."""
+    low = " ".join(str(c).lower() for c in chain)
+    if any(isinstance(c, ConnectionRefusedError) for c in chain):
+        low += " connection refused"
+    if any(isinstance(c, FileNotFoundError) for c in chain):
+        low += " no such file"
+    if any(type(c).__name__ == "BrokenResourceError" for c in chain):
+        # (anyio's, with nothing said: a read on a connection a write already found hung up)
+        low += " broken pipe"
+    return low
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -385,7 +403,7 @@ async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
 
 
 def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: str,
-                  identity: "TlsSettings | None" = None) -> tuple[str | None, bool]:
+                  identity: "TlsSettings | None" = None, refused: bool = False) -> tuple[str | None, bool]:
     """Say which side of a mutual-TLS handshake said no (and that it is a matter of
     trust). Only the handshake can refuse the controller's certificate: a connection
     that answered before and hangs up now was dropped, and says so."""
@@ -394,9 +412,12 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: st
                 f"or is not valid ({why})"), True
     # The host says no with an alert (bad certificate, unknown ca, certificate
     # required) or, with TLS 1.3, where it checks our certificate after the
-    # handshake, by hanging up before it answers the request that shook hands.
+    # handshake, by hanging up before it answers the request that shook hands
+    # (a reset or a broken pipe as the request goes out may come before the alert
+    # is read): then only `refused`, seen on a connection of its own, tells that
+    # from a host that got the request and died.
     hung_up = any(s in low for s in _HUNG_UP)
-    if ("alert" in low and "close notify" not in low) or (handshake == "done" and hung_up):
+    if _alert(low) or (handshake == "done" and hung_up and refused):
         why = (f"TLS with {addr} failed: the host refused the controller's certificate (it must be signed "
                "by the host's CA, unexpired, and issued with --client)")
         if identity is not None:
@@ -412,6 +433,21 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: st
     if hung_up:
         return _dropped(addr, chain), False
     return None, False
+
+
+def _alert(low: str) -> bool:
+    """Whether OpenSSL's words are a TLS alert that refuses (not the close notify that ends
+    a connection in good order)."""
+    return "alert" in low and "close notify" not in low
+
+
+def _hung_up_after_handshake(exc: BaseException, handshake: str) -> bool:
+    """Whether a mutual-TLS request met a hang-up, with no alert read, right after its
+    handshake: the host refusing the controller's certificate, or one that got the request
+    and died, which only a look at the host tells apart (`HostConnection._refuses_us`)."""
+    low = _words(_chain(exc))
+    return (handshake == "done" and any(s in low for s in _HUNG_UP) and not _alert(low)
+            and not isinstance(exc, httpx.TimeoutException))
 
 
 def _verify_failed(chain: list[BaseException], low: str) -> str:
@@ -520,7 +556,8 @@ class HostConnection:
                                  "certificate: PUT /v1/controller with cert, key and ca first")
                 err.maybe_sent = False  # (nothing went out: a create may try another host)
                 raise err
-            self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=_identity_context(tls, addr),
+            self._ctx = _identity_context(tls, addr)
+            self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=self._ctx,
                                              headers=headers, timeout=timeout)
         else:
             from .ssh import SshTransport  # imported only where used: asyncssh is heavy
@@ -571,15 +608,20 @@ class HostConnection:
                         handshake = ("" if "connection.start_tls.started" not in shook
                                      or "http11.receive_response_headers.complete" in shook
                                      else "done" if "connection.start_tls.complete" in shook else "cut")
-                        why, untrusted = _describe(exc, self.address, handshake=handshake, identity=self._tls)
+                        refused = (self.kind == "tls" and _hung_up_after_handshake(exc, handshake)
+                                   and await self._refuses_us())
+                        why, untrusted = _describe(exc, self.address, handshake=handshake, identity=self._tls,
+                                                   refused=refused)
                         kind = NotTrusted if untrusted else HostUnreachable
                         # what answered speaks another protocol: a wrong address, not an outage
                         if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
                                                                  await self._wrong_protocol()):
                             why, kind = wrong, NotAnAgent
                         err = kind(why)
-                        # whether the host may have got the request: a create it got may still land
-                        err.maybe_sent = not _never_sent(exc)
+                        # whether the host may have got the request: a create it got may still land.
+                        # A certificate refused by the handshake this request began is a connection
+                        # that never opened: the host's app never saw the request.
+                        err.maybe_sent = not (_never_sent(exc) or (untrusted and handshake != ""))
                         raise err from exc
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
                 attempt += 1
@@ -614,6 +656,39 @@ class HostConnection:
                    if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
         return httpx.Response(resp.status_code, headers=headers, content=b"".join(body), request=req,
                               extensions=resp.extensions)
+
+    async def _refuses_us(self) -> bool:
+        """Whether this mutual-TLS host refuses the controller's certificate, seen on one more
+        connection asking a read (GET /v1/host, as every poll does): the host says no with an
+        alert, or hangs up on it at once without a word (an agent's TLS stack drops a client
+        whose certificate fails and sends no alert: with TLS 1.3 it checks the certificate
+        after the client's side of the handshake is done). False when it answers in HTTP,
+        says nothing within a second or cannot be reached: it is not known to refuse, so a
+        request that met a hang-up may have gone."""
+        a = self.address
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PROBE_S
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(a.host, a.port, ssl=self._ctx, server_hostname=a.host), PROBE_S)
+        except ssl.SSLError as exc:
+            return _alert(str(exc).lower())
+        except (OSError, asyncio.TimeoutError):
+            return False
+        try:
+            host = f"[{a.host}]" if ":" in a.host else a.host
+            writer.write(f"GET /v1/host HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            await asyncio.wait_for(writer.drain(), max(deadline - loop.time(), 0.01))
+            answer = await asyncio.wait_for(reader.read(5), max(deadline - loop.time(), 0.01))
+        except ssl.SSLError as exc:
+            return _alert(str(exc).lower()) or "eof" in str(exc).lower()
+        except (ConnectionResetError, BrokenPipeError):
+            return True  # (hung up on a read that shook hands: the refusal's other form)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
+        return answer == b""  # (an answer in HTTP: it took the certificate)
 
     async def _not_tls(self, exc: BaseException) -> str:
         """Why this TLS address is a wrong one when what answered its handshake does not

@@ -39,6 +39,11 @@ _DOTTED = re.compile(r"[0-9.]+")          # looks like an IPv4 literal, so it mu
 _TLS_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 _HOST_NAME = re.compile(r"[\w.\-]+")  # (\w: an internationalised name's letters too, as httpx encodes them)
 _DIGITS = re.compile(r"[0-9]+")
+# What a shell reads as more than a name (`;`, `$(...)`, backquotes, quotes, globs, redirections):
+# no login is named so (OpenSSH 9.6 refuses most of them), and a reason or hint that quotes the
+# user would hand them to whoever pastes it. Directory logins (`user@domain`, `DOMAIN+user`,
+# dots, hyphens) hold none of them.
+_SHELL_CHARS = frozenset(";$`|&<>(){}\\'\"*?![]#~^")
 
 
 class BadAddress(InvalidArgument, ValueError):
@@ -200,8 +205,13 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
         # suggest a command with the host in it would hand them to a shell)
         raise _bad(addr, f"{_shown(host)} is not a host name or an IP address (letters, digits, '-', '_' and '.')")
     if user and (any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in user)):
-        # (a login name reaches no shell: `user@domain` and `DOMAIN+user` directory logins are names too)
+        # (`user@domain` and `DOMAIN+user` directory logins are names too)
         raise _bad(addr, f"user {_shown(user)} is not a login name (it holds a space or a control character)")
+    if user and (shell := sorted(set(user) & _SHELL_CHARS)):
+        raise _bad(addr, f"user {_shown(user)} is not a login name (it holds {' '.join(shell)}, which a shell "
+                         "reads as more than a name)")
+    if user.startswith("-"):  # (an ssh command line would read it as an option)
+        raise _bad(addr, f"user {_shown(user)} is not a login name (it starts with '-')")
     return user, password, host.lower(), _port(addr, port_text)
 
 

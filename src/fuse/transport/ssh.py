@@ -26,7 +26,9 @@ Batch mode: only public keys are tried (never a password or
 keyboard-interactive prompt). The host key must be in known_hosts. Every
 failure becomes `HostUnreachable` with one sentence (`NotAnAgent` when the
 relay answers with something that is not HTTP: FUSE_SSH_RELAY is not the
-agent's relay).
+agent's relay). A relay that could not connect to the agent exits
+`RELAY_NOT_CONNECTED` having forwarded nothing: its failure is one the host
+never got (`maybe_sent` False), as a unix:// socket that is not there.
 
 A host that stops answering (frozen, TCP still open) costs a request at most
 one bound, and the reason quotes the time really waited: connect + handshake
@@ -82,6 +84,9 @@ RELAY_STDERR_MAX = 1 << 16  # what a failed relay said: enough for its last line
 SEEN_MAX = 64               # the first bytes of an answer kept, to quote one that is not HTTP
 # What sshd may write on a session's stderr before the command runs: notices, not failures.
 SSHD_NOTICES = ("Could not chdir to home directory", "Warning: no access to tty", "Last login:")
+# `fuse host relay`'s exit status when it could not connect to the agent (fuse.cli.relay.NOT_CONNECTED):
+# it read none of the request, so the host never got it (a create may go to another host)
+RELAY_NOT_CONNECTED = 69
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
@@ -155,7 +160,11 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
             host_based_auth=False, gss_auth=False,
             connect_timeout=timeout, login_timeout=timeout,
             keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT_MAX, **keys), timeout + 1)
-    except asyncssh.HostKeyNotVerifiable:
+    except asyncssh.HostKeyNotVerifiable as exc:
+        if "revoked" in str(exc.reason):  # (asyncssh's "Host key is revoked", "Host CA key is revoked")
+            which = "the CA key that signed it is" if "CA key" in str(exc.reason) else "it is"
+            raise NotTrusted(f"the SSH host key of {t.hostport} is not trusted: {which} marked @revoked in "
+                             f"{o.known_hosts}") from None
         raise NotTrusted(f"the SSH host key of {t.hostport} is not trusted: it is missing from or does not "
                               f"match {o.known_hosts}") from None
     except asyncssh.PermissionDenied:
@@ -248,7 +257,12 @@ class _Channel:
             waited = asyncio.get_running_loop().time() - self.sent_at
             return HostUnreachable(f"{target} did not answer within {waited:.1f} s: its SSH connection went silent "
                                    "(a new channel did not open in time), so it was dropped")
-        return HostUnreachable(await self.reason(target, relay))
+        err = HostUnreachable(await self.reason(target, relay))
+        if self.process.exit_status == RELAY_NOT_CONNECTED and not self.seen:
+            # the relay's connection to the agent never opened, as a unix:// socket's that is
+            # not there: the request went no further than the relay
+            err.maybe_sent = False
+        return err
 
     async def reason(self, target: SshTarget, relay: str) -> str:
         """Why the relay ended without answering, in one sentence."""

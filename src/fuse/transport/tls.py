@@ -103,11 +103,16 @@ def create_ca(out: Path, *, name: str = "fuse CA", days: int = CA_DAYS, overwrit
 
 
 def load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The CA's certificate and key, or ValueError (a `--ca` that does not load: invalid_argument)
+    naming the file: missing, not PEM, not a CA's certificate, or a key that is not its key (what
+    it signed would verify against nothing: every peer refused it, far from the cause)."""
     ca_dir = Path(ca_dir)
     cert_path, key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
     for p in (cert_path, key_path):
         if not p.is_file():
-            raise FileNotFoundError(f"no {p.name} in {ca_dir}: make the CA with `fuse host ca create --out {ca_dir}`")
+            what = "is not a file" if p.exists() else "does not exist"
+            raise ValueError(f"no {p.name} in {ca_dir} ({p} {what}): make the CA with "
+                             f"`fuse host ca create --out {ca_dir}`")
     # (cryptography's own words named neither file: "Unable to load PEM file ... MalformedFraming")
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -121,6 +126,17 @@ def load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
                          "`fuse host ca create` made") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{key_path} is not an ECDSA key")
+    der = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*der) != cert.public_key().public_bytes(*der):
+        raise ValueError(f"{key_path} is not the key of {cert_path} (a certificate it signed would verify "
+                         "against nothing): give the directory `fuse host ca create` made, both files from it")
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ValueError(f"{cert_path} is not a CA's certificate ({cert.subject.rfc4514_string()}): give the "
+                         "directory `fuse host ca create` made")
     return cert, key
 
 
