@@ -155,17 +155,26 @@ def _when(t: int | float) -> str:
 
 # ---- plan ---------------------------------------------------------------------
 
+# What a plan's json holds beside its model: what the plan saw, not the model's input, so a
+# re-solve reads none of it (``plan``: the answer; ``joining``/``late``: the machines it used
+# that were still booting, host -> seconds, which the model, having no clock, has as running)
+BESIDE_MODEL = frozenset({"plan", "joining", "late"})
+
+
 def load_model(path: Path) -> PlanModel:
-    """A model from FILE.json: a plan's ``json`` field ({"model", "plan"}), a whole plan, or a bare model."""
+    """A model from FILE.json: a plan's ``json`` field ({"model", "plan"}, with ``joining`` and
+    ``late`` when it used machines still booting), a whole plan, or a bare model."""
     data = json.loads(path.read_text())
     if isinstance(data, dict) and isinstance(data.get("json"), str) and data["json"]:
         data = json.loads(data["json"])  # a whole ElasticPlan as printed by --json
         if not (isinstance(data, dict) and "model" in data):
             raise InvalidArgument(f"{path}: its json field holds no model (a plan's json is {{\"model\", \"plan\"}})")
     if isinstance(data, dict) and "model" in data:
-        if extra := sorted(set(data) - {"model", "plan"}):  # (a misspelt key beside the model: refused, not ignored)
+        # (a misspelt key beside the model: refused, not ignored)
+        if extra := sorted(set(data) - {"model"} - BESIDE_MODEL):
             raise InvalidArgument(f"{path}: unknown field {', '.join(map(repr, extra))} beside the model "
-                                  "(a plan's json field holds model and plan)")
+                                  "(a plan's json field holds model and plan, and joining and late when it "
+                                  "used machines still booting)")
         data = data["model"]
     # ({} or a model whose groups were dropped would plan nothing, proven: an edit gone wrong)
     if isinstance(data, dict) and "groups" not in data and set(data) <= set(PlanModel.model_fields):

@@ -144,6 +144,11 @@ class Constraints(_Data):
     monthly_usd_left: float | None = Field(default=None, ge=0)  # caps projected_usd
     quotas: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)  # quota family -> vCPUs
     cpu_overcommit: float = Field(default=1.0, gt=0, le=MAX_OVERCOMMIT)  # vCPUs sold per vCPU
+    # (words only, never the solve: when max_usd_per_hour is the budget's cap, the $/h of the
+    # machines running already, which count against it: max_usd_per_hour is what they leave, and
+    # an answer quotes the cap as the operator set it, the two summed. None: the cap, if any, is
+    # on what the plan adds alone: a request's own)
+    running_usd_per_hour: float | None = Field(default=None, ge=0)
 
 
 class PlanModel(_Data):

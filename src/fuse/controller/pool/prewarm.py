@@ -18,7 +18,10 @@ is claimed): one on a host that stopped answering may be there again in a
 moment, so its placement stays and waits (nothing is bought for a blip) — for
 ``AWAY_SECS`` (``FUSE_PREWARM_AWAY_S``): a host silent longer is away, and the refill
 places its VMs again through the prewarm's solve (``_off_away``); the standby VMs
-left there are deleted once it answers (``_trim_returned``). A
+left there are deleted once it answers (``_trim_returned``). So is a machine the pool
+bought that never joined and went ``offline`` (silent for its boot time and the join
+grace: no plan offers it any more), at once; one bought for the prewarm then has no
+work planned and scale-in ends it as any idle machine. A
 host cordoned (by the operator or scale-in) gives its standby VMs to no
 create: the refill places them again on hosts that take work (never that
 one; buying nothing for a host scale-in cordoned, which it did as the other
@@ -175,11 +178,23 @@ class PrewarmService:
         return self.store.get_host(host) is None
 
     def _away(self, host: str) -> bool:
-        """``host`` has not answered for ``AWAY_SECS``: more than a blip (it may still come back)."""
+        """``host`` has not answered for ``AWAY_SECS``: more than a blip (it may still come back);
+        or it never joined and is offline (``_never_joined``)."""
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
-        if view is None or view.connected or self._lost(host):
+        if view is None:
+            return self._never_joined(host)
+        if view.connected or self._lost(host):
             return False
         return time.time() - max(view.seen_at, self._since) >= AWAY_SECS
+
+    def _never_joined(self, host: str) -> bool:
+        """``host`` is a machine the pool bought (for a prewarm, a plan or by hand) whose agent
+        never registered and that went ``offline``: silent for its boot time and the join grace,
+        longer than any blip, and no longer offered to plans (review 32: its placements stayed
+        there, never ready, and a machine bought for them was kept idle to the prewarm's TTL).
+        It may still join late: then it is a host like any."""
+        row = self.ctl.pool.row(host)
+        return row is not None and row["state"] == "offline" and self.store.get_host(host) is None
 
     def _answers(self, host: str) -> bool:
         """Its standby VMs are there to claim: the host answers, and is not lost
@@ -513,13 +528,34 @@ class PrewarmService:
             n = rec["placements"].get(host, 0)
             placed = await self._place_again(rec, n, off=host)
             if placed is None:
-                continue  # no room elsewhere: they wait there, and the next pass tries again
+                # no room elsewhere: they wait there, and the next pass tries again; a machine that
+                # never joined holds them for nothing (and may be what fills a cap): see _unplan
+                self._unplan(rec, host)
+                continue
             if placed[0] is None:
                 return None
             rec = self._left_on(placed[0], host, n)
+            if self._never_joined(host):
+                log.warning("prewarm %s: machine %s never joined (offline): its %d VMs are placed again on %s",
+                            rec["id"], host, n, ", ".join(placed[1]) or "-")
+                self._unplan(rec, host)
+                continue
             log.warning("prewarm %s: host %s has not answered for %d s: its %d VMs are placed again on %s", rec["id"],
                         host, AWAY_SECS, n, ", ".join(placed[1]) or "-")
         return rec
+
+    def _unplan(self, rec: dict, host: str) -> None:
+        """A machine bought for prewarm ``rec`` that never joined (``_never_joined``) has no work
+        planned any more: scale-in ends it as any idle machine (it was kept, and paid, to the
+        prewarm's TTL). Placed elsewhere, its VMs are; when nothing had room (a cap it counts
+        against), once it is gone they are lost and the refill buys for them within the caps."""
+        if host not in rec["new_hosts"] or not self._never_joined(host):
+            return
+        row = self.ctl.pool.row(host)
+        if (row["record"] or {}).get("planned_until", 0) > time.time():
+            self.ctl.pool.work_ended(host)
+            log.warning("prewarm %s: machine %s, bought for it, never joined: it goes once scale-in finds it idle",
+                        rec["id"], host)
 
     def _left_on(self, rec: dict, host: str, n: int) -> dict:
         """``rec`` (stored so) with ``n`` more of its standby VMs left on ``host`` to delete once

@@ -154,8 +154,9 @@ def model_from_request(req: ElasticPlanRequest, snapshot: Iterable[Mapping[str, 
     update: dict[str, Any] = {}
     if req.max_usd_per_hour is not None:
         # None is "no cap"; a cap of 0 is a cap (nothing may be added)
-        update["max_usd_per_hour"] = (req.max_usd_per_hour if c.max_usd_per_hour is None
-                                      else min(req.max_usd_per_hour, c.max_usd_per_hour))
+        if c.max_usd_per_hour is None or req.max_usd_per_hour < c.max_usd_per_hour:
+            # (the request's cap, on what the plan adds: said as given, no $/h running beside it)
+            update |= {"max_usd_per_hour": req.max_usd_per_hour, "running_usd_per_hour": None}
     if req.no_scale or req.devices_only:
         update["max_new_hosts"] = 0
     if req.hosts is not None:

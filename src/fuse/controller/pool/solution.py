@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from fuse.controller.pool.model import (
+    Constraints,
     PlanModel,
     billed_secs,
     extra_secs,
@@ -166,7 +167,8 @@ def better(model: PlanModel, a: Solution, b: Solution) -> bool:
 def _caps(model: PlanModel) -> list[str]:
     """The model's caps on new machines, as an operator reads them. A cap of the budget is
     what it leaves after the hosts running (``ElasticPool.constraints``): 0 left reads
-    "reached", never ``=0`` (which the budget's API reads as no cap)."""
+    "reached", never ``=0`` (which the budget's API reads as no cap); ``max_usd_per_hour`` is
+    said as set, with the $/h running (``_usd_cap_said``)."""
     return [said for said, _ in _cap_checks(model, None, None)]
 
 
@@ -199,9 +201,7 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
     if c.max_usd_per_hour is not None:
         least = min((o.usd_per_hour for o in fits), default=0.0)
         reached = usd_h + least > c.max_usd_per_hour + 1e-9
-        out.append(("max_usd_per_hour reached: no $/h left for new machines" if c.max_usd_per_hour <= 0
-                    else f"max_usd_per_hour={round(c.max_usd_per_hour, 6)}" + (f" (${usd_h:.4f}/h used)" if reached else ""),
-                    reached))
+        out.append((_usd_cap_said(c, usd_h if reached else None), reached))
     if c.monthly_usd_left is not None:
         spent = 0.0 if sol is None else cost_usd(model, sol)
         grp = None if g is None else model.groups[g]
@@ -223,6 +223,22 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
     return out
 
 
+def _usd_cap_said(c: Constraints, usd_h: float | None) -> str:
+    """``max_usd_per_hour`` as the operator set it, with the $/h it counts when ``usd_h`` (what
+    the plan adds) is given: the budget's cap counts the machines running already too
+    (``running_usd_per_hour``; the model's cap is what they leave of it, 0 when they fill it)."""
+    run = c.running_usd_per_hour or 0.0
+    if c.max_usd_per_hour <= 0:
+        return (f"max_usd_per_hour reached: the ${run:.4f}/h running leaves no $/h for new machines" if run
+                else "max_usd_per_hour reached: no $/h left for new machines")
+    said = f"max_usd_per_hour={round(c.max_usd_per_hour + run, 6)}"
+    if usd_h is None:
+        return said + (f" (${run:.4f}/h running)" if run else "")
+    if not run:
+        return said + f" (${usd_h:.4f}/h used)"
+    return said + f" (${run + usd_h:.4f}/h used: ${run:.4f}/h running, ${usd_h:.4f}/h this plan)"
+
+
 def _pin_blocked(model: PlanModel, fits: list, n: int) -> str:
     """What keeps ``n`` new machines (the hosts pin) from being bought at all, in words
     (" (...)"), or "": the new-host cap, the types' limits, the $/h cap."""
@@ -238,8 +254,10 @@ def _pin_blocked(model: PlanModel, fits: list, n: int) -> str:
     if len(cheapest) < n:
         return f" (the machine types that can take it allow {len(cheapest)} in all)" if hosts else ""
     if c.max_usd_per_hour is not None and sum(cheapest) > c.max_usd_per_hour + 1e-9:
-        return (f" (the cheapest {n} cost ${sum(cheapest):.4f}/h, over "
-                f"max_usd_per_hour={round(c.max_usd_per_hour, 6)})")
+        run = c.running_usd_per_hour or 0.0
+        return (f" (the cheapest {n} cost ${sum(cheapest):.4f}/h, over " + (
+            f"the ${c.max_usd_per_hour:.4f}/h that max_usd_per_hour={round(c.max_usd_per_hour + run, 6)} leaves "
+            f"beside the ${run:.4f}/h running)" if run else f"max_usd_per_hour={round(c.max_usd_per_hour, 6)})"))
     return ""
 
 
