@@ -19,9 +19,9 @@ class AsyncClient:
         self._where = _core.where(base, uds)
         self._timeout = timeout
         if transport is None and uds:
-            transport = httpx.AsyncHTTPTransport(uds=uds)
+            transport = httpx.AsyncHTTPTransport(uds=uds, limits=_core.LIMITS)
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, limits=_core.LIMITS)
         self.hosts = HostsAPI(self._send)
         from . import _resources
         _resources.attach(self, asynchronous=True)

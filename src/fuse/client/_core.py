@@ -18,6 +18,10 @@ import httpx
 from pydantic import BaseModel
 
 DEFAULT_TIMEOUT = 60.0
+# A kept-alive connection idle longer than this is not used again: the controller's server
+# closes one idle 5 s (httpx's own default expiry), and a request sent on one just then met
+# it closing: a create the controller never read, reported `unreachable`.
+LIMITS = httpx.Limits(keepalive_expiry=2.0)
 INVALID_ANSWER = "invalid_answer"  # the code of an ApiError for an answer that is not the API's (no error body, not JSON)
 UNREACHABLE = "unreachable"  # the code of an ApiError for a request that got no answer (status 0)
 

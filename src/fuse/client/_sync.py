@@ -19,8 +19,9 @@ class Client:
         self._where = _core.where(base, uds)
         self._timeout = timeout
         if transport is None and uds:
-            transport = httpx.HTTPTransport(uds=uds)
-        self._http = httpx.Client(base_url=base, headers=_core.headers(token), timeout=timeout, transport=transport)
+            transport = httpx.HTTPTransport(uds=uds, limits=_core.LIMITS)
+        self._http = httpx.Client(base_url=base, headers=_core.headers(token), timeout=timeout, transport=transport,
+                                  limits=_core.LIMITS)
         self.hosts = HostsAPI(self._send)
         _attach_optional(self)
 

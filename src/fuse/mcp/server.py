@@ -124,10 +124,10 @@ class ControllerCaller:
         base, uds = _core.resolve_url(url)
         self.where = f"unix://{uds}" if uds else base
         if transport is None and uds:
-            transport = httpx.AsyncHTTPTransport(uds=uds)
+            transport = httpx.AsyncHTTPTransport(uds=uds, limits=_core.LIMITS)
         self.timeout = timeout
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, limits=_core.LIMITS)
 
     async def call(self, method: Any, path: Any, body: Any = None) -> dict[str, Any]:
         # (the arguments are checked here, not by the tool's schema types: pydantic's text,

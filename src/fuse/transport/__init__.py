@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import os
 import socket
@@ -256,6 +257,20 @@ IDEMPOTENT = ("GET", "HEAD")
 MAX_ANSWER_BYTES = 64 * 2**20
 MAX_FACTS_BYTES = 4 * 2**20  # a host's facts (GET /v1/host): a few KiB from any agent
 PROBE_S = 1.0  # how long a look at whether a mutual-TLS host refuses our certificate may take (a failure only)
+# A kept-alive connection idle longer than this is not used again (httpx's default is 5 s, the
+# agent's own keep-alive: a create sent on one idle ~5 s met the agent closing it, a broken pipe
+# on a request the agent never read, answered "may still create it" and tried on no other host).
+# The agent's timer starts when it sends an answer, ours when it has come: ours is the shorter.
+KEEPALIVE_EXPIRY_S = 2.0
+_LIMITS = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
+@functools.cache
+def _plain_context() -> ssl.SSLContext:
+    """The one TLS context of every plain http:// and unix:// host client, which uses none
+    (httpx builds one per client otherwise, loading a CA file each time: ~30-90 ms of the
+    event loop per host at a controller's start)."""
+    return ssl.create_default_context()
 
 # How a peer hanging up reads, in httpx's words and OpenSSL's.
 # (A broken pipe is a write meeting one: the peer hung up while the request was still going out.)
@@ -546,10 +561,13 @@ class HostConnection:
         self._retired = False
         if self.kind == "local":
             path = self.address.path or str(default_agent_socket())
-            self._client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path),
-                                             base_url="http://agent", headers=headers, timeout=timeout)
+            self._client = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=path, limits=_LIMITS, verify=_plain_context()),
+                base_url="http://agent", headers=headers, timeout=timeout)
         elif self.kind == "http":
-            self._client = httpx.AsyncClient(base_url=addr, headers=headers, timeout=timeout)
+            plain = {"verify": _plain_context()} if addr.lower().startswith("http://") else {}
+            self._client = httpx.AsyncClient(base_url=addr, headers=headers, timeout=timeout, limits=_LIMITS,
+                                             **plain)  # (an https:// one verifies as httpx does: certifi, SSL_CERT_FILE)
         elif self.kind == "tls":
             if tls is None:
                 err = NotTrusted(f"{addr} is a mutual-TLS address but the controller has no "
@@ -558,7 +576,7 @@ class HostConnection:
                 raise err
             self._ctx = _identity_context(tls, addr)
             self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=self._ctx,
-                                             headers=headers, timeout=timeout)
+                                             headers=headers, timeout=timeout, limits=_LIMITS)
         else:
             from .ssh import SshTransport  # imported only where used: asyncssh is heavy
             self._ssh = SshTransport(addr)
