@@ -18,6 +18,7 @@ it, as it resumes every draining host's drain, but a live replica does not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from typing import Any
@@ -28,12 +29,18 @@ from ...envsettings import seconds
 from ...errors import FuseError
 from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from ..store import moves as moves_t
+from ..vms import CREATE_TIMEOUT_SECS
 from .records import ACTIVE, LEASE_S, MoveRecords, log
+from .targets import refuse
 
 # A drain that finds a VM in a move (the one a controller crash left, another
 # drain's, an operator's) waits this long at most for it to end before it reports
 # the VM stuck.
 DRAIN_MOVE_WAIT_S = 900.0
+# A VM still booting on the host (``creating``: its create was placed there before the
+# drain began, and the host has answered it) is waited for this long at most, then moved:
+# as long as the controller waits on a host's answer to a create (a slow boot).
+DRAIN_BOOT_WAIT_S = seconds("FUSE_DRAIN_BOOT_WAIT_S", float(CREATE_TIMEOUT_SECS))
 # A prewarm's standby VMs are not moved (they have no entry yet): their prewarm places
 # them again on other hosts and removes them here; the drain waits this long at most.
 DRAIN_STANDBY_WAIT_S = seconds("FUSE_DRAIN_STANDBY_WAIT_S", 60.0)
@@ -59,7 +66,9 @@ class MoveDrains(MoveRecords):
         from being deregistered (it goes with the host). A drain of a host whose
         drain is in progress joins it and answers its report. A VM found in a move
         (one a crash interrupted, an operator's, a replica's drain's) is waited for:
-        moved, it is reported moved; back home, the drain moves it.
+        moved, it is reported moved; back home, the drain moves it. A VM still booting
+        (``creating``: a create placed before the drain began) is waited for
+        (DRAIN_BOOT_WAIT_S at most), then moved; a boot that failed is ``finished``.
 
         A drain outlives the controller that ran it: the host's ``draining`` state is
         the record that it is wanted, and a controller that starts resumes the drain
@@ -289,6 +298,13 @@ class MoveDrains(MoveRecords):
                     moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
                 continue
             m, err = await self._drain_move(vm["name"], host_id)
+            if getattr(err, "vm_state", None) == "creating":
+                # Booting: a create placed here before the drain began (the host has answered
+                # it); it moves once it runs (review 32: it was reported stuck mid-boot).
+                if (after := await self._once_booted(vm["name"], host_id)) is None:
+                    left.insert(0, vm)  # the drain was stopped meanwhile: said as for any VM not tried
+                    continue
+                m, err = after
             if m is None and err is None:
                 continue  # (deleted meanwhile)
             if err is not None:
@@ -334,6 +350,38 @@ class MoveDrains(MoveRecords):
             return await self.create({"vm": name, "host": host_id}), None
         except FuseError as exc:
             return None, exc
+
+    async def _once_booted(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None] | None:
+        """Wait (DRAIN_BOOT_WAIT_S at most) while vm ``name`` boots on ``host_id``, then start its
+        move as `_drain_move` does: running, it moves; its boot failed (or it is gone), the refusal
+        says so (its ``vm_state``: finished, not stuck). Still booting then, a refusal that says so;
+        None when the drain was stopped meanwhile (uncordoned, deregistered)."""
+        deadline = time.monotonic() + DRAIN_BOOT_WAIT_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            host = self.store.get_host(host_id)
+            if host is None or host["state"] != "draining":
+                return None
+            m, err = await self._drain_move(name, host_id)  # (asks the host: its state, fresh)
+            state = getattr(err, "vm_state", None)
+            if state == "creating":
+                continue
+            if err is not None and err.code == "not_movable" and state is None and await self._gone(name, host_id):
+                # (its host no longer has it, its row not yet gone: its boot failed and its create
+                # removed it, or it was deleted) nothing to move, listed as ``MoveService`` does
+                err = refuse("not_movable", f"vm {name} is no longer on host {host_id}")
+                err.vm_state = "deleted"
+            return m, err
+        err = refuse("not_movable", f"vm {name} is still creating (its guest booting) after the drain waited "
+                                    f"{DRAIN_BOOT_WAIT_S:g} s for it: drain again once it runs, or delete it")
+        err.vm_state = "creating"
+        return None, err
+
+    async def _gone(self, name: str, host_id: str) -> bool:
+        """Whether vm ``name`` is gone from ``host_id``, as a poll of the host now says."""
+        with contextlib.suppress(Exception):  # (one that does not answer: the store's last word)
+            await asyncio.wait_for(self.fleet.refresh(host_id), 10.0)
+        return not any(r["host"] == host_id for r in self.store.vms_named(name))
 
     def _last_move(self, name: str, host_id: str) -> dict | None:
         with self.store.read() as c:
