@@ -28,19 +28,21 @@ import contextlib
 import fcntl
 import hmac
 import json
+import logging
 import os
 import socket
 import struct
 import threading
 from typing import Any, Callable
 
-from ..errors import FuseError, InvalidArgument, Unauthorized
+from ..errors import FuseError, InvalidArgument, NotFound, Unauthorized
 
 MAGIC = b"FUSE-BULK/1 "
 FEATURE = "bulk-copy/1"
 MAX_HEADER = 4096
 PIPE_SIZE = 1 << 20
 IO_TIMEOUT_S = 60.0
+log = logging.getLogger("fuse.agent")
 
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:
@@ -124,7 +126,10 @@ class BulkServer:
             if mgr is None:
                 raise FuseError("the agent is still starting").with_status(503)
             job, done = self._resolve(mgr, req)
-        except FuseError as exc:
+        except Exception as exc:
+            if not isinstance(exc, FuseError):  # a bug or an I/O error: said and logged, not a silent hang-up
+                log.exception("a bulk operation failed before its first reply")  # (its header holds the token)
+                exc = FuseError(f"the agent failed: {exc}")
             transport.write(json.dumps(refusal(exc)).encode() + b"\n")
             transport.close()
             return
@@ -170,11 +175,16 @@ class BulkServer:
         """The operation to run on the thread, and what to do on the event
         loop once it ended."""
         op, offset, length = req.get("op"), req.get("offset", 0), req.get("length")
-        if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:
+        # (JSON integers only: true is no offset, as the HTTP route's query refuses it)
+        if not all(type(n) is int and n >= 0 for n in (offset, length)):
             raise InvalidArgument("offset and length must be non-negative integers")
         if op == "read":
-            path = mgr.state_file(str(req.get("vm")), str(req.get("file")))
-            size = path.stat().st_size
+            vm, file = str(req.get("vm")), str(req.get("file"))
+            path = mgr.state_file(vm, file)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                raise NotFound(f"vm {vm}'s state file {file} is listed but gone from this host's disk") from None
             if offset + length > size:
                 raise InvalidArgument(f"bytes {offset}..{offset + length} fall outside {path.name} ({size} bytes)")
             return (lambda sock, release: _send_file(sock, path, offset, length)), lambda: None

@@ -118,6 +118,11 @@ class IncomingMoves:
             if (entry := self.entries.get(req.move_id)) is not None:
                 if entry["name"] != name:
                     raise Conflict(f"move {req.move_id} is already bringing vm {entry['name']}")
+                if entry["files"] != [f.model_dump() for f in req.files]:
+                    # (answered as the first was, the sender would send and install other files
+                    # than those it declared, and be refused only at install)
+                    raise Conflict(f"move {req.move_id} already declared other files: "
+                                   + ", ".join(f"{f['name']} ({f['size']} bytes)" for f in entry["files"]))
                 return self.describe(entry)
             mgr.check_free(name)
             b = mgr.bundle(req.vm.bundle)  # as this host's backend boots it (else the wake would fail)
@@ -245,6 +250,11 @@ class IncomingMoves:
         self._settled(entry)
         vm = mgr.get(entry["name"])
         async with mgr.lock(vm.name):
+            if self.entries.get(move_id) is not entry:
+                # An install (or an abort) that held the lock first settled the move meanwhile.
+                if mgr.vms.get(vm.name) is vm and vm.move_id == move_id and vm.state == "sleeping":
+                    return vm  # installed already: idempotent
+                raise NotFound(f"no incoming move {move_id} on this host")
             generation = entry.get("generation", 0)
             for f in [] if entry.get("verified") == generation else entry["files"]:
                 path = self._state_path(entry, f["name"])

@@ -339,11 +339,12 @@ class VmManager:
         self._unmake(vm)
 
     async def delete(self, name: str, move_id: str | None = None) -> None:
-        """Stop (no process left) and remove a VM and its files."""
+        """Stop (no process left) and remove a VM and its files. A VM a move holds needs
+        that move's id; a move's id names the copy that move holds (``_check_held``)."""
         vm = self.get(name)
         async with self.lock(name):
             _still_here(self, name, vm)  # (a concurrent delete got there first)
-            _check_mark(vm, move_id)
+            _check_held(vm, move_id)
             if vm.state == "incoming":
                 await self.incoming.abort_vm(vm)
                 return
@@ -495,8 +496,8 @@ class VmManager:
         vm = self.get(name)
         async with self.lock(name):
             _still_here(self, name, vm)
+            _check_mark(vm, move_id)  # (an incoming VM is its move's, as a sleeping one is)
             if vm.state == "sleeping":
-                _check_mark(vm, move_id)
                 if not move_id:
                     raise Conflict(f"vm {name} is already sleeping; only a running vm can sleep")
                 if move_id != vm.move_id:
@@ -508,7 +509,9 @@ class VmManager:
                     self.save(vm)
                     self.events.emit("vm_marked", vm=name, move_id=move_id)
                 return vm
-            if "sleeping" not in TRANSITIONS[vm.state]:
+            # (not TRANSITIONS: incoming -> sleeping is an install's; a sleep of an incoming VM
+            # went on to find no process and recorded a VM that never ran as ended)
+            if vm.state != "running":
                 raise Conflict(f"vm {name} is {vm.state}; only a running vm can sleep")
             if vm.standby:  # a move (it starts with a sleep) would land it as a vm with no entry
                 raise Conflict(f"vm {name} is standby (waiting for its entry); claim or delete it")
@@ -551,7 +554,8 @@ class VmManager:
     async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False,
                    if_marked: bool = False) -> Vm:
         """Resume a sleeping VM from its files (a marked VM only for its own
-        move); or, with ``clear_mark``, just drop the mark. ``if_marked``: only
+        move); or, with ``clear_mark``, just drop the mark (a sleeping VM's: an incoming
+        one is its move's to install or abort). ``if_marked``: only
         a VM ``move_id`` holds (a move bringing it home), else it stays as it is.
         running -> running is no transition: waking a running VM is 409
         ``conflict``, except for a move's call (``move_id``), which a retried
@@ -563,6 +567,11 @@ class VmManager:
                 return vm
             _check_mark(vm, move_id)
             if clear_mark:
+                if vm.move_id and vm.state != "sleeping":
+                    # An incoming copy's mark is its move's entry: dropped, the move could no
+                    # longer be aborted and its entry held its disk promise until a restart.
+                    raise Conflict(f"vm {name} is {vm.state}; only a sleeping vm's mark can be cleared "
+                                   f"(abort the move: DELETE /v1/host/incoming/{vm.move_id})")
                 if vm.move_id:
                     vm.move_id = vm.move_role = None
                     # an ordinary sleeping vm again: its room is free (an arrived copy's too)
@@ -1046,6 +1055,16 @@ def _check_entry(entry: str) -> None:
 def _check_mark(vm: Vm, move_id: str | None) -> None:
     if vm.move_id and vm.move_id != move_id:
         raise Conflict(f"vm {vm.name} is held by move {vm.move_id}", code="move_in_progress")
+
+
+def _check_held(vm: Vm, move_id: str | None) -> None:
+    """For a delete: ``_check_mark``, and a move's delete (``move_id``) of a VM no move holds is
+    404: the copy that move held is gone (a controller's retried removal of a done move's source
+    copy, its first reply lost, takes it as done), and the VM of that name here now (moved back
+    since, say) is not that copy, so it stays."""
+    _check_mark(vm, move_id)
+    if move_id and not vm.move_id:
+        raise NotFound(f"vm {vm.name} on this host is not held by move {move_id}: that move's copy is gone")
 
 
 def _bare_spec(mgr: VmManager, vm: Vm) -> BootSpec:

@@ -124,6 +124,14 @@ class StateFile(Record):
     sha256: str
 
 
+class DeclaredFile(StateFile):
+    """A state file an incoming move declares. Its size is a JSON integer only: ``5.0``,
+    ``true`` and ``"5"`` are refused, as a shape's are (``StateFile`` keeps the looser type
+    for records already written)."""
+
+    size: int = Field(strict=True)
+
+
 class Vm(Record):
     """A VM on one host."""
 
@@ -190,7 +198,7 @@ class IncomingRequest(Record):
     move_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
     vm: IncomingVm
     platform: dict[str, Any]
-    files: list[StateFile] = Field(min_length=1)
+    files: list[DeclaredFile] = Field(min_length=1)
 
 
 class Incoming(Record):

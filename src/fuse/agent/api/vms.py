@@ -138,9 +138,10 @@ async def list_incoming(request: Request) -> dict[str, Any]:
 
 @router.put("/v1/host/incoming/{move_id}/files/{file}", summary="Write raw bytes at an offset.")
 async def put_incoming_file(request: Request, move_id: str, file: str, offset: int = 0) -> dict[str, Any]:
+    # Refused before its body is read (a chunk past MAX_CHUNK is 413 before this): with the length
+    # it declares, or, chunked, as far as its offset says (``write`` checks the length it had)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit():  # refused before its body is read (a chunk past MAX_CHUNK is 413 before this)
-        _vms(request).incoming.check_write(move_id, file, offset, int(declared))
+    _vms(request).incoming.check_write(move_id, file, offset, int(declared) if declared.isdigit() else 0)
     return await _vms(request).incoming.write(move_id, file, offset, await request.body())
 
 
