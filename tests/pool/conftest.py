@@ -12,7 +12,7 @@ from support import free_port
 # The modules whose tests run against moto: their clouds' machines get made-up addresses,
 # which a controller following them probes. Each runs under ``loopback_only``.
 MOTO_MODULES = {"test_providers_aws", "test_review16_aws", "test_review18_elastic", "test_review4_caps",
-                "test_review4_booting", "test_elastic_e2e"}
+                "test_review4_booting", "test_elastic_e2e", "test_review32_model", "test_review32_prewarm"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,23 @@ def moto_subnet(moto_url) -> str:
 
     return _loopback_subnet(boto3.client("ec2", region_name="us-west-2", endpoint_url=moto_url,
                                          aws_access_key_id="testing", aws_secret_access_key="testing"))
+
+
+@pytest.fixture
+def link_aws(moto_url, moto_subnet):
+    """``link_aws(client)``: link ``moto_url``'s EC2 to the controller as cloud ``aws1`` (an
+    x86_64 EBS image, the loopback subnet: its machines never join)."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=moto_url, aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    ami = next(i["ImageId"] for i in ec2.describe_images()["Images"]
+               if i["Architecture"] == "x86_64" and i.get("RootDeviceType") == "ebs")
+
+    def link(client) -> None:
+        client.pool.link_cloud("aws1", "aws", {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "testing",
+                                               "secret_access_key": "testing", "subnet_id": moto_subnet})
+    return link
 
 
 def _loopback(family: int, address) -> bool:

@@ -24,17 +24,10 @@ INSTANCE = "m7i.large"
 
 
 @pytest.fixture
-def aws_pool(tmp_path, moto_url, moto_subnet):
-    import boto3
-
-    ec2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=moto_url, aws_access_key_id="testing",
-                       aws_secret_access_key="testing")
-    ami = next(i["ImageId"] for i in ec2.describe_images()["Images"]
-               if i["Architecture"] == "x86_64" and i.get("RootDeviceType") == "ebs")
+def aws_pool(tmp_path, link_aws):
     ctl = start_controller(tmp_path)
     client = fuse.Client(ctl.url)
-    client.pool.link_cloud("aws1", "aws", {"image_id": ami, "endpoint_url": moto_url, "access_key_id": "testing",
-                                           "secret_access_key": "testing", "subnet_id": moto_subnet})
+    link_aws(client)
     yield client, ctl
     client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
     client.close()
