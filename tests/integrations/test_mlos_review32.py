@@ -72,3 +72,22 @@ def test_a_recreate_onto_a_host_past_its_agents_limit_or_its_machines_keeps_the_
         assert provision(svc, {**p, "vmHost": full})[0] == Status.FAILED
         assert f"vmHost {full} is at its VM limit" in caplog.text
         assert ("keep", "h1", "running") in where(fleet.client)  # (it was deleted, then fleet_full)
+
+
+def test_a_recreate_on_a_host_past_a_lowered_limit_keeps_the_vm(fleet, caplog):
+    """(the diff review: the record's slots stopped at 0, and the service's own VM counted as
+    one more: on a host holding more VMs than a lowered policy, 0 + 1 read as room; the VM was
+    deleted, then the create refused)"""
+    svc = service(fleet)
+    with svc:
+        p = {"vmName": "keep", "vcpus": 1, "memMiB": 128, "vmHost": "h1"}
+        assert provision(svc, p)[0] == Status.SUCCEEDED
+        fleet.client.vms.create({"name": "other", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "x", "host": "h1"})
+        h1 = fleet.client.hosts.get("h1")
+        fleet.client.hosts.register(fuse.RegisterHostRequest(id="h1", url=h1.url, token="agent-token", backend="qemu",
+                                                             capacity=fuse.HostCapacity(vm_count=1, ram_mb=4096,
+                                                                                        cpus=4)))
+        wait_until(lambda: slots(fleet.client)["h1"] == -1, timeout=20, what="h1 one VM past its policy")
+        assert provision(svc, {**p, "memMiB": 256})[0] == Status.FAILED
+        assert "vmHost h1 is at its VM limit" in caplog.text
+        assert ("keep", "h1", "running") in where(fleet.client)

@@ -108,3 +108,29 @@ def test_a_machine_that_never_joins_and_fills_the_cap_goes_and_the_prewarm_buys_
                                                          if x.id == pw.id).placements] == [("aws1-2", 1)],
                timeout=30, interval=0.3, what="the prewarm placed on aws1-2, bought within the cap")
     assert [h.name for h in client.pool.cloud_hosts()] == ["aws1-2"]
+
+
+@pytest.mark.timeout(180)
+def test_machines_that_never_join_one_after_another_back_the_prewarm_off(aws_pool):
+    """(the diff review: each machine bought for it that never joined was replaced at once, one
+    every boot time + 300 s for the prewarm's whole TTL — a broken image or network — where a
+    machine the cloud ends early counts toward the backoff)"""
+    client, ctl = aws_pool
+    opts = fuse.PrewarmOptions(on="aws1", kind="container", cpus=1, memory_mb=512, count=1, instance_type=INSTANCE)
+    pw = client.pool.prewarm("linux", opts)
+
+    def now():
+        return next(x for x in client.pool.prewarms() if x.id == pw.id)
+    for host, then in (("aws1-1", "aws1-2"), ("aws1-2", None)):
+        past_join_grace(ctl, host)
+        wait_until(lambda: state(client, host) == "offline", timeout=30, interval=0.3, what=f"{host} offline")
+        if then:  # the first: replaced at once (one early end is no pattern)
+            wait_until(lambda: [(p.host, p.count) for p in now().placements] == [(then, 1)], timeout=30,
+                       interval=0.3, what=f"placed on {then}")
+    # the second in a row: nothing more is bought for a while, and it says why
+    wait_until(lambda: now().backoff_until > time.time(), timeout=30, interval=0.3, what="the prewarm backing off")
+    assert "never joined" in now().backoff_reason
+    events = client.events.list(0, limit=500)["events"]
+    assert [e for e in events if e["type"] == "prewarm_backoff" and e.get("prewarm") == pw.id]
+    time.sleep(2)
+    assert sorted(h.name for h in client.pool.cloud_hosts(include_gone=True)) == ["aws1-1", "aws1-2"]

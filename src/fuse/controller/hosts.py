@@ -567,10 +567,12 @@ class HostRegistry:
         if "free_vcpus" in live:
             live["free_vcpus"] = max(0, min(live["free_vcpus"], cap.cpus - held["cpus"]))
         # VM slots as placement counts them (``VmService._fleet``): the policy and the agent's
-        # own --max-vms, less the VMs the machine holds (the agent's count or the controller's)
+        # own --max-vms, less the VMs the machine holds (the agent's count or the controller's);
+        # below 0 when it holds more than that (a policy or --max-vms lowered since): deleting
+        # one VM there does not make room
         running, agent_max = max(live.pop("vm_count", 0), held["vm_count"]), live.pop("max_vms", None)
         limit = min(cap.vm_count, agent_max) if isinstance(agent_max, int) else cap.vm_count
-        live["free_vm_slots"] = max(0, limit - running)
+        live["free_vm_slots"] = limit - running
         return Host(
             id=row["id"], url=row["url"], region=row["region"], state=row["state"], backend=row["backend"],
             labels=row["labels"] or {}, capacity=cap,

@@ -277,7 +277,9 @@ class ControllerCalls:
             # the controller's own count: the machine's VMs under all its names, within its
             # agent's --max-vms too (the host's allocated alone counted neither)
             own = vm["host"] == h.id and vm["state"] == "running"  # (a sleeping VM holds no slot)
-            return h.free_vm_slots + (1 if own else 0)
+            free = (h.capacity.vm_count - h.allocated.vm_count if h.free_vm_slots is None  # (an older controller)
+                    else h.free_vm_slots)
+            return free + (1 if own else 0)
 
         cands = [h for h in cands if slots_left(h) > 0]
         if not cands:

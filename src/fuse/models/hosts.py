@@ -113,8 +113,10 @@ class Host(Record):
     free_vcpus: int = 0
     free_mem_mib: int = 0
     # VMs placement would still start there: its vm_count policy less the VMs of the whole
-    # machine (every name it is registered under), and within its agent's own --max-vms
-    free_vm_slots: int = 0
+    # machine (every name it is registered under), and within its agent's own --max-vms;
+    # below 0 when the machine holds more than that (a limit lowered since). None: a
+    # controller older than the field did not say
+    free_vm_slots: Optional[int] = None
     memory_pressure: bool = False
     platform: str = ""
     bundles: list[dict] = Field(default_factory=list)

@@ -39,11 +39,12 @@ _DOTTED = re.compile(r"[0-9.]+")          # looks like an IPv4 literal, so it mu
 _TLS_HOST = re.compile(r"[A-Za-z0-9_.\-]+")
 _HOST_NAME = re.compile(r"[\w.\-]+")  # (\w: an internationalised name's letters too, as httpx encodes them)
 _DIGITS = re.compile(r"[0-9]+")
-# What a shell reads as more than a name (`;`, `$(...)`, backquotes, quotes, globs, redirections):
-# no login is named so (OpenSSH 9.6 refuses most of them), and a reason or hint that quotes the
-# user would hand them to whoever pastes it. Directory logins (`user@domain`, `DOMAIN+user`,
-# dots, hyphens) hold none of them.
-_SHELL_CHARS = frozenset(";$`|&<>(){}\\'\"*?![]#~^")
+# What a shell reads as more than a name (`;`, `$(...)`, backquotes, double quotes, globs,
+# redirections, pipes): no login is named so, and a reason or hint that quotes the user would
+# hand them to whoever pastes it. Directory logins hold none of them: `user@domain`,
+# `DOMAIN+user`, winbind's `DOMAIN\user`, a machine account's `HOST$`, an `o'brien` (a `$`
+# with no `(` runs nothing; the diff review: `\` refused made such hosts unreachable).
+_SHELL_CHARS = frozenset(";`|&<>(){}\"*?[]")
 
 
 class BadAddress(InvalidArgument, ValueError):

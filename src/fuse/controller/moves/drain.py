@@ -308,7 +308,11 @@ class MoveDrains(MoveRecords):
             if m is None and err is None:
                 continue  # (deleted meanwhile)
             if err is not None:
-                if getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
+                if getattr(err, "vm_state", None) == "deleted" and (
+                        last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
+                    # (gone from here by another move that ended since the look above: moved)
+                    moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
+                elif getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
                     finished.append({"vm": vm["name"], "state": err.vm_state})
                 else:
                     stuck.append({"vm": vm["name"], "code": err.code, "reason": err.message})

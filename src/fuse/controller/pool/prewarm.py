@@ -526,6 +526,16 @@ class PrewarmService:
             return rec
         for host in [h for h in rec["placements"] if self._away(h)]:
             n = rec["placements"].get(host, 0)
+            if self._never_joined(host) and host in rec["new_hosts"] and not rec.get("never_joined", {}).get(host):
+                # a machine bought for it that never joined ended early as surely as one its cloud
+                # ended (a broken image or network would have one bought after another): counted
+                # once for the backoff, stored before the placing reads it
+                rec = self._get(rec["id"]) or rec
+                rec["never_joined"] = {**rec.get("never_joined", {}), host: True}
+                row = self.ctl.pool.row(host)
+                self._early_end(rec, f"{host}, {row['type_name']} in cloud {row['provider']}, never joined "
+                                     "(offline past its boot time and the join grace)")
+                self._save(rec)
             placed = await self._place_again(rec, n, off=host)
             if placed is None:
                 # no room elsewhere: they wait there, and the next pass tries again; a machine that
