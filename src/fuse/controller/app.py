@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from .. import http_errors
 from ..errors import error_body
@@ -30,6 +30,7 @@ from .routes import usage as usage_routes
 from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
+from .store.outage import db_unreachable  # (here too: its older home)
 from .validation import install as install_validation
 from .validation import LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
 
@@ -38,18 +39,6 @@ from .validation import LimitBody, RefuseBadPath, reject_unknown_fields, reject_
 OPEN_PATHS = ("/v1/healthz",)
 
 
-def db_unreachable(exc: DBAPIError) -> bool:
-    """Whether ``exc`` says the database could not be reached (503 db_unavailable), rather
-    than that a statement failed (a deadlock, a lock, a missing table: 500 internal): a
-    connection lost or refused, or PostgreSQL's connection errors (SQLSTATE class 08, a
-    server shutting down or starting: 57P01-57P03; a failed connect has no SQLSTATE)."""
-    if exc.connection_invalidated or isinstance(exc, InterfaceError):
-        return True
-    orig = exc.orig
-    if isinstance(exc, OperationalError) and type(orig).__module__.split(".")[0] == "psycopg":
-        state = getattr(orig, "sqlstate", None)
-        return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
-    return False
 HEALTH_DB_SECS = 5.0  # the health check's wait for the database's answer
 log = logging.getLogger("fuse.controller")
 

@@ -43,17 +43,20 @@ from typing import Any
 
 from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..errors import HostUnreachable, NotFound, NotTrusted
 from ..tasks import cancel_and_wait
 from ..transport import MAX_FACTS_BYTES, BadAddress, HostConnection, transport_kind
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
+from .store.outage import PassLog, db_unreachable
 
 log = logging.getLogger("fuse.controller.fleet")
 EVENT_BATCH = 500  # events per poll, at most
 EVENT_BACKOFF_MAX = 8.0  # seconds between event reads of an agent that reports no last_event_id, at most
 DISCONNECT_AFTER = 2  # failed polls in a row before a host counts as disconnected
+POLLERS = "the host pollers"  # (one kind of pass for the outage log: not a line per host)
+passes = PassLog(log)
 
 
 @dataclass
@@ -93,13 +96,17 @@ class Fleet:
             from ..errors import NotFound
             raise NotFound(f"host {host_id} not found")
         cached = self._conns.get(host_id)
-        tls = self.ctl.tls_settings()
         # the controller's identity is part of a mutual-TLS host's connection only: a PUT
         # /v1/controller replaced every host's, and closed the old ones under a move's copy
         try:
             uses_tls = transport_kind(row["url"]) == "tls"
         except BadAddress:
             uses_tls = False  # (HostConnection says what is wrong with it, below)
+        if not uses_tls and cached and cached[:2] == (row["url"], row["token"]):
+            return cached[2]  # (no settings read: a poll of a host not on mutual TLS needs none)
+        # (read each time for a mutual-TLS host, not cached: a PUT through another replica
+        # sharing the store is this replica's from its next poll)
+        tls = self.ctl.tls_settings()
         key = (row["url"], row["token"] + (repr(tls) if uses_tls else ""))
         # the identity files as they are now: one renewed in place is presented from the next
         # connection (the paths alone kept the old one till a restart)
@@ -151,9 +158,13 @@ class Fleet:
             await asyncio.sleep(self.ctl.poll_interval)
             try:
                 await self.sync_hosts()
+                passes.ok("reading the host registry")
             except Exception as exc:
-                log.warning("could not read the host registry (tried again in %g s): %s", self.ctl.poll_interval,
-                            exc)
+                if isinstance(exc, DBAPIError) and db_unreachable(exc):
+                    passes.failed("reading the host registry", exc)
+                else:
+                    log.warning("could not read the host registry (tried again in %g s): %s",
+                                self.ctl.poll_interval, exc)
 
     async def sync_hosts(self) -> None:
         ids = {r["id"] for r in self.store.list_hosts()}
@@ -203,6 +214,7 @@ class Fleet:
                 await self._poll_once(host_id, events=time.monotonic() >= next_events)
                 backoff = 0.0
                 next_events = 0.0
+                passes.ok(POLLERS)
             except HostUnreachable:
                 backoff = min(max(backoff * 2, self.ctl.poll_interval), 30.0)
                 next_events = time.monotonic() + backoff
@@ -210,8 +222,11 @@ class Fleet:
                 raise
             except NotFound:
                 return  # deregistered (its cancel may have been lost in a wait_for race): the poller ends
-            except Exception:  # a bug must not kill the poller
-                log.exception("poller for %s", host_id)
+            except Exception as exc:  # a bug must not kill the poller
+                if isinstance(exc, DBAPIError) and db_unreachable(exc):
+                    passes.failed(POLLERS, exc)  # (a line for every host's, not a traceback each)
+                else:
+                    log.exception("poller for %s", host_id)
             await asyncio.sleep(self.ctl.poll_interval)
 
     async def _poll_once(self, host_id: str, events: bool = True) -> None:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import Connection
 
 from .store import vms as vms_t
+from .store.outage import db_unreachable
 
 log = logging.getLogger("fuse.controller.vms")
 CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
@@ -590,8 +591,6 @@ class VmService:
         saying the VM is there, not "try again" (review 28: a retried create without a name
         made a second VM); held and recorded, with its ``placed`` (``unanswered: true``), once
         the database answers, as a create whose host did not answer is."""
-        from .app import db_unreachable
-
         if not db_unreachable(exc):
             raise exc
         self._unanswered_create(host, name, ask)
@@ -1037,10 +1036,53 @@ class VmService:
             except FuseError as exc:
                 if exc.code != "not_found":
                     raise
-            with self.store.tx() as c:
-                c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
-            self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host)
+            try:
+                self._removed(host, name)
+            except DBAPIError as exc:
+                self._catch_up(self._removed, host, name)
+                self._done_unrecorded(exc, host, name, "delete")
         await self._refresh_room(host)
+
+    def _removed(self, host: str, name: str) -> None:
+        """Record the delete ``host`` did: the VM's row goes, with its ``vm_removed``, in one write."""
+        with self.store.tx() as c:
+            c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
+            self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host, conn=c)
+
+    def _catch_up(self, record, host: str, name: str) -> None:
+        """Call ``record(host, name)`` once the database answers again, tried every second (a
+        delete whose host did it while the database was away: its ``vm_removed`` is written then,
+        whether or not the poller dropped the row first: the poller's drop emits no event). Held
+        in this replica's memory only, as an unanswered create before it reaches the store."""
+        async def retry() -> None:
+            while True:
+                await asyncio.sleep(1)
+                try:
+                    record(host, name)
+                    return
+                except DBAPIError as exc:
+                    if not db_unreachable(exc):
+                        log.warning("vm %s on %s: could not record what its host did: %s", name, host, exc)
+                        return
+        task = asyncio.get_running_loop().create_task(retry())
+        self._settling.add(task)  # (cancelled by ``close``)
+        task.add_done_callback(self._settling.discard)
+
+    @staticmethod
+    def _done_unrecorded(exc: DBAPIError, host: str, name: str, action: str) -> None:
+        """A delete, sleep or wake ``host`` carried out that the store could not record (its
+        database out of reach): 503 saying it is done, not "try again" (review 32: the retry
+        was 404 or 409, as for a create `_unrecorded`). The record catches up once the database
+        answers: the poller reads the host's VM list (a row dropped, a state changed), and a
+        delete's ``vm_removed`` is written by ``_catch_up``."""
+        if not db_unreachable(exc):
+            raise exc
+        did, shows = {"delete": ("deleted", "no longer lists it"), "sleep": ("put to sleep", "shows it sleeping"),
+                      "wake": ("woken", "shows it running")}[action]
+        raise FuseError(f"vm {name} was {did} on host {host}, but the controller could not record it (its "
+                        f"database did not answer): the VM list {shows} once the database is back, so do not "
+                        f"{action} it again", code="db_unavailable",
+                        details={"host": host, "vm": name, "done": action}).with_status(503) from None
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
@@ -1049,7 +1091,10 @@ class VmService:
             try:
                 vm = (await _may_still(action, name, host, self._call(
                     host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120))).json()
-                self.fleet.upsert_vms(host, [vm])  # (before the reservation goes: the woken VM's row holds its room)
+                try:  # (before the reservation goes: the woken VM's row holds its room)
+                    self.fleet.upsert_vms(host, [vm])
+                except DBAPIError as exc:  # (the poller records the VM's state once the database answers)
+                    self._done_unrecorded(exc, host, name, action)
             finally:
                 if ask.count:
                     self._release(host, ask, row=self._wake_rows.pop((host, name), None))

@@ -20,7 +20,10 @@ from sqlalchemy import select, update
 
 from ...errors import FuseError, HostUnreachable
 from ..store import moves as moves_t
+from ..store.outage import PassLog
 from .records import ACTIVE, LEASE_S, MoveRecords, log
+
+passes = PassLog(log)  # (the database out of reach: a line, not a traceback a second)
 
 # A new move removes what a failed move of the same VM left on a host (its
 # abort did not get through) before it starts; it waits this long for the host,
@@ -76,8 +79,9 @@ class MoveJanitor(MoveRecords):
                 self._renew_and_recover()
                 self.renew_drains()
                 self.resume_drains(takeover=True)  # (a replica that died mid-drain)
-            except Exception:  # the store may blip; try again next second
-                log.exception("move leases")
+                passes.ok("move leases")
+            except Exception as exc:  # the store may blip; try again next second
+                passes.failed("move leases", exc)
             await asyncio.sleep(1)
             tick += 1
             # The clean-up waits on hosts (a hung one for its whole timeout): it runs
@@ -88,10 +92,11 @@ class MoveJanitor(MoveRecords):
     async def _tidy_safely(self) -> None:
         try:
             await self._tidy()
+            passes.ok("move clean-up")
         except asyncio.CancelledError:
             raise
-        except Exception:  # a store blip or an odd reply must not end the clean-up
-            log.exception("move clean-up")
+        except Exception as exc:  # a store blip or an odd reply must not end the clean-up
+            passes.failed("move clean-up", exc)
 
     async def _tidy(self) -> None:
         """Retry what a failed or finished move could not tidy at once."""

@@ -30,6 +30,7 @@ from ...errors import Conflict, FuseError, InvalidArgument, NotFound
 from ...models.pool import ElasticHost, ElasticRemoved
 from ...tasks import cancel_and_wait, wait_event
 from ..store import elastic_hosts as hosts_t, settings as settings_t
+from ..store.outage import PassLog
 from .elastic_budget import BudgetMixin
 from .elastic_clouds import CloudsMixin
 from .elastic_host import CREATE_LEASE_SECS, JOIN_GRACE_SECS, LIVE, TRANSITIONS, IllegalTransition, to_record
@@ -40,6 +41,7 @@ REMOVING = "pool-removing:"  # a setting per host a removal cordoned, while it r
 REMOVING_LEFT_SECS = 900.0  # on a store replicas share, a removal's mark this old is one a stopped replica left
 
 log = logging.getLogger("fuse.controller.pool")
+passes = PassLog(log)  # (the database out of reach: a line, not a traceback a pass)
 
 DEFAULT_TTL_HOURS = 24  # hosts added by hand end on their own after this
 RECONCILE_EVERY_SECS = 60  # scale-in passes of the loop (autoscale on; TTLs end either way)
@@ -211,8 +213,9 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 with self.store.tx() as c:
                     c.execute(update(hosts_t).where(hosts_t.c.name.in_(names), hosts_t.c.state == "creating")
                               .values(updated_at=time.time()))
-            except Exception:  # the store may blip: the next renewal is in time
-                log.exception("renewing the lease of elastic hosts being created")
+                passes.ok("renewing the lease of elastic hosts being created")
+            except Exception as exc:  # the store may blip: the next renewal is in time
+                passes.failed("renewing the lease of elastic hosts being created", exc)
 
     def _left_creating(self, row: dict, now: float) -> bool:
         """``row`` was left ``creating`` by a controller that stopped in the cloud's create
@@ -611,9 +614,10 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
                 hook = getattr(self.ctl, "pool_tick", None)
                 if hook is not None:
                     await hook()
+                passes.ok("elastic pool pass failed")
             except asyncio.CancelledError:
                 raise
-            except Exception:  # one bad pass must not end the loop
-                log.exception("elastic pool pass failed")
+            except Exception as exc:  # one bad pass must not end the loop
+                passes.failed("elastic pool pass failed", exc)
             await wait_event(self._wake, self.interval)
             self._wake.clear()

@@ -234,13 +234,13 @@ class Store:
 
     def _reachable(self) -> None:
         """The driver's OperationalError at once while the watchdog holds the database for
-        out of reach (a statement it left unanswered ``DB_OP_TIMEOUT_S``, no answer to its
-        probe since): each call would otherwise wait its own 10 s, most of them on the
+        out of reach (a statement it left unanswered ``DB_OP_TIMEOUT_S``, or a connect refused or
+        timed out, and no answer to its probe since): each call would otherwise wait its own 10 s, most of them on the
         event loop, and no route (the health check included) would answer meanwhile."""
         if self._watch is not None and self._watch.down.is_set():
             import psycopg
             from sqlalchemy.exc import OperationalError
-            raise OperationalError("(checkout)", None, psycopg.OperationalError(NOT_ANSWERING))
+            raise OperationalError("(checkout)", None, psycopg.OperationalError(self._watch.why))
 
     def close(self) -> None:
         if self._watch is not None:
@@ -518,7 +518,9 @@ class _Watchdog:
     its socket shut down, which ends the call with the driver's OperationalError (503
     ``db_unavailable``), and the database is held out of reach (``down``: calls fail at
     once, ``Store._reachable``) until a probe of its own, on a connection of its own,
-    is answered within ``DB_PROBE_TIMEOUT_S``."""
+    is answered within ``DB_PROBE_TIMEOUT_S``. So is a connect of the pool's that is refused
+    or times out (``connect_timeout``): a frozen postmaster, or a partition dropping SYNs,
+    answers no new connection, and each call waited out its own connect."""
 
     def __init__(self, engine: Engine, url: str):
         import weakref
@@ -527,6 +529,7 @@ class _Watchdog:
         self.conns: weakref.WeakSet = weakref.WeakSet()
         self.busy: dict[int, float] = {}  # id(connection) -> when it was first seen busy
         self.down, self.stop = threading.Event(), threading.Event()
+        self.why = NOT_ANSWERING  # what calls fail with while ``down``
         self._lock = threading.Lock()
 
         @event.listens_for(engine, "connect")
@@ -535,12 +538,23 @@ class _Watchdog:
                 self.conns.add(dbapi_conn)
 
         @event.listens_for(engine, "do_connect")
-        def _refuse(dialect, record, cargs, cparams):
+        def _connect(dialect, record, cargs, cparams):
             # (a statement cut is retried on a new connection by the pool: while the database
-            # is out of reach that is the driver's error at once, not a connect's 10 s wait)
+            # is out of reach that is the driver's error at once, not a connect's 4 s wait)
+            import psycopg
+
             if self.down.is_set():
-                import psycopg
-                raise psycopg.OperationalError(NOT_ANSWERING)
+                raise psycopg.OperationalError(self.why)
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except psycopg.OperationalError as exc:
+                # a connect refused or timed out holds the database out of reach too (review 32:
+                # a frozen postmaster, its SYNs queued, had each call on the event loop wait its
+                # own 4 s connect, and no route answered for a minute); the probe lets it back
+                self.why = f"the database could not be reached ({' '.join(str(exc).split())[:200]}); " \
+                           "not tried again until it answers"
+                self.down.set()
+                raise
 
         threading.Thread(target=self._run, name="fuse-db-watchdog", daemon=True).start()
 
@@ -564,6 +578,7 @@ class _Watchdog:
             seen.add(id(c))
             since = self.busy.setdefault(id(c), now)
             if now - since >= DB_OP_TIMEOUT_S:
+                self.why = NOT_ANSWERING
                 self.down.set()
                 _cut(c.pgconn.socket)
         self.busy = {k: v for k, v in self.busy.items() if k in seen}
