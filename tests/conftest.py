@@ -27,6 +27,15 @@ def agent(tmp_path):
 
 
 @pytest.fixture
+def fake_agent(tmp_path):
+    """An agent process on the fake backend (token ``agent-token``); its VMs' processes reaped after."""
+    p = start_agent(tmp_path, backend="fake")
+    yield p
+    p.stop()
+    reap(tmp_path)
+
+
+@pytest.fixture
 def controller(tmp_path):
     p = start_controller(tmp_path)
     yield p

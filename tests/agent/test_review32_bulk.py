@@ -11,17 +11,13 @@ import httpx
 import pytest
 
 from fuse.agent.bulk import MAGIC
-from support import reap, start_agent
 
 TOKEN = "agent-token"
 
 
 @pytest.fixture
-def agent(tmp_path):
-    a = start_agent(tmp_path, backend="fake", token=TOKEN)
-    yield a
-    a.stop()
-    reap(tmp_path)
+def agent(fake_agent):
+    return fake_agent
 
 
 def api(a, method, path, **kw) -> httpx.Response:

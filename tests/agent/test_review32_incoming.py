@@ -14,7 +14,6 @@ import pytest
 
 from fuse.agent.backends.fake import FakeBackend
 from fuse.agent.vms import SLEEP_MARK
-from support import reap, start_agent
 
 MiB = 2**20
 TOKEN = "agent-token"
@@ -159,11 +158,8 @@ async def test_a_move_delete_of_a_vm_that_move_does_not_hold_leaves_it(make_host
 
 
 @pytest.fixture
-def agent(tmp_path):
-    a = start_agent(tmp_path, backend="fake", token=TOKEN)
-    yield a
-    a.stop()
-    reap(tmp_path)
+def agent(fake_agent):
+    return fake_agent
 
 
 def test_a_chunked_put_for_a_move_not_here_is_refused_before_its_body_is_read(agent):
