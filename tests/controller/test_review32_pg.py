@@ -77,12 +77,12 @@ def test_a_postmaster_that_answers_no_new_connection_is_503_on_every_route_withi
             r = c.get("/v1/healthz")
             took = time.monotonic() - t
             assert r.status_code == 503 and r.json()["error"]["code"] == "db_unavailable", r.text
-            assert took < 6, took
+            assert took < 8, took  # (one 4 s connect at most, on a loaded machine)
             for path in ("/v1/hosts", "/v1/vms", "/v1/healthz"):
                 t = time.monotonic()
                 r = c.get(path)
                 assert r.status_code == 503 and r.json()["error"]["code"] == "db_unavailable", (path, r.text)
-                assert time.monotonic() - t < 2, (path, time.monotonic() - t)
+                assert time.monotonic() - t < 3, (path, time.monotonic() - t)
             os.kill(postmaster, signal.SIGCONT)
             wait_until(lambda: c.get("/v1/healthz").status_code == 200 and c.get("/v1/hosts").status_code == 200,
                        timeout=20, what="service back once the postmaster answers")
