@@ -427,6 +427,17 @@ class Proxy:
         self.switch(self.upstream_port)
 
 
+def answers(client) -> bool:
+    """Whether the controller of ``client`` (a ``fuse.Client``) reads its store: a host list comes back."""
+    import fuse
+
+    try:
+        client.hosts.list()
+        return True
+    except (fuse.ApiError, httpx.HTTPError):
+        return False
+
+
 def api_error(fn, *a, **kw):
     """The ``fuse.ApiError`` that ``fn(*a, **kw)`` raises (the test fails when it raises none)."""
     import pytest

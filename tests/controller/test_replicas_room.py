@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import fuse
-from support import Proxy, agent_vms, api_error, reap, start_agent, start_controller, wait_until
+from support import Proxy, agent_vms, answers, api_error, reap, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -86,7 +86,7 @@ def test_a_replica_sees_hosts_added_through_another_after_its_database_restarts(
     postgres.down()
     time.sleep(3)  # (several of the replicas' host-registry reads fail meanwhile)
     postgres.up()
-    wait_until(lambda: _answers(ca) and _answers(cb), timeout=60, what="both replicas reading the store again")
+    wait_until(lambda: answers(ca) and answers(cb), timeout=60, what="both replicas reading the store again")
     other = start_agent(tmp_path, backend="fake", name="agent2")
     try:
         cb.hosts.register(fuse.RegisterHostRequest(id="h2", url=other.url, token=other.token, backend="qemu",
@@ -95,14 +95,6 @@ def test_a_replica_sees_hosts_added_through_another_after_its_database_restarts(
         assert ca.vms.create(name="there", host="h2", shape={"vcpus": 1, "mem_mib": 128}, entry="true")["host"] == "h2"
     finally:
         other.stop()
-
-
-def _answers(client: fuse.Client) -> bool:
-    try:
-        client.hosts.list()
-        return True
-    except (fuse.ApiError, httpx.HTTPError):
-        return False
 
 
 def test_a_replica_without_its_database_says_so_with_503(replicas, postgres):
@@ -118,7 +110,7 @@ def test_a_replica_without_its_database_says_so_with_503(replicas, postgres):
         assert r.status_code == 503 and r.json()["error"]["code"] == "db_unavailable", r.text
     finally:
         postgres.up()
-    wait_until(lambda: _answers(ca), timeout=60, what="the replica reading the store again")
+    wait_until(lambda: answers(ca), timeout=60, what="the replica reading the store again")
     with httpx.Client(transport=httpx.HTTPTransport(uds=health[len("unix://"):])) as h:
         assert h.get("http://controller/v1/healthz").json() == {"status": "ok"}
 
@@ -362,7 +354,7 @@ def test_a_create_the_host_made_while_the_database_went_away_says_the_vm_is_ther
     name = err.details["vm"]
     assert err.details == {"host": "h1", "vm": name} and "do not create it again" in err.message, err
     assert name in agent_vms(agent)
-    wait_until(lambda: _answers(ca) and name in [v["name"] for v in ca.vms.list()], timeout=60,
+    wait_until(lambda: answers(ca) and name in [v["name"] for v in ca.vms.list()], timeout=60,
                what="the VM listed once the database is back")
     wait_until(lambda: [e for e in ca.events.list(0, limit=500)["events"]
                         if e["type"] == "placed" and e.get("vm") == name and e.get("unanswered")],

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 import fuse
-from support import Proxy, agent_vms, reap, start_agent, start_controller, wait_until
+from support import Proxy, agent_vms, answers, reap, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -52,14 +52,6 @@ def _freeze(url: str, postmaster: int) -> None:
         c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                   "WHERE datname = current_database() AND pid <> pg_backend_pid()")
     time.sleep(0.3)  # (the backends gone)
-
-
-def _answers(client: fuse.Client) -> bool:
-    try:
-        client.hosts.list()
-        return True
-    except (fuse.ApiError, httpx.HTTPError):
-        return False
 
 
 def test_a_postmaster_that_answers_no_new_connection_is_503_on_every_route_within_seconds(one_host, postgres):
@@ -130,7 +122,7 @@ def test_what_the_host_did_while_the_database_went_away_is_503_saying_so_and_rec
     assert f"do not {action} it again" in err.message, err.message
     on_host = agent_vms(agent)
     assert ("v1" not in on_host) if action == "delete" else on_host["v1"]["state"] == AFTER[action], on_host
-    wait_until(lambda: _answers(client), timeout=30, what="the controller answering again")
+    wait_until(lambda: answers(client), timeout=30, what="the controller answering again")
     listed = lambda: {v["name"]: v["state"] for v in client.vms.list()}  # noqa: E731
     if action == "delete":
         wait_until(lambda: "v1" not in listed() and [e for e in client.events.list(0, limit=500)["events"]
@@ -155,7 +147,7 @@ def test_background_passes_say_the_database_is_away_in_a_line_not_a_traceback_ea
         time.sleep(6)
     finally:
         postgres.up()
-    wait_until(lambda: _answers(client), timeout=30, what="the controller answering again")
+    wait_until(lambda: answers(client), timeout=30, what="the controller answering again")
     time.sleep(3)  # (every pass has run again)
     during = ctl.logs()[since:]
     tracebacks = during.count("Traceback") - during.count("During handling of the above exception") \
