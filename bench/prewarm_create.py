@@ -3,8 +3,9 @@
 Measured in one run on this machine: a real controller and one real host agent
 (QEMU) on loopback, driven through the SDK, each round:
 
-1. cold: ``client.vms.create(..., host="real")`` — pinned, so it never claims —
-   with the entry ``echo ready-marker``, until the console shows ``ready-marker``;
+1. cold: ``client.vms.create(...)`` of a shape 4 MiB larger than the prewarm's, which
+   no standby VM matches (a create pinned to the host would claim one there too), with
+   the entry ``echo ready-marker``, until the console shows ``ready-marker``;
 2. prewarmed: the same create unpinned while a prewarm of that shape has a VM
    ready (waited for, not timed): it claims it; until the same marker.
 
@@ -32,6 +33,7 @@ from support import install_bundle, real_bundle_dir, reap, start_agent, start_co
 import fuse  # noqa: E402
 
 SHAPE = {"vcpus": 1, "mem_mib": 128}
+COLD_SHAPE = {"vcpus": 1, "mem_mib": 132}  # no standby VM is of this shape: it boots cold
 MARK = "ready-marker"
 
 
@@ -43,10 +45,10 @@ def until(pred, timeout: float = 120, poll: float = 0.01):
         time.sleep(poll)
 
 
-def timed_create(client: fuse.Client, name: str, **pin) -> float:
+def timed_create(client: fuse.Client, name: str, shape: dict) -> float:
     t0 = time.perf_counter()
-    client.vms.create(name=name, shape=SHAPE, entry=f"echo {MARK}", **pin)
-    until(lambda: MARK in client.vms.console(name, **pin)["text"])
+    client.vms.create(name=name, shape=shape, entry=f"echo {MARK}")
+    until(lambda: MARK in client.vms.console(name)["text"])
     return time.perf_counter() - t0
 
 
@@ -77,9 +79,10 @@ def main() -> None:
                     time.sleep(1.0)  # the standby guest settles (printed FUSE-STANDBY, idle)
                     name = f"{kind}-{r}"
                     if kind == "cold":
-                        cold.append(timed_create(client, name, host="real"))
+                        cold.append(timed_create(client, name, COLD_SHAPE))
+                        assert ready(), "the cold create claimed the standby VM: not a cold boot"
                     else:
-                        warm.append(timed_create(client, name))
+                        warm.append(timed_create(client, name, SHAPE))
                     client.vms.delete(name)
             client.pool.remove_prewarm(pw.id)
     finally:
