@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import sys
@@ -17,6 +18,7 @@ from .hosts import HostRegistry, machine_names
 from .pool.elastic_host import committed_until
 from .store import Store, engine_url
 
+log = logging.getLogger("fuse.controller.moves")
 
 WINDOWS_PIPE = r"\\.\pipe\fuse-controller"
 LAST_READ_S = 2.0  # a deregister reads the host's events once more, for at most this long
@@ -220,13 +222,24 @@ class Controller:
                 await self.fleet.refresh(host_id)
             except Exception:  # unreachable now: the poller keeps trying
                 return
-            # what moves settled while its agent was away for good (removed with force) left
-            # there: in the background, the registration's reply does not wait on it
-            task = asyncio.get_running_loop().create_task(self.moves.settle_strays(host_id))
-            self._strays.add(task)
-            task.add_done_callback(self._strays.discard)
+            self._settle_strays(host_id)
 
         return await self.hosts.register(req, backend_from_probe, then=poll)
+
+    def _settle_strays(self, host_id: str) -> None:
+        """What moves settled while ``host_id``'s agent was away for good (removed with force)
+        left there, settled in the background: a registration's reply does not wait on it. A
+        failure (the store away, say) is one line in the log; the next registration asks again."""
+        async def settle() -> None:
+            try:
+                await self.moves.settle_strays(host_id)
+            except Exception as exc:
+                log.warning("what old moves left on host %s is not settled now (the next registration "
+                            "of it asks again): %s", host_id, str(exc).splitlines()[0] if str(exc) else repr(exc))
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._strays.add(task)
+        task.add_done_callback(self._strays.discard)
 
     async def deregister_host(self, host_id: str, force: bool = False) -> None:
         """Remove the host (``HostRegistry.deregister``). ``force``: a host whose agent is
