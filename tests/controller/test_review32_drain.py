@@ -195,3 +195,21 @@ def test_a_drain_resumed_by_a_restarted_controller_waits_for_a_vm_booting_and_mo
     [report] = wait_until(lambda: drain_reports(h), timeout=240, what="the resumed drain's report")
     assert [m["vm"] for m in report["moved"]] == ["d"] and report["stuck"] == [], report
     assert agent_states(h.new) == {"d": "running"} and agent_states(h.old) == {}
+
+
+@pytest.mark.parametrize("held", [{"FUSE_DRAIN_BOOT_WAIT_S": "5"}], indirect=True, ids=["a 5 s bound"])
+def test_vms_booting_are_waited_for_together_after_the_others_moved(held):
+    """Review 32's diff review: each booting VM had a wait of its own, one after another (N × the
+    bound: here 15 s), and a running VM listed after them waited through all of them."""
+    h = held
+    for name in ("c1", "c2", "c3"):
+        create_held(h, name, through_agent=True)
+    h.client.vms.create(name="r", shape=SHAPE, entry="sleep 600", host="old")
+    wait_until(lambda: agent_states(h.old).get("r") == "running", timeout=60, what="r to run")
+    began = time.monotonic()
+    report = h.client.hosts.drain("old")
+    took = time.monotonic() - began
+    assert [m["vm"] for m in report["moved"]] == ["r"], report
+    assert sorted(s["vm"] for s in report["stuck"]) == ["c1", "c2", "c3"], report
+    assert all("still creating" in s["reason"] for s in report["stuck"]), report
+    assert 4.5 <= took < 12, (took, report)  # (was: ~15 s and r's move)

@@ -280,6 +280,7 @@ class MoveDrains(MoveRecords):
     async def _drain_round(self, host_id: str, left: list[dict], moved: list, stuck: list, finished: list) -> bool:
         """Move each VM of ``left`` off ``host_id`` in turn; False when the drain was
         stopped (every VM not tried is then reported stuck)."""
+        booting: dict[str, float] = {}  # VMs found booting: when the drain's wait for each began
         while left:
             vm = left.pop(0)
             host = self.store.get_host(host_id)
@@ -300,8 +301,13 @@ class MoveDrains(MoveRecords):
             m, err = await self._drain_move(vm["name"], host_id)
             if getattr(err, "vm_state", None) == "creating":
                 # Booting: a create placed here before the drain began (the host has answered
-                # it); it moves once it runs (review 32: it was reported stuck mid-boot).
-                if (after := await self._once_booted(vm["name"], host_id)) is None:
+                # it); it moves once it runs (review 32: it was reported stuck mid-boot). The
+                # others go first, and the booting ones are waited for together, not in turn.
+                since = booting.setdefault(vm["name"], time.monotonic())
+                if any(v["name"] not in booting for v in left):
+                    left.append(vm)
+                    continue
+                if (after := await self._once_booted(vm["name"], host_id, since + DRAIN_BOOT_WAIT_S)) is None:
                     left.insert(0, vm)  # the drain was stopped meanwhile: said as for any VM not tried
                     continue
                 m, err = after
@@ -355,13 +361,13 @@ class MoveDrains(MoveRecords):
         except FuseError as exc:
             return None, exc
 
-    async def _once_booted(self, name: str, host_id: str) -> tuple[dict | None, FuseError | None] | None:
-        """Wait (DRAIN_BOOT_WAIT_S at most) while vm ``name`` boots on ``host_id``, then start its
-        move as `_drain_move` does: running, it moves; its boot failed (or it is gone), the refusal
-        says so (its ``vm_state``: finished, not stuck). Still booting then, a refusal that says so;
-        None when the drain was stopped meanwhile (uncordoned, deregistered)."""
-        deadline = time.monotonic() + DRAIN_BOOT_WAIT_S
-        while time.monotonic() < deadline:
+    async def _once_booted(self, name: str, host_id: str,
+                           deadline: float) -> tuple[dict | None, FuseError | None] | None:
+        """Wait (until ``deadline``, asking at least once) while vm ``name`` boots on ``host_id``,
+        then start its move as `_drain_move` does: running, it moves; its boot failed (or it is
+        gone), the refusal says so (its ``vm_state``: finished, not stuck). Still booting then, a
+        refusal that says so; None when the drain was stopped meanwhile (uncordoned, deregistered)."""
+        while True:
             await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             host = self.store.get_host(host_id)
             if host is None or host["state"] != "draining":
@@ -369,7 +375,9 @@ class MoveDrains(MoveRecords):
             m, err = await self._drain_move(name, host_id)  # (asks the host: its state, fresh)
             state = getattr(err, "vm_state", None)
             if state == "creating":
-                continue
+                if time.monotonic() < deadline:
+                    continue
+                break
             if err is not None and err.code == "not_movable" and state is None and await self._gone(name, host_id):
                 # (its host no longer has it, its row not yet gone: its boot failed and its create
                 # removed it, or it was deleted) nothing to move, listed as ``MoveService`` does
