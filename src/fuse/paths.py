@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def socket_dir_problem(directory: Path) -> str | None:
             f"the socket's directory {directory} is a symbolic link to nowhere: give --socket elsewhere")
     except OSError as exc:
         return f"the socket's directory {directory}: {exc.strerror or exc}"
-    for what, s in (("is a symbolic link that ", link), ("", st)):
+    # (a link is named as one only when it is one: a plain directory has lstat == stat)
+    owners = [("is a symbolic link that ", link)] if stat.S_ISLNK(link.st_mode) else []
+    for what, s in (*owners, ("", st)):
         if s.st_uid not in mine:
             return (f"the socket's directory {directory} {what}belongs to another user (uid {s.st_uid}), who "
                     "could put their own socket in its place: give --socket in a directory of your own, or set "
@@ -42,6 +45,41 @@ def socket_dir_problem(directory: Path) -> str | None:
                 f"who could put their own socket in its place: chmod go-w {directory}, or give --socket in a "
                 "directory of your own")
     return None
+
+
+def runtime_dir() -> Path:
+    """A short directory of this user's for the unix sockets the agent cannot put in a
+    VM's own dir (a socket path has at most 108 bytes): /run/fuse as root, else
+    $XDG_RUNTIME_DIR/fuse or /tmp/fuse-UID. It depends on nothing but the user (and
+    XDG_RUNTIME_DIR), so an agent started again later finds a running VM's sockets there."""
+    if os.geteuid() == 0:
+        return Path("/run/fuse")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and len(runtime) < 50:  # (room for the socket names in 108 bytes)
+        return Path(runtime) / "fuse"
+    return Path(f"/tmp/fuse-{os.getuid()}")
+
+
+def private_runtime_dir() -> Path:
+    """`runtime_dir()`, made 0700 if missing and checked to be a directory of this user's
+    (not a symbolic link) that only they may enter: its socket names are predictable, so
+    a directory another user made or may write to would let them put a file of their
+    choosing where the agent binds, chmods or removes a socket. A problem is a
+    PermissionError whose message says what to do."""
+    import stat
+    path = runtime_dir()
+    with contextlib.suppress(FileExistsError):  # (a link to nowhere there: refused just below)
+        private_dir(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else \
+            "not a directory" if not stat.S_ISDIR(st.st_mode) else f"owned by another user (uid {st.st_uid})"
+        raise PermissionError(f"the agent's socket directory {path} is {what}, so another user could put their "
+                              f"own file where a VM's socket goes: remove {path} (the agent makes it afresh, "
+                              "0700), or set XDG_RUNTIME_DIR to a directory of your own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)  # (ours: tightened, as private_file does)
+    return path
 
 
 def private_dir(path: Path) -> Path:

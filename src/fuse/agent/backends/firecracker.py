@@ -23,15 +23,15 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ...paths import private_dir, private_opener
+from ...paths import private_dir, private_opener, private_runtime_dir, runtime_dir
 from .base import Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile
 
 SNAPSHOT, MEMORY = "snapshot.bin", "mem.bin"
@@ -103,11 +103,22 @@ class FirecrackerApi:
 
 
 def api_socket(vm_dir: Path) -> Path:
-    """Short enough for a unix socket (108 bytes), deterministic for adoption."""
+    """Short enough for a unix socket (108 bytes), deterministic for adoption: a deep
+    state dir's goes in the agent's own runtime dir (as QEMU's sockets: see
+    ``qemu._vm_socket``), never the shared temp dir, where another user could put
+    something at that predictable name first."""
     path = vm_dir / "firecracker.sock"
     if len(str(path)) < 100:
         return path
-    return Path(tempfile.gettempdir()) / f"fuse-fc-{hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]}.sock"
+    return runtime_dir() / f"fc-{hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]}.sock"
+
+
+def _discard(path: Path) -> None:
+    """Remove whatever is at the API socket's path: it is in the agent's own dirs."""
+    try:
+        path.unlink(missing_ok=True)
+    except IsADirectoryError:
+        shutil.rmtree(path)
 
 
 class FirecrackerBackend(Backend):
@@ -131,7 +142,12 @@ class FirecrackerBackend(Backend):
             raise BackendError("no firecracker binary on PATH")
         private_dir(spec.vm_dir)
         sock = api_socket(spec.vm_dir)
-        sock.unlink(missing_ok=True)
+        try:
+            if sock.parent != spec.vm_dir:
+                private_runtime_dir()  # (a deep state dir: see api_socket)
+            _discard(sock)
+        except OSError as exc:
+            raise BackendError(f"cannot prepare the API socket of vm {spec.name}: {exc}") from exc
         with open(spec.console, "ab", opener=private_opener) as console, \
                 open(spec.vm_dir / "firecracker.err", "ab", opener=private_opener) as err:
             # A new session: the VM must outlive the agent (adopted by pid). umask 077: its API
@@ -149,7 +165,8 @@ class FirecrackerBackend(Backend):
                 raise BackendError(f"firecracker did not open its API socket {sock}")
             await asyncio.sleep(0.005)
         with contextlib.suppress(FileNotFoundError):
-            os.chmod(sock, 0o600)  # (umask 077 made it 0700: a socket needs no execute bit)
+            if stat.S_ISSOCK(os.lstat(sock).st_mode):  # (chmod follows a link: only firecracker's socket)
+                os.chmod(sock, 0o600)  # (umask 077 made it 0700: a socket needs no execute bit)
         return proc.pid
 
     async def start(self, spec: BootSpec) -> int:
@@ -180,7 +197,8 @@ class FirecrackerBackend(Backend):
         await kill_and_wait(pid, self._marker(spec))
         if pid in self._children:
             self._children.pop(pid).wait()
-        api_socket(spec.vm_dir).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (a delete goes on: the next spawn clears it, or says why not)
+            _discard(api_socket(spec.vm_dir))
 
     async def sleep(self, spec: BootSpec) -> list[str]:
         if self.pid(spec) is None:

@@ -41,10 +41,12 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -54,13 +56,14 @@ from typing import Any
 
 from qemu.qmp import QMPClient, QMPError
 
-from ...paths import private_dir, private_file, private_opener
+from ...paths import private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
                    kill_and_wait, process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
+log = logging.getLogger("fuse.agent")
 _KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 pci=off i8042.noaux i8042.nokbd"
 
 
@@ -98,13 +101,25 @@ def _opt(value: object) -> str:
 
 def _vm_socket(vm_dir: Path, name: str) -> Path:
     """``<vm_dir>/<name>.sock``. Unix socket paths are limited to 108 bytes,
-    so a deep state dir gets a short, deterministic path under the temp dir
-    (the same on adoption)."""
+    so a deep state dir gets a short, deterministic path (the same on adoption)
+    in the agent's own runtime dir: never the shared temp dir, where another
+    user could put a link or a dir at that predictable name first (the agent
+    chmods and removes what is there). ``_launch`` makes that dir and checks it."""
     path = vm_dir / f"{name}.sock"
     if len(str(path)) < 100:
         return path
     digest = hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]
-    return Path(tempfile.gettempdir()) / f"fuse-{name}-{digest}.sock"
+    return runtime_dir() / f"{name}-{digest}.sock"
+
+
+def _discard(path: Path) -> None:
+    """Remove whatever is at one of a VM's socket or pid file paths. They are in the
+    agent's own dirs (the VM's, or its private runtime dir), so what is there is the
+    agent's; a directory left at one would fail every boot and delete of the VM."""
+    try:
+        path.unlink(missing_ok=True)
+    except IsADirectoryError:
+        shutil.rmtree(path)
 
 
 def qmp_path(vm_dir: Path) -> Path:
@@ -391,28 +406,41 @@ class QemuBackend(Backend):
 
     async def _launch(self, spec: BootSpec, incoming: Path | None = None) -> int:
         private_dir(spec.vm_dir)
-        (spec.vm_dir / "qemu.pid").unlink(missing_ok=True)
-        qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        sockets = (qmp_path(spec.vm_dir), entry_path(spec.vm_dir))
+        try:
+            if any(sock.parent != spec.vm_dir for sock in sockets):
+                private_runtime_dir()  # (a deep state dir: see _vm_socket)
+            for path in (spec.vm_dir / "qemu.pid", *sockets):
+                _discard(path)
+        except OSError as exc:
+            raise BackendError(f"cannot prepare the sockets of vm {spec.name}: {exc}") from exc
         # QEMU daemonized sets its own umask (027), so what it creates is group-readable: the
         # console it appends to is made owner-only first, and its sockets are tightened below.
         private_file(spec.console)
         err_path = spec.vm_dir / "qemu.err"
         argv = self.argv(spec, incoming=incoming)
-        with open(err_path, "wb", opener=private_opener) as err:
-            def run() -> subprocess.CompletedProcess:
-                follow_agent_affinity()  # (a worker thread's mask may predate a pin of the agent)
-                # With -daemonize this returns once QEMU is set up (QMP listening).
-                return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
-            proc = await asyncio.to_thread(run)
-        reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
-        pid = read_pidfile(spec.vm_dir / "qemu.pid")
-        if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
+        try:
+            with open(err_path, "wb", opener=private_opener) as err:
+                def run() -> subprocess.CompletedProcess:
+                    follow_agent_affinity()  # (a worker thread's mask may predate a pin of the agent)
+                    # With -daemonize this returns once QEMU is set up (QMP listening).
+                    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+                proc = await asyncio.to_thread(run)
+            reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
+            pid = read_pidfile(spec.vm_dir / "qemu.pid")
+            if proc.returncode != 0 or not process_alive(pid, str(spec.vm_dir)):
+                raise BackendError(f"qemu failed to start (exit {proc.returncode}): "
+                                   f"{_launch_failure(err_path, proc.returncode, incoming)}")
+            for sock in sockets:
+                with contextlib.suppress(FileNotFoundError):  # (the entry socket: standby VMs only)
+                    if stat.S_ISSOCK(os.lstat(sock).st_mode):  # (chmod follows a link: only QEMU's socket)
+                        os.chmod(sock, 0o600)  # sockets are owner-only (README); QEMU made them 0750
+        except BaseException:
+            # Whatever failed after QEMU may have started, its process goes too: a VM the
+            # caller is told failed must not run on, unaccounted for, until its record goes.
+            await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
             self.ended(spec)  # (a wake from a bad state file left its QMP socket behind)
-            raise BackendError(f"qemu failed to start (exit {proc.returncode}): "
-                               f"{_launch_failure(err_path, proc.returncode, incoming)}")
-        for sock in (qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
-            with contextlib.suppress(FileNotFoundError):  # (the entry socket: standby VMs only)
-                os.chmod(sock, 0o600)  # sockets are owner-only (README); QEMU made them 0750
+            raise
         return pid
 
     async def start(self, spec: BootSpec) -> int:
@@ -430,7 +458,10 @@ class QemuBackend(Backend):
         # (QEMU removes them itself on a clean exit; a killed one left a dead pid and
         # its QMP socket behind in a failed VM's dir)
         for path in (spec.vm_dir / "qemu.pid", qmp_path(spec.vm_dir), entry_path(spec.vm_dir)):
-            path.unlink(missing_ok=True)
+            try:
+                _discard(path)
+            except OSError as exc:  # (a delete goes on: the next launch clears it, or says why not)
+                log.warning("could not remove %s after vm %s ended: %s", path, spec.name, exc)
 
     async def deliver_entry(self, spec: BootSpec, entry: str, timeout: float = 60.0) -> None:
         """Write the entry, one base64 line, to the guest's COM2 once it is
@@ -512,7 +543,8 @@ class QemuBackend(Backend):
             partial.unlink(missing_ok=True)
             raise
         await wait_gone(pid, str(spec.vm_dir))
-        qmp_path(spec.vm_dir).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (a leftover is cleared at the wake's launch)
+            _discard(qmp_path(spec.vm_dir))
         return [STATE_FILE]
 
     async def wake(self, spec: BootSpec) -> int:
