@@ -95,7 +95,7 @@ def test_read_sends_the_file_bytes_with_the_token_over_tcp_and_without_it_over_t
     ({"op": "write", "token": TOKEN, "move": "mv-none", "file": "memory", "offset": 0, "length": 1}, 404,
      "not_found"),
     ({"op": "delete", "token": TOKEN}, 400, "invalid_argument"),
-    (MAGIC + b"{not json\n", 400, "invalid_argument"),
+    (MAGIC + b"{not json\n", 401, "unauthorized"),  # (no token could be read: 401 whatever it sent)
 ])
 def test_refusals_say_status_and_code_and_end_the_connection(agent, asleep, header, status, code):
     if isinstance(header, dict) and header.get("file") == "FILE":

@@ -111,17 +111,17 @@ class BulkServer:
         line, _, rest = head.partition(b"\n")
         raw = transport.get_extra_info("socket")
         try:
-            if rest:
-                raise InvalidArgument("bytes arrived before the agent's first reply")
-            try:
-                req = json.loads(line[len(MAGIC):])
-            except ValueError as exc:
-                raise InvalidArgument(f"bulk header is not JSON: {exc}") from exc
-            if not isinstance(req, dict):
-                raise InvalidArgument("bulk header must be a JSON object")
-            given = str(req.get("token") or "").encode()
+            # The token first, whatever else the header holds (README: a caller without it gets
+            # 401 whatever it sent): what is wrong with the rest is said only to a caller with it.
+            req, problem = _parse_header(line[len(MAGIC):])
+            token = req.get("token") if req is not None else None
+            given = token.encode(errors="surrogatepass") if isinstance(token, str) else b""
             if not trusted and self._token and not hmac.compare_digest(given, self._token):
                 raise Unauthorized("missing or wrong bearer token")
+            if rest:
+                raise InvalidArgument("bytes arrived before the agent's first reply")
+            if req is None:
+                raise InvalidArgument(problem)
             mgr = self._manager()
             if mgr is None:
                 raise FuseError("the agent is still starting").with_status(503)
@@ -195,6 +195,20 @@ class BulkServer:
             return ((lambda sock, release: _receive_file(sock, path, offset, length, release)),
                     lambda: mgr.incoming.writing(move, -1))
         raise InvalidArgument(f"unknown bulk operation {op!r}: read or write")
+
+
+def _parse_header(text: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The header's JSON object, or None and why it is none (never an exception:
+    this runs before the token is checked)."""
+    try:
+        req = json.loads(text)
+    except RecursionError:
+        return None, "bulk header is not JSON: it is nested too deeply"
+    except ValueError as exc:
+        return None, f"bulk header is not JSON: {exc}"
+    if not isinstance(req, dict):
+        return None, "bulk header must be a JSON object"
+    return req, ""
 
 
 def _send_file(sock: socket.socket, path, offset: int, length: int) -> None:
