@@ -21,9 +21,11 @@ overwritten by accident.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,17 +50,29 @@ class CertFiles:
 
 
 def _write(path: Path, data: bytes, private: bool, overwrite: bool) -> None:
-    if path.exists() and not overwrite:
+    if os.path.lexists(path) and not overwrite:
         raise FileExistsError(f"{path} exists; refusing to overwrite it (pass --force to replace)")
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = 0o600 if private else 0o644
-    # Created with its final mode: a key is never readable by others, not even briefly.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # A new file (mkstemp: O_EXCL, 0600) renamed over the old one, never the old one rewritten:
+    # whoever holds a descriptor to the old file (a key left readable, the reason to rotate
+    # with --force) keeps reading the old bytes, and a symbolic link planted at `path` is
+    # replaced, not followed. A key is never readable by others, not even briefly.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.chmod(path, mode)
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
