@@ -183,6 +183,13 @@ def unreachable(exc: httpx.TransportError, where: str) -> ApiError:
     return ApiError(0, UNREACHABLE, f"cannot reach the controller at {where}: {str(exc) or type(exc).__name__}")
 
 
+def unsendable(exc: httpx.InvalidURL, call: Call) -> ValueError:
+    """The ValueError for a request that cannot be sent as a URL (a name of tens of KB, say):
+    what cannot be sent is a ValueError, as a bad url or token is (README)."""
+    return ValueError(f"{call.method} {call.path[:80]}{'...' if len(call.path) > 80 else ''} cannot be sent "
+                      f"as a URL: {exc}")
+
+
 def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     def parse(r: httpx.Response):
         data = r.json()

@@ -35,6 +35,8 @@ class Client:
             raise _core.unreachable(exc, self._where) from exc
         except httpx.DecodingError as exc:  # (an answer whose Content-Encoding its body is not)
             raise _core.undecodable(exc, call) from exc
+        except httpx.InvalidURL as exc:  # (a name too long for a URL, say: the request is never made)
+            raise _core.unsendable(exc, call) from None
         return _core.finish(call, resp)
 
     def close(self) -> None:
