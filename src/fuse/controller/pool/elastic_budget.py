@@ -51,12 +51,14 @@ class BudgetMixin:
         """The budget's caps and the clouds' quotas less what the running elastic hosts already use
         (the $/h running said beside the cap: an answer quotes the cap as set, not what is left)."""
         b = self.budget()
+        quota_running, limit_running = self.caps_running()
         return Constraints(
             max_usd_per_hour=max(0.0, b.max_usd_per_hour - b.running_usd_per_hour) if b.max_usd_per_hour else None,
             running_usd_per_hour=b.running_usd_per_hour if b.max_usd_per_hour else None,
             max_new_hosts=max(0, b.max_new_hosts - b.hosts) if b.max_new_hosts else None,
             monthly_usd_left=max(0.0, b.monthly_usd - b.month_usd - self._committed()) if b.monthly_usd else None,
-            allow_metal=b.allow_metal, quotas=self.quotas_left())
+            allow_metal=b.allow_metal, quotas=self.quotas_left(), quota_running=quota_running,
+            limit_running=limit_running)
 
     def _check_budget(self, offer: Offer, count: int, usd_each: float) -> None:
         """BudgetExceeded unless ``count`` more machines of ``offer`` (each

@@ -158,3 +158,16 @@ class CloudsMixin:
         used, _ = self.in_use()
         return {family: max(0, n - used[family]) for c in self.cloud_names()
                 for family, n in sorted(self.provider(c).quotas.items())}
+
+    def caps_running(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What the live hosts take of each quota (vCPUs) and type limit (machines, by
+        "provider/type_name"), at most all of it: an answer says the cap as set, what they
+        leave (``quotas_left``, an offer's ``limit``) and this summed (``Constraints.quota_running``)."""
+        vcpus, machines = self.in_use()
+        quotas, limits = {}, {}
+        for c in self.cloud_names():
+            provider = self.provider(c)
+            quotas |= {f: min(n, vcpus[f]) for f, n in provider.quotas.items() if vcpus[f]}
+            limits |= {f"{o.provider}/{o.type_name}": min(o.limit, machines[(o.provider, o.type_name)])
+                       for o in provider.offers() if o.limit is not None and machines[(o.provider, o.type_name)]}
+        return quotas, limits

@@ -85,6 +85,7 @@ class ScaleOutMixin:
         lacking = sorted(h["name"] for h in snapshot if h.get("bundles") is not None and image not in h["bundles"])
         whys = ([f"no linked cloud's machines get image {image!r} (a guest bundle)"] if names and not offers else [])
         whys += [f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no image {image!r}"] if lacking else []
+        whys += [away] if result.unplaced and (away := self._away(model, snapshot, set(lacking))) else []
         for why in whys if result.unplaced else []:
             for u in result.unplaced:
                 u.reason = f"{u.reason}; {why}"
@@ -93,6 +94,29 @@ class ScaleOutMixin:
             result.added = await self.buy(result.new_hosts)
             result.explain.append("apply: added " + ", ".join(f"{a.name} ({a.type_name}, {a.state})" for a in result.added))
         return rejson(result)
+
+    def _away(self, model, snapshot: list[dict], lacking: set[str]) -> str:
+        """The hosts of ``snapshot`` that take no work now (disconnected, cordoned...), which the
+        model leaves out, and that the request's rules would admit, by name with why ("" when
+        none): a devices_only plan's own device away was named nowhere in its reason."""
+        from .model import host_reject
+        from .request import UNUSABLE_STATES, host_from_snapshot
+
+        grp, c = model.groups[0], model.constraints
+        away = []
+        for h in snapshot:
+            if h["name"] in lacking or str(h.get("state", "")).lower() not in UNUSABLE_STATES:
+                continue
+            host = host_from_snapshot({**h, "state": "active"})
+            if host is not None and host_reject(grp, host, c, size=False) is None:
+                away.append(h["name"])
+        if not away:
+            return ""
+        vms = getattr(self.ctl, "vms", None)
+        reasons = vms.arrays(among=set(away))[1] if vms is not None else {}
+        said = [f"{n} ({reasons.get(n, 'unavailable')})" for n in away[:3]]
+        more = f" and {len(away) - 3} more" if len(away) > 3 else ""
+        return f"taking no work now: {', '.join(said)}{more}"
 
     def _check_cloud_has(self, body, image: str, offers: list, snapshot: list[dict]) -> None:
         """400 naming the image when the plan is pinned to a linked cloud (``provider``) whose

@@ -23,6 +23,9 @@ from fuse.controller.pool.model import (
 from fuse.controller.pool.solution import Solution
 
 MICRO = 1_000_000
+# CP-SAT's integers are int64, and it refuses a model whose rows could sum past them: the
+# costs any plan can reach, in micro-USD, must stay below this for the exact models (``too_large``)
+LIMIT = 2**62
 
 
 @dataclass
@@ -155,11 +158,12 @@ def cells(model: PlanModel, kept: list[int]) -> tuple[dict[int, list[int]], list
                 if lim is not None:
                     ub = min(ub, lim)
             if c.max_usd_per_hour is not None and o.usd_per_hour > 0:
-                ub = min(ub, int(c.max_usd_per_hour / o.usd_per_hour + 1e-9))
+                # (in floats first: a cap of 1e300 over a price of 1e-10 is infinite)
+                ub = min(ub, int(min(ub, c.max_usd_per_hour / o.usd_per_hour + 1e-9)))
             if ub <= 0:
                 continue
             q = {g: 1 if o.one_space else fits_per_machine(groups[g], cap_cpu, o.mem_mib) for g in on}
-            kappa = int(o.usd_per_hour * billed_secs(o, delta) * MICRO // 3600)
+            kappa = micro_cost(o.usd_per_hour, billed_secs(o, delta))
             out.append(Cell(t=t, k=k, delta=delta, on=on, q=q, ub=ub, kappa=kappa, cap_cpu=cap_cpu))
     return classes, out
 
@@ -175,6 +179,10 @@ class Terms:
     hosts: list[Any] = field(default_factory=list)  # new machines that are hosts (not sandboxes)
     family: dict[str, list[Any]] = field(default_factory=dict)  # quota family -> vCPUs
     tie_max: int = 0
+    # the most ``cost`` and ``usd`` can sum to under the cells' bounds: a cap at or above it
+    # binds nothing, so it is no row (a budget's $1e13 was past int64 in micro-USD: a TypeError)
+    cost_hi: int = 0
+    usd_hi: int = 0
 
 
 def existing_hosts(f: Formulation, model: PlanModel, terms: Terms) -> None:
@@ -197,7 +205,7 @@ def existing_hosts(f: Formulation, model: PlanModel, terms: Terms) -> None:
             f.x[g, h] = expr
             terms.placed[g].append(expr)
             on_h.append((grp, expr))
-            kappa = int(host.usd_per_hour * extra_secs(host, grp.duration_secs) * MICRO // 3600)
+            kappa = micro_cost(host.usd_per_hour, extra_secs(host, grp.duration_secs))
             if kappa > 0:
                 extra.append((kappa, expr, grp.count))
             if not host.own:
@@ -216,6 +224,7 @@ def existing_hosts(f: Formulation, model: PlanModel, terms: Terms) -> None:
                 m.add(expr <= n * y)
                 m.add(e_h >= kappa * y)
             terms.cost.append(e_h)
+            terms.cost_hi += max(k for k, _, _ in extra)
 
 
 def machines_of(model: PlanModel, cell: Cell, n: Any, terms: Terms) -> None:
@@ -223,6 +232,8 @@ def machines_of(model: PlanModel, cell: Cell, n: Any, terms: Terms) -> None:
     o = model.offers[cell.t]
     terms.cost.append(cell.kappa * n)
     terms.usd.append(round(o.usd_per_hour * MICRO) * n)
+    terms.cost_hi += cell.kappa * cell.ub
+    terms.usd_hi += round(o.usd_per_hour * MICRO) * cell.ub
     if not o.one_space:
         terms.hosts.append(n)
     terms.family.setdefault(o.quota_family, []).append(o.vcpus * n)
@@ -234,8 +245,8 @@ def close_rows(f: Formulation, model: PlanModel, terms: Terms) -> None:
     for fam, fam_terms in terms.family.items():
         if fam in c.quotas:
             m.add(sum(fam_terms) <= c.quotas[fam])
-    if c.max_usd_per_hour is not None:
-        m.add(sum(terms.usd) <= int(c.max_usd_per_hour * MICRO + 1e-6))
+    if c.max_usd_per_hour is not None and (cap := c.max_usd_per_hour * MICRO + 1e-6) < terms.usd_hi:
+        m.add(sum(terms.usd) <= int(cap))
     if c.max_new_hosts is not None:
         m.add(sum(terms.hosts) <= c.max_new_hosts)
     if c.exact_new_hosts is not None:
@@ -247,8 +258,36 @@ def close_rows(f: Formulation, model: PlanModel, terms: Terms) -> None:
             m.add(expr <= groups[g].count)
         f.placed.append(expr)
     f.cost = sum(terms.cost) if terms.cost else 0
-    if c.monthly_usd_left is not None:
-        m.add(f.cost <= int(c.monthly_usd_left * MICRO))
+    if c.monthly_usd_left is not None and (cap := c.monthly_usd_left * MICRO) < terms.cost_hi:
+        m.add(f.cost <= int(cap))
+
+
+def micro_cost(usd_per_hour: float, secs: int) -> int:
+    """Micro-USD ``secs`` seconds cost at ``usd_per_hour`` (floored: κ)."""
+    return int(usd_per_hour * secs * MICRO // 3600)
+
+
+def too_large(model: PlanModel, kept: list[int]) -> str | None:
+    """Why the exact models cannot count this model's costs in int64 micro-USD, or None: the
+    most every plan could cost (each cell's machines at their bound, each running host's extra
+    time) must stay below ``LIMIT``, and so must the $/h of those machines when a cap binds them.
+    (A price is at most ``MAX_USD_PER_HOUR``, u32 $/h, and a year of one machine at $4e9/h is
+    past it: first fit, in floats, answers such a model.)"""
+    c = model.constraints
+    _, all_cells = cells(model, kept)
+    parts = [(cell.kappa * cell.ub, f"{cell.ub} × {model.offers[cell.t].key} at ${model.offers[cell.t].usd_per_hour:g}/h "
+              f"for {billed_secs(model.offers[cell.t], cell.delta)} s") for cell in all_cells]
+    parts += [(max((micro_cost(h.usd_per_hour, extra_secs(h, g.duration_secs)) for g in model.groups), default=0),
+               f"{h.name} at ${h.usd_per_hour:g}/h") for h in model.hosts]
+    cost_hi = sum(p for p, _ in parts)
+    usd_hi = sum(round(model.offers[cell.t].usd_per_hour * MICRO) * cell.ub for cell in all_cells)
+    if c.max_usd_per_hour is None or c.max_usd_per_hour * MICRO + 1e-6 >= usd_hi:
+        usd_hi = 0  # (no $/h row)
+    if cost_hi < LIMIT and usd_hi < LIMIT:
+        return None
+    _, dearest = max(parts)
+    return (f"a plan here could cost up to ${max(cost_hi, usd_hi) / MICRO:.4g} (most of it {dearest}), past what the "
+            "exact models count in micro-dollars: first-fit decreasing answered, with no bound")
 
 
 def build(model: PlanModel, kept: list[int]) -> Formulation:

@@ -31,6 +31,9 @@ U32 = 2**32 - 1
 MAX_OVERCOMMIT = 1000.0  # vCPUs sold per vCPU in an edited model: beyond it no what-if means anything
 MAX_FIGURE = 2**53  # a host's declared capacity figures go this high (fuse.models.hosts.MAX_AMOUNT)
 INT32 = 2**31  # the solvers' random seed is a C int32 (CP-SAT's random_seed)
+# a machine's $/h goes this high (a linked local type's price is held to u32): an edited model's
+# 1e308 made a plan's cost infinite (no JSON) and its micro-dollars NaN
+MAX_USD_PER_HOUR = float(U32)
 
 
 class _Data(BaseModel):
@@ -83,7 +86,7 @@ class PoolHost(_Data):
     provider: str = ""
     region: str = ""
     type_name: str = ""  # a cloud host's machine type ("" on own devices)
-    usd_per_hour: float = Field(default=0.0, ge=0)
+    usd_per_hour: float = Field(default=0.0, ge=0, le=MAX_USD_PER_HOUR)
     paid_secs_left: int = Field(default=0, ge=0, le=U32)  # already-billed time still ahead
     billing_step_secs: int = Field(default=1, ge=1, le=U32)
     # VMs it may still take: its vm_count policy less the VMs on it (None: no limit)
@@ -115,7 +118,7 @@ class Offer(_Data):
     gpu: str = ""
     kvm: bool = False
     metal: bool = False
-    usd_per_hour: float = Field(ge=0)
+    usd_per_hour: float = Field(ge=0, le=MAX_USD_PER_HOUR)
     billing_step_secs: int = Field(default=1, ge=1, le=U32)
     billing_min_secs: int = Field(default=0, ge=0, le=U32)
     boot_secs: int = Field(default=90, ge=0, le=U32)
@@ -149,6 +152,11 @@ class Constraints(_Data):
     # an answer quotes the cap as the operator set it, the two summed. None: the cap, if any, is
     # on what the plan adds alone: a request's own)
     running_usd_per_hour: float | None = Field(default=None, ge=0)
+    # (words only too: what the machines running take of each cloud's caps, at most all of each:
+    # vCPUs of a quota family, machines of a type ("provider/type_name"); ``quotas`` and an
+    # offer's ``limit`` are what they leave, and an answer says the cap as set, the two summed)
+    quota_running: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    limit_running: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
 
 
 class PlanModel(_Data):
@@ -265,7 +273,9 @@ def offer_reject(group: DemandGroup, offer: Offer, c: Constraints, size: bool = 
     if group.instance_type and offer.type_name != group.instance_type:
         return f"type is not {group.instance_type}"
     if offer.limit == 0:
-        return "type limit 0"
+        # (the limit as set: a type whose limit the machines running use up is not one limited to 0)
+        run = c.limit_running.get(f"{offer.provider}/{offer.type_name}", 0)
+        return f"type limit {run} reached (the machines running count against it)" if run else "type limit 0"
     if not size:
         return None
     need = group.count if group.together else 1

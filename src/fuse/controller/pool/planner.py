@@ -180,6 +180,9 @@ def solve(model: PlanModel) -> tuple[Solution, str, float, list[str]]:
     if total == 0:
         return base, "exact", 0.0, []
     kept = F.undominated_offers(model)
+    if (why := F.too_large(model, kept)) is not None:
+        # (figures a linked type may have, past CP-SAT's int64: first fit's plan, and 0 is a bound)
+        return base, "greedy", 0.0, [why]
     base_placed = sum(base.placed(len(model.groups)))
 
     target, most_proven, reach = base_placed, True, False

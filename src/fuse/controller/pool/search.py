@@ -112,7 +112,10 @@ def solve(model: PlanModel, kept: list[int], target: int, start: Solution,
         lb = -math.inf  # (a bound priced with the artificial column in the LP: not taken)
         if converged:  # again without it, from the columns found: the bound as always
             root = _master(model, types, target, pool)
-            res, lb, converged = generate(model, root, types, pool, deadline)
+            try:
+                res, lb, converged = generate(model, root, types, pool, deadline)
+            except TooBig:  # (as above: its duals may reach a DP the first pass did not)
+                return None
     if res is None or (not converged and lb <= 0):
         return None
     if partial is not None and short and (rough := _residual(model, root, res.x, 0)) is not None:
@@ -395,7 +398,10 @@ def _dive(model: PlanModel, types: list[MachineType], target: int, pool: list, d
     for ty, k, counts in pool:
         master.add_pattern(ty, k, counts)
     while time.monotonic() < deadline:
-        res, _, _ = generate(model, master, types, pool, deadline)
+        try:
+            res, _, _ = generate(model, master, types, pool, deadline)
+        except TooBig:  # (new duals reached a shared DP past MAX_CELLS: the root's did not, so it ran)
+            return None
         if res is None:
             return None
         x = np.concatenate([res.x, np.zeros(len(master.kind) - len(res.x))])  # columns priced after it

@@ -72,7 +72,7 @@ def slots_needed(model: PlanModel, cells: list[F.Cell]) -> int:
     j = min(j, sum(by_type.values()))
     prices = [model.offers[cell.t].usd_per_hour for cell in cells]
     if c.max_usd_per_hour is not None and prices and min(prices) > 0:
-        j = min(j, int(c.max_usd_per_hour / min(prices) + 1e-9))
+        j = min(j, int(min(j, c.max_usd_per_hour / min(prices) + 1e-9)))  # (in floats first: it may be infinite)
     return max(j, 0)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from fuse.controller.pool.model import (
     Constraints,
+    Offer,
     PlanModel,
     billed_secs,
     extra_secs,
@@ -180,8 +181,8 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
     fits = [] if g is None else [o for o in model.offers
                                  if offer_reject(model.groups[g], o, c) is None]
     # (a type whose limit is used up is no longer one that fits: that limit is what stops it)
-    limited = [] if g is None else [o for o in model.offers
-                                    if offer_reject(model.groups[g], o, c) in (None, "type limit 0")]
+    limited = [] if g is None else [o for o in model.offers if offer_reject(
+                   model.groups[g], o if o.limit != 0 else o.model_copy(update={"limit": None}), c) is None]
     bought = [] if sol is None else [model.offers[m.offer] for m in sol.machines]
     hosts_new = sum(not o.one_space for o in bought)
     usd_h = sum(o.usd_per_hour for o in bought)
@@ -214,13 +215,38 @@ def _cap_checks(model: PlanModel, sol: Solution | None, g: int | None) -> list[t
         used = sum(o.vcpus for o in bought if o.quota_family == f)
         least = min((o.vcpus for o in fits if o.quota_family == f), default=None)
         reached = least is not None and used + least > v
-        out.append((f"quota {f}={v}" + (f" ({used} vCPUs used)" if reached else ""), reached))
+        out.append((_running_cap_said(f"quota {f}", v, c.quota_running.get(f, 0), used if reached else None,
+                                      " vCPUs"), reached))
     for o in model.offers:
         if o.limit is not None:
             n = sum(b is o for b in bought)
-            out.append((f"limit {o.type_name}={o.limit}" + (" (all used)" if n >= o.limit else ""),
-                        n >= o.limit and o in limited))
+            run = c.limit_running.get(f"{o.provider}/{o.type_name}", 0)
+            out.append((_limit_said(o, run, n), n >= o.limit and o in limited))
     return out
+
+
+def _running_cap_said(cap: str, left: int, run: int, used: int | None, unit: str) -> str:
+    """A cloud's quota as the operator set it (``left``, what the machines running leave, and
+    ``run``, what they take), worded as ``_usd_cap_said`` words the $/h cap; with what the plan
+    uses of it when ``used`` is given."""
+    if not run:
+        return f"{cap}={left}" + (f" ({used}{unit} used)" if used is not None else "")
+    if left <= 0:
+        return f"{cap}={run} reached: the machines running leave none for new machines"
+    if used is None:
+        return f"{cap}={left + run} ({run}{unit} running)"
+    return f"{cap}={left + run} ({run + used}{unit} used: {run} running, {used} this plan)"
+
+
+def _limit_said(o: Offer, run: int, n: int | None) -> str:
+    """A type's limit as set (``o.limit``, what the machines running leave, and ``run``, what
+    they take), with "(all used)" when the plan's ``n`` machines of it use the rest."""
+    if run and not o.limit:
+        return _running_cap_said(f"limit {o.type_name}", 0, run, None, "")
+    said = f"limit {o.type_name}={o.limit + run}"
+    if n is not None and n >= o.limit:
+        return said + (f" (all used: {run} running, {n} this plan)" if run else " (all used)")
+    return said + (f" ({run} running)" if run else "")
 
 
 def _usd_cap_said(c: Constraints, usd_h: float | None) -> str:
@@ -241,18 +267,37 @@ def _usd_cap_said(c: Constraints, usd_h: float | None) -> str:
 
 def _pin_blocked(model: PlanModel, fits: list, n: int) -> str:
     """What keeps ``n`` new machines (the hosts pin) from being bought at all, in words
-    (" (...)"), or "": the new-host cap, the types' limits, the $/h cap."""
+    (" (...)"), or "": the new-host cap, the clouds' quotas, the types' limits, the $/h cap."""
     c = model.constraints
     hosts = sorted((o for o in fits if not o.one_space), key=lambda o: o.usd_per_hour)
     if c.max_new_hosts is not None and c.max_new_hosts < n:
         return f" (max_new_hosts={c.max_new_hosts} allows fewer)"
+    # the most machines the quotas let in: the fewest vCPUs first (a limit is said below)
+    left, most, cut = dict(c.quotas), 0, set()
+    for o in sorted(hosts, key=lambda o: (o.vcpus, o.usd_per_hour)):
+        k = n - most if o.limit is None else min(n - most, o.limit)
+        if o.quota_family in left and left[o.quota_family] // o.vcpus < k:
+            k = left[o.quota_family] // o.vcpus
+            cut.add(o.quota_family)
+        if o.quota_family in left:
+            left[o.quota_family] -= k * o.vcpus
+        most += k
+        if most >= n:
+            break
+    if most < n and cut:
+        quotas = ", ".join(_running_cap_said(f"quota {f}", c.quotas[f], c.quota_running.get(f, 0), None, " vCPUs")
+                           for f in sorted(cut))
+        return f" (the quotas let {most} of them in: {quotas})"
     cheapest: list[float] = []
     for o in hosts:  # the n cheapest machines the types' limits allow
         cheapest += [o.usd_per_hour] * min(n - len(cheapest), n if o.limit is None else o.limit)
         if len(cheapest) >= n:
             break
     if len(cheapest) < n:
-        return f" (the machine types that can take it allow {len(cheapest)} in all)" if hosts else ""
+        limits = ", ".join(_limit_said(o, run, None) for o in hosts if o.limit is not None and
+                           (run := c.limit_running.get(f"{o.provider}/{o.type_name}", 0)))
+        return (f" (the machine types that can take it allow {len(cheapest)} in all"
+                + (f": {limits})" if limits else ")")) if hosts else ""
     if c.max_usd_per_hour is not None and sum(cheapest) > c.max_usd_per_hour + 1e-9:
         run = c.running_usd_per_hour or 0.0
         return (f" (the cheapest {n} cost ${sum(cheapest):.4f}/h, over " + (
@@ -301,6 +346,7 @@ def unplaced_reason(model: PlanModel, g: int, sol: Solution | None = None) -> st
         return hosts or "no room left in the pool"
     reached = [said for said, hit in checks if hit]
     caps = reached or [said for said, _ in checks]
+    caps = [x for x in caps if not any(x != y and x in y for y in caps)]  # (said once: a pin's words name it)
     lead = f"{hosts}; and no new machine within the caps: " if hosts else "no room within the caps: "
     return lead + ", ".join(caps)
 
