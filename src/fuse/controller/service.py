@@ -170,7 +170,11 @@ class Controller:
         cloud says of the type), is not own, and is paid until its committed end, less the
         rest of its boot time, when nothing can run there yet: work there ends that much
         later. ``joins_in_secs``: that rest (at least 1: it is not ready now), which the plan's
-        ``ready_in_secs`` counts and a create on it waits for (``ElasticPool.host_for``)."""
+        ``ready_in_secs`` counts and a create on it waits for (``ElasticPool.host_for``).
+        The paid time is counted from the join itself (its committed end less started + boot,
+        whole seconds both: the model's are), not from now less a rounded-up rest: truncating
+        the one and rounding the other up lost a second, so work ending at the paid end was
+        billed one more step there and a plan bought a machine beside it."""
         import math
 
         from ..errors import FuseError
@@ -185,13 +189,16 @@ class Controller:
                 images = sorted(provider.images())
             except FuseError:  # (its cloud no longer offers the type: no room to promise)
                 continue
-            joins = max(1, math.ceil(r["started"] + r["boot_secs"] - now))
+            joined = max(r["started"] + r["boot_secs"], now + 1)  # (at least 1 s on: it is not ready now)
+            joins = math.ceil(joined - now - 1e-6)
+            # (1e-6: started + 3600 less started + 600 in floats is 2999.9999998 at today's epoch)
+            paid = max(0, math.floor(committed_until(r, now) - joined + 1e-6))
             out.append({"name": r["name"], "cpus": offer.vcpus, "mem_mib": offer.mem_mib,
                         "free_vcpus": offer.vcpus, "free_mem_mib": offer.mem_mib, "free_vm_slots": slots,
                         "arch": offer.arch, "kvm": offer.kvm, "own": False, "bundles": images,
                         "region": r["region"], "type_name": r["type_name"], "provider": r["provider"],
                         "usd_per_hour": r["usd_per_hour"], "billing_step_secs": r["billing_step_secs"],
-                        "paid_secs_left": max(0, int(committed_until(r, now) - now) - joins),
+                        "paid_secs_left": paid,
                         "scaler_cordoned": False, "state": r["state"], "joins_in_secs": joins})
         return out
 
