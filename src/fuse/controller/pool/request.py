@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fuse.controller.pool.catalogue import default_catalogue
-from fuse.controller.pool.model import ARCHES, KINDS, Constraints, DemandGroup, Offer, PlanModel, PoolHost
+from fuse.controller.pool.model import ARCHES, KINDS, U32, Constraints, DemandGroup, Offer, PlanModel, PoolHost
 from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import ElasticPlanRequest
 
@@ -96,7 +96,10 @@ def host_from_snapshot(d: Mapping[str, Any]) -> PoolHost | None:
         mem_mib=max(0, int(d.get("free_mem_mib", d.get("mem_mib", 0)))),
         arch=str(d.get("arch") or "amd64"), kvm=bool(d.get("kvm", True)), own=bool(d.get("own", True)),
         provider=str(d.get("provider", "")), region=str(d.get("region", "")), type_name=str(d.get("type_name", "")),
-        usd_per_hour=float(d.get("usd_per_hour", 0.0)), paid_secs_left=int(d.get("paid_secs_left", 0)),
+        usd_per_hour=float(d.get("usd_per_hour", 0.0)),
+        # (a machine paid past u32 seconds, added by hand with a TTL of centuries, is paid past any
+        # work's duration, which u32 bounds: it is paid "for good", not a malformed snapshot)
+        paid_secs_left=min(U32, int(d.get("paid_secs_left", 0))),
         billing_step_secs=int(d.get("billing_step_secs", 1)), scaler_cordoned=bool(d.get("scaler_cordoned", False)),
         max_vms=None if d.get("free_vm_slots") is None else max(0, int(d["free_vm_slots"])))
 
