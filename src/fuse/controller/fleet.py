@@ -200,11 +200,21 @@ class Fleet:
         """Poll a host its poller already watches now (no registry read: ``refresh``)."""
         await self._poll_once(host_id)
 
-    async def refresh(self, host_id: str) -> None:
+    async def refresh(self, host_id: str) -> int:
         """Poll a host now (after registration, or when a caller needs fresh
-        figures)."""
+        figures); the events it read."""
         await self.sync_hosts()
-        await self._poll_once(host_id)
+        return await self._poll_once(host_id)
+
+    async def read_out(self, host_id: str, first: float, most: float) -> None:
+        """Poll a host now (``first`` seconds at most: ``TimeoutError``), then read its events on,
+        a page a poll, until one reads none or ``most`` seconds have gone (a deregister: once the
+        host is removed nothing reads them; one page of ``EVENT_BATCH`` left the rest of a
+        backlog out of the stream for good)."""
+        deadline = time.monotonic() + most
+        read = await asyncio.wait_for(self.refresh(host_id), first)
+        while read and (left := deadline - time.monotonic()) > 0:
+            read = await asyncio.wait_for(self._poll_once(host_id), left)
 
     # ---- polling -------------------------------------------------------------
     async def _poll(self, host_id: str) -> None:
@@ -229,12 +239,14 @@ class Fleet:
                     log.exception("poller for %s", host_id)
             await asyncio.sleep(self.ctl.poll_interval)
 
-    async def _poll_once(self, host_id: str, events: bool = True) -> None:
+    async def _poll_once(self, host_id: str, events: bool = True) -> int:
+        """One poll of the host: its summary, and a page of its events (``events``); the
+        events read."""
         view = self.views.setdefault(host_id, HostView())
         async with view.polling:
-            await self._poll_locked(host_id, view, events)
+            return await self._poll_locked(host_id, view, events)
 
-    async def _poll_locked(self, host_id: str, view: HostView, events: bool) -> None:
+    async def _poll_locked(self, host_id: str, view: HostView, events: bool) -> int:
         try:
             conn = self.conn(host_id)
             url = self._conns[host_id][0]
@@ -278,7 +290,8 @@ class Fleet:
                 view.connected = True
                 self._controller_event("host_connected", host_id, {})
             if events:
-                await self._pull_events(host_id, conn, summary.get("agent_id", ""), summary)
+                return await self._pull_events(host_id, conn, summary.get("agent_id", ""), summary)
+            return 0
         except HostUnreachable as exc:
             view.failures += 1
             view.log_checked = False  # (it may come back with its log restored from an older copy)
@@ -388,8 +401,8 @@ class Fleet:
                             added = True
         return added
 
-    async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str, summary: dict) -> None:
-        """One read of up to EVENT_BATCH events, when there are new ones (module docstring)."""
+    async def _pull_events(self, host_id: str, conn: HostConnection, agent_id: str, summary: dict) -> int:
+        """One read of up to EVENT_BATCH events, when there are new ones (module docstring); how many."""
         # one machine under two names: its events are read once, by the first name that is
         # connected, from where any name got to (module docstring)
         alias = [h for h, v in self.views.items() if agent_id and h != host_id and v.agent_id == agent_id]
@@ -422,7 +435,7 @@ class Fleet:
             # (and the store's events are looked through once per name and agent, not each poll).
             self._advance(host_id, source, cursor)
         if any(h < host_id and (v := self.views.get(h)) is not None and v.connected for h in alias):
-            return
+            return 0
         view = self.views.setdefault(host_id, HostView())
         if not view.log_checked and agent_id and cursor > 0:
             # (once each time it answers again: a log restored from an older copy while it was
@@ -435,12 +448,12 @@ class Fleet:
         last = summary.get("last_event_id")
         if isinstance(last, int):
             if last == cursor:
-                return  # nothing new (a lower id: the agent's log went back, read it)
+                return 0  # nothing new (a lower id: the agent's log went back, read it)
         elif time.monotonic() < view.events_at:
-            return
+            return 0
         resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
         if resp.status_code != 200:
-            return
+            return 0
         page = resp.json()
         top = page.get("last_id")
         if agent_id and isinstance(top, int) and top < cursor:
@@ -448,18 +461,19 @@ class Fleet:
             cursor = 0
             resp = await conn.request("GET", "/v1/host/events", params={"since": 0, "limit": EVENT_BATCH})
             if resp.status_code != 200:
-                return
+                return 0
             page = resp.json()
         batch = page.get("events", [])
         # (the backoff for an agent whose summary cannot say whether there is news)
         view.events_wait = 0.0 if batch else min(max(2 * view.events_wait, self.ctl.poll_interval), EVENT_BACKOFF_MAX)
         view.events_at = time.monotonic() + view.events_wait
         if not batch:
-            return
+            return 0
         vm_changed = self._store_events(host_id, agent_id, cursor, batch, source=source)
         self.changed.set()
         if vm_changed:
             await self._adopt(host_id, conn)
+        return len(batch)
 
     async def _log_replaced(self, host_id: str, conn: HostConnection, agent_id: str, source: str,
                             cursor: int) -> tuple[bool | None, int | None]:

@@ -22,6 +22,7 @@ log = logging.getLogger("fuse.controller.moves")
 
 WINDOWS_PIPE = r"\\.\pipe\fuse-controller"
 LAST_READ_S = 2.0  # a deregister reads the host's events once more, for at most this long
+LAST_READ_ALL_S = 10.0  # ... and on, a page a poll, while there are more (a backlog), at most this long in all
 
 
 def default_controller_socket() -> Path:
@@ -258,7 +259,7 @@ class Controller:
             # (best effort, bounded: a host that does not answer is removed all the same)
             failed = False
             try:
-                await asyncio.wait_for(self.fleet.refresh(host_id), LAST_READ_S)
+                await self.fleet.read_out(host_id, LAST_READ_S, LAST_READ_ALL_S)
                 answers = "its agent answers"
             except HostUnreachable as exc:
                 if exc.code == "unauthorized":
