@@ -270,11 +270,16 @@ def _check_http_url(url: str) -> None:
 
     try:
         parsed = httpx.URL(url)
-        port = parsed.port
+        port, host = parsed.port, parsed.host  # (.host decodes an xn-- name: IDNAError, a ValueError)
     except (httpx.InvalidURL, ValueError) as exc:
         raise ValueError(f"url {url!r} is not an http(s)://host:port address: {exc}") from None
-    if not parsed.host:
+    if not host:
         raise ValueError(f"url {url!r} names no host: http(s)://host:port")
+    try:  # (what the resolver is given: a bare UnicodeError at the first call otherwise)
+        host.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"url {url!r} names no valid host: {host!r} has an empty label (two dots in a row, "
+                         "a dot at its start) or one longer than 63 characters") from None
     if parsed.userinfo:  # (the HTTP library sends it as Basic auth in place of the bearer token)
         raise ValueError(f"url {parsed.copy_with(username=None, password=None)} carries a user or password: "
                          "give the controller's token as token=, not in the url")

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import idna
 
 from ..errors import HostUnreachable, NotAnAgent, NotTrusted
 from ..paths import default_agent_socket
@@ -312,6 +313,8 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         # OpenSSL's reason in words, not its text ("[SSL: X] ... (_ssl.c:1006)")
         why = (tls_error.reason or "").replace("_", " ").lower() if tls_error is not None else ""
         return f"TLS with {addr} failed: {why or text}", False
+    if _bad_name(exc):
+        return f"cannot resolve the host name in {addr}: it is not a valid host name ({text})", False
     if "name or service not known" in low or "nodename nor servname" in low or "temporary failure in name" in low:
         gai = next((c for c in chain if isinstance(c, socket.gaierror)), None)  # (its text: "[Errno -2] ...")
         why = (gai.strerror if gai is not None and gai.strerror else text).lower()
@@ -327,6 +330,12 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         # (never what it sent: httpx quotes the bytes, "illegal status line: bytearray(b'...')")
         return f"{addr} answered with something that is not HTTP", False
     return f"cannot reach {addr}: {text}", False
+
+
+def _bad_name(exc: BaseException) -> bool:
+    """Whether `exc` is the resolver's idna codec (a bare UnicodeError: an empty label, one
+    over 63 characters) or httpx's idna package (IDNAError) refusing the address's host name."""
+    return any(type(c) is UnicodeError or isinstance(c, idna.IDNAError) for c in _chain(exc))
 
 
 def _words(chain: list[BaseException]) -> str:
@@ -376,7 +385,7 @@ async def greeting(host: str, port: int, say: bytes = b"", timeout: float = 0.5)
     deadline = loop.time() + timeout
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError):
+    except (OSError, asyncio.TimeoutError, UnicodeError):  # (UnicodeError: a name the resolver cannot encode)
         return b""
     try:
         if say:
@@ -411,7 +420,7 @@ async def speaks_tls(host: str, port: int, timeout: float = 1.0) -> bool:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout)
     except ssl.SSLError as exc:
         return exc.reason not in _NOT_TLS and "EOF" not in str(exc)
-    except (OSError, asyncio.TimeoutError):
+    except (OSError, asyncio.TimeoutError, UnicodeError):
         return False
     writer.close()
     return True
@@ -530,8 +539,8 @@ def _dropped(addr: str, chain: list[BaseException]) -> str:
 def _never_sent(exc: BaseException) -> bool:
     """The connection failed before a byte of the request went: not opened (refused, no
     socket, no route, a failed handshake) or no connection free in the pool."""
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return True
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, UnicodeError)):
+        return True  # (UnicodeError: a host name that could not even be looked up)
     cur: BaseException | None = exc
     while cur is not None:
         if isinstance(cur, (ConnectionRefusedError, FileNotFoundError)):
@@ -621,7 +630,11 @@ class HostConnection:
                         err.maybe_sent = getattr(exc, "maybe_sent", True)
                         raise err from exc
                     raise
-                except (httpx.TransportError, OSError, ssl.SSLError) as exc:
+                # (UnicodeError: a host name the resolver or httpx's idna cannot encode, stored
+                # before `parse_address` refused it: unreachable, never a 500)
+                except (httpx.TransportError, OSError, ssl.SSLError, UnicodeError) as exc:
+                    if isinstance(exc, UnicodeError) and not _bad_name(exc):
+                        raise  # (another text that cannot be encoded: not the host's doing)
                     if attempt == retries or isinstance(exc, httpx.TimeoutException):
                         handshake = ("" if "connection.start_tls.started" not in shook
                                      or "http11.receive_response_headers.complete" in shook
@@ -691,7 +704,7 @@ class HostConnection:
                 asyncio.open_connection(a.host, a.port, ssl=self._ctx, server_hostname=a.host), PROBE_S)
         except ssl.SSLError as exc:
             return _alert(str(exc).lower())
-        except (OSError, asyncio.TimeoutError):
+        except (OSError, asyncio.TimeoutError, UnicodeError):
             return False
         try:
             host = f"[{a.host}]" if ":" in a.host else a.host

@@ -10,7 +10,9 @@
 `parse_address` either returns an `Address` or raises `BadAddress` (400
 `invalid_argument`) naming the address and what is wrong with it: a port
 outside 1-65535 or not a number, an IP literal that is not one (999.1.1.1,
-an unclosed `[::1`), no host, no socket path, an http(s) address with a user
+an unclosed `[::1`), no host, a host name with an empty label, a label over 63 characters or an `xn--`
+label that is no IDNA (which the resolver and httpx refuse with a UnicodeError), no
+socket path, an http(s) address with a user
 or password (the agent's token is the credential: userinfo would be sent in
 its place) or with a query or fragment (the address is stored and shown as
 given, and a request path is appended to it). A password is never repeated
@@ -205,6 +207,8 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
         # (a shell's `;`, `$(...)`, spaces: no host is named so, and the messages that
         # suggest a command with the host in it would hand them to a shell)
         raise _bad(addr, f"{_shown(host)} is not a host name or an IP address (letters, digits, '-', '_' and '.')")
+    if not authority.startswith("[") and (why := _name_problem(host)):
+        raise _bad(addr, f"{_shown(host)} is not a host name ({why})")
     if user and (any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in user)):
         # (`user@domain` and `DOMAIN+user` directory logins are names too)
         raise _bad(addr, f"user {_shown(user)} is not a login name (it holds a space or a control character)")
@@ -214,6 +218,28 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
     if user.startswith("-"):  # (an ssh command line would read it as an option)
         raise _bad(addr, f"user {_shown(user)} is not a login name (it starts with '-')")
     return user, password, host.lower(), _port(addr, port_text)
+
+
+def _name_problem(host: str) -> str:
+    """Why the host name `host` cannot be one, or "": a label that is empty (`a..b`, `.a`;
+    one dot at the end is the root's, so `a.` is a name) or longer than 63 characters as
+    the resolver is given it, or an `xn--` name that is no IDNA A-label. The resolver
+    (Python's idna codec: getaddrinfo, so every transport) and httpx (which decodes an
+    `xn--` name) raise UnicodeError on these, which surfaced as 500s from a probe that
+    dialled them; a name that is one but resolves nowhere is the transport's 502."""
+    labels = (host[:-1] if host.endswith(".") else host).split(".")
+    if "" in labels:
+        return "it has an empty label: two dots in a row, or a dot at its start"
+    for label in labels:
+        try:
+            label.encode("idna")
+        except UnicodeError:
+            return f"its label {_shown(label, 20)} is longer than 63 characters, as DNS is sent it"
+    try:
+        httpx.URL(f"http://{host}/").host
+    except (UnicodeError, httpx.InvalidURL) as exc:  # (idna's IDNAError is a UnicodeError)
+        return f"it is not a valid internationalised name: {_lower_first(str(exc))}"
+    return ""
 
 
 def _port(addr: str, text: str | None) -> int | None:
