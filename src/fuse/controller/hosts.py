@@ -58,7 +58,7 @@ PROBED_FIELDS = ("cpus", "ram_mb", "storage_gb")
 FINISHED = frozenset({"exited", "failed", "deleted"})
 
 
-MAX_TEXT = 255  # characters of an id, a region, a label's key
+MAX_TEXT = 255  # characters of an id, a region, a label's key, a declared gpu_kind or arch
 MAX_LABEL_VALUE = 1024
 MAX_LABELS = 128
 MAX_URL = 2048
@@ -83,7 +83,8 @@ def validate(req: RegisterHostRequest) -> str:
         raise InvalidArgument(f"id {req.id!r} contains a control character; choose another id")
     if why := token_problem(req.token):
         raise InvalidArgument(f"token {why}")
-    texts = [("url", req.url), ("token", req.token), ("region", req.region)]
+    texts = [("url", req.url), ("token", req.token), ("region", req.region),
+             ("capacity.gpu_kind", req.capacity.gpu_kind), ("capacity.arch", req.capacity.arch)]
     texts += [(f"labels key {k!r}", k) for k in req.labels or {}]
     texts += [(f"labels.{k}", v) for k, v in (req.labels or {}).items()]
     for field, text in texts:
@@ -92,7 +93,9 @@ def validate(req: RegisterHostRequest) -> str:
     # Bounded, as the id is: a 5 MB label was stored and sent with every host list, and a
     # 1 MB token came back as 502 host_unreachable (the agent dropped the oversized header)
     for field, text, most in [("url", req.url, MAX_URL), ("token", req.token, MAX_TOKEN),
-                              ("region", req.region, MAX_TEXT)]:
+                              ("region", req.region, MAX_TEXT),
+                              ("capacity.gpu_kind", req.capacity.gpu_kind, MAX_TEXT),
+                              ("capacity.arch", req.capacity.arch, MAX_TEXT)]:
         if text and len(text) > most:
             raise InvalidArgument(f"{field} is longer than {most} characters")
     if len(req.labels or {}) > MAX_LABELS:
@@ -263,11 +266,23 @@ async def identity_at(url: str, token: str | None, tls: TlsSettings | None) -> t
 INVENTORY = ("gpu_devices", "mig_instances", "mig_instance_uuids")
 
 
+# The facts a host re-registered on declared capacity keeps from its agent's last report when
+# left undeclared (README). What the agent said of them is stored beside the capacity, under
+# REPORTED_KEY (no field of HostCapacity: reads of the row ignore it), since the capacity alone
+# does not tell a reported value from a declared one, which a re-registration replaces.
+REPORTED = ("arch", "gpus", "gpu_kind", "mig_profiles")
+REPORTED_KEY = "reported"
+
+
 def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warnings: list[str],
-                   before: dict | None = None) -> HostCapacity:
+                   before: dict | None = None, reported: dict | None = None) -> HostCapacity:
     """The capacity to store: ``cap`` as declared, with the probe's facts where they are the
     agent's to say. ``before``: the capacity stored for this host at this url and backend,
-    whose agent-reported facts stand when the probe is skipped (an update, not a reset)."""
+    whose agent-reported facts stand when the probe is skipped (an update, not a reset).
+    ``reported``, when given, is filled with what the agent reported of REPORTED, to be stored
+    as the capacity's REPORTED_KEY."""
+    if reported is None:
+        reported = {}
     out = cap.model_copy(deep=True)
     out.mig_instances, out.mig_instance_uuids = [], []
     # GPUs pass through on qemu hosts only: as registered, and as the agent runs (when it says)
@@ -284,12 +299,18 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         out.firecracker = out.firecracker_pinned = ""
         if before:
             kept = HostCapacity.model_validate(before)
-            out.arch = out.arch or kept.arch
+            # only what the agent reported stands: a value declared before and not now is
+            # replaced, as the rest of the capacity is (a row stored before the report was
+            # kept beside it has its capacity read as reported, as it was then)
+            said = before.get(REPORTED_KEY)
+            said = HostCapacity.model_validate(said if isinstance(said, dict) else before)
+            reported.update({f: getattr(said, f) for f in REPORTED})
+            out.arch = out.arch or said.arch
             if backend == "qemu":
                 out.gpu_devices = kept.gpu_devices
-                out.gpus = out.gpus or kept.gpus
-                out.gpu_kind = out.gpu_kind or kept.gpu_kind
-                out.mig_profiles = out.mig_profiles or kept.mig_profiles
+                out.gpus = out.gpus or said.gpus
+                out.gpu_kind = out.gpu_kind or said.gpu_kind
+                out.mig_profiles = out.mig_profiles or said.mig_profiles
             else:
                 out.firecracker, out.firecracker_pinned = kept.firecracker, kept.firecracker_pinned
         return out
@@ -307,6 +328,7 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         warnings.append(f"capacity.arch: declared {cap.arch!r} differs from probed {probed['arch']!r}; "
                         "storing the probed value (the agent's machine is what runs the VMs)")
     out.arch = probed.get("arch", "") or out.arch
+    reported["arch"] = probed.get("arch", "") or ""
     if out.arch and out.arch not in ARCHES:
         warnings.append(f"arch: the host agent runs on {out.arch}; the elastic planner plans amd64 and arm64 "
                         "machines only, so its plans leave this host out")
@@ -333,6 +355,7 @@ def merge_capacity(cap: HostCapacity, backend: str, probed: dict | None, warning
         real_gpus = int(probed.get("gpus", 0)) if passes_gpus else 0
         real_mig = _valid_mig(probed.get("mig_profiles") or {} if passes_gpus else {},
                               [] if cap.mig_profiles else warnings)
+        reported.update(gpus=real_gpus, gpu_kind=real_kind, mig_profiles=real_mig or None)
         if cap.gpus == 0:
             out.gpus = real_gpus
         else:
@@ -463,7 +486,8 @@ class HostRegistry:
         # where it is the same agent, at the same url, run the same way)
         before = (stored["capacity"] if stored and _same_address(stored["url"]) == req.url
                   and stored["backend"] == backend else None)
-        cap = merge_capacity(req.capacity, backend, probed, warnings, before)
+        reported: dict[str, Any] = {}
+        cap = merge_capacity(req.capacity, backend, probed, warnings, before, reported)
         now = time.time()
         with self.store.tx() as conn:
             old = self.store.get_host(req.id, conn)
@@ -477,7 +501,8 @@ class HostRegistry:
                 if why := _move_holds(conn, req.id):  # (its clean-up would reach the new url's agent)
                     raise Conflict(f"host {req.id} {why}; it cannot move to {req.url}", code="move_in_progress")
             row = dict(id=req.id, url=req.url, token=req.token or "", region=req.region or "",
-                       backend=backend, labels=req.labels or {}, capacity=cap.model_dump(mode="json"),
+                       backend=backend, labels=req.labels or {},
+                       capacity=cap.model_dump(mode="json") | {REPORTED_KEY: reported},
                        state=old["state"] if old else "active",
                        # (an identity is the agent's at an address: one at another url that was not
                        # probed, or answered without one, is not the machine the old url reached)
