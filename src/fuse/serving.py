@@ -30,10 +30,15 @@ from .envsettings import seconds
 from .paths import private_dir, socket_dir_problem
 from .statelock import lock_file
 
-# A connection that has not sent a whole request head this long after it opened, or after
-# its last answer, is closed: silent or half-sent connections held a descriptor each for
-# good, and enough of them (no token needed to open one) left the server none to answer with.
-HEAD_TIMEOUT_S = seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
+
+def head_timeout_s() -> float:
+    """FUSE_HTTP_HEAD_TIMEOUT_S: a connection that has not sent a whole request head this long
+    after it opened, or after its last answer, is closed: silent or half-sent connections held
+    a descriptor each for good, and enough of them (no token needed to open one) left the
+    server none to answer with. Read when a server starts, never as this module loads: the
+    --listen option's check imports it while the command line is read, before the command can
+    say a bad value in one sentence (review 33: a BadSetting traceback, exit 1)."""
+    return seconds("FUSE_HTTP_HEAD_TIMEOUT_S", 30.0)
 
 
 WAITING_RECHECK_S = 1.0  # a connection a timer would close, with bytes waiting: looked at again after this
@@ -64,9 +69,10 @@ def _bytes_waiting(transport) -> bool:
 
 def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, closing a connection with no request in flight
-    ``HEAD_TIMEOUT_S`` after it opened or answered (uvicorn's keep-alive timer starts only
+    ``head_timeout_s()`` after it opened or answered (uvicorn's keep-alive timer starts only
     after an answer, and stops at the first byte of the next request), or whose request's
     body has sent nothing for that long."""
+    head_s = head_timeout_s()
 
     class HeadDeadline(base):  # type: ignore[misc, valid-type]
         _head_timer: asyncio.TimerHandle | None = None
@@ -91,7 +97,7 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 self._arm_body()
 
         def _arm_body(self) -> None:
-            self._body_timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._no_body)
+            self._body_timer = asyncio.get_running_loop().call_later(head_s, self._no_body)
 
         def _no_body(self) -> None:
             self._body_timer = None
@@ -105,10 +111,11 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 return
             t.close()
 
-        def _arm(self, after: float = HEAD_TIMEOUT_S) -> None:
+        def _arm(self, after: float | None = None) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
-            self._head_timer = asyncio.get_running_loop().call_later(after, self._no_head)
+            self._head_timer = asyncio.get_running_loop().call_later(head_s if after is None else after,
+                                                                    self._no_head)
 
         def _no_head(self) -> None:
             late = _late(self._head_timer)
@@ -127,7 +134,7 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm(HEAD_TIMEOUT_S - (asyncio.get_running_loop().time() - self._opened))
+            self._arm(head_s - (asyncio.get_running_loop().time() - self._opened))
 
         def timeout_keep_alive_handler(self) -> None:
             # A request that came as uvicorn's keep-alive timer ran out (the server paused —
@@ -354,17 +361,18 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
 
 def handshake_deadline(loop: asyncio.AbstractEventLoop) -> None:
     """TLS listeners on ``loop`` close a connection whose handshake is not done
-    ``HEAD_TIMEOUT_S`` after it was accepted: uvicorn opens them with asyncio's default
+    ``head_timeout_s()`` after it was accepted: uvicorn opens them with asyncio's default
     of 60 s and no way to set it, so a peer with no certificate at all held one that
     long, whatever ``FUSE_HTTP_HEAD_TIMEOUT_S`` said (the head's deadline starts once
     the handshake is done)."""
     create = loop.create_server
     if getattr(create, "fuse_handshake_deadline", False):
         return
+    head_s = head_timeout_s()
 
     async def create_server(*args, **kwargs):
         if kwargs.get("ssl") is not None:
-            kwargs.setdefault("ssl_handshake_timeout", HEAD_TIMEOUT_S)
+            kwargs.setdefault("ssl_handshake_timeout", head_s)
         return await create(*args, **kwargs)
 
     create_server.fuse_handshake_deadline = True  # type: ignore[attr-defined]

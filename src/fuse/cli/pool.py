@@ -161,12 +161,21 @@ def _when(t: int | float) -> str:
 BESIDE_MODEL = frozenset({"plan", "joining", "late"})
 
 
+def _json(text: str, what: str) -> Any:
+    """``json.loads(text)``; JSON nested deeper than Python's parser goes (RecursionError, which
+    is no ValueError: a traceback, review 33) is ``invalid_argument`` naming ``what``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidArgument(f"{what} is JSON nested too deeply to read") from None
+
+
 def load_model(path: Path) -> PlanModel:
     """A model from FILE.json: a plan's ``json`` field ({"model", "plan"}, with ``joining`` and
     ``late`` when it used machines still booting), a whole plan, or a bare model."""
-    data = json.loads(path.read_text())
+    data = _json(path.read_text(), f"{path}: holds no plan model: it")
     if isinstance(data, dict) and isinstance(data.get("json"), str) and data["json"]:
-        data = json.loads(data["json"])  # a whole ElasticPlan as printed by --json
+        data = _json(data["json"], f"{path}: holds no plan model: its json field")  # a whole ElasticPlan (--json)
         if not (isinstance(data, dict) and "model" in data):
             raise InvalidArgument(f"{path}: its json field holds no model (a plan's json is {{\"model\", \"plan\"}})")
     if isinstance(data, dict) and "model" in data:
@@ -289,7 +298,9 @@ def plan_cmd(
         what = f"{model}: not a plan model" if model is not None else "the flags make no plan model"
         _fail("invalid_argument", f"{what}: {where + ': ' if where else ''}{e.errors()[0]['msg']}", json_=as_json)
     except (ValueError, OSError) as e:  # the --model file: not JSON, or unreadable
-        _fail("invalid_argument" if isinstance(e, ValueError) else "io_error", f"{model}: {e}", json_=as_json)
+        # (named only when there is one: "None: ..." was said of a bad setting, review 33)
+        _fail("invalid_argument" if isinstance(e, ValueError) else "io_error",
+              f"{model}: {e}" if model is not None else str(e), json_=as_json)
     if as_json:
         emit_json(result.model_dump(mode="json"))  # (keys sorted, as every other --json)
         return
@@ -533,10 +544,10 @@ def unprewarm_cmd(
 
 # ---- linked clouds ---------------------------------------------------------------------
 
-def _option_value(text: str) -> Any:
+def _option_value(key: str, text: str) -> Any:
     """A number, true/false, null, list or object when the text is JSON; else the text itself."""
     try:
-        return json.loads(text)
+        return _json(text, f"--option {key}: the value")
     except ValueError:
         return text
 
@@ -546,7 +557,7 @@ def _options(items: list[str], options_json: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if options_json is not None:
         try:
-            out = json.loads(options_json)
+            out = _json(options_json, "--options-json")
         except ValueError as e:
             raise InvalidArgument(f"--options-json: not JSON: {e}") from None
         if not isinstance(out, dict):
@@ -555,7 +566,7 @@ def _options(items: list[str], options_json: str | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InvalidArgument(f"--option: {item!r} is not key=value")
-        out[key] = _option_value(value)
+        out[key] = _option_value(key, value)
     return out
 
 

@@ -84,6 +84,12 @@ def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
     """(not before, not after). A negative `days` makes a certificate that
     has already expired, which is what the refusal tests need."""
     now = dt.datetime.now(dt.timezone.utc)
+    # A certificate's dates end at the year 9999 (as Python's do): past it, an OverflowError
+    # traceback (review 33: `--days 3000000`). Refused as a ValueError naming the option and
+    # the largest value it takes today, before anything is made or written.
+    largest = (dt.datetime.max.replace(tzinfo=dt.timezone.utc) - now).days
+    if days > largest:
+        raise ValueError(f"--days {days} ends after the year 9999: the largest it takes today is {largest}")
     after = now + dt.timedelta(days=days)
     before = min(now - CLOCK_SKEW, after - dt.timedelta(days=1))
     return before, after

@@ -54,10 +54,19 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "gone": frozenset(),  # terminal: the machine is terminated
 }
 LIVE = ("creating", "booting", "joined", "cordoned", "offline")
-# A replica renews ``updated_at`` of the hosts it is creating every third of this: one not
-# renewed this long was left ``creating`` by a controller that stopped (``ElasticPool._settle``).
-CREATE_LEASE_SECS = seconds("FUSE_POOL_CREATE_LEASE_S", 30.0)
 JOIN_GRACE_SECS = 300  # beyond the type's boot time before a silent machine is offline
+
+
+def __getattr__(name: str) -> float:
+    """``CREATE_LEASE_SECS``: a replica renews ``updated_at`` of the hosts it is creating every
+    third of this; one not renewed this long was left ``creating`` by a controller that stopped
+    (``ElasticPool._settle``). Read from FUSE_POOL_CREATE_LEASE_S when the pool's modules take
+    it, not as this one loads: clients import this module too (``fuse pool plan``, through the
+    controller's service), and a controller's setting in their environment stopped them
+    (review 33); ``fuse controller serve`` checks it before it starts."""
+    if name == "CREATE_LEASE_SECS":
+        return seconds("FUSE_POOL_CREATE_LEASE_S", 30.0)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class IllegalTransition(FuseError):
