@@ -307,14 +307,21 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
 
     async def _remove(self, name: str, row: dict, reason: str, prewarm: str | None, ending: list[bool]) -> None:
         """``remove``'s steps; a refusal or failure before ``ending`` is marked leaves the machine
-        running (``remove`` then puts a host it cordoned back in placement)."""
+        running (``remove`` then puts a host it cordoned back in placement). Past its TTL the
+        prewarms pinned to it end with it (they could never be ready again), as when its cloud
+        ends it; before, they keep it (the operator removes them first)."""
         pinned = getattr(self.ctl, "prewarm", None) and self.ctl.prewarm.pinned_to(name)
+        # (review 33: a hand-added machine's TTL refused for its pinned prewarm left it running,
+        # billed and back in placement, for as long as the prewarm lived: for good, maybe)
+        ttl_ended = bool(row["expires"]) and time.time() >= row["expires"]
         if busy := (self._work_on(name) or (prewarm is not None and self._held_but_by(name, prewarm))
-                    or (pinned and f"prewarm {', '.join(pinned)} is pinned to it (on host:{name}): "
-                                   "remove the prewarm first")):
+                    or (pinned and not ttl_ended and f"prewarm {', '.join(pinned)} is pinned to it "
+                                                     f"(on host:{name}): remove the prewarm first")):
             raise Conflict(busy)
         prewarm = getattr(self.ctl, "prewarm", None)
         if prewarm is not None:
+            for pw_id in pinned or ():
+                await prewarm.remove(pw_id, f"the host it is pinned to, {name}, ended at its TTL")
             await prewarm.release_host(name)
         if busy := self._work_on(name):  # (a VM with work got there meanwhile: it stays, and so does its host)
             raise Conflict(busy)

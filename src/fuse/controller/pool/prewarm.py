@@ -304,7 +304,10 @@ class PrewarmService:
         target = parse_on(on)
         if target.kind == "host":
             host = target.name
-            snap = {h["name"]: h for h in self.ctl.pool_snapshot()}
+            # the room the live prewarms' VMs still to come will take is theirs, as on the solve's
+            # path (review 33: a second prewarm pinned there was accepted on the first's room while
+            # no pass had created its VMs yet, and never got ready)
+            snap = {h["name"]: h for h in self._unreserved(self.ctl.pool_snapshot())}
             if host not in snap:
                 raise NotFound(f"host {host} not found")
             h = snap[host]
@@ -323,7 +326,11 @@ class PrewarmService:
                 raise FleetFull(f"host {host}: {why}; no VM of the prewarm can be placed there")
             fits = min(h["free_mem_mib"] // mem, h["free_vm_slots"])
             if fits < count:
-                raise FleetFull(f"host {host} has room for {max(fits, 0)} of {count} VMs of {cpus} vCPUs and {mem} MiB")
+                free = next(x for x in self.ctl.pool_snapshot() if x["name"] == host)
+                held = (" (the rest of its room is held for other prewarms' VMs still to be created)"
+                        if min(free["free_mem_mib"] // mem, free["free_vm_slots"]) > fits else "")
+                raise FleetFull(f"host {host} has room for {max(fits, 0)} of {count} VMs of {cpus} vCPUs and "
+                                f"{mem} MiB{held}")
             return {host: count}, []
         pool = self.ctl.pool
         # with no cloud linked nothing can be bought: the operator's own hosts only
@@ -633,9 +640,13 @@ class PrewarmService:
         """Prewarm ``rec`` (changed in place: the caller stores it) lost ``host``. When the
         cloud ended that machine: an early end if it had not lived ``LIVED_SECS`` since it was
         bought, else a machine that lived (the count starts again). A host removed on purpose
-        (by hand, scale-in, its TTL) or one of the operator's own is nobody's fault."""
+        (by hand, scale-in, its TTL) or one of the operator's own is nobody's fault; one not
+        bought for this prewarm (added by hand, or bought for other work) is not its purchase
+        (review 33: a hand-added machine counted, and the first one bought was not rebought)."""
         row = self.ctl.pool.row(host)
         if row is None or row["state"] != "gone" or not (row["record"] or {}).get("ended_by_cloud"):
+            return
+        if host not in rec.get("new_hosts", ()) and (row["record"] or {}).get("prewarm") != rec["id"]:
             return
         lived = (row["ended"] or time.time()) - row["started"]
         if lived >= LIVED_SECS:

@@ -5,7 +5,9 @@
 
 1. A host whose TTL (``expires``) has come goes: ``remove`` when empty, else
    ``cordon`` (its VMs have to be moved or end first). Hosts added by hand
-   (``pinned``) end only so: the scaler never removes them.
+   (``pinned``) end only so: the scaler never removes them. Standby VMs are no
+   VMs here: they go with it, and a prewarm pinned to it ends with it
+   (``ElasticPool.remove``), as when its cloud ends it.
 2. An idle host (no VMs; prewarmed VMs do not count as use once their prewarm
    is gone) goes at the end of its paid time: ``remove`` when that end is
    within ``horizon`` seconds (the next pass would be too late: another billing
