@@ -6,8 +6,10 @@ was cut off) never entered the stream. The last read goes on, a page a poll, unt
 from __future__ import annotations
 
 import httpx
+import pytest
 
 import fuse
+from fuse.errors import Conflict, HostUnreachable
 from support import start_controller
 
 
@@ -45,3 +47,32 @@ def test_a_deregister_reads_the_hosts_whole_backlog_into_the_stream_before_host_
         assert all(i < removed for i, e in enumerate(events) if e.get("host") == "hx" and "host_event_id" in e)
     finally:
         ctl.stop()
+
+
+@pytest.mark.parametrize("later", [HostUnreachable("connection reset"), TimeoutError()], ids=["unreachable", "timeout"])
+async def test_a_force_deregister_is_refused_when_the_first_read_answered_however_a_later_page_fails(
+        tmp_path, fake_agent, later):
+    """The diff review: a page after the first failing with HostUnreachable marked the host 'failed', and
+    a force deregister removed a host whose agent had answered that same call (its VMs' records dropped,
+    their processes left running)."""
+    from fuse.controller.service import Controller
+    ctl = Controller(tmp_path / "ctl", poll_interval=1.0)
+    await ctl.start()
+    try:
+        await ctl.register_host(fuse.RegisterHostRequest(id="h1", url=fake_agent.url, token=fake_agent.token,
+                                                         backend="qemu", capacity=fuse.HostCapacity(vm_count=4)))
+        fleet, real_poll = ctl.fleet, ctl.fleet._poll_once
+
+        async def refresh(host_id):  # the agent answers, a full page read...
+            await real_poll(host_id)
+            return 500
+
+        async def poll_once(host_id, events=True):  # ... and the next page's read fails
+            raise later
+
+        fleet.refresh, fleet._poll_once = refresh, poll_once
+        with pytest.raises(Conflict, match="its agent answers"):
+            await ctl.deregister_host("h1", force=True)
+        assert ctl.store.get_host("h1") is not None
+    finally:
+        await ctl.close()

@@ -35,6 +35,7 @@ time and type: the older copy's) is not stored again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -207,14 +208,17 @@ class Fleet:
         return await self._poll_once(host_id)
 
     async def read_out(self, host_id: str, first: float, most: float) -> None:
-        """Poll a host now (``first`` seconds at most: ``TimeoutError``), then read its events on,
-        a page a poll, until one reads none or ``most`` seconds have gone (a deregister: once the
-        host is removed nothing reads them; one page of ``EVENT_BATCH`` left the rest of a
-        backlog out of the stream for good)."""
+        """Poll a host now (``first`` seconds at most: ``TimeoutError``; or its ``HostUnreachable``),
+        then read its events on, a page a poll, until one reads none, one fails or ``most``
+        seconds have gone (a deregister: once the host is removed nothing reads them; one page of
+        ``EVENT_BATCH`` left the rest of a backlog out of the stream for good)."""
         deadline = time.monotonic() + most
         read = await asyncio.wait_for(self.refresh(host_id), first)
-        while read and (left := deadline - time.monotonic()) > 0:
-            read = await asyncio.wait_for(self._poll_once(host_id), left)
+        # (the pages after the first, best effort: the host answered the first, and a caller
+        # such as a force deregister takes that answer for the agent's, however a later one fails)
+        with contextlib.suppress(HostUnreachable, TimeoutError):
+            while read and (left := deadline - time.monotonic()) > 0:
+                read = await asyncio.wait_for(self._poll_once(host_id), left)
 
     # ---- polling -------------------------------------------------------------
     async def _poll(self, host_id: str) -> None:
