@@ -60,6 +60,18 @@ def runtime_dir() -> Path:
     return Path(f"/tmp/fuse-{os.getuid()}")
 
 
+def our_socket(path: Path) -> bool:
+    """Whether ``path`` is a unix socket this user made (not a link, nor another user's file):
+    a deep VM's socket at the shared temp dir's name an agent before ``runtime_dir`` gave it,
+    which a running VM of such an agent still listens on after an upgrade."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def private_runtime_dir() -> Path:
     """`runtime_dir()`, made 0700 if missing and checked to be a directory of this user's
     (not a symbolic link) that only they may enter: its socket names are predictable, so

@@ -341,3 +341,32 @@ def test_a_socket_dir_another_user_owns_is_called_a_link_only_when_it_is_one(tmp
     os.lchown(tmp_path / "theirs", NOBODY, -1)
     said = " ".join(_serve_error(tmp_path, tmp_path / "theirs" / "a.sock").split())
     assert "is a symbolic link that belongs to another user" in said, said
+
+
+@pytest.mark.qemu
+def test_a_vm_an_older_agent_started_keeps_its_socket_at_the_old_name_and_is_managed_after_an_upgrade(deep):
+    """The diff review: a deep VM started by an agent before the runtime dir listens at the shared
+    temp dir's name; the upgraded agent adopted it but could not reach its QMP socket (every sleep,
+    move and drain of it failed). Its socket is used while it is a socket of ours there."""
+    agent = deep()
+    vm_dir = agent.state_dir / "vms" / LONG
+    old = _old_tmp_path(vm_dir, "qmp")
+    try:
+        with _client(agent) as c:
+            r = c.post("/v1/host/vms", json={"name": LONG, "shape": {"vcpus": 1, "mem_mib": 128},
+                                             "entry": "sleep 600"})
+            assert r.status_code == 201, r.text
+            pid = r.json()["pid"]
+        agent.stop(signal.SIGKILL)
+        os.rename(_qmp_arg(pid), old)  # (where the older agent had QEMU listen: connectable there)
+        agent = deep()
+        with _client(agent) as c:
+            r = c.post(f"/v1/host/vms/{LONG}/sleep")
+            assert r.status_code == 200 and r.json()["state"] == "sleeping", r.text  # (was: sleep_failed)
+            r = c.post(f"/v1/host/vms/{LONG}/wake")
+            assert r.status_code == 200 and r.json()["state"] == "running", r.text
+            assert _qmp_arg(r.json()["pid"]).parent != Path(tempfile.gettempdir())  # (woken: the new place)
+            assert c.delete(f"/v1/host/vms/{LONG}").status_code == 204
+    finally:
+        if old.is_socket():
+            old.unlink()

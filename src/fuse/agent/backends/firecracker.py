@@ -25,13 +25,14 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ...paths import private_dir, private_opener, private_runtime_dir, runtime_dir
+from ...paths import our_socket, private_dir, private_opener, private_runtime_dir, runtime_dir
 from .base import Backend, BackendError, BootSpec, kill_and_wait, process_alive, read_pidfile
 
 SNAPSHOT, MEMORY = "snapshot.bin", "mem.bin"
@@ -110,7 +111,10 @@ def api_socket(vm_dir: Path) -> Path:
     path = vm_dir / "firecracker.sock"
     if len(str(path)) < 100:
         return path
-    return runtime_dir() / f"fc-{hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]}.sock"
+    digest = hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]
+    path = runtime_dir() / f"fc-{digest}.sock"
+    old = Path(tempfile.gettempdir()) / f"fuse-fc-{digest}.sock"  # (an older agent's: see qemu._vm_socket)
+    return old if not os.path.lexists(path) and our_socket(old) else path
 
 
 def _discard(path: Path) -> None:

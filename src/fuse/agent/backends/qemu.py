@@ -56,7 +56,7 @@ from typing import Any
 
 from qemu.qmp import QMPClient, QMPError
 
-from ...paths import private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
+from ...paths import our_socket, private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
                    kill_and_wait, process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
@@ -109,7 +109,12 @@ def _vm_socket(vm_dir: Path, name: str) -> Path:
     if len(str(path)) < 100:
         return path
     digest = hashlib.sha256(str(vm_dir).encode()).hexdigest()[:20]
-    return runtime_dir() / f"{name}-{digest}.sock"
+    path = runtime_dir() / f"{name}-{digest}.sock"
+    # (a VM an agent before the runtime dir started listens at the temp dir's name: that one,
+    # while it is a socket of ours and the new one is not there; a link or another user's
+    # file at it never is)
+    old = Path(tempfile.gettempdir()) / f"fuse-{name}-{digest}.sock"
+    return old if not os.path.lexists(path) and our_socket(old) else path
 
 
 def _discard(path: Path) -> None:
