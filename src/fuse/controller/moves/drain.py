@@ -294,9 +294,11 @@ class MoveDrains(MoveRecords):
                 return False
             if not any(r["host"] == host_id for r in self.store.vms_named(vm["name"])):
                 # gone since the list was read: moved by another drain (a replica's) or a move,
-                # or deleted (nothing to report then)
+                # or deleted (in ``finished`` as ``deleted``: the report accounts for every VM)
                 if (last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
                     moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
+                else:
+                    finished.append({"vm": vm["name"], "state": "deleted"})
                 continue
             m, err = await self._drain_move(vm["name"], host_id)
             if getattr(err, "vm_state", None) == "creating":
@@ -312,7 +314,8 @@ class MoveDrains(MoveRecords):
                     continue
                 m, err = after
             if m is None and err is None:
-                continue  # (deleted meanwhile)
+                finished.append({"vm": vm["name"], "state": "deleted"})  # (deleted meanwhile)
+                continue
             if err is not None:
                 if getattr(err, "vm_state", None) == "deleted" and (
                         last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
