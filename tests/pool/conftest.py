@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from support import free_port
+import fuse
+from support import free_port, reap, start_controller
 
 # The modules whose tests run against moto: their clouds' machines get made-up addresses,
 # which a controller following them probes. Each runs under ``loopback_only``.
@@ -115,3 +116,16 @@ def loopback_only(request):
     finally:
         socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
     assert not refused, f"connections that would have left loopback: {refused}"
+
+
+@pytest.fixture
+def pool_client(tmp_path):
+    """A client of a controller started for the test; after it, the pool's machines removed and the
+    controller stopped (and a machine a failed test left behind: its agent runs from under tmp_path)."""
+    p = start_controller(tmp_path)
+    client = fuse.Client(p.url)
+    yield client
+    client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
+    client.close()
+    p.stop()
+    reap(tmp_path)

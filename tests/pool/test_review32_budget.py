@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import fuse
-from support import reap, start_controller, wait_until
+from support import wait_until
 
 # (the running host is a small one; a VM of 2000 MiB needs a big one, which no cap below has room for)
 TYPES = [{"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.218},
@@ -18,15 +18,9 @@ TYPES = [{"name": "local.small", "vcpus": 1, "mem_mib": 1024, "usd_per_hour": 0.
 
 
 @pytest.fixture
-def pool(tmp_path):
-    ctl = start_controller(tmp_path)
-    client = fuse.Client(ctl.url)
-    client.pool.link_cloud("dev", "local", {"backend": "fake", "types": TYPES})
-    yield client
-    client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
-    client.close()
-    ctl.stop()
-    reap(tmp_path)  # a machine a failed test left behind: its agent runs from under tmp_path
+def pool(pool_client):
+    pool_client.pool.link_cloud("dev", "local", {"backend": "fake", "types": TYPES})
+    return pool_client
 
 
 def test_a_cap_reached_is_said_as_set_with_the_dollars_per_hour_running_and_planned(pool):

@@ -29,7 +29,7 @@ from fuse.controller.pool.model import U32, Constraints, DemandGroup, Offer, Pla
 from fuse.controller.pool.planner import plan
 from fuse.controller.pool.greedy import greedy
 from fuse.controller.pool.solution import cost_usd
-from support import reap, start_agent, start_controller, wait_until
+from support import reap, start_agent, wait_until
 
 runner = CliRunner(env={"FUSE_URL": ""})
 
@@ -40,14 +40,8 @@ def offer(name: str, vcpus: int, mem: int, usd: float, **kw) -> Offer:
 
 
 @pytest.fixture
-def ctl(tmp_path):
-    p = start_controller(tmp_path)
-    client = fuse.Client(p.url)
-    yield client
-    client.pool.cloud_remove_host([h.name for h in client.pool.cloud_hosts()])
-    client.close()
-    p.stop()
-    reap(tmp_path)  # a machine a failed test left behind: its agent runs from under tmp_path
+def ctl(pool_client):
+    return pool_client
 
 
 # ---- 1. caps past int64 micro-dollars --------------------------------------------------------
