@@ -168,7 +168,7 @@ class Vm(Record):
 class SleepRequest(Record):
     """``POST /v1/host/vms/{name}/sleep``: a move marks the copy it sleeps."""
 
-    move_id: Optional[str] = None
+    move_id: Optional[str] = Field(None, min_length=1)  # ("" is no move's: never read as none)
 
 
 class WakeRequest(Record):
@@ -177,7 +177,7 @@ class WakeRequest(Record):
     ``if_marked`` acts only on a VM this move holds (else replies with the VM
     as it is), after any sleep or wake under way on it has finished."""
 
-    move_id: Optional[str] = None
+    move_id: Optional[str] = Field(None, min_length=1)
     clear_mark: bool = False
     if_marked: bool = False
 

@@ -73,7 +73,8 @@ async def get_console(request: Request, name: str, offset: int = 0) -> dict[str,
 
 @router.delete("/v1/host/vms/{name}", status_code=204,
                summary="Stop and remove a VM (a VM held by a move needs its move_id).")
-async def delete_vm(request: Request, name: str, move_id: str | None = None) -> Response:
+async def delete_vm(request: Request, name: str,
+                    move_id: str | None = Query(None, min_length=1)) -> Response:  # ("": no move's, not none)
     await _vms(request).delete(name, move_id)
     return Response(status_code=204)
 
