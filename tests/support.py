@@ -438,6 +438,29 @@ def answers(client) -> bool:
         return False
 
 
+def error_while_db_away(call, proxy, postgres, what: str):
+    """The ``fuse.ApiError`` (or None) of ``call()``, run in a thread while its host's answer is
+    held at ``proxy`` and the database is taken away meanwhile (back once the call answered)."""
+    import fuse
+
+    out: dict = {}
+
+    def run():
+        try:
+            call()
+        except fuse.ApiError as err:
+            out["err"] = err
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_until(lambda: proxy.held >= 1, timeout=30, what=f"the {what} held at the proxy")
+        postgres.down()
+        t.join(60)
+    finally:
+        postgres.up()
+    return out.get("err")
+
+
 def api_error(fn, *a, **kw):
     """The ``fuse.ApiError`` that ``fn(*a, **kw)`` raises (the test fails when it raises none)."""
     import pytest

@@ -4,13 +4,12 @@ refusal (was: the connection ended with no reply and nothing logged)."""
 
 from __future__ import annotations
 
-import json
 import socket
 
 import httpx
 import pytest
 
-from fuse.agent.bulk import MAGIC
+from test_bulk_protocol import ask as ask_on
 
 TOKEN = "agent-token"
 
@@ -25,15 +24,10 @@ def api(a, method, path, **kw) -> httpx.Response:
 
 
 def ask(a, header: dict) -> dict:
+    """One bulk header to agent ``a`` on a connection of its own, and its reply line."""
     host, port = a.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(MAGIC + json.dumps(header).encode() + b"\n")
-        line = b""
-        while not line.endswith(b"\n"):
-            got = s.recv(1)
-            assert got, f"connection closed after {line!r}"
-            line += got
-    return json.loads(line)
+        return ask_on(s, header)
 
 
 @pytest.fixture

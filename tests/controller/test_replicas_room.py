@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import fuse
-from support import Proxy, agent_vms, answers, api_error, reap, start_agent, start_controller, wait_until
+from support import Proxy, agent_vms, answers, api_error, error_while_db_away, reap, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -333,24 +333,9 @@ def test_a_create_the_host_made_while_the_database_went_away_says_the_vm_is_ther
     made there; once the database is back it is listed and its `placed` comes, unanswered."""
     agent, proxy, (a, b), ca, cb = replicas
     proxy.hold[CREATE] = 3.0
-    out: dict = {}
-
-    def create_unnamed():
-        try:
-            out["vm"] = ca.vms.create(shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600")
-        except fuse.ApiError as err:
-            out["err"] = err
-
-    t = threading.Thread(target=create_unnamed)
-    t.start()
-    try:
-        wait_until(lambda: proxy.held >= 1, timeout=30, what="the create held at the proxy")
-        postgres.down()
-        t.join(60)
-    finally:
-        postgres.up()
-    err = out.get("err")
-    assert err is not None and (err.status, err.code) == (503, "db_unavailable"), out
+    err = error_while_db_away(lambda: ca.vms.create(shape={"vcpus": 1, "mem_mib": 256}, entry="sleep 600"),
+                              proxy, postgres, "create")
+    assert err is not None and (err.status, err.code) == (503, "db_unavailable"), err
     name = err.details["vm"]
     assert err.details == {"host": "h1", "vm": name} and "do not create it again" in err.message, err
     assert name in agent_vms(agent)

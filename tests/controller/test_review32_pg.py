@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 
@@ -18,7 +17,7 @@ import psycopg
 import pytest
 
 import fuse
-from support import Proxy, agent_vms, answers, reap, start_agent, start_controller, wait_until
+from support import Proxy, agent_vms, answers, error_while_db_away, reap, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -100,24 +99,8 @@ def test_what_the_host_did_while_the_database_went_away_is_503_saying_so_and_rec
     if action == "wake":
         client.vms.sleep("v1")
     proxy.hold[HELD[action]] = 3.0
-    out: dict = {}
-
-    def act():
-        try:
-            getattr(client.vms, action)("v1")
-        except fuse.ApiError as err:
-            out["err"] = err
-
-    t = threading.Thread(target=act)
-    t.start()
-    try:
-        wait_until(lambda: proxy.held >= 1, timeout=30, what=f"the {action} held at the proxy")
-        postgres.down()
-        t.join(60)
-    finally:
-        postgres.up()
-    err = out.get("err")
-    assert err is not None and (err.status, err.code) == (503, "db_unavailable"), out
+    err = error_while_db_away(lambda: getattr(client.vms, action)("v1"), proxy, postgres, action)
+    assert err is not None and (err.status, err.code) == (503, "db_unavailable"), err
     assert err.details == {"host": "h1", "vm": "v1", "done": action}, err.details
     assert f"do not {action} it again" in err.message, err.message
     on_host = agent_vms(agent)
