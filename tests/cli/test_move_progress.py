@@ -92,3 +92,23 @@ def test_under_json_an_error_while_waiting_is_the_api_error_body_after_the_progr
     assert exit_.value.exit_code == 1 and got.out == "" and progress == LINES[:3]
     assert json.loads(last) == {"error": {"code": "unreachable",
                                           "message": "cannot reach the controller at unix:///gone.sock"}}
+
+
+class InterruptedStandIn(StandIn):
+    """As StandIn, then the operator presses Ctrl-C while the command waits."""
+
+    def get(self, move_id):
+        if not self.answers:
+            raise KeyboardInterrupt
+        return super().get(move_id)
+
+
+def test_ctrl_c_while_waiting_says_the_move_goes_on(monkeypatch, capsys):
+    monkeypatch.setattr(controller, "client",
+                        lambda: contextlib.nullcontext(InterruptedStandIn([answer("starting"), answer("sleeping")])))
+    monkeypatch.setattr(moves.time, "sleep", lambda s: None)
+    with pytest.raises(moves.typer.Exit) as exit_:
+        moves.move("job1", to="rack2", host=None, wait=True, json_=False)
+    err = capsys.readouterr().err
+    assert exit_.value.exit_code == 130
+    assert "move m1 goes on" in err and "fuse controller moves m1" in err

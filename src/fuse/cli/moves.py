@@ -67,7 +67,13 @@ def move(vm: str, to: Optional[str] = typer.Option(None, help="Target host (defa
     with api_errors(json_), client() as c:
         m = c.moves.create(vm, to, host)
         if wait:
-            m = _wait(c, m, vm, json_)
+            try:
+                m = _wait(c, m, vm, json_)
+            except KeyboardInterrupt:
+                # the controller runs the move, not this command: stopping the wait stops only the wait
+                typer.echo(f"\nstopped waiting; move {m['id']} goes on: follow it with "
+                           f"`fuse controller moves {m['id']}`", err=True)
+                raise typer.Exit(130)
     emit_json(m) if json_ else table(MOVE_COLUMNS, _rows([m]))
     # --json changes what is printed, not the exit code: a script tells a failed move by $?
     if m["state"] == "failed":
