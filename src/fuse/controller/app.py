@@ -30,7 +30,8 @@ from .routes import usage as usage_routes
 from .routes import vms as vm_routes
 from .pool.planner import warm as warm_planner
 from .service import Controller
-from .store.outage import db_unreachable  # (here too: its older home)
+from .store import DB_LOCK_TIMEOUT_S
+from .store.outage import db_busy, db_unreachable  # (here too: its older home)
 from .validation import install as install_validation
 from .validation import LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
 
@@ -128,6 +129,12 @@ def create_app(ctl: Controller) -> FastAPI:
         # out of rotation, not 500 internal; the driver's words stay in the log)
         if not db_unreachable(exc):
             raise exc  # (a statement that failed is a bug: 500 internal, its traceback logged)
+        if db_busy(exc):
+            log.warning("%s %s: the database is busy: %s", request.method, request.url.path,
+                        " ".join(str(exc.orig or exc).split()))
+            return JSONResponse(error_body("db_unavailable", f"the controller's database is busy: a statement "
+                                           f"waited {DB_LOCK_TIMEOUT_S:g} s for a lock another transaction holds "
+                                           "(another controller replica's write); try again"), status_code=503)
         log.warning("%s %s: the database did not answer: %s", request.method, request.url.path,
                     " ".join(str(exc.orig or exc).split()))
         return JSONResponse(error_body("db_unavailable", f"the controller cannot reach its database "

@@ -180,7 +180,13 @@ class Store:
             # (a server that does not answer a connection is an error within 4 s, not a hang: most
             # calls wait on the event loop, and the health check answers within 5 s; a statement
             # unanswered is cut by ``_Watchdog``)
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 4})
+            # A statement waiting on a lock (another replica's write transaction holds the write
+            # lock) ends at ``DB_LOCK_TIMEOUT_S`` with PostgreSQL's own error, before the watchdog
+            # would take the database for out of reach (review 33: 503 "cannot reach its
+            # database" while it answered, and every call failed until its probe did)
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10,
+                          connect_args={"connect_timeout": 4,
+                                        "options": f"-c lock_timeout={int(DB_LOCK_TIMEOUT_S * 1000)}"})
         if self.is_sqlite:
             _private_sqlite_files(url)
         self.engine: Engine = create_engine(url, **kwargs)
@@ -506,6 +512,7 @@ class Store:
 DB_OP_TIMEOUT_S = 4.5  # a statement PostgreSQL has not answered this long: its connection is cut (the
 # health check answers within 5 s)
 NOT_ANSWERING = f"the database did not answer within {DB_OP_TIMEOUT_S:g} s (not tried again until it answers)"
+DB_LOCK_TIMEOUT_S = 3.5  # a statement waiting on a lock this long fails (busy), well under DB_OP_TIMEOUT_S
 DB_PROBE_TIMEOUT_S = 3.0  # the watchdog's own question while the database is held out of reach
 
 
@@ -528,6 +535,7 @@ class _Watchdog:
         self.url = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self.conns: weakref.WeakSet = weakref.WeakSet()
         self.busy: dict[int, float] = {}  # id(connection) -> when it was first seen busy
+        self.began: dict[int, float] = {}  # id(connection) -> when its latest statement was sent
         self.down, self.stop = threading.Event(), threading.Event()
         self.why = NOT_ANSWERING  # what calls fail with while ``down``
         self._lock = threading.Lock()
@@ -536,6 +544,12 @@ class _Watchdog:
         def _track(dbapi_conn, _):
             with self._lock:
                 self.conns.add(dbapi_conn)
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _began(conn, cursor, statement, parameters, context, executemany):
+            # (a connection busy on one statement after another, never seen idle between two
+            # looks, is timed from its latest statement, not from the first look)
+            self.began[id(conn.connection.dbapi_connection)] = time.monotonic()
 
         @event.listens_for(engine, "do_connect")
         def _connect(dialect, record, cargs, cparams):
@@ -576,12 +590,15 @@ class _Watchdog:
             if c.closed or c.pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
                 continue
             seen.add(id(c))
-            since = self.busy.setdefault(id(c), now)
+            since = max(self.busy.setdefault(id(c), now), self.began.get(id(c), 0.0))
             if now - since >= DB_OP_TIMEOUT_S:
                 self.why = NOT_ANSWERING
                 self.down.set()
                 _cut(c.pgconn.socket)
         self.busy = {k: v for k, v in self.busy.items() if k in seen}
+        live = {id(c) for c in conns}
+        for k in self.began.copy().keys() - live:  # (written by other threads meanwhile: a copy, then pops)
+            self.began.pop(k, None)
         if self.down.is_set() and self._answers():
             self.down.clear()
 

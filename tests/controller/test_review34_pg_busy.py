@@ -1,0 +1,58 @@
+"""A controller on a real PostgreSQL whose write waits behind another transaction's lock
+(review 33): the statement waited until the watchdog took the database for out of reach,
+and the answer was 503 "cannot reach its database" while it answered, every other call
+failing with it until the watchdog's probe did. A write that waits ``lock_timeout`` is 503
+``db_unavailable`` saying the database is busy; reads go on answering, and the write goes
+through once the lock is let go."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import psycopg
+import pytest
+
+import fuse
+from fuse.controller.store import DB_LOCK_TIMEOUT_S, WRITE_LOCK_KEY
+from support import reap, start_agent, start_controller, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+
+
+def test_a_write_behind_another_transactions_lock_is_503_busy_and_reads_go_on(tmp_path, postgres):
+    url = postgres.create_db(f"r34_{uuid.uuid4().hex[:8]}")
+    agent = start_agent(tmp_path, backend="fake", name="agent")
+    ctl = start_controller(tmp_path, db=url, listen=True, token="C")
+    try:
+        with fuse.Client(ctl.url) as client:
+            client.hosts.register(fuse.RegisterHostRequest(
+                id="h1", url=agent.url, token=agent.token, backend="qemu",
+                capacity=fuse.HostCapacity(vm_count=8, ram_mb=2048, cpus=4)))
+            wait_until(lambda: client.hosts.get("h1").connected, timeout=30, what="h1 connected")
+        with httpx.Client(base_url=f"http://127.0.0.1:{ctl.extra['port']}", headers={"Authorization": "Bearer C"},
+                          timeout=30) as c, psycopg.connect(url, autocommit=True) as other:
+            # another replica's write transaction, held: every write takes this lock first
+            other.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK_KEY,))
+            t = time.monotonic()
+            r = c.post("/v1/hosts/h1", params={"action": "cordon"})
+            took = time.monotonic() - t
+            assert r.status_code == 503, r.text
+            body = r.json()["error"]
+            assert body["code"] == "db_unavailable" and "busy" in body["message"], body
+            assert "cannot reach" not in body["message"], body
+            assert DB_LOCK_TIMEOUT_S - 0.5 < took < DB_LOCK_TIMEOUT_S + 4, took
+            # the database answers: reads do too, at once (it was not taken for out of reach)
+            for path in ("/v1/healthz", "/v1/hosts", "/v1/vms"):
+                r = c.get(path)
+                assert r.status_code == 200, (path, r.text)
+            assert c.get("/v1/hosts/h1").json()["state"] == "active"
+            other.execute("SELECT pg_advisory_unlock(%s)", (WRITE_LOCK_KEY,))
+            r = c.post("/v1/hosts/h1", params={"action": "cordon"})
+            assert r.status_code == 204, r.text
+            assert c.get("/v1/hosts/h1").json()["state"] == "cordoned"
+    finally:
+        for p in (ctl, agent):
+            p.stop()
+        reap(tmp_path)
