@@ -52,6 +52,8 @@ STANDBY_STAYS = {  # why one stays, by what became of its prewarm
     "nowhere": f"{STANDBY}: no other host within its prewarm's on has its image; remove the prewarm, or delete "
                "the VM",
     "ended": f"{STANDBY} of a prewarm that ended: delete the VM",
+    "left": f"{STANDBY}: its prewarm placed it again on another host, but this host did not answer its delete "
+            "(it goes once the host answers); deregister the host with force, or delete the VM then",
 }
 
 
@@ -235,7 +237,8 @@ class MoveDrains(MoveRecords):
             here = [n for n in names if any(r["host"] == host_id for r in self.store.vms_named(n))]
             host = self.store.get_host(host_id)
             if not here or host is None or host["state"] != "draining" or time.monotonic() >= deadline:
-                return stay | dict.fromkeys(here, "waits")
+                left = pw.left_on(host_id)
+                return stay | {n: "left" if n.rsplit("-", 1)[0] in left else "waits" for n in here}
             await pw.hand_over(host_id)  # (now: the VMs with work have taken the room they needed first)
             await asyncio.sleep(1.0)
 

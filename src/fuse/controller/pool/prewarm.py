@@ -905,6 +905,11 @@ class PrewarmService:
         return sorted(r["id"] for r in self._records()
                       if (t := parse_on(r["on"])).kind == "host" and t.name == host)
 
+    def left_on(self, host: str) -> set[str]:
+        """The prewarms whose standby VMs on ``host`` were placed again elsewhere and wait there
+        to be deleted once it answers (``_left_on``)."""
+        return {r["id"] for r in self._records() if (r.get("away_left") or {}).get(host, 0) > 0}
+
     def room_hosts(self, pw_id: str) -> frozenset[str] | None:
         """The hosts prewarm ``pw_id``'s VMs may be placed on again: those its ``on`` allows (the
         host it is pinned to; on auto every registered host) that list its image. None when
