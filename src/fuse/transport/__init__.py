@@ -320,6 +320,9 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         why = (gai.strerror if gai is not None and gai.strerror else text).lower()
         return f"cannot resolve the host name in {addr}: {why}", False
     if "connection refused" in low or "errno 111" in low:
+        if address.kind == "local" and (what := _not_a_socket(address.path or default_agent_socket())):
+            return f"{address.path or default_agent_socket()} is {what}, not a socket: is it the host agent's " \
+                   "socket path?", False
         return f"connection to {addr} was refused: is the host agent running?", False
     if isinstance(exc, (FileNotFoundError,)) or "no such file" in low:
         where = address.path or default_agent_socket()
@@ -330,6 +333,20 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
         # (never what it sent: httpx quotes the bytes, "illegal status line: bytearray(b'...')")
         return f"{addr} answered with something that is not HTTP", False
     return f"cannot reach {addr}: {text}", False
+
+
+def _not_a_socket(path: str) -> str:
+    """What ``path`` is when it is there and no socket ("a regular file", "a directory"), else
+    "": connecting to it is refused as to a socket no agent listens on, which it is not."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISSOCK(mode):
+        return ""
+    return "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "a special file"
 
 
 def _bad_name(exc: BaseException) -> bool:
