@@ -108,6 +108,24 @@ def finish(call: Call, resp: httpx.Response) -> Any:
                        "is the url a fuse controller?") from exc
 
 
+MAX_TIMEOUT = 365 * 24 * 3600.0  # a year: past ~1e9 s the sync client's socket timeout overflows
+
+
+def check_timeout(timeout: Any) -> Any:
+    """The client's ``timeout`` when it is one (seconds above 0 and at most a year, None for
+    none, or an ``httpx.Timeout``), else ``ValueError`` where the client is made (review 34: any
+    value was taken, and every call failed with the HTTP library's raw error — sync and async
+    differently — or said a controller never asked "did not answer in time")."""
+    if timeout is None or isinstance(timeout, httpx.Timeout):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds or None, not {type(timeout).__name__} {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT:  # (NaN fails this too)
+        raise ValueError(f"timeout must be above 0 and at most {MAX_TIMEOUT:g} s (a year), or None for no limit: "
+                         f"{timeout!r}")
+    return timeout
+
+
 def check_params(params: dict[str, Any] | None) -> None:
     """``ValueError`` for a query value no url can carry (a lone surrogate), said before
     anything is sent, as a path's is (the HTTP library's encoder raised UnicodeEncodeError)."""

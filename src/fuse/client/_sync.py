@@ -17,7 +17,7 @@ class Client:
                  transport: httpx.BaseTransport | None = None):
         base, uds = _core.resolve_url(url)
         self._where = _core.where(base, uds)
-        self._timeout = timeout
+        self._timeout = timeout = _core.check_timeout(timeout)
         if transport is None and uds:
             transport = httpx.HTTPTransport(uds=uds, limits=_core.LIMITS)
         self._http = httpx.Client(base_url=base, headers=_core.headers(token), timeout=timeout, transport=transport,

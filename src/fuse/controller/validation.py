@@ -361,7 +361,8 @@ class RefuseBadPath:
     PostgreSQL refuses to compare text with a NUL (a 500 on a lookup the embedded store
     answered 404); a trailing ``%0A`` matched the route of the id without it (``$`` matches
     before a final newline: a DELETE of ``/v1/hosts/x%0A`` removed host ``x``); escapes
-    that are not UTF-8 were decoded to U+FFFD, the id of another host."""
+    that are not UTF-8 were decoded to U+FFFD, the id of another host. The query too
+    (review 34: ``?host=%ff`` named host U+FFFD): no parameter takes free text."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -369,6 +370,10 @@ class RefuseBadPath:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and (why := path_problem(scope)):
             await JSONResponse(error_body("invalid_argument", f"the path {why}: no name here holds one"),
+                               status_code=400)(scope, receive, send)
+            return
+        if scope["type"] == "http" and (why := query_problem(scope)):
+            await JSONResponse(error_body("invalid_argument", f"the query {why}: no parameter here takes one"),
                                status_code=400)(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -387,4 +392,16 @@ def path_problem(scope) -> str | None:
             unquote_to_bytes(raw.split(b"?", 1)[0]).decode("utf-8")
         except UnicodeDecodeError:
             return "holds percent-escapes that are not UTF-8"
+    return None
+
+
+def query_problem(scope) -> str | None:
+    """Why a request's query string holds what no parameter takes (``RefuseBadPath``), or None."""
+    for part in (scope.get("query_string") or b"").split(b"&"):
+        try:
+            text = unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            return "holds percent-escapes that are not UTF-8"
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+            return "contains a control character" if "\x00" not in text else "contains a NUL character (%00)"
     return None
