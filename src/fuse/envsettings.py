@@ -34,7 +34,7 @@ def megabytes(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # (isdigit alone takes "²", which int refuses)
         raise BadSetting(f"{name}={raw!r} must be a positive whole number of MiB")
     return int(raw)
 
@@ -46,7 +46,7 @@ AGENT_TIMINGS = ("FUSE_HTTP_HEAD_TIMEOUT_S", "FUSE_FRESH_PROBE_S")
 CONTROLLER_TIMINGS = ("FUSE_SSH_CONNECT_TIMEOUT", "FUSE_MOVE_IO_TIMEOUT", "FUSE_MOVE_QUICK_TIMEOUT",
                       "FUSE_MOVE_LEASE_S", "FUSE_PLACING_LEASE_S", "FUSE_CREATE_UNANSWERED_S",
                       "FUSE_POOL_CREATE_LEASE_S", "FUSE_DRAIN_STANDBY_WAIT_S", "FUSE_HTTP_HEAD_TIMEOUT_S",
-                      "FUSE_MOVE_STOP_SETTLE_S", "FUSE_PREWARM_AWAY_S")
+                      "FUSE_MOVE_STOP_SETTLE_S", "FUSE_PREWARM_AWAY_S", "FUSE_DRAIN_BOOT_WAIT_S")
 AGENT_MEGABYTES = ("FUSE_CONSOLE_MAX_MB",)
 
 

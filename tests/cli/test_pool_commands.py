@@ -155,6 +155,7 @@ def test_plan_apply_needs_a_controller(no_default_controller):
     assert r.exit_code == 2 and "error: invalid_argument: --apply buys machines" in r.stderr, r.output
     assert "needs a controller" in r.stderr and f"unix://{no_default_controller}" in r.stderr
     assert "give --url or FUSE_URL" in r.stderr
+    assert "applying" not in r.stderr  # (review 34: "applying: the controller buys ..." was said first)
 
 
 def test_plan_with_no_url_asks_the_controller_on_its_default_socket(empty, monkeypatch):

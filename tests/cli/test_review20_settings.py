@@ -54,6 +54,8 @@ def test_an_unset_or_empty_timing_is_its_default_and_a_number_is_taken(monkeypat
     (["up", "--once"], "FUSE_MOVE_STOP_SETTLE_S", "0"),
     (["up", "--once"], "FUSE_PREWARM_AWAY_S", "-5"),
     (["controller", "serve"], "FUSE_PREWARM_AWAY_S", "0"),
+    # (review 34: `fuse up` started its agent, then its controller died on this one, exit 1)
+    (["up", "--once"], "FUSE_DRAIN_BOOT_WAIT_S", "abc"),
 ])
 def test_a_timing_read_as_its_module_loads_is_one_sentence_and_exit_2_too(tmp_path, command, name, value):
     """(review 25: FUSE_HTTP_HEAD_TIMEOUT_S, read as fuse.serving loads, was a traceback and exit 1
@@ -76,13 +78,29 @@ def test_up_on_a_state_dir_that_is_a_file_is_one_io_error_line(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "\u00b2"])  # (review 34: "²" passed isdigit, then int() raised: a traceback)
 @pytest.mark.parametrize("command", [["up", "--once"], ["host", "serve", "--backend", "fake"]])
-def test_a_console_cap_that_is_no_whole_number_of_mib_stops_up_before_it_builds_anything(tmp_path, command):
+def test_a_console_cap_that_is_no_whole_number_of_mib_stops_up_before_it_builds_anything(tmp_path, command, value):
     """Review 28: `fuse up` built the guest bundle (a kernel download on a fresh dir), then its
     agent refused FUSE_CONSOLE_MAX_MB=0, exit 1."""
     r = subprocess.run(FUSE + command + ["--state-dir", str(tmp_path / "s")]
                        + (["--socket", str(tmp_path / "s.sock")] if command[0] != "up" else []),
-                       env={**os.environ, "FUSE_CONSOLE_MAX_MB": "0"}, capture_output=True, text=True, timeout=60)
+                       env={**os.environ, "FUSE_CONSOLE_MAX_MB": value}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.endswith("error: invalid_argument: FUSE_CONSOLE_MAX_MB='0' must be a positive whole number of MiB\n")
+    assert r.stderr.endswith(f"error: invalid_argument: FUSE_CONSOLE_MAX_MB={value!r} must be a positive whole number "
+                             "of MiB\n"), r.stderr
     assert not (tmp_path / "s" / "bundles").exists()
+
+
+def test_every_timing_the_source_reads_is_checked_where_the_servers_start():
+    """(review 34: FUSE_DRAIN_BOOT_WAIT_S was read as its module loaded and in no list: `fuse up`
+    started its agent before its controller died on a bad value)"""
+    import re
+    from pathlib import Path
+
+    import fuse
+    from fuse.envsettings import AGENT_TIMINGS, CONTROLLER_TIMINGS
+
+    src = Path(fuse.__file__).parent
+    read = {name for f in src.rglob("*.py") for name in re.findall(r'seconds\(\s*"(FUSE_[A-Z0-9_]+)"', f.read_text())}
+    assert read and read <= set(AGENT_TIMINGS) | set(CONTROLLER_TIMINGS), read - set(AGENT_TIMINGS + CONTROLLER_TIMINGS)

@@ -280,8 +280,6 @@ def plan_cmd(
             result = solve_plan(m)
         else:
             req = _request(**given, apply=apply or None)
-            if apply and not as_json:
-                typer.echo("applying: the controller buys the machines the plan adds...", err=True)
             result = _controller_plan(url, token, req, as_json)
             if result is None:  # no controller on the default socket: what if, offline
                 kw = {} if time_limit is None else {"time_limit_secs": time_limit}
@@ -319,6 +317,9 @@ def _controller_plan(url: str | None, token: str | None, req: ElasticPlanRequest
 
     try:
         with _controller(url, token, as_json, offline_ok=not (url or _group["url"] or os.environ.get("FUSE_URL"))) as c:
+            if req.apply and not as_json:  # (said once a controller answers: review 34)
+                c.health()
+                typer.echo("applying: the controller buys the machines the plan adds...", err=True)
             return c.pool.cloud_plan(req)
     except _NoController as e:
         sock = default_controller_socket()
