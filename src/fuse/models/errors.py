@@ -37,6 +37,22 @@ def responses(**by_status: str) -> dict[int | str, dict[str, Any]]:
     return {int(k.lstrip("s")): {"model": ErrorBody, "description": v} for k, v in by_status.items()}
 
 
+# Every controller route reads its store, so each answers 503 when the database is away
+# (README: "every route"): its routers declare it for all their routes (``STORE_ROUTES``),
+# and a route whose host may have done its work first says so in its own 503 (``db_done``).
+DB_AWAY = ("the controller cannot reach its database (a connection lost, refused or not answered), or a "
+           "statement waited for a lock another replica holds (the database is busy): try again (GET /v1/healthz "
+           "answers 200 once the database is back)")
+STORE_ROUTES = responses(s503=f"db_unavailable: {DB_AWAY}")
+
+
+def db_done(details: str, did: str, shows: str) -> str:
+    """The 503 of a route whose host may have carried it out before the database went away:
+    ``details`` names the error's details, ``did`` what the host did, ``shows`` the VM list after."""
+    return (f"db_unavailable: with error.details {details}, the host {did} but the controller could not record "
+            f"it: do not ask again (the VM list {shows} once the database answers); without details, {DB_AWAY}")
+
+
 def document_400_not_422(doc: dict[str, Any]) -> dict[str, Any]:
     """Rewrite an OpenAPI document so request-validation errors read as the
     app answers them: 400 with the error envelope (FastAPI documents 422)."""

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from ...controller.validation import JSON_HINT, reject_unknown_fields
 from ...errors import InvalidArgument, NotFound
+from ...models.errors import ErrorBody
 from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
 from ..metering import exact_json, window
 from ..vms import VmManager
@@ -101,7 +102,19 @@ async def list_files(request: Request, name: str) -> dict[str, Any]:
     return {"files": [f.model_dump() for f in _vms(request).state_files(name)]}
 
 
-@router.get("/v1/host/vms/{name}/files/{file}", summary="Read a state file by byte range.")
+# The two raw-bytes routes of a move, documented as such (FastAPI would say JSON, and no body):
+# the document only; neither route changes (the PUT still declares no body field to parse).
+RAW = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.get("/v1/host/vms/{name}/files/{file}", summary="Read a state file by byte range.",
+            response_class=Response,
+            responses={200: {"description": "the file's raw bytes from offset: length of them, fewer at its end",
+                             "content": RAW,
+                             "headers": {"X-File-Size": {"description": "the whole file's size in bytes",
+                                                         "schema": {"type": "integer"}},
+                                         "X-Offset": {"description": "the byte these start at (the offset asked)",
+                                                      "schema": {"type": "integer"}}}}})
 async def read_file(request: Request, name: str, file: str, offset: int = 0,
                     length: int = Query(default=4 * 2**20, ge=1, le=MAX_READ)) -> Response:
     path = _vms(request).state_file(name, file)
@@ -137,7 +150,11 @@ async def list_incoming(request: Request) -> dict[str, Any]:
     return {"incoming": _vms(request).incoming.list()}
 
 
-@router.put("/v1/host/incoming/{move_id}/files/{file}", summary="Write raw bytes at an offset.")
+@router.put("/v1/host/incoming/{move_id}/files/{file}", summary="Write raw bytes at an offset.",
+            openapi_extra={"requestBody": {"required": True, "content": RAW,
+                                           "description": "the chunk's raw bytes, written at offset (64 MiB at "
+                                                          "most)"}},
+            responses={413: {"model": ErrorBody, "description": "invalid_argument: the chunk is over 64 MiB"}})
 async def put_incoming_file(request: Request, move_id: str, file: str, offset: int = 0) -> dict[str, Any]:
     # Refused before its body is read (a chunk past MAX_CHUNK is 413 before this): with the length
     # it declares, or, chunked, as far as its offset says (``write`` checks the length it had)

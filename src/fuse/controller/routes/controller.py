@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 
 from ...errors import InvalidArgument
 from ...models.base import Record
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, responses
 
-router = APIRouter(tags=["controller"])
+router = APIRouter(tags=["controller"], responses=STORE_ROUTES)
 
 
 class ControllerSettings(Record):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, responses
 from ...models.events import EventPage
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], responses=STORE_ROUTES)
 
 
 @router.get("/v1/events", response_model=EventPage,

@@ -12,12 +12,12 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from ...errors import Conflict, InvalidArgument
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, responses
 from ...models.hosts import Host, HostPage, RegisterHostRequest
 from ...models.moves import DrainReport
 from ..validation import unknown_fields
 
-router = APIRouter(tags=["hosts"])
+router = APIRouter(tags=["hosts"], responses=STORE_ROUTES)
 
 
 def _ctl(request: Request):

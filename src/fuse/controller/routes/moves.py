@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, responses
 from ...models.moves import Move, MoveList, MoveRequest
 
-router = APIRouter(tags=["moves"])
+router = APIRouter(tags=["moves"], responses=STORE_ROUTES)
 
 REFUSALS = ("not_movable (no such VM, or not running or sleeping), ambiguous_vm (the name is on several hosts: "
             "give host; `hosts` lists them), same_host, unknown_host, arch_mismatch (platform, the VM's bundle (its "

@@ -15,12 +15,12 @@ from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from fuse.models.base import Record
-from fuse.models.errors import responses
+from fuse.models.errors import STORE_ROUTES, responses
 from fuse.errors import NotFound
 from fuse.models.pool import (U32, ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
                               ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions, SeedRecord, one_spelling)
 
-router = APIRouter(tags=["pool"])
+router = APIRouter(tags=["pool"], responses=STORE_ROUTES)
 
 NO_CLOUD = ("invalid_argument: no such linked cloud, machine type or region, a bad count or ttl_hours, or a "
             "field given in both spellings")

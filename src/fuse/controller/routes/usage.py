@@ -7,10 +7,10 @@ from typing import Optional
 from fastapi import APIRouter, Query, Request, Response
 
 from ...agent.metering import exact_json
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, responses
 from ...models.usage import UsageReport
 
-router = APIRouter(tags=["usage"])
+router = APIRouter(tags=["usage"], responses=STORE_ROUTES)
 
 @router.get("/v1/usage", response_model=UsageReport,
             responses=responses(s400="invalid_argument: from or to is neither unix seconds nor an ISO 8601 time, "

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidArgument, NotFound
-from ...models.errors import responses
+from ...models.errors import STORE_ROUTES, db_done, responses
 from ...models.vm import PlacedVm, PlacedVmList
 from ..vms import ControllerCreateVm
 
-router = APIRouter(tags=["vms"])
+router = APIRouter(tags=["vms"], responses=STORE_ROUTES)
 
 NOT_FOUND = "not_found: no such VM (or no such VM on the host given)"
 AMBIGUOUS = ("ambiguous_vm: the name is on several hosts (error.hosts lists them); pick one with host; "
@@ -39,7 +39,8 @@ def _vms(request: Request):
                                       "full pinned host still answers vm_exists; fleet_full: no host took the VM "
                                       "(error.hosts maps every host to its reason)",
                                  s502="host_unreachable: the chosen host did not answer the create (error.host, "
-                                      "error.vm); it may still create the VM, so no other host was tried"),
+                                      "error.vm); it may still create the VM, so no other host was tried",
+                                 s503=db_done("host and vm", "created the VM", "shows it")),
              summary="createVm: place a VM on the best host (409 fleet_full, vm_exists; 502 host_unreachable).")
 async def create_vm(request: Request, body: ControllerCreateVm) -> JSONResponse:
     if body.standby:  # (a VM booted with no entry that nothing here could ever claim)
@@ -85,7 +86,9 @@ async def get_vm(request: Request, name: str, host: Optional[str] = None) -> JSO
 @router.delete("/v1/vms/{name}", status_code=204,
                responses=responses(s404=NOT_FOUND,
                                    s409=AMBIGUOUS + "; move_in_progress: a move holds the VM",
-                                   s502=UNREACHABLE),
+                                   s502=UNREACHABLE,
+                                   s503=db_done('host, vm and done ("delete")', "deleted the VM",
+                                                "no longer shows it")),
                summary="deleteVm: stop and remove a VM.")
 async def delete_vm(request: Request, name: str, host: Optional[str] = None) -> Response:
     await _vms(request).delete(name, host)
@@ -96,7 +99,9 @@ async def delete_vm(request: Request, name: str, host: Optional[str] = None) -> 
              responses=responses(s404=NOT_FOUND,
                                  s409=AMBIGUOUS + "; conflict: the VM is not running; move_in_progress: a move "
                                                   "holds the VM",
-                                 s502=UNREACHABLE),
+                                 s502=UNREACHABLE,
+                                 s503=db_done('host, vm and done ("sleep")', "put the VM to sleep",
+                                              "shows it sleeping")),
              summary="sleepVm: write the VM's state to files and free its memory.")
 async def sleep_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
     return JSONResponse(await _vms(request).act(name, "sleep", host))
@@ -108,7 +113,8 @@ async def sleep_vm(request: Request, name: str, host: Optional[str] = None) -> J
                                                   "host_full: its host has no room for it now (its memory, or its "
                                                   "vm_count policy, counting the VMs that hold room there, never "
                                                   "the one being woken); move_in_progress: a move holds the VM",
-                                 s502=UNREACHABLE),
+                                 s502=UNREACHABLE,
+                                 s503=db_done('host, vm and done ("wake")', "woke the VM", "shows it running")),
              summary="wakeVm: carry on from the instant it slept.")
 async def wake_vm(request: Request, name: str, host: Optional[str] = None) -> JSONResponse:
     return JSONResponse(await _vms(request).act(name, "wake", host))
