@@ -22,9 +22,10 @@ left there are deleted once it answers (``_trim_returned``). So is a machine the
 bought that never joined and went ``offline`` (silent for its boot time and the join
 grace: no plan offers it any more), at once; one bought for the prewarm then has no
 work planned and scale-in ends it as any idle machine. A
-host cordoned (by the operator or scale-in) gives its standby VMs to no
-create: the refill places them again on hosts that take work (never that
-one; buying nothing for a host scale-in cordoned, which it did as the other
+host cordoned (by the operator or scale-in; or its machine, cordoned or
+draining under another of its names) gives its standby VMs to no create:
+the refill places them again on hosts that take work (never that one;
+buying nothing for a host scale-in cordoned, which it did as the other
 hosts have room for them) and only then deletes them there; while nothing
 has room for them they stay, ready again should the host be uncordoned. (A
 placement on a host scale-in cordoned whose VMs are still to be created is
@@ -73,7 +74,7 @@ from ...envsettings import seconds
 from ...errors import FleetFull, FuseError, InvalidArgument, NotFound
 from ...models.pool import U32, U64, ElasticPlanRequest, Prewarm, PrewarmOptions, PrewarmPlacement
 from ...models.vm import VmShape
-from ..hosts import FINISHED
+from ..hosts import FINISHED, machine_names
 from ..store import prewarms as prewarms_t, vms as vms_t
 from ..target import parse_on
 from .elastic_budget import BudgetExceeded
@@ -94,6 +95,12 @@ SHAPE_FIELDS = {"vcpus": "cpus", "mem_mib": "memory_mb"}  # the create shape's n
 FILL_LEASE_KEY, FILL_LEASE_S = "prewarm_fill_lease", 30.0  # one replica fills at a time (``_leads_fill``)
 # a host not answering this long is away, not a blip: its placements go elsewhere (``_off_away``)
 AWAY_SECS = seconds("FUSE_PREWARM_AWAY_S", 120.0)
+
+
+class FillTakenOver(Exception):
+    """This replica's fill pass stalled past the fill lease (a pause, a frozen process) and
+    another replica took the lease meanwhile: the pass stops, creating and placing nothing
+    more (the holder fills what the prewarms lack)."""
 
 
 def backoff_secs(early_ends: int) -> int:
@@ -141,6 +148,7 @@ class PrewarmService:
         self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle, host) -> standby creates under way
         self._starting: set[str] = set()  # prewarms being placed in this replica, not stored yet
         self._since = time.time()  # (a host this controller has not heard from yet: away since it started)
+        self._filling = False  # a fill pass runs (under ``_fill_lock``): it creates and places under the lease
 
     # ---- records ---------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
@@ -202,17 +210,32 @@ class PrewarmService:
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
         return view is not None and view.connected and not self._lost(host)
 
-    def _claimable(self, host: str) -> bool:
+    def _work_states(self) -> dict[str, tuple[str, str]]:
+        """Each registered host's state as placement weighs it, and the name that has it: its
+        own, or, when its machine is registered under other names too (one agent identity) and
+        one of those is cordoned or draining, that one's: a machine takes no work under any of
+        its names then (``VmService.arrays``; review 34: its standby VM was claimed through the
+        name still active)."""
+        rows = self.store.list_hosts()
+        state = {r["id"]: r["state"] for r in rows}
+        out = {}
+        for host, names in machine_names(rows).items():
+            alias = next((n for n in names if state[n] != "active"), host)
+            out[host] = (state[host], host) if state[host] != "active" else (state[alias], alias)
+        return out
+
+    def _claimable(self, host: str, states: dict[str, tuple[str, str]] | None = None) -> bool:
         """Its standby VMs are there to claim: it answers and takes work (a claim is a
-        placement, which a cordoned or draining host takes none of: ``candidates``)."""
-        row = self.store.get_host(host)
-        return row is not None and row["state"] == "active" and self._answers(host)
+        placement, which a cordoned or draining machine takes none of: ``candidates``)."""
+        state = (states if states is not None else self._work_states()).get(host)
+        return state is not None and state[0] == "active" and self._answers(host)
 
     def view(self, rec: dict[str, Any]) -> Prewarm:
         vms = self._standby(rec["id"])
         placements = []
+        states = self._work_states()
         for host, want in rec["placements"].items():
-            on = [v for v in vms if v["host"] == host] if self._claimable(host) else []
+            on = [v for v in vms if v["host"] == host] if self._claimable(host, states) else []
             placements.append(PrewarmPlacement(host=host, machine=self._machine(host), count=want,
                                                ready=sum(_ready(v) for v in on)))
         backoff = rec.get("buy_after", 0) > time.time()
@@ -404,6 +427,22 @@ class PrewarmService:
             self.store.put_setting(FILL_LEASE_KEY, {"holder": me, "until": now + FILL_LEASE_S}, conn=c)
         return True
 
+    def _keep_fill(self) -> None:
+        """Before each standby create or placing of a fill pass: the lease is still this
+        replica's (renewed then, so a pass longer than the lease keeps it), else FillTakenOver.
+        Checked at a pass's start only, a replica that stalled past the lease mid-pass went on
+        creating what it had planned after another had taken the lease and made the same VMs
+        (review 34: a prewarm of 4 kept 7). A drain's hand-over is no fill pass (its own lock)."""
+        if not self._filling or self.store.is_sqlite:
+            return
+        now, me = time.time(), self.ctl.instance
+        with self.store.tx() as c:  # (the write lock, as ``_leads_fill``)
+            lease = self.store.get_setting(FILL_LEASE_KEY, {}, conn=c)
+            if lease.get("holder") not in (None, me):
+                raise FillTakenOver(f"replica {lease['holder']} took over the prewarm fill lease while this one "
+                                    "stalled past it: this one stops its pass, and that one fills the prewarms")
+            self.store.put_setting(FILL_LEASE_KEY, {"holder": me, "until": now + FILL_LEASE_S}, conn=c)
+
     async def fill(self) -> None:
         """Create the standby VMs every live prewarm still lacks (one pass)."""
         if self._fill_lock.locked():
@@ -411,48 +450,58 @@ class PrewarmService:
         async with self._fill_lock:
             if not self._leads_fill():
                 return
-            now = time.time()
-            warm = self.ctl.pool.budget().warm
-            for rec in self._records():
-                if now >= rec["expires_at"]:
-                    await self.remove(rec["id"], reason="its TTL ended")
-                    continue
-                try:  # (one set before the shape was checked: no VM of it can ever be created)
-                    check_shape(rec["cpus"], rec["memory_mb"])
-                except InvalidArgument as exc:
-                    log.warning("prewarm %s ends: %s", rec["id"], exc.message)
-                    await self.remove(rec["id"], reason=exc.message)
-                    continue
-                rec = self._drop_lost(rec)
-                await self._clear_ended(rec)
-                rec = await self._trim_returned(rec)
-                if "early_ends" in rec and self._lived(rec, now):
-                    rec = self._get(rec["id"]) or rec
-                    self._reset_backoff(rec)
-                    self._save(rec)
-                    log.info("prewarm %s: a machine bought for it lived %d s: its purchases back off no more",
-                             rec["id"], LIVED_SECS)
-                initial = rec.get("next", 1) - 1 < rec["count"]  # never filled yet: warm or not
-                if not (warm or initial):
-                    continue
-                if (missing := rec["count"] - sum(rec["placements"].values())) > 0:
-                    # VMs a lost host held: all at once where they fit together, else one
-                    # (a budget with room for one more machine keeps some ready)
-                    placed = await self._place_again(rec, missing, say=missing == 1)
-                    if placed is None and missing > 1:
-                        placed = await self._place_again(rec, 1)
-                    if placed is not None and placed[0] is None:
-                        continue  # it ended meanwhile
-                    rec = placed[0] if placed is not None else rec
-                # (a draining host's are the drain's to hand over, once the VMs with work have moved:
-                # placed again at once, they took the room those needed on the drain's targets)
-                rec = await self._off_cordoned(rec)
-                if rec is None:
+            self._filling = True
+            try:
+                await self._fill_pass()
+            except FillTakenOver as exc:
+                log.warning("prewarm refill: %s", exc)
+            finally:
+                self._filling = False
+
+    async def _fill_pass(self) -> None:
+        """``fill``'s pass, under the lease (each create and placing checks it: ``_keep_fill``)."""
+        now = time.time()
+        warm = self.ctl.pool.budget().warm
+        for rec in self._records():
+            if now >= rec["expires_at"]:
+                await self.remove(rec["id"], reason="its TTL ended")
+                continue
+            try:  # (one set before the shape was checked: no VM of it can ever be created)
+                check_shape(rec["cpus"], rec["memory_mb"])
+            except InvalidArgument as exc:
+                log.warning("prewarm %s ends: %s", rec["id"], exc.message)
+                await self.remove(rec["id"], reason=exc.message)
+                continue
+            rec = self._drop_lost(rec)
+            await self._clear_ended(rec)
+            rec = await self._trim_returned(rec)
+            if "early_ends" in rec and self._lived(rec, now):
+                rec = self._get(rec["id"]) or rec
+                self._reset_backoff(rec)
+                self._save(rec)
+                log.info("prewarm %s: a machine bought for it lived %d s: its purchases back off no more",
+                         rec["id"], LIVED_SECS)
+            initial = rec.get("next", 1) - 1 < rec["count"]  # never filled yet: warm or not
+            if not (warm or initial):
+                continue
+            if (missing := rec["count"] - sum(rec["placements"].values())) > 0:
+                # VMs a lost host held: all at once where they fit together, else one
+                # (a budget with room for one more machine keeps some ready)
+                placed = await self._place_again(rec, missing, say=missing == 1)
+                if placed is None and missing > 1:
+                    placed = await self._place_again(rec, 1)
+                if placed is not None and placed[0] is None:
                     continue  # it ended meanwhile
-                rec = await self._off_away(rec)
-                if rec is None:
-                    continue
-                await self._fill_places(rec)
+                rec = placed[0] if placed is not None else rec
+            # (a draining host's are the drain's to hand over, once the VMs with work have moved:
+            # placed again at once, they took the room those needed on the drain's targets)
+            rec = await self._off_cordoned(rec)
+            if rec is None:
+                continue  # it ended meanwhile
+            rec = await self._off_away(rec)
+            if rec is None:
+                continue
+            await self._fill_places(rec)
 
     async def hand_over(self, host: str) -> None:
         """A drain's last step: the standby VMs on draining ``host`` are placed again elsewhere
@@ -481,14 +530,17 @@ class PrewarmService:
                     break
 
     async def _off_cordoned(self, rec: dict) -> dict | None:
-        """Prewarm ``rec``'s standby VMs leave the cordoned hosts (``_leave``); the record then,
-        None when the prewarm ended meanwhile. A pinned prewarm's wait there."""
+        """Prewarm ``rec``'s standby VMs leave the cordoned hosts, and those whose machine is
+        cordoned or draining under another name (``_leave``); the record then, None when the
+        prewarm ended meanwhile. A pinned prewarm's wait there."""
         if parse_on(rec["on"]).kind == "host":
             return rec
         have = self._standby(rec["id"])
+        states = self._work_states()
         for host in [h for h in rec["placements"] if any(v["host"] == h for v in have)]:
-            row = self.store.get_host(host)
-            if row is not None and row["state"] == "cordoned":
+            state, name = states.get(host, ("", host))
+            # (a machine draining under another name: that drain hands over the VMs listed under it only)
+            if state == "cordoned" or (state == "draining" and name != host):
                 rec = await self._leave(rec, host)
                 if rec is None:
                     return None
@@ -710,6 +762,7 @@ class PrewarmService:
 
     async def _create_standby(self, body: dict) -> None:
         """A standby VM's create, counted by its shape while it is under way (``refilled``)."""
+        self._keep_fill()
         key = (body["shape"]["vcpus"], body["shape"]["mem_mib"], body["bundle"], body["host"])
         self._creating[key] = self._creating.get(key, 0) + 1
         try:
@@ -772,6 +825,7 @@ class PrewarmService:
 
     async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True, buy: bool = True
                            ) -> tuple[dict | None, dict[str, int], list[str]] | None:
+        self._keep_fill()  # (a placing may buy machines)
         async with self._room_lock:  # (as a new prewarm's placing: ``_room_lock``)
             return await self._placed_again(rec, n, off, say, buy)
 
@@ -833,12 +887,12 @@ class PrewarmService:
     def candidates(self, vcpus: int, mem_mib: int, bundle: str, among: set[str] | None) -> list[dict]:
         """Standby VMs of a live prewarm with this shape (controller store rows), ready ones first,
         on hosts placement may use: a claim is a placement, so a host cordoned or draining (by
-        the operator, a drain or scale-in) gives none of its standby VMs to a create, which takes
-        one elsewhere or boots one anew."""
+        the operator, a drain or scale-in; under any name of its machine) gives none of its standby
+        VMs to a create, which takes one elsewhere or boots one anew."""
         records = self._records()
         live = {r["id"] for r in records if r["expires_at"] > time.time()}
         trimming = {(r["id"], h) for r in records for h in r.get("away_left", {})}  # (``_trim_returned``'s)
-        active = {h["id"] for h in self.store.list_hosts() if h["state"] == "active"}
+        active = {h for h, (state, _) in self._work_states().items() if state == "active"}
         answers: dict[str, bool] = {}  # (a host away or lost would leave the create waiting on it)
         out = []
         for v in self.store.list_vms():
