@@ -11,16 +11,21 @@ leases). A replica asked to drain a host another one drains waits for that drain
 to end, then runs a round of its own (what is left, or arrived since); a
 replica that dies mid-drain leaves its lease to run out, and another takes the
 drain over (``host_drain_resumed``) where the moves left it. A drain that ended
-(its report given) marks its lease done: the next start of a controller resumes
-it, as it resumes every draining host's drain, but a live replica does not.
+(its report given) marks its lease done, with its report: the next start of a
+controller resumes it, as it resumes every draining host's drain, but a live
+replica does not. A replica that stalled past its lease (a frozen process) stops
+its drain once it sees the lease taken, and its callers wait for the drain of the
+one that took it over: they get that one's report, with what this one had done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import select
@@ -80,8 +85,53 @@ class MoveDrains(MoveRecords):
         its VM is then moved again. A resumed drain has no caller to answer: it emits
         ``host_drain_resumed`` and, at the end, ``host_drain_report`` with its report;
         a drain asked meanwhile joins it and answers that report. ``uncordon`` ends it
-        as it ends any drain."""
-        return await asyncio.shield(self._drain_task(host_id))
+        as it ends any drain.
+
+        A drain another replica took over (this one stalled past its lease: `renew_drains`
+        stops it) answers once that replica's drain ends: its report, with what this one
+        moved before (review 34: the caller got a bare 500, the cancelled drain's
+        CancelledError unhandled). Should that drain end with no report (its replica
+        died too, or let it go), this replica runs the drain again, as a joiner does."""
+        mine = None  # what this replica's drains did before another replica took them over
+        while True:
+            task = self._drain_task(host_id)
+            try:
+                report = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # (this replica stopping, or the request itself cancelled: that stop goes on)
+                if self._stopping or not task.cancelled() or asyncio.current_task().cancelling():
+                    raise
+                report = None  # (stopped by `renew_drains`: the lease taken)
+            part = self._drain_parts.get(task)  # (kept by `_leased_drain` only when the lease was taken)
+            if report is not None and part is None:
+                return _merged(mine, report)
+            # Taken over: stopped, or ended before this replica saw the lease taken (a move it
+            # drove was taken over with it) and so with a word on VMs the other one moves.
+            mine = _merged(mine, report or part)
+            theirs = await self._their_report(host_id)
+            if theirs is not None:
+                return _merged(mine, theirs)
+
+    @functools.cached_property
+    def _drain_parts(self) -> weakref.WeakKeyDictionary[asyncio.Task, dict[str, Any]]:
+        """Per drain task: what its drain has done so far (`_drain` fills it), kept past its
+        end only when another replica took the drain over, for its callers (`drain`)."""
+        return weakref.WeakKeyDictionary()
+
+    async def _their_report(self, host_id: str) -> dict[str, Any] | None:
+        """Wait while another replica holds the drain of ``host_id`` (one that took it over
+        from this one), then its report; None when it ended with none (it let the lease go
+        or ran out of it: its replica stopped or died), for this replica to run the drain."""
+        key = _drain_key(host_id)
+        while True:
+            lease = self.store.get_setting(key) or {}
+            if lease.get("owner") == self.ctl.instance:
+                return None
+            if lease.get("done"):
+                return lease.get("report")
+            if lease.get("until", 0) <= time.time():
+                return None
+            await asyncio.sleep(1)
 
     def _drain_task(self, host_id: str, resumed: bool = False) -> asyncio.Task:
         task = self._drains.get(host_id)
@@ -98,19 +148,22 @@ class MoveDrains(MoveRecords):
             host = self.store.get_host(host_id)
             if host is None or host["state"] != "draining":
                 return {"host": host_id, "moved": [], "stuck": [], "finished": [], "prewarmed": []}
-        done = True
+        done, report, held = True, None, True
         self._held_drains.add(host_id)
         try:
-            return await (self._resumed_drain(host_id) if resumed else self._drain(host_id))
+            report = await (self._resumed_drain(host_id) if resumed else self._drain(host_id))
+            return report
         except asyncio.CancelledError:
             done = False  # (this replica stops: the lease is let go, for a live one to take the drain over)
             raise
         finally:
             self._held_drains.discard(host_id)
             try:
-                self._end_drain(host_id, done)
+                held = self._end_drain(host_id, done, report)
             except Exception as exc:  # (the lease runs out by itself; a live replica then runs the drain again)
                 log.warning("host %s: could not mark its drain %s: %s", host_id, "done" if done else "let go", exc)
+            if held:  # (what it did is kept for its callers only when another replica took it over)
+                self._drain_parts.pop(asyncio.current_task(), None)
 
     def resume_drains(self, takeover: bool = False) -> list[str]:
         """Resume the drain of every host left ``draining`` that no live replica drains (a
@@ -143,14 +196,18 @@ class MoveDrains(MoveRecords):
             self.store.put_setting(key, {"host": host_id, "owner": self.ctl.instance, "until": now + LEASE_S}, c)
         return True
 
-    def _end_drain(self, host_id: str, done: bool = True) -> None:
-        """Mark this replica's drain of ``host_id`` done (its report given), or let its
-        lease go at once (the replica stops mid-drain: a live one takes it over)."""
+    def _end_drain(self, host_id: str, done: bool = True, report: dict[str, Any] | None = None) -> bool:
+        """Mark this replica's drain of ``host_id`` done with its report (for the callers of
+        a replica it took the drain over from: `_their_report`), or let its lease go at once
+        (the replica stops mid-drain: a live one takes it over). Whether the lease was still
+        this replica's (else another took the drain over)."""
         key = _drain_key(host_id)
         with self.store.tx() as c:
             lease = self.store.get_setting(key, conn=c)
-            if lease and lease.get("owner") == self.ctl.instance:
-                self.store.put_setting(key, lease | ({"done": True} if done else {"until": 0}), c)
+            if not lease or lease.get("owner") != self.ctl.instance:
+                return not lease
+            self.store.put_setting(key, lease | ({"done": True, "report": report} if done else {"until": 0}), c)
+        return True
 
     def renew_drains(self) -> None:
         """Renew the lease of every drain this replica runs (the janitor, every second)."""
@@ -166,8 +223,10 @@ class MoveDrains(MoveRecords):
                     continue
             if lease and lease.get("owner") not in (None, self.ctl.instance):
                 # (another replica took the drain over while this one's renewals failed: one
-                # drain of a host at a time, so this one stops; the move under way finishes)
-                log.warning("host %s: replica %s took its drain over; stopping this one", host_id, lease.get("owner"))
+                # drain of a host at a time, so this one stops; the move under way finishes,
+                # and its callers wait for the other's report: `drain`)
+                log.warning("host %s: replica %s took its drain over; stopping this one (its callers get that "
+                            "replica's report)", host_id, lease.get("owner"))
                 task.cancel()
 
     async def _resumed_drain(self, host_id: str) -> dict[str, Any]:
@@ -186,7 +245,9 @@ class MoveDrains(MoveRecords):
         drain began: both chose the host while it was active) and moves what did, until
         a round finds nothing new. The report accounts for every VM the host had while
         draining, not only those of its first list."""
-        moved, stuck, finished, standby = [], [], [], []
+        part = self._drain_parts[asyncio.current_task()] = {"host": host_id, "moved": [], "stuck": [],
+                                                            "finished": [], "prewarmed": []}
+        moved, stuck, finished, standby = part["moved"], part["stuck"], part["finished"], []
         seen: set[str] = set()
         while True:
             left = []
@@ -420,6 +481,22 @@ class MoveDrains(MoveRecords):
             waited = True
             await asyncio.sleep(0.5)
         return None
+
+
+def _merged(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A drain's report from what this replica did before another took the drain over
+    (``mine``) and the report of the drain after (``theirs``), whose word on a VM is the
+    later one: a VM this replica left stuck, that one may have moved."""
+    if not mine or not theirs:
+        return theirs or mine
+    named = {e["vm"] for k in ("moved", "stuck", "finished") for e in theirs.get(k, [])}
+    named |= set(theirs.get("prewarmed", []))
+    out = dict(theirs)
+    for k in ("moved", "stuck", "finished"):
+        out[k] = [e for e in mine.get(k, []) if e["vm"] not in named] + list(theirs.get(k, []))
+    out["finished"] = sorted(out["finished"], key=lambda f: f["vm"])
+    out["prewarmed"] = sorted(set(mine.get("prewarmed", [])) - named | set(theirs.get("prewarmed", [])))
+    return out
 
 
 def _drain_key(host_id: str) -> str:
