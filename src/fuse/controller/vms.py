@@ -254,10 +254,10 @@ class VmService:
         if req.host is not None and among is not None and req.host not in among:
             raise InvalidArgument(f"host {req.host} and on {on} disagree: {req.host} is {self._outside(on)}")
         name = req.name or f"vm-{secrets.token_hex(4)}"
-        if req.host is not None and any(r["host"] == req.host for r in self.store.vms_named(name)):
+        if req.host is not None and (taken := self._taken_on(name, req.host)):
             # The pinned host is the chosen one: its name clash is the answer,
             # whatever placement would say of its room (a full host included).
-            raise VmExists(f"a vm named {name} already exists on host {req.host}")
+            raise VmExists(taken)
         self._check_naming(name, req.host)
         # the hosts a move of the name is taking it to: theirs from the move's 202 on (read again
         # where the name is held, below: a create there would fail the move at its copy)
@@ -383,7 +383,7 @@ class VmService:
                     return vm | {"host": host}
                 err = host_error(resp, host)
                 if err.code == "vm_exists":
-                    raise VmExists(f"a vm named {name} already exists on host {host}")
+                    raise VmExists(self._taken_on(name, host) or f"a vm named {name} already exists on host {host}")
                 if lacks_bundle(resp):
                     lacking.add(host)  # (the next host may have it)
                 elif resp.status_code == 400:
@@ -876,6 +876,23 @@ class VmService:
                                                     since=u["since"])
         return sorted({h for h in placing if host is None or h == host})
 
+    def _taken_on(self, name: str, host: str) -> str | None:
+        """Why a create of vm ``name`` on ``host`` is vm_exists, when the store lists a VM of that
+        name on ``host``'s machine (None: it lists none): the host named is the one the VM is
+        listed under, and reached through (``?host=``). One machine under several names holds
+        one VM of a name (seed 004): listed under another of them, the 409 named the host asked
+        for, whose ``GET /v1/vms/NAME?host=`` was 404 (review 34)."""
+        rows = self.store.vms_named(name)
+        if not rows:  # (the common case: no registry read)
+            return None
+        names = machine_names(self.store.list_hosts()).get(host, [host])
+        listed = sorted(r["host"] for r in rows if r["host"] in names)
+        if not listed:
+            return None
+        if host in listed:
+            return f"a vm named {name} already exists on host {host}"
+        return f"a vm named {name} already exists on host {listed[0]} (the same machine as {host})"
+
     def _summary(self, host: str) -> dict | None:
         """The summary the poller last read of ``host`` (each poll stores a new one)."""
         view = self.fleet.views.get(host)
@@ -1036,6 +1053,15 @@ class VmService:
             except FuseError as exc:
                 if exc.code != "not_found":
                     raise
+                # The host has no such VM: this call deleted nothing. Another delete (through
+                # this replica or another) got there first and writes the one vm_removed, or the
+                # host lost it: 404, as a delete just after is, and no event (review 34: three
+                # deletes at once each answered 204 and wrote a vm_removed). A row still listed
+                # goes (the VM list no longer shows what its host does not have).
+                with self.store.tx() as c:
+                    c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
+                raise NotFound(f"vm {name} not found on host {host}: the host no longer has it (another delete, "
+                               "or the host itself, removed it first)") from None
             try:
                 self._removed(host, name)
             except DBAPIError as exc:
@@ -1044,7 +1070,9 @@ class VmService:
         await self._refresh_room(host)
 
     def _removed(self, host: str, name: str) -> None:
-        """Record the delete ``host`` did: the VM's row goes, with its ``vm_removed``, in one write."""
+        """Record the delete ``host`` did: the VM's row goes, with its ``vm_removed``, in one write.
+        Written whether or not the row was still there (the poller may have dropped it first): the
+        host answered this call's delete, and it answers one delete of a VM so (the others: 404)."""
         with self.store.tx() as c:
             c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
             self.store.add_event("vm_removed", {"vm": name, "id": host}, host=host, conn=c)

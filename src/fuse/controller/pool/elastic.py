@@ -18,6 +18,7 @@ drain treat it like the operator's own hosts — it only costs money.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -326,7 +327,8 @@ class ElasticPool(CloudsMixin, BudgetMixin, ScaleOutMixin):
         if busy := self._work_on(name):  # (a VM with work got there meanwhile: it stays, and so does its host)
             raise Conflict(busy)
         for v in self.store.vms_on(name):  # ended VMs end with their machine
-            await self.ctl.vms.delete(v["name"], name)
+            with contextlib.suppress(NotFound):  # (its host no longer had it: gone, its row too)
+                await self.ctl.vms.delete(v["name"], name)
         ending.append(True)  # (from here its machine may be ending: it is not put back, nor at a start)
         if self.store.get_setting(REMOVING + name) is not None:
             self.store.put_setting(REMOVING + name, {"since": time.time(), "ending": True})

@@ -567,6 +567,8 @@ class PrewarmService:
         for v in [v for v in self._standby(rec["id"]) if v["host"] == host][:n]:
             try:
                 await self.ctl.vms.delete(v["name"], host)
+            except NotFound:
+                pass  # (gone already: another delete, or the host, removed it first)
             except FuseError as exc:
                 left += 1
                 log.warning("prewarm %s: removing %s from cordoned %s: %s", rec["id"], v["name"], host, exc.message)
