@@ -10,7 +10,11 @@ Failures are one sentence on stderr and a non-zero exit: the controller
 reports that sentence as the reason the host is unreachable. A relay that
 could not connect to the agent exits `NOT_CONNECTED` before it reads a byte of
 stdin: the controller then knows the request reached no agent (a create may go
-to another host), as over `unix://` when the socket is not there.
+to another host), as over `unix://` when the socket is not there. So does a
+relay whose agent hung up (died) with nothing sent to it since its last answer:
+a request the controller sent on the kept-alive channel then reached no agent
+either. One that sent the agent a byte it did not answer exits 0 when the agent
+hangs up: the agent may have got the request.
 """
 
 from __future__ import annotations
@@ -61,20 +65,46 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def pipe(sock: socket_mod.socket, stdin: int, stdout: int) -> None:
-    """Copy until the agent closes (or the controller does)."""
+def pipe(sock: socket_mod.socket, stdin: int, stdout: int) -> bool:
+    """Copy until the agent closes (or the controller does). True when the agent hung up
+    first with none of the controller's bytes sent to it since it last said anything: what
+    the controller sent since (a create on a kept-alive channel, as the agent died) reached
+    no agent. A byte sent and not answered may be a request the agent got: False."""
+    cond = threading.Condition()
+    # unanswered: a byte went to the agent after the last it sent; heard: how many times the
+    # agent sent something (a send it answered while the send was under way is answered, not
+    # unanswered); sending: a send under way; ended: the agent's side is done, nothing more is
+    # sent; asked_end: the controller closed the channel
+    st = {"unanswered": False, "heard": 0, "sending": False, "ended": False, "asked_end": False}
 
     def upstream() -> None:
         try:
             while True:
                 data = os.read(stdin, CHUNK)
                 if not data:
+                    with cond:
+                        st["asked_end"] = True
                     break
-                sock.sendall(data)
+                view = memoryview(data)
+                while view:
+                    with cond:
+                        if st["ended"]:
+                            return
+                        st["sending"], heard = True, st["heard"]
+                    sent = 0
+                    try:
+                        sent = sock.send(view)  # (not under the lock: the agent may be answering)
+                    finally:
+                        with cond:
+                            if sent and st["heard"] == heard:
+                                st["unanswered"] = True
+                            st["sending"] = False
+                            cond.notify_all()
+                    view = view[sent:]
         except OSError:
             pass
-        # The controller closed the channel: nothing more will be asked, so
-        # let go of the agent connection, which also ends the loop below.
+        # The controller closed the channel (or the agent is gone): nothing more will be
+        # asked, so let go of the agent connection, which also ends the loop below.
         try:
             sock.shutdown(socket_mod.SHUT_RDWR)
         except OSError:
@@ -86,12 +116,23 @@ def pipe(sock: socket_mod.socket, stdin: int, stdout: int) -> None:
             data = sock.recv(CHUNK)
             if not data:
                 break
+            with cond:  # (before the controller has it: only then may it send its next request)
+                st["unanswered"], st["heard"] = False, st["heard"] + 1
             _write_all(stdout, data)
     except OSError as exc:
         if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
             raise
     finally:
+        try:  # (a send under way to the agent fails at once: it is gone)
+            sock.shutdown(socket_mod.SHUT_RDWR)
+        except OSError:
+            pass
+        with cond:
+            settled = cond.wait_for(lambda: not st["sending"], timeout=5)
+            st["ended"] = True
+            hung_up_first = settled and not st["asked_end"] and not st["unanswered"]
         sock.close()
+    return hung_up_first
 
 
 def relay(
@@ -102,5 +143,8 @@ def relay(
 
     if socket is None and (why := socket_dir_problem(default_agent_socket().parent)):
         _fail(f"the default host agent socket {default_agent_socket()}: {why}")  # (it would get the requests)
-    sock = _connect(socket or default_agent_socket())
-    pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno())
+    path = socket or default_agent_socket()
+    sock = _connect(path)
+    if pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()):
+        _fail(f"the host agent at {path} hung up before this relay handed it the request: "
+              "is the host agent running?")

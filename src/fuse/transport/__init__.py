@@ -41,6 +41,7 @@ import logging
 import os
 import socket
 import ssl
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,11 +71,7 @@ def tls_context(purpose: ssl.Purpose, cert: str, key: str, ca: str,
     them. Checked file by file first: OpenSSL's own error for a missing CA file names
     no file at all ("[Errno 2] No such file or directory")."""
     for name, path in zip(names, (cert, key, ca)):
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise IdentityError(f"{name} {path} cannot be read ({exc.strerror or exc})") from None
+        _regular_file(path, name)
     try:
         ctx = ssl.create_default_context(purpose, cafile=ca)
     except ssl.SSLError as exc:
@@ -91,6 +88,35 @@ def tls_context(purpose: ssl.Purpose, cert: str, key: str, ca: str,
         raise IdentityError(f"{names[0]} {cert} and {names[1]} {key} do not load as a PEM certificate and its key "
                             f"({_ssl_words(exc)})") from None
     return ctx
+
+
+def _regular_file(path: str, name: str) -> None:
+    """IdentityError naming the file (as ``name``, the caller's word for it) when ``path``
+    cannot be read or is not a regular file. Looked at before anything opens it: a FIFO or a device put in a PEM
+    file's place blocks whoever opens or reads it, and the controller dials on its event loop,
+    so one froze every route, SIGTERM's handling with them (review 34)."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise IdentityError(f"{name} {path} is {_file_kind(mode)}, not a regular file")
+        # whether it may be read (its permissions); O_NONBLOCK: one made a FIFO since the look
+        # does not block this open either
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        raise IdentityError(f"{name} {path} cannot be read ({exc.strerror or exc})") from None
+
+
+def _file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a directory", "a named pipe (FIFO)")."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
 
 
 def _ssl_words(exc: ssl.SSLError) -> str:
@@ -146,6 +172,7 @@ class TlsSettings:
 def _first_cert(path: str, name: str):
     from cryptography import x509  # imported only where used
 
+    _regular_file(path, name)  # (read at a dial too, when a host refused our certificate)
     try:
         with open(path, "rb") as f:
             return x509.load_pem_x509_certificates(f.read())[0]  # the first is ours; a chain may follow
@@ -202,6 +229,7 @@ def check_ca_file(path: str, name: str) -> None:
     leaf, which signs no certificate to trust)."""
     from cryptography import x509  # imported only where used
 
+    _regular_file(path, name)
     with open(path, "rb") as f:
         cas = x509.load_pem_x509_certificates(f.read())
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -338,15 +366,11 @@ def _describe(exc: Exception, address: Address, handshake: str = "",
 def _not_a_socket(path: str) -> str:
     """What ``path`` is when it is there and no socket ("a regular file", "a directory"), else
     "": connecting to it is refused as to a socket no agent listens on, which it is not."""
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return ""
-    if stat.S_ISSOCK(mode):
-        return ""
-    return "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "a special file"
+    return "" if stat.S_ISSOCK(mode) else _file_kind(mode)
 
 
 def _bad_name(exc: BaseException) -> bool:

@@ -80,7 +80,12 @@ def parse_address(addr: str) -> Address:
             raise _bad(addr, "it names no socket path (unix:///path/to/agent.sock)")
         if "\x00" in rest:
             raise _bad(addr, "the socket path contains a NUL character")
-        return Address(addr, "local", path=rest)
+        # (a path ending in '/' names a directory, never a socket: `unix:///run/a.sock/` is the
+        # socket /run/a.sock, as `http://h:8090/` is `http://h:8090`; kept, it was dialled as
+        # given and failed with "[Errno 20] Not a directory")
+        if not rest.rstrip("/"):
+            raise _bad(addr, "it names no socket path, only '/' (unix:///path/to/agent.sock)")
+        return Address(addr, "local", path=rest.rstrip("/"))
     cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
     if kind == "http":
@@ -109,9 +114,10 @@ def normalise_address(addr: str) -> str:
     not one, or a unix:// socket path that is relative): one spelling for each address,
     so registering it again spelt another way is not a move. The scheme and the host name
     in lower case (both are case-insensitive: `HTTP://LocalHost:1` is `http://localhost:1`),
-    a port without leading zeros (`:080` is `:80`), an http(s) or ssh address without trailing
-    slashes, which name nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is
-    `/p`). An ssh user and an http path prefix are kept as given, as is a socket path.
+    a port without leading zeros (`:080` is `:80`), any address without trailing slashes, which
+    name nothing (`http://h:8090/` is `http://h:8090`; a path prefix `/p/` is `/p`; a socket
+    path `/run/a.sock/` is `/run/a.sock`). An ssh user, an http path prefix and a socket path
+    are otherwise kept as given.
     (None has a query or fragment: `parse_address`.)"""
     a = parse_address(addr)
     if a.kind == "local" and a.path and not a.path.startswith("/"):

@@ -28,7 +28,10 @@ failure becomes `HostUnreachable` with one sentence (`NotAnAgent` when the
 relay answers with something that is not HTTP: FUSE_SSH_RELAY is not the
 agent's relay). A relay that could not connect to the agent exits
 `RELAY_NOT_CONNECTED` having forwarded nothing: its failure is one the host
-never got (`maybe_sent` False), as a unix:// socket that is not there.
+never got (`maybe_sent` False), as a unix:// socket that is not there. So does
+a relay whose agent hung up with nothing of the request sent to it (an agent
+that died under a kept channel): such a request is sent once more on a new
+channel, whatever its method, since it reached no agent.
 
 A host that stops answering (frozen, TCP still open) costs a request at most
 one bound, and the reason quotes the time really waited: connect + handshake
@@ -548,6 +551,12 @@ class SshTransport(httpx.AsyncBaseTransport):
                     continue
                 err = await ch.failure(self.target, opts.relay, no.cause, silent=silent)
                 shared.discard(ch)
+                if attempt == 0 and ch.reused and replayable and getattr(err, "maybe_sent", True) is False:
+                    # the relay says none of it reached the agent, which hung up on this kept
+                    # channel (it died, or closed it idle): any request may go again, a create
+                    # too, on a channel of its own; a relay that cannot reach the agent there
+                    # says so the same way, and the create passes on to the next host
+                    continue
                 raise err from None
             except asyncio.TimeoutError:
                 shared.discard(ch)
