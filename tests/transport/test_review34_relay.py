@@ -232,3 +232,19 @@ async def test_a_create_just_after_a_real_agent_was_killed_passes_on(relay_env, 
         assert getattr(err, "maybe_sent", True) is False, err.message
         await ssh.close_all()
         time.sleep(0.1)
+
+
+def test_a_relay_refuses_a_given_socket_in_a_directory_others_may_write_to(tmp_path):
+    """(review 34: only the default socket's directory was checked; the servers refuse such a
+    directory for --socket too, so whoever listened there got the controller's requests)"""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    agent = Agent(shared / "agent.sock")
+    try:
+        r = subprocess.run([FUSE, "host", "relay", "--socket", str(agent.path)], input=b"GET /v1/host HTTP/1.1\r\n"
+                           b"host: agent\r\n\r\n", capture_output=True, timeout=30)
+        assert r.returncode == 69 and b"is writable by others (mode 777)" in r.stderr, r
+        assert r.stdout == b""
+    finally:
+        agent.srv.close()

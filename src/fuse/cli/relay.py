@@ -141,9 +141,11 @@ def relay(
     """Hand this channel's requests to the local host agent (run by the controller over SSH)."""
     from ..paths import default_agent_socket, socket_dir_problem
 
-    if socket is None and (why := socket_dir_problem(default_agent_socket().parent)):
-        _fail(f"the default host agent socket {default_agent_socket()}: {why}")  # (it would get the requests)
     path = socket or default_agent_socket()
+    # (whoever put a socket there would get the requests; no agent serves from such a dir, the
+    # servers refuse it for --socket too: review 34, a given --socket was not checked)
+    if why := socket_dir_problem(path.parent):
+        _fail(f"the {'default ' if socket is None else ''}host agent socket {path}: {why}")
     sock = _connect(path)
     if pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()):
         _fail(f"the host agent at {path} hung up before this relay handed it the request: "
