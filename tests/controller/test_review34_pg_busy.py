@@ -56,3 +56,27 @@ def test_a_write_behind_another_transactions_lock_is_503_busy_and_reads_go_on(tm
         for p in (ctl, agent):
             p.stop()
         reap(tmp_path)
+
+
+def test_the_lock_timeout_keeps_the_options_the_url_gives(postgres):
+    """(the diff review: set as the startup `options`, it replaced a search_path given in the url,
+    and the controller used schema public: another fleet's tables, maybe)"""
+    from urllib.parse import quote
+
+    from fuse.controller.store import Store
+
+    url = postgres.create_db(f"r34o_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("CREATE SCHEMA tenant1")
+    store = Store(url + ("&" if "?" in url else "?") + "options=" + quote("-csearch_path=tenant1"))
+    try:
+        with store.engine.connect() as c:
+            from sqlalchemy import text
+            assert c.execute(text("SHOW search_path")).scalar() == "tenant1"
+            assert c.execute(text("SHOW lock_timeout")).scalar() == f"{int(DB_LOCK_TIMEOUT_S * 1000)}ms"
+        with psycopg.connect(url, autocommit=True) as c:
+            tables = {r[0] for r in c.execute("SELECT table_schema FROM information_schema.tables "
+                                              "WHERE table_name = 'hosts'")}
+        assert tables == {"tenant1"}, tables
+    finally:
+        store.close()

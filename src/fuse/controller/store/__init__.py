@@ -184,13 +184,22 @@ class Store:
             # lock) ends at ``DB_LOCK_TIMEOUT_S`` with PostgreSQL's own error, before the watchdog
             # would take the database for out of reach (review 33: 503 "cannot reach its
             # database" while it answered, and every call failed until its probe did)
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10,
-                          connect_args={"connect_timeout": 4,
-                                        "options": f"-c lock_timeout={int(DB_LOCK_TIMEOUT_S * 1000)}"})
+            # (set on each new connection, not as the startup ``options``: those would replace an
+            # operator's own, a search_path given in the url or PGOPTIONS)
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args={"connect_timeout": 4})
         if self.is_sqlite:
             _private_sqlite_files(url)
         self.engine: Engine = create_engine(url, **kwargs)
         self._watch = None if self.is_sqlite else _Watchdog(self.engine, url)
+        if not self.is_sqlite:
+            @event.listens_for(self.engine, "connect")
+            def _lock_timeout(dbapi_conn, _):
+                autocommit = dbapi_conn.autocommit
+                dbapi_conn.autocommit = True  # (a session setting, outside any transaction)
+                try:
+                    dbapi_conn.execute(f"SET lock_timeout = {int(DB_LOCK_TIMEOUT_S * 1000)}")
+                finally:
+                    dbapi_conn.autocommit = autocommit
         if self.is_sqlite:
             @event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn, _):
