@@ -50,3 +50,15 @@ def test_the_pass_stops_at_its_time_and_the_plan_stands(monkeypatch):
                              Machine(offer=0, counts={0: 2})])
     out = prefer_order(model, sol)
     assert sorted(m.counts[0] for m in out.machines) == [2, 2, 8] and not violations(model, out)
+
+
+def test_hundreds_of_unevenly_packed_machines_even_out():
+    """(the diff review: the 0.25 s pass moved one VM a step, re-sorting every machine each time,
+    and 20,000 VMs on 400 machines were left 4 beside 63)"""
+    model = PlanModel(groups=[DemandGroup(name="g", count=20_000, cpus=1, mem_mib=128, kind="container")],
+                      offers=[offer("o", 64, 65536, 0.1)], constraints=Constraints(exact_new_hosts=400))
+    sol = Solution(machines=[Machine(offer=0, counts={0: 64}) for _ in range(200)]
+                   + [Machine(offer=0, counts={0: 36}) for _ in range(200)])
+    out = prefer_order(model, sol)
+    assert {m.counts[0] for m in out.machines} == {50}
+    assert cost_usd(model, out) == cost_usd(model, sol) and not violations(model, out)
