@@ -80,3 +80,34 @@ def test_the_lock_timeout_keeps_the_options_the_url_gives(postgres):
         assert tables == {"tenant1"}, tables
     finally:
         store.close()
+
+
+def test_a_delete_its_host_did_while_the_database_was_busy_says_busy_and_done(tmp_path, postgres):
+    """(the diff review: the 503 of a delete the host carried out said "its database did not
+    answer" when a lock held it up)"""
+    url = postgres.create_db(f"r34d_{uuid.uuid4().hex[:8]}")
+    agent = start_agent(tmp_path, backend="fake", name="agent")
+    ctl = start_controller(tmp_path, db=url, listen=True, token="C")
+    try:
+        with fuse.Client(ctl.url, timeout=120) as client:
+            client.hosts.register(fuse.RegisterHostRequest(
+                id="h1", url=agent.url, token=agent.token, backend="qemu",
+                capacity=fuse.HostCapacity(vm_count=8, ram_mb=2048, cpus=4)))
+            wait_until(lambda: client.hosts.get("h1").connected, timeout=30, what="h1 connected")
+            client.vms.create(name="v1", shape={"vcpus": 1, "mem_mib": 128}, entry="sleep 600")
+            with psycopg.connect(url, autocommit=True) as other:
+                other.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK_KEY,))
+                try:
+                    client.vms.delete("v1")
+                    raise AssertionError("the delete was recorded behind the lock")
+                except fuse.ApiError as err:
+                    assert (err.status, err.code) == (503, "db_unavailable"), err
+                    assert err.details == {"host": "h1", "vm": "v1", "done": "delete"}, err.details
+                    assert "its database was busy" in err.message, err.message
+                finally:
+                    other.execute("SELECT pg_advisory_unlock(%s)", (WRITE_LOCK_KEY,))
+            wait_until(lambda: client.vms.list() == [], timeout=60, what="the delete recorded once the lock went")
+    finally:
+        for p in (ctl, agent):
+            p.stop()
+        reap(tmp_path)

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import Connection
 
 from .store import vms as vms_t
-from .store.outage import db_unreachable
+from .store.outage import db_busy, db_unreachable
 
 log = logging.getLogger("fuse.controller.vms")
 CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
@@ -594,8 +594,8 @@ class VmService:
         if not db_unreachable(exc):
             raise exc
         self._unanswered_create(host, name, ask)
-        raise FuseError(f"vm {name} was created on host {host}, but the controller could not record it (its "
-                        "database did not answer): the VM list shows it once the database is back, so do not "
+        raise FuseError(f"vm {name} was created on host {host}, but the controller could not record it "
+                        f"({_db_why(exc)}): the VM list shows it once the database is back, so do not "
                         "create it again", code="db_unavailable",
                         details={"host": host, "vm": name}).with_status(503) from None
 
@@ -1107,8 +1107,8 @@ class VmService:
             raise exc
         did, shows = {"delete": ("deleted", "no longer lists it"), "sleep": ("put to sleep", "shows it sleeping"),
                       "wake": ("woken", "shows it running")}[action]
-        raise FuseError(f"vm {name} was {did} on host {host}, but the controller could not record it (its "
-                        f"database did not answer): the VM list {shows} once the database is back, so do not "
+        raise FuseError(f"vm {name} was {did} on host {host}, but the controller could not record it "
+                        f"({_db_why(exc)}): the VM list {shows} once the database is back, so do not "
                         f"{action} it again", code="db_unavailable",
                         details={"host": host, "vm": name, "done": action}).with_status(503) from None
 
@@ -1214,3 +1214,10 @@ class VmService:
         host = self.locate(name, host)
         return (await self._call(host, "GET", f"/v1/host/vms/{name}/console", params={"offset": offset},
                                  **self._read_timeout(host))).json()
+
+
+def _db_why(exc: DBAPIError) -> str:
+    """Why the store did not take a write the host carried out, in a few words."""
+    if db_busy(exc):
+        return "its database was busy: a lock another transaction held was waited for too long"
+    return "its database did not answer"
