@@ -16,13 +16,15 @@ def default_agent_socket() -> Path:
     return Path(runtime) / "fuse-host.sock" if runtime else Path(f"/tmp/fuse-{os.getuid()}/fuse-host.sock")
 
 
-def socket_dir_problem(directory: Path) -> str | None:
+def socket_dir_problem(directory: Path, any_owner: bool = False) -> str | None:
     """Why an owner-only socket cannot live in ``directory`` (one line), or None (it is
     missing: it will be made 0700). A directory another user owns, a symbolic link another
     user made, or a directory others may write to (sticky too, as /tmp is: the socket's name
     is known, so they can make it first) lets them put their own socket in the server's place
     and read what clients send it, agent tokens included (``/tmp/fuse-UID`` made first by
-    another user, with no ``XDG_RUNTIME_DIR``; or made a link to /tmp)."""
+    another user, with no ``XDG_RUNTIME_DIR``; or made a link to /tmp). ``any_owner``: a
+    directory the caller named itself may be another user's (a root relay to an agent that
+    runs as its own user, in its own directory): only one others may write to is refused."""
     import stat
     mine = (os.geteuid(), 0)
     try:
@@ -36,7 +38,7 @@ def socket_dir_problem(directory: Path) -> str | None:
     # (a link is named as one only when it is one: a plain directory has lstat == stat)
     owners = [("is a symbolic link that ", link)] if stat.S_ISLNK(link.st_mode) else []
     for what, s in (*owners, ("", st)):
-        if s.st_uid not in mine:
+        if s.st_uid not in mine and not any_owner:
             return (f"the socket's directory {directory} {what}belongs to another user (uid {s.st_uid}), who "
                     "could put their own socket in its place: give --socket in a directory of your own, or set "
                     "XDG_RUNTIME_DIR")

@@ -248,3 +248,22 @@ def test_a_relay_refuses_a_given_socket_in_a_directory_others_may_write_to(tmp_p
         assert r.stdout == b""
     finally:
         agent.srv.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the directory is given to another user")
+def test_a_relay_takes_a_given_socket_in_another_users_own_directory(tmp_path):
+    """(the diff review: a root relay to an agent that runs as its own user, in its own 0700
+    directory, was refused as "belongs to another user"; only others writing there is a risk)"""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    agent = Agent(theirs / "agent.sock")
+    os.chown(theirs, 65534, 65534)
+    r = relay(agent.path)
+    try:
+        r.stdin.write(b"GET /v1/host HTTP/1.1\r\nhost: agent\r\n\r\n")
+        r.stdin.flush()
+        assert r.stdout.read1(65536).startswith(b"HTTP/1.1 200"), r.stderr.read()
+    finally:
+        agent.srv.close()
+        r.kill()
+        r.wait()

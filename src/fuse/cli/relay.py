@@ -143,8 +143,9 @@ def relay(
 
     path = socket or default_agent_socket()
     # (whoever put a socket there would get the requests; no agent serves from such a dir, the
-    # servers refuse it for --socket too: review 34, a given --socket was not checked)
-    if why := socket_dir_problem(path.parent):
+    # servers refuse it for --socket too: review 34, a given --socket was not checked; one the
+    # operator named may be the agent's own user's, not the relay's)
+    if why := socket_dir_problem(path.parent, any_owner=socket is not None):
         _fail(f"the {'default ' if socket is None else ''}host agent socket {path}: {why}")
     sock = _connect(path)
     if pipe(sock, sys.stdin.buffer.fileno(), sys.stdout.buffer.fileno()):
