@@ -13,7 +13,7 @@ import pytest
 
 import fuse
 
-BAD = [float("inf"), 1e12, -1, 0, float("nan"), "5", True]
+BAD = [float("inf"), 1e12, -1, 0, float("nan"), "5", True, httpx.Timeout(1e12), (5.0, 60.0, -1, 5.0)]
 
 
 @pytest.mark.parametrize("timeout", BAD)
@@ -24,7 +24,8 @@ def test_a_timeout_no_call_can_use_is_a_value_error_where_the_client_is_made(con
 
 
 def test_every_timeout_it_takes_answers_calls_sync_and_async(controller):
-    good = [None, 0.5, 5, 365 * 24 * 3600, httpx.Timeout(10.0)]
+    good = [None, 0.5, 5, 365 * 24 * 3600, httpx.Timeout(10.0), httpx.Timeout(5.0, connect=None),
+            (5.0, 60.0, 60.0, 5.0)]  # (the diff review: httpx's tuple form was a ValueError)
     for timeout in good:
         with fuse.Client(controller.url, timeout=timeout) as c:
             assert c.vms.list() == [] and c.health() == {"status": "ok"}

@@ -116,14 +116,30 @@ def check_timeout(timeout: Any) -> Any:
     none, or an ``httpx.Timeout``), else ``ValueError`` where the client is made (review 34: any
     value was taken, and every call failed with the HTTP library's raw error — sync and async
     differently — or said a controller never asked "did not answer in time")."""
-    if timeout is None or isinstance(timeout, httpx.Timeout):
+    if timeout is None:
         return timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ValueError(f"timeout must be a number of seconds or None, not {type(timeout).__name__} {timeout!r}")
-    if not 0 < timeout <= MAX_TIMEOUT:  # (NaN fails this too)
+    if isinstance(timeout, tuple):  # (httpx's (connect, read, write, pool) form)
+        try:
+            timeout = httpx.Timeout(timeout)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"timeout {timeout!r} is no httpx timeout: {exc}") from None
+    if isinstance(timeout, httpx.Timeout):
+        for part in (timeout.connect, timeout.read, timeout.write, timeout.pool):
+            if part is not None:
+                _seconds(part, timeout)
+        return timeout
+    return _seconds(timeout, timeout)
+
+
+def _seconds(value: Any, timeout: Any) -> Any:
+    """``value`` (a part of ``timeout``) when it is seconds above 0 and at most a year, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"timeout must be a number of seconds, an httpx.Timeout, or None, not "
+                         f"{type(value).__name__} {value!r}")
+    if not 0 < value <= MAX_TIMEOUT:  # (NaN fails this too)
         raise ValueError(f"timeout must be above 0 and at most {MAX_TIMEOUT:g} s (a year), or None for no limit: "
                          f"{timeout!r}")
-    return timeout
+    return value
 
 
 def check_params(params: dict[str, Any] | None) -> None:
