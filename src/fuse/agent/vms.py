@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
 from ..models.vm import MAX_ENTRY_BYTES, ClaimRequest, CreateVmRequest, StateFile, Vm
-from ..paths import private_dir, private_opener
+from ..paths import private_dir, private_file, private_opener
 from ..tasks import cancel_and_wait
 from . import bundle as bundles
 from . import probe as probe_mod
@@ -68,6 +68,12 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "failed": frozenset({"deleted"}),
     "deleted": frozenset(),  # terminal
 }
+# Changes done before they are recorded: a sleep's hypervisor is gone and its state file complete
+# when its record is written, so a record the disk refuses leaves the VM asleep all the same, in
+# memory, its sleep's mark telling a restarted agent so (``_settle_interrupted``), and the monitor
+# writes the record once the disk has room (``_write_unwritten``). Put back to running, it was
+# recorded failed (no process), its memory lost. Any other change the disk refuses is not made.
+DONE_BEFORE_RECORDED = frozenset({("running", "sleeping")})
 
 # The guest's init ends the console with "FUSE-EXIT <status> <nonce>", the nonce its kernel
 # command line carried (``platform["exit_nonce"]``, drawn when the VM is created): an entry
@@ -129,6 +135,9 @@ class VmManager:
         self.vms: dict[str, Vm] = {}
         self._unreadable: set[str] = set()  # dirs whose damaged vm.json could not even be put aside
         self._unreaped: set[int] = set()  # ended VM processes of ours not collectable yet
+        # VMs whose record in memory is ahead of their vm.json, which the disk refused
+        # (``DONE_BEFORE_RECORDED``): written by the monitor once it has room.
+        self._unwritten: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         # Old names of VMs a claim is renaming right now: claiming one again
         # is a conflict, not an unknown VM.
@@ -168,9 +177,15 @@ class VmManager:
             tmp.unlink(missing_ok=True)  # (a full disk: no empty or partial record left beside it)
             raise
         _sync_dir(path.parent)  # (the rename itself: the record the crash finds is this one)
+        if vm.name in self._unwritten:  # written at last: the sleep's mark that stood for it is done
+            self._unwritten.discard(vm.name)
+            with contextlib.suppress(OSError):  # (left, it is dropped at the next start)
+                self._clear_mark(vm, SLEEP_MARK)
 
     def transition(self, vm: Vm, to: str, reason: str | None = None) -> None:
-        """Move ``vm`` to state ``to``: checked, recorded, persisted, announced."""
+        """Move ``vm`` to state ``to``: checked, recorded, persisted, announced. A record the
+        disk refuses is an OSError and the VM stays as it was, unless the change was done
+        before it is recorded (``DONE_BEFORE_RECORDED``): made, its record written later."""
         if to not in TRANSITIONS[vm.state]:
             raise Conflict(f"vm {vm.name} is {vm.state}; it cannot become {to}")
         entry: dict[str, Any] = {"state": to, "time": now().isoformat()}
@@ -183,15 +198,20 @@ class VmManager:
         if to == "deleted":
             shutil.rmtree(self.vm_dir(vm.name), ignore_errors=True)
             self.vms.pop(vm.name, None)
+            self._unwritten.discard(vm.name)
         else:
             try:
                 self.save(vm)
-            except OSError:
-                # not recorded, so not made: the record in memory stays what the disk says
-                # (the monitor tries an ended VM again on its next tick)
-                vm.state, vm.reason = before, reason_before
-                vm.history.pop()
-                raise
+            except OSError as exc:
+                if (before, to) not in DONE_BEFORE_RECORDED:
+                    # not recorded, so not made: the record in memory stays what the disk says
+                    # (the monitor tries an ended VM again on its next tick)
+                    vm.state, vm.reason = before, reason_before
+                    vm.history.pop()
+                    raise
+                self._unwritten.add(vm.name)
+                log.warning("vm %s is %s, but its record could not be written (%s); it is kept in memory "
+                            "and written once the disk has room", vm.name, to, exc)
         data = {"from": before, "to": to} | ({"reason": reason} if reason else {})
         if to == "exited":
             data["exit_status"] = vm.exit_status
@@ -547,8 +567,9 @@ class VmManager:
                 vm.files += await asyncio.to_thread(_console_for_move, spec)
             vm.move_id, vm.pid = move_id, None
             vm.move_role, vm.return_room = ("source", True) if move_id else (None, False)
-            self.transition(vm, "sleeping")
-            self._clear_mark(vm, SLEEP_MARK)
+            self.transition(vm, "sleeping")  # (made even if the disk refuses it: ``DONE_BEFORE_RECORDED``)
+            if name not in self._unwritten:  # (unwritten, its mark says it sleeps)
+                self._clear_mark(vm, SLEEP_MARK)
         return vm
 
     async def wake(self, name: str, move_id: str | None = None, clear_mark: bool = False,
@@ -590,10 +611,25 @@ class VmManager:
                     if reason := self.admission(vm.shape.mem_mib):
                         raise self.refuse(reason, name)
                     vm.reserved = True  # counted from here, so no create takes the room
+            asleep = vm.files, vm.move_id, vm.move_role, vm.return_room
             try:
                 spec = self.spec(vm)  # (its bundle gone: 500 bundle_missing)
                 self._set_mark(vm, WAKE_MARK)
                 vm.pid = await self.backend.wake(spec)
+                vm.files, vm.move_id, vm.move_role = [], None, None
+                vm.reserved = vm.return_room = False
+                try:
+                    self.transition(vm, "running")
+                except OSError as exc:
+                    # Its record cannot say it runs (a full disk): its hypervisor goes, and it sleeps
+                    # on as it was, its files, move and room kept. (Left running behind a record that
+                    # said sleeping, the next wake ran its guest twice; a move's target, its move id
+                    # dropped, could not be aborted, and the source's rollback ran it on both hosts.)
+                    vm.files, vm.move_id, vm.move_role, vm.return_room = asleep
+                    vm.pid = None
+                    await self.backend.stop(spec)
+                    raise FuseError(f"vm {name} could not wake: its record could not be written ({exc}); "
+                                    "it sleeps on as it was", code="wake_failed") from exc
             except (BackendError, OSError, FuseError) as exc:
                 with contextlib.suppress(OSError):
                     self._clear_mark(vm, WAKE_MARK)
@@ -602,9 +638,6 @@ class VmManager:
                     raise
                 raise FuseError(f"vm {name} could not wake: {exc}", code="wake_failed") from exc
             self.metering.start(name, vm.shape.mem_mib, vm.pid, created_at=_created(vm))
-            vm.files, vm.move_id, vm.move_role = [], None, None
-            vm.reserved = vm.return_room = False
-            self.transition(vm, "running")
             # Stale once the record says the guest runs on, not before: an agent
             # killed until then leaves a VM the next one can still wake.
             shutil.rmtree(spec.state_dir, ignore_errors=True)
@@ -789,7 +822,8 @@ class VmManager:
                     if spec.state_dir.is_dir() else []
                 if saved:
                     self._slept(vm, saved, sleeping.get("move_id"))
-            self._clear_mark(vm, SLEEP_MARK)
+            if vm.name not in self._unwritten:  # (its record unwritten, the mark still says it sleeps)
+                self._clear_mark(vm, SLEEP_MARK)
 
     def _slept(self, vm: Vm, saved: list[Path], move_id: str | None) -> None:
         """Record as asleep a VM whose sleep finished as its agent died."""
@@ -873,6 +907,18 @@ class VmManager:
                     failing.add(vm.name)
             if ticks % 10 == 0 and self.metering._dirty:
                 self.metering.persist()  # (figures a full disk refused, with no VM running to save them)
+            if ticks % 10 == 0:
+                self._write_unwritten()
+
+    def _write_unwritten(self) -> None:
+        """Write the records the disk refused (``DONE_BEFORE_RECORDED``), where it has room."""
+        for name in list(self._unwritten):
+            vm = self.vms.get(name)
+            if vm is None:
+                self._unwritten.discard(name)
+            elif not self.lock(name).locked():  # (a wake or delete under way writes or removes it)
+                with contextlib.suppress(OSError):
+                    self.save(vm)
 
     def _cap_console(self, vm: Vm) -> None:
         """Cut a running VM's ``console.log`` back to its last half of ``console_max`` once it
@@ -1034,8 +1080,10 @@ def _console_for_move(spec: BootSpec) -> list[StateFile]:
     an agent restart's ended the agent's start."""
     copy = spec.state_dir / MOVED_CONSOLE
     try:
+        private_file(copy)  # (owner-only whatever the umask, as every agent state file: copyfile keeps its mode)
         shutil.copyfile(spec.console, copy)
     except FileNotFoundError:
+        copy.unlink(missing_ok=True)
         return []
     except OSError as exc:
         copy.unlink(missing_ok=True)
