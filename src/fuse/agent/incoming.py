@@ -19,6 +19,7 @@ abort what was in flight.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Conflict, InvalidArgument, NotFound
+from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound
 from ..models.vm import IncomingRequest, StateFile, Vm
 from ..paths import private_dir, private_opener
 from . import bundle as bundles
@@ -210,12 +211,24 @@ class IncomingMoves:
         def _write() -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                os.pwrite(fd, data, offset)
+                # pwrite may write only part (a disk filling up): the rest goes on, so the
+                # answer's "written" is what is on disk, or the disk's refusal is the answer
+                view, at = memoryview(data), offset
+                while view:
+                    if not (put := os.pwrite(fd, view, at)):  # (never loop on a write that takes nothing)
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view, at = view[put:], at + put
             finally:
                 os.close(fd)
         self.writing(move_id, 1)
         try:
             await asyncio.to_thread(_write)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # (the sender tries another host)
+                raise HostFull(f"no room on this host's disk for move {move_id}'s {file} "
+                               f"({exc.strerror})") from exc
+            raise FuseError(f"move {move_id}'s {file} could not be written on this host's disk: {exc}",
+                            code="io_error") from exc
         finally:
             self.writing(move_id, -1)
         return {"file": file, "offset": offset, "written": len(data)}

@@ -9,7 +9,7 @@ an older agent admitted still loads, moves and wakes.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
@@ -73,6 +73,18 @@ class VmShape(Shape):
                 {"mem_mib": self.mem_mib, "floor": floor, "vcpus": self.vcpus, "min": MIN_MEM_MIB,
                  "base": MEM_BASE_MIB, "per": MEM_PER_VCPU_MIB})
         return self
+
+
+def _utc_if_naive(value: Optional[datetime]) -> Optional[datetime]:
+    """A stored time without an offset read as UTC (every time the agent writes has one): a VM
+    list sorts by ``created_at``, and one naive time among aware ones made it a 500 for everyone."""
+    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _aware(value: Optional[datetime]) -> Optional[datetime]:
+    if value is not None and value.tzinfo is None:
+        raise PydanticCustomError("timezone_required", "has no timezone offset: give it one (Z or +00:00)")
+    return value
 
 
 def _no_nul(entry: Optional[str]) -> Optional[str]:
@@ -164,6 +176,8 @@ class Vm(Record):
     files: list[StateFile] = Field(default_factory=list)
     history: list[dict[str, Any]] = Field(default_factory=list)
 
+    _times_in_utc = field_validator("created_at", "updated_at")(lambda v: _utc_if_naive(v))
+
 
 class SleepRequest(Record):
     """``POST /v1/host/vms/{name}/sleep``: a move marks the copy it sleeps."""
@@ -188,7 +202,9 @@ class IncomingVm(Record):
     entry: str
     bundle: str = "linux"
     bundle_fingerprint: str
-    created_at: Optional[datetime] = None
+    created_at: Optional[datetime] = None  # (the source's: it keeps its place in a host's list)
+
+    _created_at_aware = field_validator("created_at")(lambda v: _aware(v))
 
 
 class IncomingRequest(Record):

@@ -59,7 +59,8 @@ from qemu.qmp import QMPClient, QMPError
 from ...paths import our_socket, private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
-                   kill_and_wait, process_alive, read_pidfile, reap_exited_children, wait_console_line, wait_gone)
+                   kill_and_wait, pids_mentioning, process_alive, read_pidfile, reap_exited_children,
+                   wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
 STATE_FILE = "state.bin"
@@ -145,6 +146,9 @@ QMP_TIMEOUT = 10.0
 # It may take as long as it needs while it moves (a large guest, a slow disk).
 MIGRATION_STALL_S = 60.0
 LOAD_TIMEOUT = 120.0  # seconds a wake may take to load the state
+# Seconds QEMU may take to set itself up and detach (-daemonize): a live one takes well under
+# one; this bound is for one stopped (SIGSTOP) or hung before it detached.
+LAUNCH_TIMEOUT = 60.0
 _settling: set[asyncio.Task] = set()  # sessions handed to ``_settle_later``, until they end
 
 
@@ -429,7 +433,12 @@ class QemuBackend(Backend):
                 def run() -> subprocess.CompletedProcess:
                     follow_agent_affinity()  # (a worker thread's mask may predate a pin of the agent)
                     # With -daemonize this returns once QEMU is set up (QMP listening).
-                    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
+                    try:
+                        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                              timeout=LAUNCH_TIMEOUT)
+                    except subprocess.TimeoutExpired:  # (run killed the launcher; its fork goes below)
+                        raise BackendError(f"qemu did not finish starting within {LAUNCH_TIMEOUT:g} s (is its "
+                                           "process stopped or hung?)") from None
                 proc = await asyncio.to_thread(run)
             reap_exited_children(b"qemu")  # the daemonizing fork's middle process, re-parented to us
             pid = read_pidfile(spec.vm_dir / "qemu.pid")
@@ -444,6 +453,11 @@ class QemuBackend(Backend):
             # Whatever failed after QEMU may have started, its process goes too: a VM the
             # caller is told failed must not run on, unaccounted for, until its record goes.
             await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
+            # A launch that timed out may have a detached QEMU that never wrote its pid file
+            # (stopped or hung first): found by that file's path on its command line.
+            for stray in pids_mentioning(spec.vm_dir / "qemu.pid", b"qemu-system"):
+                await kill_and_wait(stray, str(spec.vm_dir))
+            reap_exited_children(b"qemu")  # (the daemonizing fork's middle process, as above)
             self.ended(spec)  # (a wake from a bad state file left its QMP socket behind)
             raise
         return pid
