@@ -290,6 +290,17 @@ LogLevel INFO
     return Sshd(port, proc, d / "user_key", d / "wrong_key", d / "known_hosts", d / "wrong_known_hosts")
 
 
+@pytest.fixture
+async def relay_env(sshd, monkeypatch):
+    """The session's sshd, the controller's SSH settings pointed at it (the relay its own command)."""
+    from fuse.transport import ssh
+
+    for k, v in sshd.env("true").items():
+        monkeypatch.setenv(k, v)
+    yield sshd
+    await ssh.close_all()
+
+
 def second_sshd(sshd: Sshd, processes, tmp_path: Path, max_sessions: int = 10):
     """Another sshd on its own port, with the suite's host key and authorised key (and
     ``max_sessions`` sessions a connection): ``(proc, port, known_hosts)``."""

@@ -26,13 +26,6 @@ from .conftest import FUSE, start_controller
 TOKEN = "controller-secret-review32"
 
 
-@pytest.fixture
-async def relay_env(sshd, monkeypatch):
-    for k, v in sshd.env("true").items():
-        monkeypatch.setenv(k, v)
-    yield sshd
-    await ssh.close_all()
-
 
 async def create_error(addr: str) -> HostUnreachable:
     conn = HostConnection(addr, timeout=20)

@@ -143,13 +143,6 @@ def test_a_relay_the_controller_ends_exits_0(tmp_path):
 
 # ------------------------------------------------------------------ through sshd, as the controller sends
 
-@pytest.fixture
-async def relay_env(sshd, monkeypatch):
-    for k, v in sshd.env("true").items():
-        monkeypatch.setenv(k, v)
-    yield sshd
-    await ssh.close_all()
-
 
 async def post_on_kept_channel(addr: str, before_post, wait_for_exit: bool) -> HostUnreachable:
     """A GET (its channel kept idle), ``before_post()``, then a create that must fail."""
