@@ -70,7 +70,10 @@ def test_a_fill_lease_holder_that_stalled_past_its_lease_creates_nothing_more(tm
                 time.sleep(4 * HOLD_S)  # (the two creates a had still planned would have taken 2 * HOLD_S)
                 got = standby(agent, pw.id)
                 assert len(got) == COUNT, got  # (was: 6, the two a had still planned made after b's)
-                assert next(p for p in cb.pool.prewarms() if p.id == pw.id).ready == COUNT
+                # (b counts the one a's create made once its poller lists it: ready within seconds)
+                wait_until(lambda: next(p for p in cb.pool.prewarms() if p.id == pw.id).ready == COUNT, timeout=30,
+                           interval=0.5, what=f"b counting {COUNT} ready")
+                assert len(standby(agent, pw.id)) == COUNT
                 assert "took over the prewarm fill lease" in a.logs()
                 proxy.hold.clear()
                 ca.pool.remove_prewarm(pw.id)
