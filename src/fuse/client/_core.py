@@ -286,14 +286,30 @@ def resolve_url(url: str | None) -> tuple[str, str | None]:
         if why := socket_dir_problem(sock.parent):  # (the requests would go to whoever put a socket there)
             raise ValueError(f"the default controller socket {sock}: {why}")
         return "http://fuse", str(sock)
-    if url.startswith("unix://"):
-        if not url[len("unix://"):]:
-            raise ValueError(f"url {url!r} names no socket: unix:///path/to/controller.sock")
-        return "http://fuse", url[len("unix://"):]
+    if url.lower().startswith("unix://"):
+        return "http://fuse", _unix_socket(url)
     if url.lower().startswith(("http://", "https://")):
         _check_http_url(url)
         return url.rstrip("/"), None
     raise ValueError(f"url {url!r} must be unix:///path or http(s)://host:port")
+
+
+def _unix_socket(url: str) -> str:
+    """The socket path of a controller's ``unix://`` url, read by the rules of a host's
+    address (``transport.address``): the scheme in any case, trailing slashes dropped, and
+    ``ValueError`` for no socket path (``unix:///``), a relative one (``unix://ctl.sock``,
+    dialled from whatever the working directory is) or a query or fragment. Taken as written,
+    ``unix:///run/c.sock/`` and ``unix:///`` were dialled and read as "controller unreachable",
+    when it is the url that is wrong, and ``UNIX://`` was no url."""
+    from ..transport.address import BadAddress, normalise_address  # (here: it loads the transports, ~45 ms)
+
+    try:
+        sock = normalise_address(url)[len("unix://"):]
+    except BadAddress as exc:  # (its examples name an agent's socket: this is the controller's)
+        raise ValueError(str(exc).replace("/agent.sock", "/controller.sock")) from None
+    if "?" in sock or "#" in sock:  # (a host's socket path may hold them; a url's query was dialled as a file name)
+        raise ValueError(f"url {url!r} has a query or fragment: give unix:///path/to/controller.sock")
+    return sock
 
 
 def _check_http_url(url: str) -> None:
