@@ -64,3 +64,16 @@ def test_the_sdk_and_cli_say_not_found_for_a_vm_name_with_a_slash(servers):
         with pytest.raises(fuse.ApiError) as info:
             c.vms.get("a/b")
         assert info.value.code == "not_found" and fuse.is_not_found(info.value), info.value
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v1/hosts/"), ("DELETE", "/v1/hosts/"), ("POST", "/v1/hosts/?action=cordon"),
+    ("POST", "/v1/hosts/?action=drain"),
+])
+def test_an_empty_host_id_names_nothing_as_other_routes_say(servers, method, path):
+    # review 35: the hosts routes take any path, so `/v1/hosts/` reached them as host "" and
+    # said "host  not found"
+    _, url = servers
+    r = httpx.request(method, url + path, headers={"Authorization": "Bearer ctl-token"}, timeout=10)
+    assert r.status_code == 404, r.text
+    assert r.json()["error"] == {"code": "not_found", "message": "/v1/hosts/: an empty id names nothing"}, r.text

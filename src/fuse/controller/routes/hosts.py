@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from ...errors import Conflict, InvalidArgument
+from ...errors import Conflict, InvalidArgument, NotFound
 from ...models.errors import STORE_ROUTES, responses
 from ...models.hosts import Host, HostPage, RegisterHostRequest
 from ...models.moves import DrainReport
@@ -136,7 +136,15 @@ async def list_hosts(request: Request,
 @router.get("/v1/hosts/{host_id:path}", response_model=Host, responses=responses(s404="not_found: no such host"),
             summary="getHost: one host by id.")
 async def get_host(request: Request, host_id: str) -> Host:
-    return _ctl(request).hosts.get(host_id)
+    return _ctl(request).hosts.get(_named(request, host_id))
+
+
+def _named(request: Request, host_id: str) -> str:
+    """``host_id``, or 404 saying the path names no host (`/v1/hosts/`: the route takes any
+    path, so an empty id reaches it, which said "host  not found"), as other routes' empty ids say."""
+    if not host_id:
+        raise NotFound(f"{request.url.path}: an empty id names nothing")
+    return host_id
 
 
 @router.post("/v1/hosts/{host_id:path}", status_code=204,
@@ -155,6 +163,7 @@ async def get_host(request: Request, host_id: str) -> Host:
 async def host_action(request: Request, host_id: str,
                       action: Literal["cordon", "uncordon", "drain"] = Query(...)) -> Response:
     ctl = _ctl(request)
+    host_id = _named(request, host_id)
     if action == "drain":
         ctl.hosts.get(host_id)  # 404 before anything changes
         return JSONResponse(await ctl.drain(host_id))
@@ -181,6 +190,7 @@ async def deregister_host(request: Request, host_id: str, force: bool = Query(Fa
         "as forgotten_vms). Refused (409 conflict) while the agent answers: delete or drain them "
         "then. A create or move still waiting on the host refuses it as without force."))) -> Response:
     ctl = _ctl(request)
+    host_id = _named(request, host_id)
     pool = getattr(ctl, "pool", None)
     if pool is not None and (row := pool.row(host_id)) is not None and row["state"] != "gone":
         if force:  # its agent gone for good: deregistered as any such host, and its machine ended
