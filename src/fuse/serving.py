@@ -337,7 +337,7 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         while not all(s.started for s, _ in servers):
             await asyncio.sleep(0.02)
         if banner:
-            print(banner, flush=True)
+            print(_bound(banner, listen, servers[0][0]), flush=True)
         if ready:
             ready.set()
 
@@ -357,6 +357,18 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     for t in done:
         if not t.cancelled() and (exc := t.exception()) is not None:
             raise exc
+
+
+def _bound(banner: str, listen: str | None, server: uvicorn.Server) -> str:
+    """``banner`` with a ``--listen`` of port 0 (any free port) naming the port the system
+    gave, which the operator needs to register or reach it (said as ``HOST:0``, it was found
+    only with ``ss``)."""
+    if not listen or parse_listen(listen)[1] != 0:
+        return banner
+    with contextlib.suppress(AttributeError, IndexError, OSError):
+        port = server.servers[0].sockets[0].getsockname()[1]
+        return banner.replace(listen, f"{listen.rsplit(':', 1)[0]}:{port}", 1)
+    return banner
 
 
 def handshake_deadline(loop: asyncio.AbstractEventLoop) -> None:
