@@ -21,15 +21,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import httpx
 from pydantic import ValidationError
 
 import fuse
 from fuse.client._core import Call
+from fuse.client.hosts import HostsAPI
 from fuse.client.moves import MovesAPI
 from fuse.client.vms import VmsAPI
+from fuse.models.hosts import Host
 from fuse.models.vm import MAX_ENTRY_BYTES, CreateVmRequest
 
 from ._mlos_operations import Operation, OperationFailed, OperationTimedOut
@@ -49,6 +51,41 @@ def controller_away(err: fuse.ApiError) -> bool:
     away (503 db_unavailable): what comes back by itself, so an operation or a watch tries
     again within pollTimeout instead of failing the trial."""
     return err.code == "unreachable" or (err.status == 503 and err.code == "db_unavailable")
+
+
+def _machines(hosts: Iterable[Host]) -> dict[str, list[str]]:
+    """Host id -> every name its machine is registered under (itself included): the hosts
+    whose records carry one agent identity, as the controller groups them for placement
+    (`fuse.controller.hosts.machine_names`, which is not imported here: it would load the
+    controller's store into an mlos_bench process)."""
+    by_agent: dict[str, list[str]] = {}
+    for h in hosts:
+        if h.agent_id:
+            by_agent.setdefault(h.agent_id, []).append(h.id)
+    return {h.id: by_agent[h.agent_id] if h.agent_id else [h.id] for h in hosts}
+
+
+def _passed_by(h: Host, hosts: dict[str, Host], machines: dict[str, list[str]], bundle: str) -> str | None:
+    """Why the controller's placement passes host `h` by for a VM of guest bundle `bundle`
+    (None: it weighs the host's room), by its own rules in its own order
+    (`VmService.arrays`): a host not active; one machine cordoned or draining under any of
+    its names, which takes no work under the others; not answering; under memory pressure
+    (its agent says so, whatever room its figures show); without the bundle. A host record
+    lists its agent's bundles as `[]` both when the agent has none and when it never said
+    (an agent older than bundles); agents list them with every summary, so `[]` is read as
+    none, as placement reads it: at worst a provision is FAILED with its VM kept."""
+    if h.state != "active":
+        return f"is {h.state}"
+    alias = next((n for n in machines.get(h.id, [h.id]) if n in hosts and hosts[n].state != "active"), None)
+    if alias is not None:
+        return f"is {hosts[alias].state} as {alias} (the same machine, registered under another id)"
+    if not h.connected:
+        return "is not answering"
+    if h.memory_pressure:
+        return "is under memory pressure"
+    if bundle not in {b.get("name") for b in h.bundles}:
+        return f"has no bundle {bundle}"
+    return None
 
 
 def _reason(err: fuse.ApiError) -> str:
@@ -80,8 +117,8 @@ class ControllerCalls:
         return self._client()
 
     # ---- reads (bounded by a deadline) ---------------------------------------
-    def _reads(self, until: float) -> tuple[VmsAPI, MovesAPI]:
-        """The client's vms and moves, for reads whose answer must come by
+    def _reads(self, until: float) -> tuple[VmsAPI, MovesAPI, HostsAPI]:
+        """The client's vms, moves and hosts, for reads whose answer must come by
         `until` (an operation's or a wait's deadline): a controller that hangs
         ends them there as OperationTimedOut, not requestTimeout later. Only
         reads: a call that changes a VM is never cut short by the deadline,
@@ -104,7 +141,7 @@ class ControllerCalls:
                                             f"within pollTimeout ({self._poll_timeout:g} s)") from err
                 raise
 
-        return VmsAPI(send), MovesAPI(send)
+        return VmsAPI(send), MovesAPI(send), HostsAPI(send)
 
     def _find(self, name: str, host: str | None, until: float) -> dict | None:
         """The VM `name` on `host` (None: wherever it is), None if there is none. A VM the
@@ -141,6 +178,30 @@ class ControllerCalls:
         """A move of the VM is under way at the controller (it sleeps the VM
         on its way to another host, then wakes it there)."""
         return any(m.get("vm") == name and m.get("state") not in _MOVE_ENDS for m in self._reads(until)[1].list())
+
+    def on_machine(self, host: str | None, vm: dict, until: float) -> bool:
+        """The VM is where vmHost `host` asks (None: anywhere): on `host`, or on
+        the same machine registered under another id (one agent identity, as
+        the controller groups a machine's names). The controller counts it as
+        there already (a move to `host` is 409 same_host, a create there 409
+        vm_exists), so it is neither moved nor recreated for that: a sleeping
+        one was FAILED on every provision, a running one restarted for
+        nothing."""
+        if not host or host == vm.get("host"):
+            return True
+        hosts = self._reads(until)[2]
+        try:
+            asked, its = hosts.get(host), hosts.get(vm["host"])
+        except fuse.ApiError as err:
+            if err.code == "not_found":
+                return False  # (vmHost not registered: the recreate check says so)
+            raise
+        return bool(asked.agent_id) and asked.agent_id == its.agent_id
+
+    def changes(self, spec: VmSpec, vm: dict, until: float) -> list[str]:
+        """What about `vm` the trial's `spec` would change (`VmSpec.differs`);
+        its host only when vmHost names another machine than the VM's."""
+        return spec.differs(vm, host=not self.on_machine(spec.host, vm, until))
 
     def _settle(self, op: Operation, name: str, host: str | None, passing: bool = True) -> dict | None:
         """The VM once nothing else is changing it: no move of it under way
@@ -195,11 +256,12 @@ class ControllerCalls:
 
     def _converge_vm(self, op: Operation, spec: VmSpec, vm: dict | None) -> dict:
         if vm is not None:
-            changes = spec.differs(vm)
+            here = self.on_machine(spec.host, vm, op.deadline)
+            changes = spec.differs(vm, host=not here)
             if vm["state"] == "sleeping" and not spec.differs(vm, host=False):
                 # Asleep with the trial's shape: wake it, wherever that takes,
                 # or fail keeping it: deleting it would lose its saved state.
-                vm, changes = self._wake(op, spec, vm), []
+                vm, changes = self._wake(op, spec, vm, here), []
             elif vm["state"] in _GONE_STATES:
                 changes = [f"state {vm['state']}"]
             if changes:
@@ -230,12 +292,14 @@ class ControllerCalls:
         takes (its shape within the bounds and above the memory floor, its
         entry short enough: the create's own rules, checked here), and the
         controller's host records decide where: the pinned host must be
-        registered, active and answering; some candidate must have the
-        trial's bundle, a VM slot under its vm_count policy and the memory
-        (the hosts' hard limit; vCPUs are time-shared), counting what the old
-        VM frees on its own host, or a prewarmed VM of the new shape and bundle
-        to take over. The host's admission still has the final word on the
-        create itself."""
+        registered and, like every candidate, one placement does not pass by
+        (`_passed_by`: active under each of its machine's names, answering,
+        not under memory pressure, with the trial's bundle); some candidate
+        must have a VM slot under its vm_count policy and the memory (the
+        hosts' hard limit; vCPUs are time-shared), counting what the old VM
+        frees on its own machine, or a prewarmed VM of the new shape and
+        bundle to take over. The host's admission still has the final word on
+        the create itself."""
         body = {k: v for k, v in spec.body().items() if k != "host"}
         try:
             CreateVmRequest.model_validate(body)
@@ -246,20 +310,27 @@ class ControllerCalls:
             return f"the controller would refuse the new vm (entry is longer than {MAX_ENTRY_BYTES} bytes)"
         op.check(f"reading the hosts before recreating vm {spec.name}")
         hosts = {h.id: h for h in self.client.hosts.list()}
-        if spec.host and spec.host not in hosts:
-            return f"vmHost {spec.host!r} is not a registered host"
-        if spec.host and hosts[spec.host].state != "active":
-            return f"vmHost {spec.host} is {hosts[spec.host].state}"
-        if spec.host and not hosts[spec.host].connected:
-            return f"vmHost {spec.host} is not answering"
-        cands = [hosts[spec.host]] if spec.host else [h for h in hosts.values() if h.state == "active" and h.connected]
-        if not cands:
-            return "no host is active and answering"
+        machines = _machines(hosts.values())
         bundle = body.get("bundle") or "linux"
-        # (a host whose agent has not said which bundles it has is not ruled out, as in placement)
-        cands = [h for h in cands if not h.bundles or bundle in {b.get("name") for b in h.bundles}]
-        if not cands:
-            return f"bundle {bundle} is on no {'vmHost ' + spec.host if spec.host else 'active host'}"
+        if spec.host:
+            if spec.host not in hosts:
+                return f"vmHost {spec.host!r} is not a registered host"
+            why = _passed_by(hosts[spec.host], hosts, machines, bundle)
+            if why == f"has no bundle {bundle}":
+                return f"bundle {bundle} is on no vmHost {spec.host}"
+            if why:
+                return f"vmHost {spec.host} {why}"
+            cands = [hosts[spec.host]]
+        else:
+            passed = {h.id: _passed_by(h, hosts, machines, bundle) for h in hosts.values()}
+            cands = [h for h in hosts.values() if passed[h.id] is None]
+            if not cands:
+                # (the bundle is the last rule: a host passed by for it passed every other one)
+                lead = (f"bundle {bundle} is on no active host that placement may use"
+                        if f"has no bundle {bundle}" in passed.values() else "no host takes new VMs now")
+                said = [f"{h} {why}" for h, why in sorted(passed.items())[:5]]
+                more = f"; {len(passed) - 5} more" if len(passed) > 5 else ""
+                return f"{lead} ({'; '.join(said)}{more})" if said else "no host is registered"
 
         # A prewarmed VM of the new shape on a host is taken over by the create there: it needs
         # no room (a trial on a prewarmed shape was FAILED "at its vm_count policy" on a full
@@ -273,13 +344,17 @@ class ControllerCalls:
         if any(h.id in prewarmed for h in cands):
             return None
 
+        def own(h) -> bool:
+            # the old VM frees its room on its machine, under whichever of the machine's names
+            # the new one asks for (a sleeping VM holds no slot and no memory)
+            return vm["host"] in machines.get(h.id, [h.id]) and vm["state"] == "running"
+
         def slots_left(h) -> int:
             # the controller's own count: the machine's VMs under all its names, within its
             # agent's --max-vms too (the host's allocated alone counted neither)
-            own = vm["host"] == h.id and vm["state"] == "running"  # (a sleeping VM holds no slot)
             free = (h.capacity.vm_count - h.allocated.vm_count if h.free_vm_slots is None  # (an older controller)
                     else h.free_vm_slots)
-            return free + (1 if own else 0)
+            return free + (1 if own(h) else 0)
 
         cands = [h for h in cands if slots_left(h) > 0]
         if not cands:
@@ -289,8 +364,7 @@ class ControllerCalls:
                                       "agent's own --max-vms)")
 
         def free_mem(h) -> int:
-            own = vm["host"] == h.id and vm["state"] == "running"
-            return h.free_mem_mib + (int((vm.get("shape") or {}).get("mem_mib") or 0) if own else 0)
+            return h.free_mem_mib + (int((vm.get("shape") or {}).get("mem_mib") or 0) if own(h) else 0)
 
         most = max(cands, key=free_mem)
         if free_mem(most) < spec.mem_mib:
@@ -298,13 +372,14 @@ class ControllerCalls:
                     f"({'on ' + spec.host if spec.host else 'on any host, on ' + most.id})")
         return None
 
-    def _wake(self, op: Operation, spec: VmSpec, vm: dict) -> dict:
-        """Wake the sleeping VM: on its own host; on the pinned host when the
-        trial pins another (moved there asleep first); unpinned with no room
+    def _wake(self, op: Operation, spec: VmSpec, vm: dict, here: bool) -> dict:
+        """Wake the sleeping VM: on its own host (`here`: the machine the
+        trial pins, if any); on the pinned host when the trial pins another
+        machine (moved there asleep first); unpinned with no room
         left on its host, on the best host with room (moved likewise). A VM
         that can wake nowhere is FAILED and kept asleep where it is, its saved
         state with it, for a later provision to wake once room frees."""
-        if spec.host and spec.host != vm["host"]:
+        if not here:
             return self._move_and_wake(op, spec, vm, spec.host)
         op.check(f"waking vm {spec.name} on {vm['host']}")
         op.sent = True

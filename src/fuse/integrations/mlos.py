@@ -274,6 +274,8 @@ class FuseVMService(Service):
                     # move puts it to sleep): the operation waits it out and takes the VM as left
                     moving = self._calls.moving(spec.name, started + self._poll_timeout)
                     vm = None if moving else self._calls.lookup(spec.name, spec.host, started + self._poll_timeout)
+                    fits = vm is not None and vm["state"] == "running" and not self._calls.changes(
+                        spec, vm, started + self._poll_timeout)
                 except OperationTimedOut as err:
                     _LOG.warning("fuse: provision of vm %s: %s", spec.name, err)
                 except fuse.ApiError as err:  # (away: the operation asks again within pollTimeout)
@@ -281,7 +283,7 @@ class FuseVMService(Service):
                         raise
                     _LOG.info("fuse: provision of vm %s: the controller did not answer (%s)", spec.name, err.message)
                 else:
-                    if vm is not None and vm["state"] == "running" and not spec.differs(vm):
+                    if fits:
                         _LOG.info("fuse: vm %s already running on %s", spec.name, vm["host"])
                         return Status.SUCCEEDED, {}  # seed 002: the result is always {}
             # The operation's pollTimeout counts from this call, the look included.
@@ -406,6 +408,8 @@ class FuseVMService(Service):
                 # already shown in the VM we then find.
                 under_way = sent or self._busy() or self._calls.moving(name, deadline)
                 vm = self._calls.lookup(name, host, deadline)
+                fits = (kind == "provision" and vm is not None and vm["state"] == "running"
+                        and not (spec and self._calls.changes(spec, vm, deadline)))
             except OperationTimedOut as err:  # the deadline came during (or before) this look
                 _LOG.warning("fuse: %s of vm %s timed out after pollTimeout (%g s); %s", kind, name,
                              self._poll_timeout, f"the vm is {self._described(vm, spec)}" if looked else err)
@@ -419,7 +423,7 @@ class FuseVMService(Service):
             looked = True
             if vm is not None and vm.get("host"):
                 seen = vm["host"]
-            if kind == "provision" and vm is not None and vm["state"] == "running" and not (spec and spec.differs(vm)):
+            if fits:
                 return Status.SUCCEEDED, self._info(kind, name, vm, started)
             if kind == "deprovision" and (vm is None or vm["state"] == "deleted"):
                 return Status.SUCCEEDED, self._info(kind, name, None, started, seen)
