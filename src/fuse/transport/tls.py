@@ -16,7 +16,10 @@ Both ends trust only this CA: a host's listener requires a client certificate
 it signed (`fuse.serving.tls_server_options`), and the controller verifies the
 host's certificate against the CA given in `PUT /v1/controller`
 (`fuse.transport.TlsSettings`). Private keys are written 0600 and never
-overwritten by accident.
+overwritten by accident: without `overwrite` (--force) any file already there is
+refused, and then nothing is written. A host's DNS name may be longer than a
+common name can be (64): its certificate then has none, the name being in the
+subjectAltName, which is what TLS peers check.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import contextlib
 import datetime as dt
 import ipaddress
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,7 @@ CA_CERT, CA_KEY = "ca.pem", "ca.key"
 CA_DAYS = 3650
 CERT_DAYS = 825          # the longest leaf lifetime browsers ever accepted; hosts rotate by re-issuing
 CLOCK_SKEW = dt.timedelta(minutes=5)
+CN_MAX = 64              # X.509's bound on a common name (RFC 5280 ub-common-name)
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,25 @@ class CertFiles:
     ca: Path
 
 
+def _refusal(path: Path, why: str = "") -> FileExistsError:
+    return FileExistsError(f"{path} exists{why}; refusing to overwrite it (pass --force to replace)")
+
+
+def _write_all(files: list[tuple[Path, bytes, bool]], overwrite: bool, why: dict[Path, str] | None = None) -> None:
+    """Write each (path, data, private), every path checked before any is written: a refused
+    command leaves nothing behind (it wrote NAME.key, then refused NAME.pem: a new key that
+    matched no certificate, review 35). ``why`` adds to a path's refusal."""
+    if not overwrite:
+        for path, _, _ in files:
+            if os.path.lexists(path):
+                raise _refusal(path, (why or {}).get(path, ""))
+    for path, data, private in files:
+        _write(path, data, private=private, overwrite=overwrite)
+
+
 def _write(path: Path, data: bytes, private: bool, overwrite: bool) -> None:
     if os.path.lexists(path) and not overwrite:
-        raise FileExistsError(f"{path} exists; refusing to overwrite it (pass --force to replace)")
+        raise _refusal(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = 0o600 if private else 0o644
     # A new file (mkstemp: O_EXCL, 0600) renamed over the old one, never the old one rewritten:
@@ -95,12 +116,34 @@ def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
     return before, after
 
 
+def _fits_common_name(name: str) -> bool:
+    # (X.509 bounds a common name at 64, RFC 5280's ub-common-name; cryptography counts the
+    # UTF-8 bytes, and refused a longer one with its own words, naming neither --name nor the bound)
+    return 1 <= len(name.encode()) <= CN_MAX
+
+
+def _subject(name: str) -> x509.Name:
+    """A certificate's subject: its name as the common name and O=fuse. A name too long for a
+    common name (a DNS name may be 253 characters) is left out of it, not cut short: a truncated
+    CN reads as another host's name, and the full name is in the subjectAltName, the only name
+    a TLS peer checks when one is there (RFC 6125; OpenSSL and Python's ssl alike)."""
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, name)] if _fits_common_name(name) else []
+    return x509.Name(attrs + [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fuse")])
+
+
 def create_ca(out: Path, *, name: str = "fuse CA", days: int = CA_DAYS, overwrite: bool = False) -> CertFiles:
     """Make a CA in `out` (ca.pem, ca.key)."""
     out = Path(out)
+    # The CA's name is the only name its certificate has (and the issuer of all it signs):
+    # it cannot be left out as a long host name is.
+    if not name.strip():
+        raise ValueError("--name is empty (or only spaces): the CA needs a name (its certificate's common name; the default is "
+                         "'fuse CA')")
+    if not _fits_common_name(name):
+        raise ValueError(f"--name is {len(name.encode())} bytes long: the CA's name is its certificate's common "
+                         f"name, which X.509 bounds at {CN_MAX} (bytes of UTF-8): give a shorter one")
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
-                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fuse")])
+    subject = _subject(name)
     before, after = _validity(days)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (x509.CertificateBuilder()
@@ -117,8 +160,8 @@ def create_ca(out: Path, *, name: str = "fuse CA", days: int = CA_DAYS, overwrit
             .sign(key, hashes.SHA256()))
     files = CertFiles(cert=out / CA_CERT, key=out / CA_KEY, ca=out / CA_CERT)
     private_dir(out)  # the CA's own directory: owner-only (its parents made too, whatever the umask)
-    _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
-    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
+    _write_all([(files.key, _key_pem(key), True), (files.cert, cert.public_bytes(serialization.Encoding.PEM), False)],
+               overwrite)
     return files
 
 
@@ -204,8 +247,7 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
     key = ec.generate_private_key(ec.SECP256R1())
     eku = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
     builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
-                                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fuse")]))
+               .subject_name(_subject(name))
                .issuer_name(ca_cert.subject)
                .public_key(key.public_key())
                .serial_number(x509.random_serial_number())
@@ -226,12 +268,27 @@ def issue_cert(ca_dir: Path, name: str, out: Path, *, client: bool = False, days
     cert = builder.sign(ca_key, hashes.SHA256())
     files = CertFiles(cert=out / f"{name}.pem", key=out / f"{name}.key", ca=out / CA_CERT)
     private_dir(out)  # (it holds a private key: owner-only whatever the umask, as the CA's)
-    _write(files.key, _key_pem(key), private=True, overwrite=overwrite)
-    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, overwrite=overwrite)
+    writes = [(files.key, _key_pem(key), True), (files.cert, cert.public_bytes(serialization.Encoding.PEM), False)]
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    if Path(ca_dir).resolve() != out.resolve() and (not files.ca.exists() or files.ca.read_bytes() != ca_pem):
-        _write(files.ca, ca_pem, private=False, overwrite=True)
+    # The copy of the CA is written unless it is there already (a second host's certificate
+    # issued into the same directory), or `out` is the CA's own directory. Any other file or
+    # link at ca.pem is refused without --force as the others are: it was replaced, and the
+    # certificates already beside it no longer verified against it, nor the host it served
+    # trusted the controller its own CA signed (review 35).
+    if Path(ca_dir).resolve() != out.resolve() and not _holds(files.ca, ca_pem):
+        writes.append((files.ca, ca_pem, False))
+    _write_all(writes, overwrite, why={files.ca: f" and is not a copy of {Path(ca_dir) / CA_CERT}"})
     return files
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether ``path`` is a regular file (or a link to one) holding exactly ``data``; a FIFO
+    or a device is never opened (reading one blocks)."""
+    try:
+        st = os.stat(path)
+        return stat.S_ISREG(st.st_mode) and st.st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def describe(cert_path: Path) -> dict:

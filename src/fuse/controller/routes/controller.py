@@ -3,6 +3,7 @@ mutual-TLS hosts, and the placement policy)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -38,7 +39,8 @@ async def get_controller(request: Request) -> dict:
             responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), one of them empty, "
                                      "none of them "
                                      "given while the controller has an identity (null each to clear it), a relative "
-                                     "path, a file that is not there, a key that is not the certificate's, a CA file holding no "
+                                     "path, a file that is not there or is not a regular file (a FIFO, a directory, a device: the message says "
+                                     "which), a key that is not the certificate's, a CA file holding no "
                                      "certificate, a certificate that is not valid now (expired or not yet valid: "
                                      "the message names the file and its dates), a certificate that is not a "
                                      "client's (a host's serverAuth one), a CA file holding a certificate that is "
@@ -57,16 +59,20 @@ async def put_controller(request: Request, body: ControllerSettings) -> dict:
                               "setting): give cert, key and ca again, or each as null to clear it")
     if given and len(given) != 3:
         raise InvalidArgument("cert, key and ca go together: give all three or none")
+    from ...transport import IdentityError, TlsSettings, _regular_file
     for f in given:
         if not Path(getattr(body, f)).is_absolute():
             # (read from the controller's working directory, not the caller's; and again by
             # a controller started elsewhere: kept relative, it named another file or none)
             raise InvalidArgument(f"{f}: {getattr(body, f)} is a relative path: give an absolute one "
                                   "(the controller reads it, from wherever it runs)")
-        if not Path(getattr(body, f)).is_file():
+        if not os.path.exists(getattr(body, f)):
             raise InvalidArgument(f"{f}: no file at {getattr(body, f)}")
+        try:  # (a FIFO, a directory or /dev/null was "no file at" too: say what is there, as a dial does)
+            _regular_file(getattr(body, f), f"{f}:")
+        except IdentityError as exc:
+            raise InvalidArgument(str(exc)) from None
     if given:
-        from ...transport import IdentityError, TlsSettings
         tls = TlsSettings(body.cert, body.key, body.ca)
         try:
             tls.context()
