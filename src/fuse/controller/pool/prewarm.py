@@ -50,12 +50,19 @@ Backoff. The refill rebuys a machine the cloud ended, and each purchase starts
 a billing minimum; a cloud that keeps ending them (spot reclaim, a provider
 that ends them at once) or refusing them would be paid a machine per pass,
 held back by the budget alone. So the machines bought for a prewarm that the
-cloud ends before they lived ``LIVED_SECS`` (or refuses to create) are counted
-in a row: after the first (a one-off, rebought at once) its refill buys no
-machine for ``backoff_secs`` — 30 s, doubling with each, at most 30 min — and
+cloud ends before they lived ``LIVED_SECS`` (or refuses to create), and those that
+never joined (``_off_away``), are counted in a row: after the first (a one-off,
+rebought at once) its refill buys no machine for ``backoff_secs`` — 30 s,
+doubling with each, at most 30 min — and
 says so (``Prewarm.backoff_until``/``backoff_reason``, a ``prewarm_backoff``
 event). Hosts with room still take its VMs meanwhile. A machine bought after
 the last early end that lives ``LIVED_SECS`` starts the count again.
+
+Waiting for room. A standby create that finds no room on its placement's host (a
+prewarm pinned to a full host; on auto, with no room elsewhere either) is tried
+there again after ``ROOM_RETRY_FIRST_S``, doubling, at most ``ROOM_RETRY_MAX_S``,
+and said once for the wait: each pass tried it again, a warning and a VM name each
+time. Placing VMs there again (the solve sees room) ends the wait.
 """
 
 from __future__ import annotations
@@ -93,6 +100,9 @@ BACKOFF_FIRST_SECS = 30  # no purchase for this long after the second early end 
 BACKOFF_MAX_SECS = 1800
 SHAPE_FIELDS = {"vcpus": "cpus", "mem_mib": "memory_mb"}  # the create shape's names -> the prewarm's
 FILL_LEASE_KEY, FILL_LEASE_S = "prewarm_fill_lease", 30.0  # one replica fills at a time (``_leads_fill``)
+# a placement whose host had no room for a standby create is tried again after this long,
+# doubling with each such try in a row, at most ROOM_RETRY_MAX_S (``_full_at``)
+ROOM_RETRY_FIRST_S, ROOM_RETRY_MAX_S = 2.0, 30.0
 # a host not answering this long is away, not a blip: its placements go elsewhere (``_off_away``)
 AWAY_SECS = seconds("FUSE_PREWARM_AWAY_S", 120.0)
 
@@ -145,6 +155,10 @@ class PrewarmService:
         # host with room for one, and one never got ready)
         self._room_lock = asyncio.Lock()
         self._no_room: dict[str, str] = {}  # per prewarm: why its refill last found no room (said once)
+        # (prewarm, host) -> (when its next standby create there may be tried: monotonic s, the wait
+        # that was): a placement whose host had no room (``_full_at``). Every pass tried again,
+        # logging a warning and using a VM name each time, about once a second (review 35)
+        self._full: dict[tuple[str, str], tuple[float, float]] = {}
         self._creating: dict[tuple, int] = {}  # (vcpus, MiB, bundle, host) -> standby creates under way
         self._starting: set[str] = set()  # prewarms being placed in this replica, not stored yet
         self._since = time.time()  # (a host this controller has not heard from yet: away since it started)
@@ -393,12 +407,20 @@ class PrewarmService:
 
     def _unreserved(self, snapshot: list[dict]) -> list[dict]:
         """The pool snapshot less the room the live prewarms' standby VMs still to be
-        created will take (a machine bought for one prewarm is not another's room)."""
+        created will take (a machine bought for one prewarm is not another's room). One
+        being created now (placed, its host's answer awaited) is not among them: the
+        snapshot's free room has it taken already (``VmService.arrays`` counts what is being
+        placed), and taken again here, a prewarm made while a fill pass created another's
+        VMs was refused on a host with room for it, or bought a machine it did not need
+        (review 35)."""
+        placing = self._placing()
         pending: dict[str, list[int]] = {}
         for rec in self._records():
             have = self._standby(rec["id"])
+            stored = {(v["host"], v["name"]) for v in have}
             for host, want in rec["placements"].items():
-                short = want - sum(v["host"] == host for v in have)
+                creating = sum(h == host and n.rsplit("-", 1)[0] == rec["id"] for h, n in placing - stored)
+                short = want - sum(v["host"] == host for v in have) - creating
                 if short > 0:
                     pending.setdefault(host, []).extend([rec["memory_mb"]] * short)
         out = []
@@ -409,6 +431,13 @@ class PrewarmService:
                          "free_vm_slots": max(0, h["free_vm_slots"] - len(taken))}
             out.append(h)
         return out
+
+    def _placing(self) -> set[tuple[str, str]]:
+        """(host, VM name) of the creates being placed now, whose room ``VmService.arrays``
+        takes: this replica's (reserved, the host's answer awaited) and the other replicas'
+        (their rows in the store)."""
+        vms = self.ctl.vms
+        return set(vms.placing()) | {(h, n) for h, n, _, kind in vms._others() if kind == "create"}
 
     # ---- filling -------------------------------------------------------------------
     def _leads_fill(self) -> bool:
@@ -790,6 +819,8 @@ class PrewarmService:
         view = self.ctl.fleet.views.get(host) if self.ctl.fleet else None
         if view is None or not view.connected:
             return False  # a machine still joining, or a host away for a moment: the next pass
+        if (full := self._full.get((rec["id"], host))) and time.monotonic() < full[0]:
+            return False  # its host had no room a moment ago: tried again once the wait is over
         n = self._take_number(rec["id"])
         if n is None:
             return False
@@ -799,9 +830,14 @@ class PrewarmService:
         try:
             await self._create_standby(body | {"host": host})
             self._no_room.pop(rec["id"], None)
+            self._room_again(rec["id"], host)
             return not await self._unless_removed(rec["id"], body["name"], host)
         except FuseError as exc:
-            if parse_on(rec["on"]).kind == "host" or exc.code not in ("fleet_full", "host_full"):
+            full = exc.code in ("fleet_full", "host_full")
+            if parse_on(rec["on"]).kind == "host" and full:  # (pinned: it waits for room there)
+                self._full_at(rec["id"], host, (exc.details or {}).get("hosts", {}).get(host) or exc.message)
+                return False
+            if parse_on(rec["on"]).kind == "host" or not full:
                 # (said once for the same reason: every pass asks again)
                 why = f"on {host}: {exc.message}"
                 if self._no_room.get(rec["id"]) != why:
@@ -812,7 +848,10 @@ class PrewarmService:
         # the same solve as the prewarm's puts it (within its ``on``: auto, local, a
         # cloud), and the placement follows it
         placed = await self._place_again(rec, 1, off=host)
-        if placed is None or placed[0] is None:
+        if placed is None:
+            self._full_at(rec["id"], host)  # (no room elsewhere either: the placing said why)
+            return False
+        if placed[0] is None:
             return False
         rec, where, bought = placed
         if bought:
@@ -824,6 +863,24 @@ class PrewarmService:
             log.warning("prewarm %s on %s: %s", rec["id"], to, exc.message)
             return False
         return not await self._unless_removed(rec["id"], body["name"], to)
+
+    def _full_at(self, pw_id: str, host: str, why: str | None = None) -> None:
+        """Prewarm ``pw_id``'s standby create on ``host`` found no room (``why``: the host's
+        answer, said once for the episode; None: said by the placing): its next try there
+        waits ROOM_RETRY_FIRST_S, doubling with each such try in a row, at most
+        ROOM_RETRY_MAX_S; placing VMs there again (the solve sees room) ends the wait."""
+        last = self._full.get((pw_id, host))
+        wait = min(ROOM_RETRY_MAX_S, last[1] * 2) if last else ROOM_RETRY_FIRST_S
+        self._full[pw_id, host] = (time.monotonic() + wait, wait)
+        if last is None and why is not None:
+            log.warning("prewarm %s: host %s has no room for its standby VMs (%s): they wait for room there, "
+                        "the create tried again after %g s, backing off to once every %g s", pw_id, host, why,
+                        wait, ROOM_RETRY_MAX_S)
+
+    def _room_again(self, pw_id: str, host: str) -> None:
+        """A standby create of prewarm ``pw_id`` on ``host`` found room: its wait there ends."""
+        if self._full.pop((pw_id, host), None) is not None:
+            log.info("prewarm %s: host %s had room again for its standby VMs", pw_id, host)
 
     async def _place_again(self, rec: dict, n: int, off: str | None = None, say: bool = True, buy: bool = True
                            ) -> tuple[dict | None, dict[str, int], list[str]] | None:
@@ -859,6 +916,8 @@ class PrewarmService:
             return None
         self._no_room.pop(rec["id"], None)
         pw_id = rec["id"]
+        for to in where:  # (the solve sees room there: a wait for room on it is over)
+            self._full.pop((pw_id, to), None)
         rec = self._get(pw_id)
         if rec is None:  # ended meanwhile: what was bought for it goes as it would have
             for name in bought:
@@ -916,6 +975,8 @@ class PrewarmService:
         rec = self._get(pw_id)
         if rec is None:
             return False
+        for key in [k for k in self._full if k[0] == pw_id]:
+            del self._full[key]
         with self.store.tx() as c:
             c.execute(delete(prewarms_t).where(prewarms_t.c.id == pw_id))
             self.store.add_event("prewarm_removed", {"id": pw_id, "prewarm": pw_id, "reason": reason}, conn=c)
