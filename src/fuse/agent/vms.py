@@ -38,7 +38,7 @@ from . import bundle as bundles
 from . import probe as probe_mod
 from .admission import HOLDS_MEMORY, admission_refusal, memory_pressure, untouched_mib
 from .backends.base import (MOVED_CONSOLE, STANDBY_MARK, STANDBY_PLATFORM, BackendError, BootSpec, EntryCutOff,
-                            get_backend, kill_and_wait, reap)
+                            get_backend, hypervisors_naming, kill_and_wait, reap)
 from .events import EventLog
 from .incoming import IncomingMoves
 from .metering import Metering, process_started
@@ -844,31 +844,28 @@ class VmManager:
         """Kill hypervisor processes under our VM dirs that no running
         record accounts for (e.g. a crash between killing a VM and writing
         its record): nothing may hold memory that admission cannot see. One
-        under a dir whose record is damaged is left running (``_put_aside``)."""
-        marker = str(self.root) + "/"
+        under a dir whose record is damaged is left running (``_put_aside``).
+        Ours only (`hypervisors_naming`): not another agent's whose dir's path
+        ends with ours, nor a containerised agent's at the same path."""
+        root = str(self.root)
         by_dir = {v.dir or v.name: v for v in self.vms.values()}
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            program = os.path.basename(cmd.split("\0", 1)[0])
-            if marker not in cmd or not program.startswith(("qemu-system", "firecracker")):
-                continue  # (a grep or an editor naming a VM's files is no hypervisor)
-            d = cmd.split(marker, 1)[1].split("/", 1)[0]
+        for pid, paths in hypervisors_naming(root).items():
+            dirs = [p[len(root) + 1:].split("/", 1)[0] for p in paths if p.startswith(root + "/")]
+            dirs = [d for d in dirs if d not in ("", ".", "..")]
+            if not dirs:
+                continue  # (it names the vms dir itself, no VM's)
+            d = dirs[0]
             vm = by_dir.get(d)
             if vm is None and (kept := self._damaged_record(d)) is not None:
                 # no record accounts for it because its record is damaged, not gone: whose VM it
                 # runs and whether to stop it is for whoever mends or removes the record
-                log.warning("vm %s: hypervisor %s left running: its record is damaged (%s)", d, proc.name, kept)
+                log.warning("vm %s: hypervisor %s left running: its record is damaged (%s)", d, pid, kept)
                 continue
-            if vm is None or vm.state not in ("creating", "running") or vm.pid != int(proc.name):
-                await kill_and_wait(int(proc.name), marker + d + "/")
+            if vm is None or vm.state not in ("creating", "running") or vm.pid != pid:
+                await kill_and_wait(pid, str(self.root / d))
                 if vm is None:
                     self.metering.stop(d)  # its segment, if it had one, ends with it
-                self.events.emit("orphan_killed", vm=vm.name if vm else d, pid=int(proc.name))
+                self.events.emit("orphan_killed", vm=vm.name if vm else d, pid=pid)
 
     async def close(self) -> None:
         """Stop watching. VMs keep running; the next agent adopts them."""

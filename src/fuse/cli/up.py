@@ -23,7 +23,7 @@ from urllib.parse import quote
 import typer
 
 from .. import statelock
-from ..agent.backends.base import pids_mentioning
+from ..agent.backends.base import hypervisors_naming
 
 from .output import console, fail, table
 
@@ -178,7 +178,8 @@ def up(
             # still says running until the next run's agent finds it ended and that run
             # deletes it (above).
             killed = []
-            for pid in pids_mentioning(f"{state_dir / 'agent'}{os.sep}", b"qemu-system"):
+            # (this run's agent's: not another agent's whose dir's path ends with it, see hypervisors_naming)
+            for pid in hypervisors_naming(state_dir / "agent" / "vms", ("qemu-system",)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import signal
 import time
 from abc import ABC, abstractmethod
@@ -156,10 +157,87 @@ def follow_agent_affinity() -> None:
             os.sched_setaffinity(0, mask)
 
 
+# The programs of VM processes: what the agent may find running under its VM dirs.
+HYPERVISORS = ("qemu-system", "firecracker")
+# QEMU options whose value is a plain string (a path, a URI, the kernel's command line), not an
+# option string: a comma in it is a literal one, not a separator.
+_QEMU_PLAIN = frozenset({"-pidfile", "-kernel", "-initrd", "-append", "-incoming", "-dtb", "-bios", "-L", "-D"})
+# The legacy chardev forms whose rest is a path (``-qmp unix:PATH,server=on``, ``-serial file:PATH``).
+_CHARDEV_PATH = ("unix:", "file:", "pipe:")
+
+
+def _argv(cmdline: bytes) -> list[str]:
+    """A /proc/PID/cmdline as its arguments (file names as the OS gives them: ``os.fsdecode``)."""
+    args = cmdline.split(b"\0")
+    if args and args[-1] == b"":
+        args.pop()
+    return [os.fsdecode(a) for a in args]
+
+
+def _option_values(arg: str) -> list[str]:
+    """The values in a QEMU option string (``file,id=ser0,path=P,append=on``, ``unix:P,server=on``):
+    the first part (an implied key's value, or what follows ``unix:``) and every ``key=``'s value,
+    split at single commas as QEMU splits it (a doubled comma is a literal one: ``qemu._opt``)."""
+    values = []
+    for i, part in enumerate(arg.replace(",,", "\0").split(",")):
+        part = part.replace("\0", ",")  # (no argument holds a NUL: a safe stand-in)
+        _, eq, value = part.partition("=")
+        if i == 0 and part.startswith(_CHARDEV_PATH):
+            values.append(part.split(":", 1)[1])
+        elif eq:
+            values.append(value)
+        elif i == 0:
+            values.append(part)
+    return values
+
+
+def argv_paths(argv: list[str]) -> list[str]:
+    """What a VM process's command line gives as file names, as the process reads them: each
+    argument whole (``-pidfile P``, ``--api-sock P``, a fake VM's dir), the values of QEMU's option
+    strings (``-chardev file,path=P``, ``-qmp unix:P,server=on``) and the words of an ``exec:``
+    migration (``-incoming exec:cat P``). A path written inside a longer one (``/mnt/x/srv/fuse/vms/a``
+    holds ``/srv/fuse/vms/a``) is none of them."""
+    qemu = bool(argv) and os.path.basename(argv[0]).startswith("qemu-system")
+    paths = []
+    for prev, arg in zip(argv, argv[1:]):
+        paths.append(arg)
+        if qemu and arg.startswith("exec:"):
+            with contextlib.suppress(ValueError):  # (unbalanced quotes: no words)
+                paths += shlex.split(arg[len("exec:"):])
+        elif qemu and prev.startswith("-") and prev not in _QEMU_PLAIN:
+            paths += _option_values(arg)
+    return paths
+
+
+def _naming(paths: list[str], path: str) -> list[str]:
+    """Those of ``paths`` that are ``path`` or under it (``vms/a/x``, not ``vms/a2/x``)."""
+    return [p for p in paths if p == path or p.startswith(path.rstrip("/") + "/")]
+
+
+def _file_view(pid: int | str) -> tuple[str, int, int]:
+    """The mount namespace and root directory ``pid`` reads paths in (OSError if they cannot be read)."""
+    root = os.stat(f"/proc/{pid}/root")
+    return os.readlink(f"/proc/{pid}/ns/mnt"), root.st_dev, root.st_ino
+
+
+def same_files(pid: int) -> bool:
+    """Whether ``pid`` reads paths as this process does (the same mount namespace and root
+    directory): the paths on its command line are then files of ours. An agent in a container
+    (``unshare -m``, a bind mount at the same path) names its VMs' files by our paths, yet they are
+    not ours. False when that cannot be read (another user's process, or one made non-dumpable,
+    while we are not root): whose files it names cannot be told, and a process killed on a guess
+    may be another agent's running VM, lost; one of ours left running is only an orphan."""
+    try:
+        return _file_view(pid) == _file_view("self")
+    except OSError:
+        return False
+
+
 def process_alive(pid: int | None, marker: str) -> bool:
-    """True when ``pid`` is a live (non-zombie) process whose command line
-    contains ``marker`` (the VM's directory) — so a recycled pid is never
-    mistaken for our VM."""
+    """True when ``pid`` is a live (non-zombie) process of ours for ``marker`` (a VM's directory
+    or API socket): its command line names ``marker`` or a path under it (`argv_paths`) and it reads
+    paths as we do (`same_files`) — so neither a recycled pid nor another agent's process (whose
+    dir's path ends with ours, or a container's at the same path) is mistaken for our VM."""
     if not pid:
         return False
     try:
@@ -170,13 +248,33 @@ def process_alive(pid: int | None, marker: str) -> bool:
     # The state letter follows the parenthesised command name.
     if stat[stat.rindex(")") + 2] in "ZX":
         return False
-    return marker.encode() in cmdline
+    return bool(_naming(argv_paths(_argv(cmdline)), str(marker))) and same_files(pid)
+
+
+def hypervisors_naming(path: str | Path, programs: tuple[str, ...] = HYPERVISORS) -> dict[int, list[str]]:
+    """This agent's VM processes that name ``path`` or a path under it, by `process_alive`'s rule
+    (a program whose name starts with one of ``programs``), each with the paths it names there:
+    the processes the agent (or ``fuse up``) may kill as its own."""
+    found, me = {}, os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            argv = _argv((proc / "cmdline").read_bytes())
+        except OSError:
+            continue
+        if not argv or not os.path.basename(argv[0]).startswith(programs):
+            continue  # (a grep or an editor naming a VM's files is no hypervisor)
+        if (named := _naming(argv_paths(argv), str(path))) and same_files(int(proc.name)):
+            found[int(proc.name)] = named
+    return found
 
 
 def pids_mentioning(marker: str | Path, program: bytes | None = None) -> list[int]:
-    """Processes whose command line mentions ``marker`` (a state or VM dir)
-    and, when given, whose program name contains ``program``
-    (e.g. b"qemu-system"): how tools and tests find VMs a dir started."""
+    """Processes whose command line contains ``marker`` (a state or VM dir) anywhere, in any
+    mount namespace, and, when given, whose program name contains ``program`` (e.g.
+    b"qemu-system"): how tools and tests find what a dir started. Never what the agent kills
+    by: another agent's dir may end with ours (`hypervisors_naming`)."""
     pids = []
     needle = str(marker).encode()
     for proc in Path("/proc").iterdir():

@@ -59,7 +59,7 @@ from qemu.qmp import QMPClient, QMPError
 from ...paths import our_socket, private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
-                   kill_and_wait, pids_mentioning, process_alive, read_pidfile, reap_exited_children,
+                   hypervisors_naming, kill_and_wait, process_alive, read_pidfile, reap_exited_children,
                    wait_console_line, wait_gone)
 
 QEMU = "qemu-system-x86_64"
@@ -455,7 +455,7 @@ class QemuBackend(Backend):
             await kill_and_wait(read_pidfile(spec.vm_dir / "qemu.pid"), str(spec.vm_dir))
             # A launch that timed out may have a detached QEMU that never wrote its pid file
             # (stopped or hung first): found by that file's path on its command line.
-            for stray in pids_mentioning(spec.vm_dir / "qemu.pid", b"qemu-system"):
+            for stray in hypervisors_naming(spec.vm_dir / "qemu.pid", ("qemu-system",)):
                 await kill_and_wait(stray, str(spec.vm_dir))
             reap_exited_children(b"qemu")  # (the daemonizing fork's middle process, as above)
             self.ended(spec)  # (a wake from a bad state file left its QMP socket behind)
