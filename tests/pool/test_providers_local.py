@@ -203,3 +203,24 @@ async def test_terminating_a_machine_leaves_no_qemu_process(make, state):
     assert pids_mentioning(machine_dir, b"qemu-system") == []
     assert not machine_dir.exists()
     assert (await p.describe(["real-1"]))["real-1"].state == "terminated"
+
+
+async def test_terminating_a_machine_leaves_a_process_of_a_dir_whose_path_ends_with_its_own(make, state, tmp_path):
+    # review 35: the machine's processes were found by a substring of their command line, so
+    # terminating machine f-1 killed a process of /nest/<state>/f-1 (another cloud's, say)
+    import subprocess
+    import sys
+
+    p = make()
+    await p.create(host_name="f-1", type_name="local.medium", region="local", agent_token=TOKEN)
+    await wait_state(p, "f-1", "running")
+    other = tmp_path / "nest" / str(state / "f-1").lstrip("/") / "vms" / "a"
+    other.mkdir(parents=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(other)])
+    try:
+        await p.terminate("f-1")
+        assert bystander.poll() is None, "terminating f-1 killed a process of a dir whose path ends with f-1's"
+        assert (await p.describe(["f-1"]))["f-1"].state == "terminated"
+    finally:
+        bystander.kill()
+        bystander.wait()

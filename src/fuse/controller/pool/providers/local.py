@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from fuse.agent.backends.base import pids_mentioning
+from fuse.agent.backends.base import hypervisors_naming
 from fuse.agent.probe import arch
 from fuse.controller.pool.model import Offer
 from fuse.errors import Conflict, InvalidArgument
@@ -95,9 +95,11 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _pids_of(machine_dir: Path) -> set[int]:
-    """Processes whose command line names ``machine_dir`` itself or a path
-    inside it — not a sibling whose name merely starts the same (h1 vs h10)."""
-    return set(pids_mentioning(f"{machine_dir}/")) | set(pids_mentioning(f"{machine_dir}\0"))
+    """Processes (its agent, its VMs' hypervisors) whose command line names ``machine_dir``
+    itself or a path inside it, by the agent's own rule for what it may kill: not a sibling
+    whose name merely starts the same (h1 vs h10), nor a dir whose path ends with this one's,
+    nor a process in another mount namespace."""
+    return set(hypervisors_naming(machine_dir, programs=("",)))  # ("": any program)
 
 
 class LocalProvider(Provider):
