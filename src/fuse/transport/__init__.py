@@ -257,6 +257,8 @@ def _is_ca(cert) -> bool:
 
 # Identity failures already logged, so a poller meeting one every second logs it once.
 _told: set[str] = set()
+# Failures no transport foresaw (`HostConnection.request`), logged with their traceback once each.
+_unforeseen: set[str] = set()
 
 
 def _identity_context(tls: TlsSettings, addr: str) -> ssl.SSLContext:
@@ -286,6 +288,8 @@ IDEMPOTENT = ("GET", "HEAD")
 MAX_ANSWER_BYTES = 64 * 2**20
 MAX_FACTS_BYTES = 4 * 2**20  # a host's facts (GET /v1/host): a few KiB from any agent
 PROBE_S = 1.0  # how long a look at whether a mutual-TLS host refuses our certificate may take (a failure only)
+LOOK_S = 1.0   # how long a look at what listens at an address that could not be reached may take (`_wrong_protocol`)
+UNFORESEEN_TOLD_MAX = 256
 # A kept-alive connection idle longer than this is not used again (httpx's default is 5 s, the
 # agent's own keep-alive: a create sent on one idle ~5 s met the agent closing it, a broken pipe
 # on a request the agent never read, answered "may still create it" and tried on no other host).
@@ -439,12 +443,12 @@ async def greeting(host: str, port: int, say: bytes = b"", timeout: float = 0.5)
         writer.close()
 
 
-async def _ssh_server(address: Address, listener: str) -> str:
+async def _ssh_server(address: Address, listener: str, timeout: float = 0.5) -> str:
     """Why `address` is a wrong address when an SSH server listens there (it greets
     unasked, "SSH-2.0-..."), `listener` being what the address was taken for; "" when
     none does."""
     port = address.port or (443 if address.text.lower().startswith("https://") else 80)
-    if (await greeting(address.host, port)).startswith(b"SSH-"):
+    if (await greeting(address.host, port, timeout=timeout)).startswith(b"SSH-"):
         return (f"{address.text} is an SSH server, not {listener} (a host reached over SSH is registered as "
                 "ssh://USER@HOST:PORT)")
     return ""
@@ -590,6 +594,32 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
+class _Look:
+    """The look at what listens at a diagnosed address (`HostConnection._wrong_protocol`) for
+    one request: begun LOOK_S before the request would time out (at once, should it fail
+    sooner), so a silent address still fails within the time its reason quotes (review 35:
+    the look came after the timeout, each of its two connections up to a second more)."""
+
+    def __init__(self, conn: "HostConnection", bound: float | None):
+        self._conn = conn
+        self._task: asyncio.Task | None = None
+        self._limit = min(LOOK_S, bound) if bound else LOOK_S
+        self._timer = (asyncio.get_running_loop().call_later(max(bound - LOOK_S, 0.0), self.start)
+                       if bound else None)
+
+    def start(self) -> "asyncio.Task[str]":
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._conn._look(self._limit))
+        return self._task
+
+    def stop(self) -> None:
+        """The request is over: a look not begun never is, one under way is dropped."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+
 class HostConnection:
     """A connection to one host's API over the transport its address names."""
 
@@ -657,16 +687,18 @@ class HostConnection:
 
         if self.kind == "tls" or self.address.text.lower().startswith("https://"):
             kw["extensions"] = {"trace": trace}  # (whether a TLS handshake began: see _describe)
+        # (built before anything is sent: a body that cannot be encoded is the caller's bug, not the host's)
+        req = self._client.build_request(method, path, json=json, params=params, content=content, **kw)
+        look = _Look(self, self._bound(timeout)) if self._diagnosable() else None
         self._busy += 1
         try:
             attempt = 0
             while True:
                 shook.clear()
                 try:
-                    return await self._bounded(self._client.build_request(
-                        method, path, json=json, params=params, content=content, **kw), max_bytes)
+                    return await self._bounded(req, max_bytes)
                 except HostUnreachable as exc:  # (the SSH transport's own, already one sentence)
-                    if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol()):
+                    if type(exc) is HostUnreachable and (wrong := await self._wrong_protocol(look)):
                         err = NotAnAgent(wrong)
                         err.maybe_sent = getattr(exc, "maybe_sent", True)
                         raise err from exc
@@ -687,7 +719,7 @@ class HostConnection:
                         kind = NotTrusted if untrusted else HostUnreachable
                         # what answered speaks another protocol: a wrong address, not an outage
                         if wrong := await self._not_tls(exc) or (kind is HostUnreachable and
-                                                                 await self._wrong_protocol()):
+                                                                 await self._wrong_protocol(look)):
                             why, kind = wrong, NotAnAgent
                         err = kind(why)
                         # whether the host may have got the request: a create it got may still land.
@@ -695,9 +727,22 @@ class HostConnection:
                         # that never opened: the host's app never saw the request.
                         err.maybe_sent = not (_never_sent(exc) or (untrusted and handshake != ""))
                         raise err from exc
+                except Exception as exc:
+                    # A failure no clause above foresaw (a transport's or a library's): still one
+                    # sentence, since every caller (the poller, usage, a create and its settling)
+                    # handles HostUnreachable: one such error 500'd the fleet's usage, left a host
+                    # connected with a traceback each poll and a create's record held (review 35).
+                    # It may have gone out, so a create that met it is held until the host says.
+                    self._tell_unforeseen(exc)
+                    err = HostUnreachable(f"cannot reach {self.address.text}: the connection failed unexpectedly "
+                                          f"({type(exc).__name__}: {exc}); the controller's log has the details")
+                    err.maybe_sent = True
+                    raise err from exc
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** attempt)
                 attempt += 1
         finally:
+            if look is not None:
+                look.stop()
             self._busy -= 1
             if self._retired and not self._busy:
                 await self.close()
@@ -774,24 +819,65 @@ class HostConnection:
             wrong = await _ssh_server(a, listener) or wrong
         return wrong
 
-    async def _wrong_protocol(self) -> str:
-        """With `diagnose`, why an http:// or ssh:// address that could not be reached is a
-        wrong one (what listens there speaks the other protocol), or "". One more
-        connection, at most a second: a fuse agent says nothing unasked, an sshd greets
-        at once, and an HTTP server answers an SSH greeting with "HTTP/1.1 400"."""
+    def _tell_unforeseen(self, exc: BaseException) -> None:
+        key = f"{self.address.text} {type(exc).__name__} {exc}"
+        if key not in _unforeseen:
+            if len(_unforeseen) >= UNFORESEEN_TOLD_MAX:
+                _unforeseen.clear()
+            _unforeseen.add(key)
+            log.error("a request to %s failed unexpectedly (a bug to report)", self.address.text,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+
+    def _diagnosable(self) -> bool:
+        """Whether a failure here is looked into (`_wrong_protocol`): `diagnose`, at an http:// or ssh:// address."""
         a = self.address
-        if not self.diagnose or a.kind not in ("http", "ssh") or a.text.lower().startswith("https://"):
+        return self.diagnose and a.kind in ("http", "ssh") and not a.text.lower().startswith("https://")
+
+    def _bound(self, timeout: float | None) -> float | None:
+        """The time a request to a silent address takes to fail, which its reason quotes: the
+        request's timeout (the client's when not given), FUSE_SSH_CONNECT_TIMEOUT if tighter
+        over SSH; None for none."""
+        t = timeout if timeout is not None else self._client.timeout.read
+        if self.kind == "ssh":
+            from .ssh import SshOptions
+            try:
+                ssh_t = SshOptions.from_env().connect_timeout
+            except ValueError:  # (a bad setting: the request says so itself)
+                ssh_t = None
+            t = min(x for x in (t, ssh_t, float("inf")) if x)
+        return t if t and t != float("inf") else None
+
+    async def _wrong_protocol(self, look: "_Look | None" = None) -> str:
+        """With `diagnose`, why an http:// or ssh:// address that could not be reached is a
+        wrong one (what listens there speaks the other protocol), or "": the result of `look`,
+        begun before the request would time out, else of a look begun now."""
+        if not self._diagnosable():
             return ""
+        return await (look.start() if look is not None else asyncio.ensure_future(self._look(LOOK_S)))
+
+    async def _look(self, limit: float) -> str:
+        """What listens at this address when it speaks the other protocol, in one sentence, or
+        "". One more connection or two at once, at most `limit`: a fuse agent says nothing unasked,
+        an sshd greets at once, an HTTP server answers an SSH greeting with "HTTP/1.1 400",
+        and a TLS server answers a handshake."""
+        a = self.address
         if a.kind == "http":
-            if wrong := await _ssh_server(a, "a host agent's HTTP listener"):
-                return wrong
-            if await speaks_tls(a.host, a.port or 80):
+            port = a.port or 80
+            sshd, tls = await asyncio.gather(_ssh_server(a, "a host agent's HTTP listener", min(0.5, limit)),
+                                             speaks_tls(a.host, port, limit))
+            if sshd:
+                return sshd
+            if tls:
                 return (f"{a.text} speaks TLS, not plain HTTP, so it is not an http:// address (a host agent's "
                         "mutual-TLS listener is registered as HOST:PORT, with no scheme)")
-        elif (await greeting(a.host, a.port or 22, say=b"SSH-2.0-fuse\r\n\r\n", timeout=1.0)).startswith(b"HTTP/"):
+            return ""
+        port = a.port or 22
+        said, tls = await asyncio.gather(greeting(a.host, port, say=b"SSH-2.0-fuse\r\n\r\n", timeout=limit),
+                                         speaks_tls(a.host, port, limit))
+        if said.startswith(b"HTTP/"):
             return (f"{a.text} speaks HTTP, not SSH, so it is not an ssh:// address (a host agent's HTTP "
                     "listener is registered as http://HOST:PORT with its token)")
-        elif await speaks_tls(a.host, a.port or 22):
+        if tls:
             return (f"{a.text} speaks TLS, not SSH, so it is not an ssh:// address (a host agent's mutual-TLS "
                     "listener is registered as HOST:PORT, with no scheme)")
         return ""

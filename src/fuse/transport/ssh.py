@@ -49,15 +49,20 @@ create, usage) quotes the same time for the same host.
 Environment (read when a connection is opened):
 
     FUSE_SSH_KEY               private key to use (default: ~/.ssh/id_* and the SSH agent)
-    FUSE_SSH_KNOWN_HOSTS       known_hosts file (default: ~/.ssh/known_hosts)
+    FUSE_SSH_KNOWN_HOSTS       known_hosts file (default: ~/.ssh/known_hosts), read as
+                               OpenSSH reads it: a line it skips is skipped (`_known_hosts`)
     FUSE_SSH_RELAY             command run on the host (default: `fuse host relay`)
     FUSE_SSH_CONNECT_TIMEOUT   seconds (default 5), as above
+
+asyncssh also reads the controller user's ~/.ssh/config, as `ssh` does: one it cannot
+use is NotTrusted naming the file and the line, a mistake to fix, never an outage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import getpass
+import logging
 import os
 import shlex
 import socket
@@ -91,6 +96,10 @@ SSHD_NOTICES = ("Could not chdir to home directory", "Warning: no access to tty"
 # it read none of the request, so the host never got it (a create may go to another host)
 RELAY_NOT_CONNECTED = 69
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+TOLD_MAX = 256  # the skipped known_hosts lines and unforeseen failures logged, so each is logged once
+
+log = logging.getLogger("fuse.transport.ssh")
+_told: set[tuple] = set()
 
 
 @dataclass(frozen=True)
@@ -132,13 +141,63 @@ class SshOptions:
 
 # ---------------------------------------------------------------- connecting
 
-def _by_name(path: str):
+def _tell_once(key: tuple, msg: str, *args, exc_info: bool = False) -> None:
+    """A warning logged once per ``key``: a poller dials a host every second while it is out."""
+    if key in _told:
+        return
+    if len(_told) >= TOLD_MAX:
+        _told.clear()
+    _told.add(key)
+    log.warning(msg, *args, exc_info=exc_info)
+
+
+def _known_hosts(path: str, target: SshTarget) -> asyncssh.SSHKnownHosts:
+    """The known_hosts file read as OpenSSH reads it: a line it cannot use (an unknown
+    @marker, one field, a hash type it does not know) is skipped, and bytes that are
+    not UTF-8 (a Latin-1 comment) match nothing, rather than failing the whole file
+    (asyncssh's own reader raised on them, and every SSH request of the controller was a
+    500: review 35). The file is OpenSSH's (~/.ssh/known_hosts by default), and `ssh`
+    with it logs in, so fuse trusts the same keys; each line skipped is logged once,
+    naming the file and the line. NotTrusted when the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise NotTrusted(f"the known_hosts file {path} cannot be read ({exc.strerror or exc}), so the SSH "
+                         f"host key of {target.hostport} cannot be checked") from None
+    known = asyncssh.SSHKnownHosts()
+    for n, raw in enumerate(data.split(b"\n"), 1):  # (lines as OpenSSH splits them)
+        line = raw.decode(errors="replace")  # (U+FFFD matches no host name: as OpenSSH's bytes do not)
+        try:
+            known.load(line)
+        except Exception as exc:  # (asyncssh's ValueError, or anything else a line it cannot parse raised)
+            _tell_once(("skipped", path, n, raw), "known_hosts file %s line %d is skipped, as OpenSSH skips it: %s",
+                       path, n, exc)
+    return known
+
+
+def _by_name(known: asyncssh.SSHKnownHosts):
     """known_hosts matched by the host as the address names it, as OpenSSH does
     (asyncssh on its own also takes a key filed under the peer's IP address, so a
     key trusted for 127.0.0.1 would pass for localhost)."""
     def match(host: str, addr: str, port: int | None):
-        return asyncssh.read_known_hosts(path).match(host, "", port)
+        return known.match(host, "", port)
     return match
+
+
+def _config_not_utf8() -> str:
+    """Where the controller user's ~/.ssh/config is not UTF-8 text ("PATH line N"), or ""."""
+    path = Path.home() / ".ssh" / "config"
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return f"{path} line {n}"
+    return ""
 
 
 async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | None = None
@@ -155,9 +214,10 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
             raise NotTrusted(f"no SSH key at {o.key} (FUSE_SSH_KEY)")
         keys = {"client_keys": [o.key], "agent_path": None}
     which_key = f"the key {o.key} is not" if o.key else "none of the default keys (~/.ssh/id_*, the SSH agent) is"
+    known = _known_hosts(o.known_hosts, t)
     try:
         return await asyncio.wait_for(asyncssh.connect(
-            t.host, t.port, username=t.user, known_hosts=_by_name(o.known_hosts),
+            t.host, t.port, username=t.user, known_hosts=_by_name(known),
             # Keys only: nothing may ever prompt (batch mode).
             preferred_auth="publickey", password=None, password_auth=False, kbdint_auth=False,
             host_based_auth=False, gss_auth=False,
@@ -190,6 +250,24 @@ async def _connect(t: SshTarget, o: SshOptions, timeout: float, quoted: float | 
         raise HostUnreachable(f"SSH to {t.hostport} failed: {exc.reason}") from None
     except OSError as exc:
         raise HostUnreachable(f"cannot reach {t.hostport} over SSH: {exc.strerror or exc}") from None
+    # The controller user's ~/.ssh/config (and what it includes), which asyncssh reads for
+    # every connection: one it cannot parse is the controller's mistake to fix, named with
+    # its line (these were 500s, and a poller's traceback every second: review 35)
+    except asyncssh.ConfigParseError as exc:
+        raise NotTrusted(f"SSH to {t.hostport} cannot start: the controller's SSH client configuration cannot "
+                         f"be used ({exc}); fix that line") from None
+    except UnicodeDecodeError:
+        where = _config_not_utf8() or "~/.ssh/config or a file it includes"
+        raise NotTrusted(f"SSH to {t.hostport} cannot start: the controller's SSH client configuration is not "
+                         f"UTF-8 text at {where}, which fuse's SSH client cannot read; write it in UTF-8") from None
+    except Exception as exc:
+        # Whatever else asyncssh raises: still one sentence, so the poller marks the host
+        # disconnected, usage lists it unreachable and a create passes on (never a 500);
+        # the traceback, a bug to report, is logged once.
+        _tell_once(("connect", str(t), type(exc).__name__, str(exc)), "SSH to %s failed unexpectedly",
+                   t.hostport, exc_info=True)
+        raise HostUnreachable(f"SSH to {t.hostport} failed unexpectedly ({type(exc).__name__}: {exc}); the "
+                              "controller's log has the details") from None
 
 
 def _keepalive_lost(cause: BaseException | None) -> bool:
