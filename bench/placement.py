@@ -93,7 +93,7 @@ def service_for(f: FleetArrays):
         views[h["id"]] = types.SimpleNamespace(connected=True, error="", summary={
             "free_vcpus": h["free_vcpus"], "free_mem_mib": h["free_mem"], "vm_count": h["vm_count"],
             "memory_pressure": False})
-    store = types.SimpleNamespace(list_hosts=lambda: rows, allocated=lambda: alloc, is_sqlite=True)
+    store = types.SimpleNamespace(list_hosts=lambda: rows, allocated=lambda: alloc, unanswered=lambda: [], is_sqlite=True)
     return VmService(types.SimpleNamespace(store=store, fleet=types.SimpleNamespace(views=views)))
 
 

@@ -95,7 +95,7 @@ class Controller:
         from .fleet import Fleet
         self.fleet = Fleet(self)
         await self.fleet.start()
-        self.vms.resume_unanswered()
+        self.vms.start()  # (the creates the store records as unanswered: held, their hosts asked)
         await self.moves.resume()
         await self.pool.start()
 

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import Connection
 
 from .store import vms as vms_t
-from .store.outage import db_busy, db_unreachable
+from .store.outage import PassLog, db_busy, db_unreachable
 
 log = logging.getLogger("fuse.controller.vms")
 CREATE_TIMEOUT_SECS = 180  # a host's answer to a create, at most (a slow boot)
@@ -49,6 +49,9 @@ ABSENT_CONFIRM_SECS = 2.0
 # A replica's placing rows (shared PostgreSQL store) outlive it by at most this long: each
 # is renewed every quarter of it while its create or wake waits on the host
 PLACING_LEASE_SECS = seconds("FUSE_PLACING_LEASE_S", 60.0)
+# A replica takes over, every quarter of that lease (as its rows are renewed), the creates
+# another one sent and left unanswered when it died (``adopt_unanswered``): this many a pass
+ADOPT_BATCH = 100
 
 
 class ControllerCreateVm(CreateVmRequest):
@@ -152,6 +155,7 @@ class VmService:
         self.replica = secrets.token_hex(8)
         self._rows: dict[str, str] = {}  # this replica's rows in the store: id -> host
         self._renewer: asyncio.Task | None = None
+        self._adopter: asyncio.Task | None = None
 
     @property
     def fleet(self):
@@ -164,7 +168,8 @@ class VmService:
         (read here when not given)."""
         every = self.store.list_hosts()
         elsewhere: dict[str, Resources] = {}
-        for h, _, ask, _ in self._others() if others is None else others:
+        others = self._others() if others is None else others
+        for h, _, ask, _ in others:
             elsewhere[h] = elsewhere.get(h, Resources()) + ask
         rows = every
         if only is not None:
@@ -178,6 +183,8 @@ class VmService:
         pending = dict(self._pending)  # per host: what this replica and the others are placing there
         for h, res in elsewhere.items():
             pending[h] = pending.get(h, zero) + res
+        for (h, _), res in self._unanswered_held(others).items():
+            pending[h] = pending.get(h, zero) + res  # (and creates unanswered, whichever replica sent them)
         views = self.fleet.views if self.fleet else {}
         cv, cm, fv, fm, cnt, lim, usable = [], [], [], [], [], [], []
         reasons: dict[str, str] = {}
@@ -567,7 +574,9 @@ class VmService:
         creates it did not answer whose VM it has not yet said it has or lacks. The
         registry keeps the host (no deregister, no new url) while this counts any."""
         out = self.pending_on(host)
-        for h, _, ask in [*self._holding(), *(o[:3] for o in self._others())]:
+        others = self._others()
+        for h, ask in [*((h, ask) for (h, _), ask in self._unanswered_held(others).items()),
+                       *((o[0], o[2]) for o in others)]:
             if h == host:
                 out = out + ask
         return out
@@ -581,10 +590,33 @@ class VmService:
     def placing_names(self, host: str) -> list[str]:
         """The names of the VMs ``placing_on`` counts: creates under way on ``host`` and
         creates it did not answer (a wake's VM is in the store, assigned there already)."""
+        others = self._others()
         names = {n for h, n in self._naming if h == host}
-        names |= {n for h, n, _ in self._holding() if h == host}
-        names |= {n for h, n, _, kind in self._others() if h == host and kind == "create"}
+        names |= {n for h, n in self._unanswered_held(others) if h == host}
+        names |= {n for h, n, _, kind in others if h == host and kind == "create"}
         return sorted(names)
+
+    def _unanswered_held(self, others: list[tuple[str, str, Resources, str]]) -> dict[tuple[str, str], Resources]:
+        """(host, vm name) -> room of the creates a host has not answered that hold it (its room,
+        deregistering it) and nothing else counts (this replica's reservations, the other replicas'
+        placing rows, ``others``): this replica's unanswered ones (``_holding``) and every one the
+        store records, whichever replica sent it, for UNANSWERED_SECS from its ``since``. A replica
+        that died with creates in flight leaves their records, not their rows, which lapse after
+        PLACING_LEASE_SECS (review 35: the host was held 60 s, deregistered, and the VM then landed
+        there untracked). A VM the store lists is counted by its own row from then on."""
+        held = {(h, n): ask for h, n, ask in self._holding()}
+        young = time.time() - UNANSWERED_SECS
+        for u in self.store.unanswered():
+            if u["since"] > young:
+                held.setdefault((u["host"], u["name"]), Resources.vm(u["vcpus"], u["mem_mib"]))
+        for key in [*self._naming, *((o[0], o[1]) for o in others if o[3] == "create")]:
+            held.pop(key, None)
+        if held:
+            q = select(vms_t.c.host, vms_t.c.name).where(vms_t.c.name.in_(sorted({n for _, n in held})))
+            with self.store.read() as c:
+                for h, n in c.execute(q):
+                    held.pop((h, n), None)
+        return held
 
     def _unrecorded(self, exc: DBAPIError, host: str, name: str, ask: Resources) -> None:
         """A VM ``host`` created that the store did not take (its database out of reach): 503
@@ -623,10 +655,12 @@ class VmService:
                 log.warning("vm %s: could not remove the in-flight record of its create on %s: %s", name, host, exc)
         return None
 
-    def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None) -> None:
+    def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None,
+                           row: str | None = None) -> None:
         """Hold the create ``host`` did not answer until the host says whether the VM landed:
         recorded in the store (``since`` given: read back from it at a start), so the
-        name stays held across a restart and for every replica."""
+        name stays held across a restart and for every replica. ``row``: its placing row,
+        written already (``_adopt``'s claim)."""
         loop = asyncio.get_running_loop()  # (first: with none, nothing is held that no task settles)
         ticket = object()
         self._unanswered[ticket] = (host, name, ask)
@@ -639,7 +673,9 @@ class VmService:
         task = loop.create_task(self._settle_unanswered(ticket))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
-        if self._shared:  # (held for the other replicas too, until the host says)
+        if row is not None:
+            self._tickets[ticket] = self._held(row, host)
+        elif self._shared:  # (held for the other replicas too, until the host says)
             try:
                 with self.store.tx() as conn:
                     row = self._hold(conn, host, name, ask, "create")
@@ -715,15 +751,59 @@ class VmService:
             self._unanswered_since.pop(ticket, None)
             self._unhold(self._tickets.pop(ticket, None))
 
-    def resume_unanswered(self) -> None:
-        """At the controller's start: go on holding, and asking about, the creates a host
-        did not answer that the store still records (a restart forgot them: the name was
-        placed again elsewhere, and the VM ran twice once the host came back)."""
+    def start(self) -> None:
+        """At the controller's start: take over the creates the store records as unanswered
+        (``adopt_unanswered``); with replicas, go on doing so every quarter of
+        PLACING_LEASE_SECS, for those of a replica that dies meanwhile."""
+        self.adopt_unanswered()
+        if self._shared:
+            self._adopter = asyncio.get_running_loop().create_task(self._adopt_loop())
+
+    def adopt_unanswered(self, most: int | None = None) -> int:
+        """Go on holding, and asking about, the creates a host did not answer that the store
+        still records and no replica holds (``most`` of them at most): at a start, those a
+        restart forgot (the name was placed again elsewhere, and the VM ran twice once the
+        host came back); with replicas, those of a replica that died, once its placing rows
+        have lapsed (review 35: no running replica took them over, so the host was held 60 s,
+        not UNANSWERED_SECS, a VM that landed had no ``placed``, and a create of a name that
+        never landed was 409 vm_exists until some replica started). How many it took."""
         mine = {(h, n) for h, n, _ in self._unanswered.values()} | self._flying(self._others())
+        taken = 0
         for u in self.store.unanswered():
-            if (u["host"], u["name"]) not in mine:
-                self._unanswered_create(u["host"], u["name"], Resources.vm(u["vcpus"], u["mem_mib"]),
-                                        since=u["since"])
+            if most is not None and taken >= most:
+                break
+            if (u["host"], u["name"]) not in mine and self._adopt(u):
+                taken += 1
+        return taken
+
+    def _adopt(self, u: dict) -> bool:
+        """Take over the store's record ``u`` of an unanswered create (``_unanswered_create``).
+        With replicas, one alone does: its claim (``Store.claim_unanswered``) writes this
+        replica's placing row for it only while no live one is there. Whether it took it."""
+        asyncio.get_running_loop()  # (first: with none, nothing is claimed that no task settles)
+        host, name, ask = u["host"], u["name"], Resources.vm(u["vcpus"], u["mem_mib"])
+        row = None
+        if self._shared:
+            row = secrets.token_hex(8)
+            u = self.store.claim_unanswered(host, name, self._placing_row(row, host, name, ask, "create"))
+            if u is None:
+                return False
+            log.warning("vm %s: the replica that sent its create to host %s stopped holding it before the host "
+                        "answered; this replica asks the host whether it landed", name, host)
+        self._unanswered_create(host, name, ask, since=u["since"], row=row)
+        return True
+
+    async def _adopt_loop(self) -> None:
+        """``adopt_unanswered`` every quarter of PLACING_LEASE_SECS, ADOPT_BATCH a pass (the
+        rest at the next), until the controller stops."""
+        passes = PassLog(log)
+        while True:
+            await asyncio.sleep(PLACING_LEASE_SECS / 4)
+            try:
+                self.adopt_unanswered(ADOPT_BATCH)
+                passes.ok("unanswered creates")
+            except Exception as exc:  # (the next pass tries again)
+                passes.failed("unanswered creates", exc)
 
     def _flying(self, others: list[tuple[str, str, Resources, str]]) -> set[tuple[str, str]]:
         """(host, name) of the creates in flight now, this replica's and the others' (their placing
@@ -742,7 +822,7 @@ class VmService:
                 self.store.drop_unanswered(host, u["name"])
 
     async def close(self) -> None:
-        await cancel_and_wait(list(self._settling) + ([self._renewer] if self._renewer else []))
+        await cancel_and_wait(list(self._settling) + [t for t in (self._renewer, self._adopter) if t])
         if self._rows:  # (what this replica still held: the others need not wait for it to expire)
             self._unhold(*self._rows)
 
@@ -786,10 +866,12 @@ class VmService:
         if not self._shared or conn is None:
             return None
         row = secrets.token_hex(8)
-        self.store.add_placing(conn, {"id": row, "replica": self.replica, "host": host, "name": name, "kind": kind,
-                                      "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
-                                      "expires": time.time() + PLACING_LEASE_SECS})
+        self.store.add_placing(conn, self._placing_row(row, host, name, ask, kind))
         return row
+
+    def _placing_row(self, row: str, host: str, name: str, ask: Resources, kind: str) -> dict:
+        return {"id": row, "replica": self.replica, "host": host, "name": name, "kind": kind,
+                "vcpus": ask.vcpus, "mem_mib": ask.mem_mib, "expires": time.time() + PLACING_LEASE_SECS}
 
     def _held(self, row: str | None, host: str) -> str | None:
         """A committed row of ``_hold``'s, renewed from now on until ``_unhold``."""
@@ -872,8 +954,7 @@ class VmService:
                     placing.append(u["host"])
                     if (u["host"], name) not in mine:  # (its replica may be gone: this one asks too,
                         with contextlib.suppress(RuntimeError):  # or the name stayed held for good)
-                            self._unanswered_create(u["host"], name, Resources.vm(u["vcpus"], u["mem_mib"]),
-                                                    since=u["since"])
+                            self._adopt(u)
         return sorted({h for h in placing if host is None or h == host})
 
     def _taken_on(self, name: str, host: str) -> str | None:

@@ -353,6 +353,22 @@ class Store:
     def has_unanswered(self, host: str, name: str) -> bool:
         return self.get_setting(self._unanswered_key(host, name)) is not None
 
+    def claim_unanswered(self, host: str, name: str, row: dict) -> dict | None:
+        """Take over the record of the create of vm ``name`` sent to ``host`` when no replica
+        holds it: still recorded, and no live ``placing`` row of a create of it (its replica
+        died, its lease ran out). Checked and ``row`` (the claimer's placing row for it) written
+        in one write transaction, the replicas' write lock: of two replicas claiming it at once,
+        the second finds the first's row. The record (None: settled meanwhile, or held)."""
+        with self.tx() as c:
+            rec = self.get_setting(self._unanswered_key(host, name), conn=c)
+            held = c.execute(select(placing.c.id).where(
+                placing.c.host == host, placing.c.name == name, placing.c.kind == "create",
+                placing.c.expires > time.time()).limit(1)).first()
+            if rec is None or held is not None:
+                return None
+            self.add_placing(c, row)
+            return dict(rec)
+
     def drop_unanswered(self, host: str, name: str, conn: Connection | None = None) -> bool:
         """Remove it; whether it was there (one remover wins: it alone reports the VM)."""
         if conn is None:
