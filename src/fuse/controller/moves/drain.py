@@ -250,6 +250,9 @@ class MoveDrains(MoveRecords):
         moved, stuck, finished, standby = part["moved"], part["stuck"], part["finished"], []
         seen: set[str] = set()
         while True:
+            # (read before the list: a move off the host already over then did not take a VM of
+            # the list off it, as it was there after; `_drain_round` counts none of them)
+            over = self._moves_over(host_id)
             left = []
             for vm in self.ctl.vms.list(host_id):
                 if vm["name"] in seen:
@@ -267,7 +270,7 @@ class MoveDrains(MoveRecords):
                 if await self._arrivals(host_id):
                     continue  # something landed, or did not: the next round's list says
                 break
-            if not await self._drain_round(host_id, left, moved, stuck, finished):
+            if not await self._drain_round(host_id, left, moved, stuck, finished, over):
                 break
         stays = await self._standby_left(host_id, standby) if standby else {}
         stuck += [{"vm": name, "code": "standby", "reason": STANDBY_STAYS[why]} for name, why in sorted(stays.items())]
@@ -341,9 +344,13 @@ class MoveDrains(MoveRecords):
             await asyncio.sleep(0.25)
         return waited
 
-    async def _drain_round(self, host_id: str, left: list[dict], moved: list, stuck: list, finished: list) -> bool:
+    async def _drain_round(self, host_id: str, left: list[dict], moved: list, stuck: list, finished: list,
+                           over: set[str]) -> bool:
         """Move each VM of ``left`` off ``host_id`` in turn; False when the drain was
-        stopped (every VM not tried is then reported stuck)."""
+        stopped (every VM not tried is then reported stuck). A VM gone meanwhile was moved
+        only by a move not in ``over`` (those already over when ``left`` was read: review 35,
+        a VM deleted during the drain was reported moved by a move of its name that had
+        ended before the drain, the VM back here since), else it was deleted."""
         booting: dict[str, float] = {}  # VMs found booting: when the drain's wait for each began
         while left:
             vm = left.pop(0)
@@ -359,7 +366,7 @@ class MoveDrains(MoveRecords):
             if not any(r["host"] == host_id for r in self.store.vms_named(vm["name"])):
                 # gone since the list was read: moved by another drain (a replica's) or a move,
                 # or deleted (in ``finished`` as ``deleted``: the report accounts for every VM)
-                if (last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
+                if (last := self._last_move(vm["name"], host_id, over)) is not None and last["state"] == "done":
                     moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
                 else:
                     finished.append({"vm": vm["name"], "state": "deleted"})
@@ -382,7 +389,7 @@ class MoveDrains(MoveRecords):
                 continue
             if err is not None:
                 if getattr(err, "vm_state", None) == "deleted" and (
-                        last := self._last_move(vm["name"], host_id)) is not None and last["state"] == "done":
+                        last := self._last_move(vm["name"], host_id, over)) is not None and last["state"] == "done":
                     # (gone from here by another move that ended since the look above: moved)
                     moved.append({"vm": vm["name"], "move": last["id"], "to": last["target"]})
                 elif getattr(err, "vm_state", None) in FINISHED:  # its run ended since the store last heard
@@ -462,11 +469,19 @@ class MoveDrains(MoveRecords):
             await asyncio.wait_for(self.fleet.refresh(host_id), 10.0)
         return not any(r["host"] == host_id for r in self.store.vms_named(name))
 
-    def _last_move(self, name: str, host_id: str) -> dict | None:
+    def _last_move(self, name: str, host_id: str, over: set[str] = frozenset()) -> dict | None:
+        """The newest move of vm ``name`` off ``host_id``, leaving out those of ``over``."""
         with self.store.read() as c:
-            row = c.execute(select(moves_t).where(moves_t.c.vm == name, moves_t.c.source == host_id)
-                            .order_by(moves_t.c.created_at.desc())).mappings().first()
+            rows = c.execute(select(moves_t).where(moves_t.c.vm == name, moves_t.c.source == host_id)
+                             .order_by(moves_t.c.created_at.desc())).mappings()
+            row = next((r for r in rows if r["id"] not in over), None)
         return dict(row) if row is not None else None
+
+    def _moves_over(self, host_id: str) -> set[str]:
+        """The ids of the moves off ``host_id`` over now (done or failed)."""
+        with self.store.read() as c:
+            return set(c.execute(select(moves_t.c.id).where(moves_t.c.source == host_id,
+                                                            moves_t.c.state.not_in(ACTIVE))).scalars())
 
     async def _await_moves(self, name: str, host_id: str) -> dict | None:
         """Wait (DRAIN_MOVE_WAIT_S at most) until no move of vm ``name`` from ``host_id``

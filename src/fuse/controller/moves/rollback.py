@@ -69,24 +69,28 @@ class MoveRollback(MoveRecords):
                 raise
             # The source answers but cannot wake it: leave it asleep, unmarked,
             # for the operator (nothing else could wake a VM held by a dead move).
+            left = row["record"].get("vm")  # (as the move's sleep left it: its failed wakes change nothing)
             with contextlib.suppress(FuseError):
-                await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
-                                 json={"move_id": move_id, "clear_mark": True}, timeout=30)
+                left = (await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
+                                         json={"move_id": move_id, "clear_mark": True}, timeout=30)).json()
             reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
-            if row["record"].get("was_running", True):
+            if row["record"].get("was_running", True) and left:
                 # it ran before the move: the janitor goes on waking it (a full disk freed, room
                 # back), backing off, until it runs or someone else acted on it (``_retry_wake``)
-                self._set(move_id, source_wake_pending=True, source_wake_next=time.time() + WAKE_RETRY_FIRST_S)
+                self._set(move_id, source_wake_pending=True, source_wake_next=time.time() + WAKE_RETRY_FIRST_S,
+                          left_asleep=_as_left(left))
         self._set(move_id, "failed", reason=reason)
 
     async def _retry_wake(self, row: dict) -> None:
         """Wake, through the controller as a caller would, the VM a failed move left asleep
         at home when its source could not wake it; done when it runs or is no longer that
-        asleep, unmarked VM (woken or deleted by hand, or taken by another move)."""
+        asleep, unmarked VM as the move left it (woken or deleted by hand, or taken by another
+        move; woken and put to sleep again by its owner, or deleted and a new VM of its name
+        made: review 35, the retry woke those, undoing the owner's sleep or waking another VM)."""
         rec, name, src = row["record"], row["vm"], row["source"]
         resp = await self._host(src, "GET", f"/v1/host/vms/{name}", ok=(200, 404), timeout=30)
         vm = resp.json() if resp.status_code == 200 else None
-        if vm is None or vm["state"] != "sleeping" or vm.get("move_id"):
+        if vm is None or vm["state"] != "sleeping" or vm.get("move_id") or _as_left(vm) != rec.get("left_asleep"):
             self._set(row["id"], source_wake_pending=False)
             return
         try:
@@ -148,3 +152,11 @@ class MoveRollback(MoveRecords):
                     return
         finally:
             DRIVING.reset(driving)
+
+
+def _as_left(vm: dict) -> dict:
+    """What tells the VM a failed move left asleep at home from what its host holds under
+    that name later: the VM's ``created_at`` (a new VM of the name has its own) and the last
+    change of state its host recorded, the move's sleep (a wake, a sleep, a move away and
+    back each record another; a wake that failed records none)."""
+    return {"created_at": vm.get("created_at"), "last": (vm.get("history") or [None])[-1]}
