@@ -85,24 +85,30 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        code = _STATUS_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
+        status = exc.status_code
+        code = _STATUS_CODES.get(status, "internal" if status >= 500 else "error")
         detail = str(exc.detail)
         path = request.url.path
-        if exc.status_code == 404 and _empty_id(request):  # an empty id (`/v1/prewarms/` for a prewarm
+        if status == 404 and request.method == "PUT" and _slashed_id(request, request.method):
+            # a PUT names what it creates (`PUT /v1/pool/clouds/a%2Fb`): a name that cannot be is the
+            # request's fault, invalid_argument as any other bad name, not a thing found missing
+            status, code = 400, "invalid_argument"
+            detail = f"{path}: the name it gives holds a '/', which no name here may: give one without it"
+        elif status == 404 and _empty_id(request):  # an empty id (`/v1/prewarms/` for a prewarm
             detail = f"{path}: an empty id names nothing"  # ""): no such resource, not_found
-        elif exc.status_code == 404 and _slashed_id(request):  # `/v1/vms/a%2Fb`: no VM is named so
+        elif status == 404 and _slashed_id(request):  # `/v1/vms/a%2Fb`: no VM is named so
             detail = f"{path}: no such resource (its name holds a '/', which no name here does)"
-        elif exc.status_code == 404:  # the router's: no such route, not a resource missing (a client
+        elif status == 404:  # the router's: no such route, not a resource missing (a client
             # given another server's url, or one with a path prefix, read its hosts and VMs as gone)
             code, detail = NO_ROUTE, (f"no route {request.method} {request.url.path} here: is the url this "
                                       "server's (a controller's, an agent's), with no path of its own?")
-        elif exc.status_code == 400 and detail == "There was an error parsing the body":  # (FastAPI's words)
+        elif status == 400 and detail == "There was an error parsing the body":  # (FastAPI's words)
             detail = ("the request body could not be read as JSON: send UTF-8 JSON with no Content-Encoding, "
                       "nested at most a few hundred levels, its integers at most 4,300 digits long")
         headers = getattr(exc, "headers", None)
-        if exc.status_code == 405:  # Allow: every method the path takes, not the first route's alone
+        if status == 405:  # Allow: every method the path takes, not the first route's alone
             headers = {**(headers or {}), "Allow": ", ".join(_methods(request))}
-        return JSONResponse(error_body(code, detail), status_code=exc.status_code, headers=headers)
+        return JSONResponse(error_body(code, detail), status_code=status, headers=headers)
 
 
 def _empty_id(request: Request) -> bool:
@@ -113,17 +119,19 @@ def _empty_id(request: Request) -> bool:
     return filled != path and _routed(request, filled)
 
 
-def _slashed_id(request: Request) -> bool:
+def _slashed_id(request: Request, method: str = "") -> bool:
     """Whether the path is a route's with an id that holds an encoded '/' (`/v1/vms/a%2Fb`):
-    with each such id made one part, some route takes it."""
+    with each such id made one part, some route takes it (by ``method``, when given)."""
     raw = request.scope.get("raw_path") or b""
-    return b"%2f" in raw.lower() and _routed(request, unquote(re.sub(r"%2[fF]", "x", raw.decode("latin-1"))))
+    return b"%2f" in raw.lower() and _routed(request, unquote(re.sub(r"%2[fF]", "x", raw.decode("latin-1"))),
+                                             method)
 
 
-def _routed(request: Request, path: str) -> bool:
-    """Whether some route of the app takes ``path`` (any method)."""
-    scope = {**request.scope, "path": path}
-    return any(r.matches(scope)[0] != Match.NONE for r in request.app.routes)
+def _routed(request: Request, path: str, method: str = "") -> bool:
+    """Whether some route of the app takes ``path`` (by ``method``, when given; else any)."""
+    scope = {**request.scope, "path": path} | ({"method": method} if method else {})
+    return any(r.matches(scope)[0] == Match.FULL if method else r.matches(scope)[0] != Match.NONE
+               for r in request.app.routes)
 
 
 def _methods(request: Request) -> list[str]:

@@ -44,11 +44,15 @@ def _api_error(err: object) -> ApiError | None:
     (an ApiError re-raised inside a caller's own exception still counts),
     as the published folsom-fuse client does."""
     seen: set[int] = set()
-    while isinstance(err, BaseException) and id(err) not in seen:
+    todo = [err]
+    while todo:  # (both links of each: `raise X from Y` inside an except keeps the ApiError as the context)
+        err = todo.pop()
+        if not isinstance(err, BaseException) or id(err) in seen:
+            continue
         if isinstance(err, ApiError):
             return err
         seen.add(id(err))
-        err = err.__cause__ or err.__context__
+        todo += [err.__context__, err.__cause__]  # (the cause first, then the context)
     return None
 
 
@@ -121,8 +125,8 @@ def check_timeout(timeout: Any) -> Any:
     if isinstance(timeout, tuple):  # (httpx's (connect, read, write, pool) form)
         try:
             timeout = httpx.Timeout(timeout)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"timeout {timeout!r} is no httpx timeout: {exc}") from None
+        except (TypeError, ValueError, IndexError) as exc:  # (IndexError: one shorter than 2, `(5,)`)
+            raise ValueError(f"timeout {timeout!r} is no httpx timeout: {exc or type(exc).__name__}") from None
     if isinstance(timeout, httpx.Timeout):
         for part in (timeout.connect, timeout.read, timeout.write, timeout.pool):
             if part is not None:
@@ -225,13 +229,24 @@ def unsendable(exc: httpx.InvalidURL, call: Call) -> ValueError:
 
 
 def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
-    def parse(r: httpx.Response):
-        data = r.json()
-        if isinstance(data, dict) and data.keys().isdisjoint(cls.model_fields):
-            # (every field has a default on most records: ``{}`` read as an empty host)
-            raise ValueError(f"none of the fields of a {cls.__name__}")
-        return cls.model_validate(data)
-    return parse
+    return lambda r: _model(cls, r.json())
+
+
+def _model(cls: type[BaseModel], data: Any) -> Any:
+    """``data`` read as a ``cls``, once it is one."""
+    if isinstance(data, dict) and data.keys().isdisjoint(cls.model_fields):
+        # (every field has a default on most records: ``{}`` read as an empty host)
+        raise ValueError(f"none of the fields of a {cls.__name__}")
+    return cls.model_validate(data)
+
+
+def _items(data: Any, key: str | None) -> list:
+    """The list under ``key`` of ``data`` (``data`` itself with no key), once it is a list:
+    a catch-all's ``{"vms": {"a": 1}}`` was read as the VM list, a dict."""
+    value = data[key] if key else data
+    if not isinstance(value, list):
+        raise TypeError(f"a JSON {type(value).__name__} where a list{f' of {key}' if key else ''} goes")
+    return value
 
 
 def record(*keys: str, exact: bool = False) -> Callable[[httpx.Response], Any]:
@@ -249,9 +264,20 @@ def record(*keys: str, exact: bool = False) -> Callable[[httpx.Response], Any]:
 
 
 def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.Response], Any]:
+    """The answer's list (under ``key``) of ``cls`` records, each checked as ``model`` does."""
+    return lambda r: [_model(cls, x) for x in _items(r.json(), key)]
+
+
+def record_list(key: str, *keys: str) -> Callable[[httpx.Response], Any]:
+    """The answer's list under ``key`` of JSON objects, each holding ``keys`` as ``record``'s does."""
     def parse(r: httpx.Response):
-        data = r.json()
-        return [cls.model_validate(x) for x in (data[key] if key else data)]
+        items = _items(r.json(), key)
+        for x in items:
+            if not isinstance(x, dict):
+                raise TypeError(f"a JSON {type(x).__name__} in the list of {key}, where an object goes")
+            if missing := [k for k in keys if k not in x]:
+                raise ValueError(f"an item of {key} with no {', '.join(missing)} field")
+        return items
     return parse
 
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..models.hosts import Host, HostCapacity, HostPage, RegisterHostRequest
-from ._core import Call, model, none, path, record
+from ._core import Call, model, model_list, none, path, record
 
-_page = model(HostPage)  # ({} is no page: every field has a default)
+
+def _page(r) -> HostPage:
+    """The answer as a page of hosts, each one a host (``{}`` is no page and no host: every
+    field has a default, and a catch-all's ``{"hosts": [{}]}`` was read as one host with no id)."""
+    page = model(HostPage)(r)
+    model_list(Host, "hosts")(r)
+    return page
+
+
 
 
 class HostsAPI:
@@ -31,11 +39,11 @@ class HostsAPI:
 
     def list(self) -> list[Host]:
         """Every registered host, with declared capacity and live allocations."""
-        return self._send(Call("GET", "/v1/hosts", parse=lambda r: _page(r).hosts))
+        return self._send(Call("GET", "/v1/hosts", parse=model_list(Host, "hosts")))
 
     def list_page(self, *, limit: int = 0, cursor: str = "") -> HostPage:
         params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v}
-        return self._send(Call("GET", "/v1/hosts", params=params, parse=model(HostPage)))
+        return self._send(Call("GET", "/v1/hosts", params=params, parse=_page))
 
     def get(self, host_id: str) -> Host:
         return self._send(Call("GET", path("/v1/hosts", host_id), parse=model(Host)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import Call, path, record
+from ._core import Call, path, record, record_list
 
 MOVE = record("id", "vm", "state")  # (a Move's fields)
 
@@ -22,7 +22,7 @@ class MovesAPI:
         return self._send(Call("POST", "/v1/moves", body=body, timeout=120, parse=MOVE))
 
     def list(self) -> list[dict]:
-        return self._send(Call("GET", "/v1/moves", parse=lambda r: r.json()["moves"]))
+        return self._send(Call("GET", "/v1/moves", parse=record_list("moves", "id", "vm", "state")))
 
     def get(self, move_id: str) -> dict:
         return self._send(Call("GET", path("/v1/moves", move_id), parse=MOVE))

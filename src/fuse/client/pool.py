@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from ..models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticDecision, ElasticHost, ElasticPlan,
                            ElasticPlanRequest, ElasticRemoved, Prewarm, PrewarmOptions)
-from ._core import Call, model, model_list, none, path, record
+from ._core import Call, model, model_list, none, path, record, record_list
 
 # Every pool call waits on the pool (a cloud's API, a plan's solve, a controller busy
 # buying): as long as its work may take, not the client's timeout (README)
@@ -85,7 +85,7 @@ class PoolAPI:
     # ---- linked clouds (not in the seed: how a cloud gets linked is fuse's own) ----
     def clouds(self) -> list[dict]:
         """The linked clouds: name, kind, options (secrets left out) and machine types."""
-        return self._send(Call("GET", "/v1/pool/clouds", parse=lambda r: r.json()["clouds"]))
+        return self._send(Call("GET", "/v1/pool/clouds", parse=record_list("clouds", "name", "kind")))
 
     def link_cloud(self, name: str, kind: str, options: Optional[dict] = None) -> dict:
         """Link (or re-link) cloud ``name`` of ``kind`` (``aws`` or ``local``) with ``options``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..models.base import Record
-from ._core import Call, body_json, none, path, record
+from ._core import Call, body_json, none, path, record, record_list
 
 VM = record("name", "state")  # (a placed VM always has them: PlacedVm)
 
@@ -33,7 +33,7 @@ class VmsAPI:
         return self._send(Call("POST", "/v1/vms", body=body if body is not None else fields, timeout=900, parse=VM))
 
     def list(self, host: str | None = None) -> list[dict]:
-        return self._send(Call("GET", "/v1/vms", params=_q(host), parse=lambda r: r.json()["vms"]))
+        return self._send(Call("GET", "/v1/vms", params=_q(host), parse=record_list("vms", "name", "state")))
 
     def get(self, name: str, host: str | None = None) -> dict:
         return self._send(Call("GET", path("/v1/vms", name), params=_q(host), parse=VM))
