@@ -1,6 +1,8 @@
 """An agent kills as orphans only hypervisor processes of its own VM dirs: a process is the agent's
 when an argument of its command line (or a value in one of QEMU's option strings) names a path in
-one of the agent's VM dirs, and it reads paths in the agent's mount namespace. (Was: any
+one of the agent's VM dirs, and it sees the agent's files at that path (a container's agent, its own
+dir mounted at the same path, does not; an agent in a mount namespace of its own seeing the same
+files, `ip netns exec`, does). (Was: any
 qemu-system/firecracker whose command line contained "<state dir>/vms/" anywhere, so an agent's start
 killed the running VMs of an agent whose state dir's path ends with its own, and of an agent in a
 container using the same path; ``fuse up``'s end-of-run kill and a failed launch's stray kill matched
@@ -125,18 +127,31 @@ def test_a_comma_doubled_in_a_qemu_option_string_is_read_as_qemu_reads_it(tmp_pa
         _stop(p)
 
 
-def test_a_process_in_another_mount_namespace_is_not_ours(tmp_path):
+def test_a_process_in_another_mount_namespace_is_ours_only_when_it_sees_our_files(tmp_path):
     if why := _unshare_works():
         pytest.skip(why)
     path = f"{tmp_path}/vms/foo/qemu.pid"
-    theirs = _as_hypervisor("-pidfile", path, wrap=["unshare", "-m", "--propagation", "private"])
+    (tmp_path / "vms" / "foo").mkdir(parents=True)
+    (elsewhere := tmp_path / "container").mkdir()
+    # a container's: its own namespace, another dir mounted at our path
+    theirs = _as_hypervisor("-pidfile", path, wrap=[
+        "unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"',
+        str(elsewhere), str(tmp_path / "vms")])
+    # one started in a namespace of its own that sees our files (`ip netns exec`, PrivateTmp=): ours
+    # (review 35's diff review: a comparison of namespaces took it for another's, its VM failed, QEMU ran on)
+    same = _as_hypervisor("-pidfile", path, wrap=["unshare", "-m", "--propagation", "private"])
     ours = _as_hypervisor("-pidfile", path)
     try:
         assert process_alive(ours.pid, str(tmp_path / "vms" / "foo"))
+        assert process_alive(same.pid, str(tmp_path / "vms" / "foo"))
         assert not process_alive(theirs.pid, str(tmp_path / "vms" / "foo"))  # (was: alive, ours)
-        assert hypervisors_naming(tmp_path / "vms") == {ours.pid: [path]}
+        assert hypervisors_naming(tmp_path / "vms") == {ours.pid: [path], same.pid: [path]}
+        shutil.rmtree(tmp_path / "vms" / "foo")  # (gone for us: judged by the nearest dir that is there)
+        assert process_alive(ours.pid, str(tmp_path / "vms" / "foo"))
+        assert not process_alive(theirs.pid, str(tmp_path / "vms" / "foo"))
     finally:
         _stop(theirs)
+        _stop(same)
         _stop(ours)
 
 
@@ -196,3 +211,34 @@ def test_an_agent_start_leaves_the_vm_of_an_agent_in_another_mount_namespace_at_
         vm = c.get("/v1/host/vms/bar").json()
         assert (vm["state"], vm["pid"]) == ("running", theirs), vm
         assert c.delete("/v1/host/vms/bar").status_code == 204
+
+
+@pytest.mark.qemu
+def test_an_agent_restarted_in_a_mount_namespace_of_its_own_adopts_its_vms(tmp_path, bundle_dir, procs):
+    # review 35's diff review: run again under `ip netns exec` (or a unit's PrivateTmp=), each start
+    # a new mount namespace seeing the same files, the agent took its running VMs for another's:
+    # `failed`, their QEMU running on untracked, a delete leaving it
+    if why := _unshare_works():
+        pytest.skip(why)
+    install_bundle(bundle_dir, tmp_path / "a")
+    first = start_agent(tmp_path, name="a", port=42605)
+    pid = _running_vm(first, "kept")
+    first.stop()
+    assert _alive(pid)
+    log = tmp_path / "again.log"
+    popen = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "fuse.cli", "host", "serve", "--listen",
+         "127.0.0.1:42605", "--token", "agent-token", "--state-dir", str(tmp_path / "a"), "--socket",
+         str(tmp_path / "again.sock")],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    procs.append(again := Proc(popen, log, url="http://127.0.0.1:42605", token="agent-token",
+                               state_dir=tmp_path / "a"))
+    wait_until(lambda: popen.poll() is None and httpx.get(again.url + "/v1/host", headers={
+        "Authorization": "Bearer agent-token"}, timeout=2).status_code == 200, timeout=60,
+        what=f"the agent in a mount namespace of its own ({again.logs()[-300:]})")
+    time.sleep(2)  # (its watch would have seen the VM as ended)
+    with _client(again) as c:
+        vm = c.get("/v1/host/vms/kept").json()
+        assert (vm["state"], vm["pid"]) == ("running", pid), vm  # (was: failed, QEMU running on)
+        assert c.delete("/v1/host/vms/kept").status_code == 204
+    wait_until(lambda: not _alive(pid), timeout=30, what="the VM's QEMU to end with its delete")

@@ -214,29 +214,35 @@ def _naming(paths: list[str], path: str) -> list[str]:
     return [p for p in paths if p == path or p.startswith(path.rstrip("/") + "/")]
 
 
-def _file_view(pid: int | str) -> tuple[str, int, int]:
-    """The mount namespace and root directory ``pid`` reads paths in (OSError if they cannot be read)."""
-    root = os.stat(f"/proc/{pid}/root")
-    return os.readlink(f"/proc/{pid}/ns/mnt"), root.st_dev, root.st_ino
-
-
-def same_files(pid: int) -> bool:
-    """Whether ``pid`` reads paths as this process does (the same mount namespace and root
-    directory): the paths on its command line are then files of ours. An agent in a container
-    (``unshare -m``, a bind mount at the same path) names its VMs' files by our paths, yet they are
-    not ours. False when that cannot be read (another user's process, or one made non-dumpable,
-    while we are not root): whose files it names cannot be told, and a process killed on a guess
-    may be another agent's running VM, lost; one of ours left running is only an orphan."""
-    try:
-        return _file_view(pid) == _file_view("self")
-    except OSError:
-        return False
+def same_files(pid: int, path: str | Path) -> bool:
+    """Whether ``pid`` sees ``path`` as this process does: the same file (device and inode) at
+    that path through its root (``/proc/PID/root``, which resolves in its mount namespace), or,
+    when ``path`` is gone for us (a VM dir just removed), at its nearest ancestor that is there.
+    The paths on its command line are then files of ours. An agent in a container (``unshare -m``,
+    a bind mount at the same path) names its VMs' files by our paths, yet they are not ours; an
+    agent restarted in a namespace of its own that sees the same files (``ip netns exec``, a
+    unit's ``PrivateTmp=``) still has its VMs, which a comparison of namespaces took for another's
+    and let run untracked. False when that cannot be read (another user's process, or one made
+    non-dumpable, while we are not root): whose files it names cannot be told, and a process killed
+    on a guess may be another agent's running VM, lost; one of ours left running is only an orphan."""
+    here = Path(os.path.abspath(path))
+    for at in (here, *here.parents):
+        try:
+            ours = os.stat(at)
+        except OSError:
+            continue
+        try:
+            theirs = os.stat(f"/proc/{pid}/root{at}")
+        except OSError:
+            return False
+        return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
+    return False
 
 
 def process_alive(pid: int | None, marker: str) -> bool:
     """True when ``pid`` is a live (non-zombie) process of ours for ``marker`` (a VM's directory
-    or API socket): its command line names ``marker`` or a path under it (`argv_paths`) and it reads
-    paths as we do (`same_files`) — so neither a recycled pid nor another agent's process (whose
+    or API socket): its command line names ``marker`` or a path under it (`argv_paths`) and it sees
+    the same file there as we do (`same_files`) — so neither a recycled pid nor another agent's process (whose
     dir's path ends with ours, or a container's at the same path) is mistaken for our VM."""
     if not pid:
         return False
@@ -248,7 +254,7 @@ def process_alive(pid: int | None, marker: str) -> bool:
     # The state letter follows the parenthesised command name.
     if stat[stat.rindex(")") + 2] in "ZX":
         return False
-    return bool(_naming(argv_paths(_argv(cmdline)), str(marker))) and same_files(pid)
+    return bool(_naming(argv_paths(_argv(cmdline)), str(marker))) and same_files(pid, marker)
 
 
 def hypervisors_naming(path: str | Path, programs: tuple[str, ...] = HYPERVISORS) -> dict[int, list[str]]:
@@ -265,7 +271,7 @@ def hypervisors_naming(path: str | Path, programs: tuple[str, ...] = HYPERVISORS
             continue
         if not argv or not os.path.basename(argv[0]).startswith(programs):
             continue  # (a grep or an editor naming a VM's files is no hypervisor)
-        if (named := _naming(argv_paths(argv), str(path))) and same_files(int(proc.name)):
+        if (named := _naming(argv_paths(argv), str(path))) and same_files(int(proc.name), path):
             found[int(proc.name)] = named
     return found
 
