@@ -128,3 +128,28 @@ def test_a_failed_moves_retry_does_not_wake_a_new_vm_of_the_name(fleet):
     assert fleet.client.vms.sleep("z")["state"] == "sleeping"
     assert on_agent(src, "z")["created_at"] != before
     _next_retry_leaves_it(fleet, src, m)
+
+
+@pytest.mark.timeout(300)
+def test_a_retry_an_older_controller_left_pending_still_wakes_the_vm(fleet):
+    # the diff review: a failed move's row an older controller wrote has no `left_asleep`, and
+    # the check that the VM is still the one the move left took that for "someone acted": the
+    # retry was dropped, the VM asleep for good
+    import json
+    import sqlite3
+
+    src, m, restore = _left_asleep(fleet)
+    restore()
+    fleet.ctl.stop()
+    assert on_agent(src, "z")["state"] == "sleeping", "woken before the controller stopped: nothing to show"
+    with sqlite3.connect(fleet.tmp / "controller" / "fuse.db") as c:
+        (rec,) = c.execute("select record from moves where id = ?", (m["id"],)).fetchone()
+        rec = json.loads(rec)
+        assert rec.get("left_asleep") and rec.get("source_wake_pending"), rec
+        del rec["left_asleep"]
+        c.execute("update moves set record = ? where id = ?", (json.dumps(rec), m["id"]))
+    fleet.restart()
+    wait_until(lambda: on_agent(src, "z")["state"] == "running", timeout=90,
+               what="the retry to wake z (was: dropped, z asleep for good)")
+    assert [e["vm"] for e in fleet.client.events.list(0, limit=500)["events"]
+            if e["type"] == "move_source_woken"] == ["z"]

@@ -74,11 +74,12 @@ class MoveRollback(MoveRecords):
                 left = (await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/wake",
                                          json={"move_id": move_id, "clear_mark": True}, timeout=30)).json()
             reason += f"; the vm is asleep on {row['source']}: waking it failed: {exc.message}"
-            if row["record"].get("was_running", True) and left:
+            if row["record"].get("was_running", True):
                 # it ran before the move: the janitor goes on waking it (a full disk freed, room
-                # back), backing off, until it runs or someone else acted on it (``_retry_wake``)
+                # back), backing off, until it runs or someone else acted on it (``_retry_wake``;
+                # with no answer telling what it left, by the move's mark alone, as before)
                 self._set(move_id, source_wake_pending=True, source_wake_next=time.time() + WAKE_RETRY_FIRST_S,
-                          left_asleep=_as_left(left))
+                          left_asleep=_as_left(left) if left else None)
         self._set(move_id, "failed", reason=reason)
 
     async def _retry_wake(self, row: dict) -> None:
@@ -90,7 +91,9 @@ class MoveRollback(MoveRecords):
         rec, name, src = row["record"], row["vm"], row["source"]
         resp = await self._host(src, "GET", f"/v1/host/vms/{name}", ok=(200, 404), timeout=30)
         vm = resp.json() if resp.status_code == 200 else None
-        if vm is None or vm["state"] != "sleeping" or vm.get("move_id") or _as_left(vm) != rec.get("left_asleep"):
+        # (a row an older controller wrote holds no ``left_asleep``: the VM is judged as it judged it)
+        left = rec.get("left_asleep")
+        if vm is None or vm["state"] != "sleeping" or vm.get("move_id") or (left is not None and _as_left(vm) != left):
             self._set(row["id"], source_wake_pending=False)
             return
         try:
