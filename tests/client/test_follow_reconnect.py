@@ -204,7 +204,8 @@ def db_away_then_back(tries: list[float], away: int = 3):
         if len(tries) <= away:
             return httpx.Response(503, json={"error": {"code": "db_unavailable", "message": "the controller cannot "
                                                        "reach its database (OperationalError); try again"}})
-        return httpx.Response(200, json={"events": [{"id": 1, "type": "host_added", "host": "h"}], "next_cursor": 1})
+        return httpx.Response(200, json={"events": [{"id": 1, "time": 1.0, "type": "host_added", "host": "h"}],
+                                         "next_cursor": 1})
     return handle
 
 

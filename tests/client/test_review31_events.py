@@ -14,7 +14,7 @@ import pytest
 
 import fuse
 
-PAGE = {"events": [{"id": 1, "type": "placed"}], "next_cursor": 1, "next": 1}
+PAGE = {"events": [{"id": 1, "time": 1.0, "type": "placed", "host": "h1"}], "next_cursor": 1, "next": 1}
 
 
 @pytest.fixture

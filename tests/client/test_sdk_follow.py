@@ -9,9 +9,15 @@ import pytest
 
 import fuse
 
-PAGES = [{"events": [{"id": 1}], "next_cursor": 1, "next": 1},
+
+def event(i: int) -> dict:
+    """An event as the controller writes it (the SDK takes no other: review 35)."""
+    return {"id": i, "time": 1.0 + i, "type": "placed", "host": "h1"}
+
+
+PAGES = [{"events": [event(1)], "next_cursor": 1, "next": 1},
          {"events": [], "next_cursor": 1, "next": 1},
-         {"events": [{"id": 2}, {"id": 3}], "next_cursor": 3, "next": 3}]
+         {"events": [event(2), event(3)], "next_cursor": 3, "next": 3}]
 
 
 def controller(asked: list[dict]):

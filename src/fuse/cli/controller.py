@@ -242,6 +242,7 @@ def hosts_add(
     storage_gb: int = typer.Option(0, help="0: probe."),
     gpus: int = typer.Option(0, help="0: probe (qemu hosts only)."),
     gpu_kind: str = typer.Option("", help="Empty: probe."),
+    arch: str = typer.Option("", help="The CPU architecture, e.g. arm64 (empty: probe; a probed one wins)."),
     mig_profiles: list[str] = typer.Option([], "--mig-profiles", metavar="PROFILE=COUNT",
                                            help="MIG instances by profile, e.g. 1g.10gb=4 (repeat; qemu only; "
                                                 "none: probe)."),
@@ -256,7 +257,7 @@ def hosts_add(
         req = RegisterHostRequest(id=name, url=addr, token=agent_token, region=region, backend=backend,
                                   labels=_pairs("--labels", labels, json_) or None,
                                   capacity=HostCapacity(vm_count=vm_count, cpus=cpus, ram_mb=ram_mb,
-                                                        storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind,
+                                                        storage_gb=storage_gb, gpus=gpus, gpu_kind=gpu_kind, arch=arch,
                                                         mig_profiles=_mig_counts(mig_profiles, json_)))
     except ValidationError as e:  # (a figure past 2^53, say: one line, not a traceback)
         first = e.errors()[0]

@@ -241,7 +241,7 @@ def _caught_up(c, since: int):
         yield from page["events"]
         if len(page["events"]) < 500:
             return
-        since = page["next_cursor"]
+        since = page.get("next_cursor", page.get("next"))  # (`next` alone from an older controller)
 
 
 def usage(from_: Optional[str] = typer.Option(None, "--from", help="Unix seconds or ISO time."),

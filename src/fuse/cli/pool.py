@@ -116,8 +116,8 @@ def _controller(url: str | None, token: str | None, json_: bool = False, offline
     url, token = url or _group["url"], token or _group["token"]
     try:
         client = Client(url or None, token)
-    except ValueError as e:  # a malformed --url
-        _fail("invalid_argument", f"--url: {e}", json_=json_)
+    except ValueError as e:  # a malformed --url or --token: the SDK's message says which (as `fuse controller`'s)
+        _fail("invalid_argument", str(e), json_=json_)
     try:
         with client:
             yield client

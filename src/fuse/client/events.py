@@ -19,6 +19,11 @@ SERVER_MAX_WAIT_S = 60.0
 # what a follow tries again: no controller answering, or one that cannot reach its database
 # for now (503: it serves again once the database is back)
 RETRIED = (UNREACHABLE, "db_unavailable")
+# A follow polls at most this often while nothing comes: after an empty page it waits out the
+# rest of this since its poll began (none after a long poll, which took its wait_s). With a
+# wait_s of 0 it asked again at once, a tight loop taking a third of a core from the
+# controller for one idle follower (review 35).
+MIN_POLL_S = 1.0
 
 
 def _waited(wait_s: float) -> float:
@@ -27,17 +32,50 @@ def _waited(wait_s: float) -> float:
     return min(max(wait_s, 0), SERVER_MAX_WAIT_S) if math.isfinite(wait_s) else 0
 
 
+def _idle_pause(began: float) -> float:
+    """How long a follow whose poll, begun at ``began``, brought nothing waits before the next."""
+    return max(MIN_POLL_S - (time.monotonic() - began), 0)
+
+
 def _cursor(page: dict, since: int) -> int:
     """The page's cursor: `next_cursor`, or `next` from a controller that
     predates it."""
     return page.get("next_cursor", page.get("next", since))
 
 
+# The fields the controller writes in every event (models.events.Event) and their JSON types: an
+# item without them is no event (a proxy's, or no controller's), which `fuse controller events`
+# met as a KeyError traceback, and printed under --json as if it were one (review 35).
+EVENT_FIELDS = {"id": int, "time": (int, float), "type": str, "host": str}
+MAX_SECONDS = 2.0 ** 53  # an event's time (unix seconds) past this is none a controller wrote
+
+
+def _event_problem(e: Any) -> str | None:
+    """What makes ``e`` no event of the API's, or None."""
+    if not isinstance(e, dict):
+        return f"a JSON {type(e).__name__} in the list of events, where an object goes"
+    bad = [k for k, kind in EVENT_FIELDS.items()
+           if not isinstance(e.get(k), kind) or isinstance(e.get(k), bool)]
+    if not bad and not -MAX_SECONDS <= e["time"] <= MAX_SECONDS:  # (NaN, Infinity, 1e400: no time at all)
+        bad = ["time"]
+    if not bad:
+        return None
+    return f"an event whose {', '.join(bad)} {'field is' if len(bad) == 1 else 'fields are'} missing or no " \
+           "value of the API's"
+
+
 def _page(r) -> dict:
-    """A page of the stream: a dict with its list of events (else the answer is not the API's)."""
+    """A page of the stream: a dict with its list of events, each one (else the answer is not the API's)."""
     page = r.json()
     if not isinstance(page, dict) or not isinstance(page.get("events"), list):
         raise ValueError("no list of events")
+    for e in page["events"]:
+        if why := _event_problem(e):
+            raise ValueError(why)
+    cursor = page.get("next_cursor", page.get("next"))  # (the next poll's since; `next` from an older controller)
+    if not isinstance(cursor, int) or isinstance(cursor, bool):
+        raise ValueError("no next_cursor" if cursor is None
+                         else f"a JSON {type(cursor).__name__} where the next_cursor goes")
     return page
 
 
@@ -102,11 +140,13 @@ class EventsAPI:
         from the last cursor, until it has failed for `reconnect_s` seconds
         in a row, counted from when an answer was due (a long poll's wait_s
         past its start; it is given `GRACE_S` more to answer); then its
-        `ApiError` (code "unreachable") is raised."""
+        `ApiError` (code "unreachable") is raised. While nothing comes it
+        asks at most once every `MIN_POLL_S` (1 s), whatever `wait_s`."""
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             wait, limit = retry.next_try(wait_s)
-            due = time.monotonic() + _waited(wait)
+            began = time.monotonic()
+            due = began + _waited(wait)
             try:
                 page = self.list(since, wait, timeout=limit)
             except ApiError as err:
@@ -115,6 +155,8 @@ class EventsAPI:
                 time.sleep(pause)
                 continue
             retry.answered()
+            if not page["events"]:
+                time.sleep(_idle_pause(began))
             for e in page["events"]:
                 yield e
                 n += 1
@@ -135,7 +177,8 @@ class AsyncEventsAPI(EventsAPI):
         n, retry = 0, _Reconnect(reconnect_s)
         while max_events is None or n < max_events:
             wait, limit = retry.next_try(wait_s)
-            due = time.monotonic() + _waited(wait)
+            began = time.monotonic()
+            due = began + _waited(wait)
             try:
                 page = await self.list(since, wait, timeout=limit)
             except ApiError as err:
@@ -144,6 +187,8 @@ class AsyncEventsAPI(EventsAPI):
                 await asyncio.sleep(pause)
                 continue
             retry.answered()
+            if not page["events"]:
+                await asyncio.sleep(_idle_pause(began))
             for e in page["events"]:
                 yield e
                 n += 1
