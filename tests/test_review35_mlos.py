@@ -9,12 +9,9 @@ VM, a sleeping one its saved state lost with it:
 - F3: a VM on the machine vmHost names, registered under another id, was FAILED on every
   provision when asleep ("same_host") and recreated for nothing when running.
 
-Real controller and agents (fake backend: no guest needs to boot); agents on ports
-42100-42199."""
+Real controller and agents (fake backend: no guest needs to boot)."""
 
 from __future__ import annotations
-
-import socket
 
 import pytest
 
@@ -28,22 +25,10 @@ from support import fake_bundle, reap, start_agent, start_controller, wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
-_TAKEN: set[int] = set()
-
-
 def _port() -> int:
-    """A free loopback port of this file's range (42100-42199)."""
-    for port in range(42100, 42200):
-        if port in _TAKEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _TAKEN.add(port)
-        return port
-    raise RuntimeError("no free port in 42100-42199")
+    """A free loopback port below the ephemeral range (no connection of the test's own takes it)."""
+    from support import free_port
+    return free_port()
 
 
 def fake_agent_on(tmp, name: str, port: int | None = None, **kw):

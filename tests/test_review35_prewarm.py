@@ -18,9 +18,8 @@ import time
 import pytest
 
 import fuse
-from support import start_agent, start_controller, wait_until
+from support import free_port, start_agent, start_controller, wait_until
 
-PORTS = iter(range(42210, 42300))  # (this module's loopback ports)
 # the waits of a refill that found no room on a pinned host (prewarm.py's ROOM_RETRY_FIRST_S,
 # doubling, at most ROOM_RETRY_MAX_S)
 FIRST_WAIT_S, LONGEST_WAIT_S = 2.0, 30.0
@@ -32,7 +31,7 @@ class SlowCreates:
     host's answer, not in the store yet. Everything else passes at once."""
 
     def __init__(self, target: int, delay: float):
-        self.port, self.target, self.delay = next(PORTS), target, delay
+        self.port, self.target, self.delay = free_port(), target, delay
         self.hold, self.seen = threading.Event(), threading.Event()
         self.listener = socket.create_server(("127.0.0.1", self.port))
         self.socks: list[socket.socket] = []
@@ -88,7 +87,7 @@ def prewarm(client, pw_id: str) -> fuse.Prewarm:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("on", ["auto", "host:own"])
 def test_a_prewarm_made_while_anothers_vm_is_being_created_counts_that_room_once(tmp_path, procs, on):
-    procs.append(agent := start_agent(tmp_path, backend="fake", port=next(PORTS)))
+    procs.append(agent := start_agent(tmp_path, backend="fake", port=free_port()))
     proxy = SlowCreates(int(agent.url.rsplit(":", 1)[1]), delay=4)
     procs.append(ctl := start_controller(tmp_path))
     try:
@@ -99,17 +98,17 @@ def test_a_prewarm_made_while_anothers_vm_is_being_created_counts_that_room_once
             opts = fuse.PrewarmOptions(count=4, cpus=1, memory_mb=256, on=on, ttl_secs=600)
             proxy.hold.set()
             a = client.pool.prewarm("linux", opts)
-            assert [(p.host, p.count) for p in a.placements] == [("own", 4)] and a.new_hosts == []
+            assert [(p.host, p.count) for p in a.placements] == [("own", 4)] and a.new_hosts == [], a
             assert proxy.seen.wait(30), "no standby create of A's came"  # (one of A's VMs in flight now)
             b = client.pool.prewarm("linux", opts)  # (was: 409 on host:own, or one VM on a machine bought)
             assert [(p.host, p.count) for p in b.placements] == [("own", 4)], b.placements
-            assert b.new_hosts == [] and client.pool.cloud_hosts() == []
+            assert b.new_hosts == [] and client.pool.cloud_hosts() == [], (b, client.pool.cloud_hosts())
             proxy.hold.clear()
             # the room was there: both fill on the one host
             for pw in (a, b):
                 wait_until(lambda pw=pw: prewarm(client, pw.id).ready == 4, timeout=60, interval=0.3,
                            what=f"{pw.id} ready")
-            assert client.pool.cloud_hosts() == []
+            assert client.pool.cloud_hosts() == [], (client.pool.cloud_hosts(), client.pool.prewarms())
             for pw in client.pool.prewarms():
                 client.pool.remove_prewarm(pw.id)
             if bought := [h.name for h in client.pool.cloud_hosts()]:
@@ -128,7 +127,7 @@ def next_number(ctl, pw_id: str) -> int:
 
 @pytest.mark.timeout(180)
 def test_a_prewarm_pinned_to_a_full_host_waits_for_room_backing_off_and_says_so_once(tmp_path, procs):
-    procs.append(agent := start_agent(tmp_path, backend="fake", port=next(PORTS)))
+    procs.append(agent := start_agent(tmp_path, backend="fake", port=free_port()))
     procs.append(ctl := start_controller(tmp_path))
     with fuse.Client(ctl.url) as client:
         register(client, "own", agent.url, agent.token, mem=1024, slots=4)  # room for 4 of 256 MiB

@@ -25,11 +25,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from support import FUSE, Proc, _spawn, fake_bundle, start_controller
+from support import FUSE, Proc, _spawn, fake_bundle, free_port, start_controller
 
 LONG = "a" * 60 + ".bbbbbbbbbb.example.com"   # 83 characters: a valid DNS name, past the CN's 64
 CLIENT = "c" * 50 + "." + "d" * 20 + ".example"  # 79: the controller's, as long
-PORTS = range(42300, 42400)                    # (this review's range)
 
 
 def fuse_cli(*args) -> tuple[int, str]:
@@ -124,14 +123,7 @@ def test_a_refused_ca_create_leaves_no_stray_key(tmp_path, two_cas):
 # ------------------------------------------------------------------ F4: long names
 
 def _free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 42300-42399")
+    return free_port()
 
 
 def _tls_agent(tmp: Path, cert: Path, key: Path, ca: Path) -> tuple[Proc, int]:

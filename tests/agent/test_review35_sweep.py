@@ -24,7 +24,7 @@ import pytest
 from fuse.agent.backends.base import BootSpec, process_alive
 from fuse.agent.backends.qemu import QemuBackend
 from fuse.agent.bundle import get_bundle
-from support import Proc, install_bundle, start_agent, wait_until
+from support import Proc, free_port, install_bundle, start_agent, wait_until
 
 SHAPE = {"vcpus": 1, "mem_mib": 128}
 SLEEPER = "import time; time.sleep(600)"
@@ -164,12 +164,12 @@ def test_an_agent_start_sweeps_its_own_orphan_and_not_the_vm_of_an_agent_whose_d
     other = Path(f"{tmp_path}/nest{mine}")  # e.g. /mnt/x/srv/fuse next to /srv/fuse
     install_bundle(bundle_dir, mine)
     install_bundle(bundle_dir, other)
-    procs.append(b := start_agent(other.parent, name="a", port=42601, socket_path=tmp_path / "b.sock"))
+    procs.append(b := start_agent(other.parent, name="a", socket_path=tmp_path / "b.sock"))
     theirs = _running_vm(b, "foo")
-    start_agent(tmp_path, name="a", port=42602).stop()  # (an agent's dir: it has its identity)
+    start_agent(tmp_path, name="a").stop()  # (an agent's dir: it has its identity)
     ghost = _ghost(mine, "ghost")
 
-    procs.append(a := start_agent(tmp_path, name="a", port=42602))  # its start sweeps orphans
+    procs.append(a := start_agent(tmp_path, name="a"))  # its start sweeps orphans
     assert _alive(theirs), "the other agent's VM was killed by this agent's start"
     assert _events(a) == [("orphan_killed", "ghost", ghost)]  # (was: also ("orphan_killed", "foo", theirs))
     assert not _alive(ghost)
@@ -190,20 +190,20 @@ def test_an_agent_start_leaves_the_vm_of_an_agent_in_another_mount_namespace_at_
     install_bundle(bundle_dir, path)
     install_bundle(bundle_dir, theirs_dir)
     # As a containerised agent: its own mount namespace, its dir mounted at the path this agent uses.
-    log = tmp_path / "container.log"
+    log, port = tmp_path / "container.log", free_port()
     popen = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$0" "$1" && exec "$2" -m fuse.cli '
-         'host serve --listen 127.0.0.1:42603 --token agent-token --state-dir "$1" --socket "$3"',
-         str(theirs_dir), str(path), sys.executable, str(tmp_path / "c.sock")],
+         'host serve --listen "127.0.0.1:$4" --token agent-token --state-dir "$1" --socket "$3"',
+         str(theirs_dir), str(path), sys.executable, str(tmp_path / "c.sock"), str(port)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    procs.append(b := Proc(popen, log, url="http://127.0.0.1:42603", token="agent-token", state_dir=path))
+    procs.append(b := Proc(popen, log, url=f"http://127.0.0.1:{port}", token="agent-token", state_dir=path))
     wait_until(lambda: popen.poll() is None and httpx.get(b.url + "/v1/host", headers={
         "Authorization": "Bearer agent-token"}, timeout=2).status_code == 200, timeout=60,
         what=f"the agent in its own mount namespace ({b.logs()[-300:]})")
     theirs = _running_vm(b, "bar")
     assert (theirs_dir / "vms" / "bar" / "vm.json").exists()  # (its files are its own, not this agent's)
 
-    procs.append(a := start_agent(tmp_path, name="a", port=42604))  # same path, this mount namespace
+    procs.append(a := start_agent(tmp_path, name="a"))  # same path, this mount namespace
     assert _alive(theirs), "the containerised agent's VM was killed by this agent's start"
     assert _events(a) == []  # (was: [("orphan_killed", "bar", theirs)])
     time.sleep(3)
@@ -221,17 +221,17 @@ def test_an_agent_restarted_in_a_mount_namespace_of_its_own_adopts_its_vms(tmp_p
     if why := _unshare_works():
         pytest.skip(why)
     install_bundle(bundle_dir, tmp_path / "a")
-    first = start_agent(tmp_path, name="a", port=42605)
+    first = start_agent(tmp_path, name="a", port=(port := free_port()))
     pid = _running_vm(first, "kept")
     first.stop()
     assert _alive(pid)
     log = tmp_path / "again.log"
     popen = subprocess.Popen(
         ["unshare", "-m", "--propagation", "private", sys.executable, "-m", "fuse.cli", "host", "serve", "--listen",
-         "127.0.0.1:42605", "--token", "agent-token", "--state-dir", str(tmp_path / "a"), "--socket",
+         f"127.0.0.1:{port}", "--token", "agent-token", "--state-dir", str(tmp_path / "a"), "--socket",
          str(tmp_path / "again.sock")],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    procs.append(again := Proc(popen, log, url="http://127.0.0.1:42605", token="agent-token",
+    procs.append(again := Proc(popen, log, url=f"http://127.0.0.1:{port}", token="agent-token",
                                state_dir=tmp_path / "a"))
     wait_until(lambda: popen.poll() is None and httpx.get(again.url + "/v1/host", headers={
         "Authorization": "Bearer agent-token"}, timeout=2).status_code == 200, timeout=60,

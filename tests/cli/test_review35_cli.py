@@ -16,10 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import fuse
-from support import FUSE
+from support import FUSE, free_port
 
-PORTS = range(42900, 42990)  # this review's range (42990-42999: addresses nothing listens at)
-NOBODY = "http://127.0.0.1:42999"
+NOBODY = f"http://127.0.0.1:{free_port()}"  # (an address nothing listens at)
 
 
 def _run(args: list[str], env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -48,14 +47,7 @@ class Stub:
             def log_message(self, *a):
                 pass
 
-        for port in PORTS:
-            try:
-                self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-                break
-            except OSError:
-                continue
-        else:
-            raise RuntimeError("no free port in this review's range")
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -27,29 +27,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 import fuse
-from support import Postgres, Proxy, api_error, reap, start_agent, start_controller, wait_until
+from support import Postgres, Proxy, api_error, free_port, reap, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
-PORTS = range(42700, 42800)  # (the ports this review's tests were given)
 LEASE_S = 3.0  # FUSE_PLACING_LEASE_S: a dead replica's placing rows lapse this long after its last renewal
 ENV = {"FUSE_PLACING_LEASE_S": str(LEASE_S)}
 
 
 def _port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in _port.given:
-            _port.given.add(port)
-            return port
-    raise RuntimeError("no free port in 42700-42799")
-
-
-_port.given = set()
+    return free_port()  # (below the ephemeral range: no connection of the test's own takes it)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +49,7 @@ def postgres():
 
 
 class Partition(Proxy):
-    """A loopback proxy in front of an agent, on a port of ``PORTS``, that hangs up on the
+    """A loopback proxy in front of an agent, that hangs up on the
     first create of a VM without passing it on, and from then on on every request (the host
     gone while it may have got the create) until ``heal()``: then it passes all on."""
 

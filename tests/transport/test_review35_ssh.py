@@ -32,22 +32,10 @@ from .conftest import FUSE, SSHD, _keygen, spawn, start_agent, start_controller,
 
 TOKEN = "agent-token"
 SHAPE = {"vcpus": 1, "mem_mib": 128}
-_TAKEN: set[int] = set()
-
-
 def _port() -> int:
-    """A free loopback port of this file's range (42400-42499)."""
-    for port in range(42400, 42500):
-        if port in _TAKEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _TAKEN.add(port)
-        return port
-    raise RuntimeError("no free port in 42400-42499")
+    """A free loopback port below the ephemeral range (no connection of the test's own takes it)."""
+    from support import free_port
+    return free_port()
 
 
 class Rig:
