@@ -34,11 +34,14 @@ def standby(agent, pw_id: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_a_fill_lease_holder_that_stalled_past_its_lease_creates_nothing_more(tmp_path, procs, postgres):
-    url = postgres.create_db("fuse_review34_fill_lease")
+@pytest.mark.parametrize("env", [None, {"FUSE_PLACING_LEASE_S": "4"}], ids=["default", "placing-lease-4s"])
+def test_a_fill_lease_holder_that_stalled_past_its_lease_creates_nothing_more(tmp_path, procs, postgres, env):
+    # (with a placing lease of 4 s, b also takes over the stalled a's create under way, as a dead
+    # replica's: a, going on, must neither record that VM over b's later read nor say `placed` twice)
+    url = postgres.create_db("fuse_review34_fill_lease" + ("_4s" if env else ""))
     procs.append(agent := start_agent(tmp_path, backend="fake", name="a1"))
     proxy = Proxy(int(agent.url.rsplit(":", 1)[1]))
-    procs.append(a := start_controller(tmp_path, db=url, name="ctl-a"))
+    procs.append(a := start_controller(tmp_path, db=url, name="ctl-a", env=env))
     try:
         with fuse.Client(a.url, timeout=120) as ca:
             ca.hosts.register(fuse.RegisterHostRequest(id="h1", url=proxy.url, token=agent.token, backend="qemu",
@@ -46,7 +49,7 @@ def test_a_fill_lease_holder_that_stalled_past_its_lease_creates_nothing_more(tm
             wait_until(lambda: ca.hosts.get("h1").connected, timeout=30, what="h1 connected")
             # a alone: its pool pass takes the lease, which it renews each second from then on
             holder = wait_until(lambda: lease(url).get("holder"), timeout=30, what="the fill lease taken")
-            procs.append(b := start_controller(tmp_path, db=url, name="ctl-b"))
+            procs.append(b := start_controller(tmp_path, db=url, name="ctl-b", env=env))
             with fuse.Client(b.url, timeout=120) as cb:
                 wait_until(lambda: cb.hosts.get("h1").connected, timeout=30, what="h1 connected to b")
                 assert lease(url)["holder"] == holder  # (b waits: a holds it)
@@ -74,6 +77,8 @@ def test_a_fill_lease_holder_that_stalled_past_its_lease_creates_nothing_more(tm
                 wait_until(lambda: next(p for p in cb.pool.prewarms() if p.id == pw.id).ready == COUNT, timeout=30,
                            interval=0.5, what=f"b counting {COUNT} ready")
                 assert len(standby(agent, pw.id)) == COUNT
+                placed = [e["vm"] for e in cb.events.list(0, limit=500)["events"] if e["type"] == "placed"]
+                assert sorted(placed) == sorted(set(placed)) and set(got) <= set(placed), placed
                 assert "took over the prewarm fill lease" in a.logs()
                 proxy.hold.clear()
                 ca.pool.remove_prewarm(pw.id)

@@ -368,20 +368,23 @@ class VmService:
                             "create it (the VM list shows it once the host answers), so no other host was tried",
                             details={"host": host, "vm": name}) from None
                     reasons[host] = exc.message  # (never sent: the connection failed)
-                    flying = self._landed(host, name, flying)  # (nothing can land: its record goes)
+                    self._landed(host, name, flying)  # (nothing can land: its record goes)
+                    flying = None
                     continue
-                flying = self._landed(host, name, flying)  # the host answered: no longer in flight
+                taken_over = self._landed(host, name, flying)  # the host answered: no longer in flight
+                flying = None
                 # a 5xx: the boot that failed leaves the host a `failed` record, removed here; one the
                 # host runs all the same (its answer was about something else) is the create's VM there
                 landed = await self._clear_failed(host, name) if resp.status_code >= 500 else None
                 if resp.status_code == 201 or landed is not None:
                     vm = landed or resp.json()
                     try:
-                        self._record(host, vm)
-                        self._take_room(host, vm, read)
-                        self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
-                                                        "mem_mib": ask.mem_mib,
-                                                        "bundle": vm.get("bundle") or req.bundle}, host=host)
+                        if not taken_over:  # (else recorded, and said, by the replica that took it over)
+                            self._record(host, vm)
+                            self._take_room(host, vm, read)
+                            self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus,
+                                                            "mem_mib": ask.mem_mib,
+                                                            "bundle": vm.get("bundle") or req.bundle}, host=host)
                     except DBAPIError as exc:
                         self._unrecorded(exc, host, name, ask)
                     if not req.standby and (pool := getattr(self.ctl, "pool", None)) is not None:
@@ -645,15 +648,19 @@ class VmService:
             return None
         return since
 
-    def _landed(self, host: str, name: str, flying: float | None) -> None:
+    def _landed(self, host: str, name: str, flying: float | None) -> bool:
         """The host answered the create sent at ``flying``: its in-flight record goes (before the
-        VM's own is written: a controller killed in between finds the VM in the host's list)."""
+        VM's own is written: a controller killed in between finds the VM in the host's list).
+        Whether another replica took that record over meanwhile (this one stalled past its placing
+        lease): that one has recorded the VM and said ``placed``, from a later read of the host,
+        which this older answer must not overwrite nor say twice (a standby VM's ``ready``, read
+        by it, was lost so)."""
         if flying is not None:
             try:
-                self.store.drop_unanswered(host, name)
+                return not self.store.drop_unanswered(host, name)
             except Exception as exc:  # (the next start asks the host, which says)
                 log.warning("vm %s: could not remove the in-flight record of its create on %s: %s", name, host, exc)
-        return None
+        return False
 
     def _unanswered_create(self, host: str, name: str, ask: Resources, since: float | None = None,
                            row: str | None = None) -> None:
@@ -670,7 +677,9 @@ class VmService:
                 self.store.add_unanswered(host, name, ask.vcpus, ask.mem_mib, self._unanswered_since[ticket])
             except Exception as exc:  # (held in memory all the same)
                 log.warning("vm %s: could not record its unanswered create on %s: %s", name, host, exc)
-        task = loop.create_task(self._settle_unanswered(ticket))
+        # (read back from the store, by a start or a takeover: it is recorded, whatever the store
+        # says later — the replica that sent it may drop it meanwhile, having said `placed` itself)
+        task = loop.create_task(self._settle_unanswered(ticket, recorded=True if since is not None else None))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
         if row is not None:
@@ -684,7 +693,7 @@ class VmService:
                 log.warning("vm %s: could not record its unanswered create on %s for the other replicas: %s",
                             name, host, exc)
 
-    async def _settle_unanswered(self, ticket: object) -> None:
+    async def _settle_unanswered(self, ticket: object, recorded: bool | None = None) -> None:
         """Ask the host of an unanswered create for the VM until it says: there (it is
         recorded, so the host is held by an assigned VM from then on) or absent twice
         ABSENT_CONFIRM_SECS apart. Then, or after UNANSWERED_SECS without a word, or
@@ -696,7 +705,7 @@ class VmService:
             if self.store.drop_unanswered(host, name) or not recorded:  # (one replica says it)
                 self.store.add_event("placed", {"vm": name, "id": host, "vcpus": ask.vcpus, "mem_mib": ask.mem_mib,
                                                 "bundle": vm.get("bundle") or "linux", "unanswered": True}, host=host)
-        recorded = None  # (whether the store holds it: read once the database answers)
+        # ``recorded``: whether the store holds it (None: read once the database answers)
         try:
             while True:
                 if recorded is None:
