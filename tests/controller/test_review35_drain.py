@@ -151,5 +151,6 @@ def test_a_retry_an_older_controller_left_pending_still_wakes_the_vm(fleet):
     fleet.restart()
     wait_until(lambda: on_agent(src, "z")["state"] == "running", timeout=90,
                what="the retry to wake z (was: dropped, z asleep for good)")
-    assert [e["vm"] for e in fleet.client.events.list(0, limit=500)["events"]
-            if e["type"] == "move_source_woken"] == ["z"]
+    # (said once the wake has answered the janitor: a moment after the agent runs it)
+    wait_until(lambda: [e["vm"] for e in fleet.client.events.list(0, limit=500)["events"]
+                        if e["type"] == "move_source_woken"] == ["z"], timeout=30, what="move_source_woken for z")
