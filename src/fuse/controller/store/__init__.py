@@ -539,6 +539,7 @@ DB_OP_TIMEOUT_S = 4.5  # a statement PostgreSQL has not answered this long: its 
 NOT_ANSWERING = f"the database did not answer within {DB_OP_TIMEOUT_S:g} s (not tried again until it answers)"
 DB_LOCK_TIMEOUT_S = 3.5  # a statement waiting on a lock this long fails (busy), well under DB_OP_TIMEOUT_S
 DB_PROBE_TIMEOUT_S = 3.0  # the watchdog's own question while the database is held out of reach
+STALL_S = 1.0  # the watchdog's looks this far apart: this process did not run meanwhile (its statements' clocks restart)
 
 
 class _Watchdog:
@@ -561,6 +562,7 @@ class _Watchdog:
         self.conns: weakref.WeakSet = weakref.WeakSet()
         self.busy: dict[int, float] = {}  # id(connection) -> when it was first seen busy
         self.began: dict[int, float] = {}  # id(connection) -> when its latest statement was sent
+        self.looked = time.monotonic()  # when ``_look`` last ran
         self.down, self.stop = threading.Event(), threading.Event()
         self.why = NOT_ANSWERING  # what calls fail with while ``down``
         self._lock = threading.Lock()
@@ -608,6 +610,14 @@ class _Watchdog:
         from psycopg import pq
 
         now = time.monotonic()
+        if now - self.looked >= STALL_S:
+            # this process did not run (SIGSTOP, its VM paused, a starved machine): an answer that
+            # came meanwhile sits unread in its socket, so a statement's time is counted again from
+            # now (the CI run of the thirty-fifth session: a replica frozen with a statement out had
+            # its connection cut as it resumed, and its drain's caller got 503 db_unavailable)
+            self.busy.clear()
+            self.began.clear()
+        self.looked = now
         with self._lock:
             conns = list(self.conns)
         seen = set()
