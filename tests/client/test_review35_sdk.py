@@ -167,3 +167,33 @@ def test_lists_of_a_real_controller_still_read(client):
     assert client.pool.cloud_hosts() == [] and client.pool.prewarms() == []
     linked = client.pool.link_cloud("lab", "local")
     assert [c["name"] for c in client.pool.clouds()] == [linked["name"]] == ["lab"]
+
+
+# ---- review 36: the lists inside usage's and a drain's answers ------------------------------
+
+USAGE_OK = {"from": 0, "to": 1, "vms": [{"host": "h", "vm": "v"}], "totals": {}, "hosts": ["h"],
+            "aliases": {}, "unreachable": [], "unreachable_reasons": {}}
+DRAIN_OK = {"host": "h", "moved": [{"vm": "v", "move": "m", "to": "t"}], "stuck": [{"vm": "w", "code": "c", "reason": "r"}],
+            "finished": [{"vm": "x", "state": "exited"}], "prewarmed": ["p"]}
+INNER_BAD = {  # call -> (a good answer, [the answer with one field spoilt])
+    "usage": (lambda c: c.usage(), USAGE_OK, [
+        {"vms": {"a": 1}}, {"vms": [1]}, {"vms": [{}]}, {"vms": [{"host": "h"}]}, {"totals": []},
+        {"hosts": [1]}, {"unreachable": "h"}, {"unreachable": [{"h": 1}]}]),
+    "hosts.drain": (lambda c: c.hosts.drain("h"), DRAIN_OK, [
+        {"moved": {"v": 1}}, {"moved": [{"vm": "v"}]}, {"moved": ["v"]}, {"stuck": [{}]}, {"stuck": "w"},
+        {"finished": [{"vm": "x"}]}, {"finished": [None]}, {"prewarmed": [{"p": 1}]}, {"prewarmed": "p"}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INNER_BAD))
+def test_the_lists_inside_usage_and_drain_answers_are_checked(stand_in, name):
+    call, good, spoilt = INNER_BAD[name]
+    with fuse.Client(stand_in.url) as c:
+        stand_in.body = json.dumps(good).encode()
+        assert call(c) == good
+        for bad in spoilt:
+            stand_in.body = json.dumps({**good, **bad}).encode()
+            with pytest.raises(fuse.ApiError) as info:
+                got = call(c)
+                pytest.fail(f"{name} on {bad!r} returned {got!r}")
+            assert (info.value.status, info.value.code) == (200, "invalid_answer"), info.value

@@ -249,18 +249,40 @@ def _items(data: Any, key: str | None) -> list:
     return value
 
 
-def record(*keys: str, exact: bool = False) -> Callable[[httpx.Response], Any]:
+def record(*keys: str, exact: bool = False,
+           inner: dict[str, type | tuple[str, ...]] | None = None) -> Callable[[httpx.Response], Any]:
     """The answer as the JSON object it is, once it holds ``keys`` (fields the API always
     writes in it): ``{}`` from a proxy's catch-all was a VM created, a drain done, a fleet
-    of no hosts. ``exact``: numbers read as ``Decimal``."""
+    of no hosts. ``exact``: numbers read as ``Decimal``. ``inner``: a field -> what it holds
+    where the answer has it: ``dict`` (an object), ``str`` (a list of strings) or a tuple of
+    names (a list of objects, each holding them): a usage report's rows, a drain's lists."""
     def parse(r: httpx.Response):
         data = json.loads(r.content, parse_float=Decimal) if exact else r.json()
         if not isinstance(data, dict):
             raise TypeError(f"a JSON {type(data).__name__} where an object goes")
         if missing := [k for k in keys if k not in data]:
             raise ValueError(f"no {', '.join(missing)} field")
+        for key, holds in (inner or {}).items():
+            if key in data:
+                _holds(data[key], key, holds)
         return data
     return parse
+
+
+def _holds(value: Any, key: str, holds: type | tuple[str, ...]) -> None:
+    """Raise unless ``value`` (the answer's field ``key``) is what ``record``'s ``inner`` says."""
+    if holds is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"a JSON {type(value).__name__} as {key}, where an object goes")
+        return
+    for x in _items(value, None):
+        if holds is str and not isinstance(x, str):
+            raise TypeError(f"a JSON {type(x).__name__} in the list of {key}, where a string goes")
+        if isinstance(holds, tuple):
+            if not isinstance(x, dict):
+                raise TypeError(f"a JSON {type(x).__name__} in the list of {key}, where an object goes")
+            if missing := [k for k in holds if k not in x]:
+                raise ValueError(f"an item of {key} with no {', '.join(missing)} field")
 
 
 def model_list(cls: type[BaseModel], key: str | None = None) -> Callable[[httpx.Response], Any]:

@@ -18,6 +18,11 @@ def _page(r) -> HostPage:
 
 
 
+# (a drain's answer: what each of its lists holds, checked as the list methods' answers are)
+DRAIN_LISTS = {"moved": ("vm", "move", "to"), "stuck": ("vm", "code", "reason"), "finished": ("vm", "state"),
+               "prewarmed": str}
+
+
 class HostsAPI:
     def __init__(self, send: Callable[[Call], Any]):
         self._send = send
@@ -62,7 +67,7 @@ class HostsAPI:
         "prewarmed": [...]}` (finished: VMs that exited or failed, which need no move and go with the
         host; prewarmed: a prewarm's standby VMs, placed again elsewhere by their prewarm, not moved)."""
         return self._send(Call("POST", path("/v1/hosts", host_id), params={"action": "drain"}, timeout=3600,
-                               parse=record("host", "moved", "stuck")))
+                               parse=record("host", "moved", "stuck", inner=DRAIN_LISTS)))
 
     def deregister(self, host_id: str, force: bool = False) -> None:
         """Remove the host; 409 conflict while a VM that has not finished (creating, running,
