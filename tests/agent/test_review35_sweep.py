@@ -242,3 +242,28 @@ def test_an_agent_restarted_in_a_mount_namespace_of_its_own_adopts_its_vms(tmp_p
         assert (vm["state"], vm["pid"]) == ("running", pid), vm  # (was: failed, QEMU running on)
         assert c.delete("/v1/host/vms/kept").status_code == 204
     wait_until(lambda: not _alive(pid), timeout=30, what="the VM's QEMU to end with its delete")
+
+
+def test_a_process_judged_ours_is_known_by_its_start_time_so_a_reused_pid_is_judged_again(tmp_path, monkeypatch):
+    """(review 36: the monitor's ten looks a second a VM read its command line and stat its path
+    through its root each time, ~50 µs; a pid judged ours is now known by its start time)"""
+    import fuse.agent.backends.base as base
+
+    (tmp_path / "vms" / "foo").mkdir(parents=True)
+    ours = _as_hypervisor("-pidfile", f"{tmp_path}/vms/foo/qemu.pid")
+    theirs = _as_hypervisor("-pidfile", f"{tmp_path}/other/qemu.pid")
+    marker = str(tmp_path / "vms" / "foo")
+    try:
+        assert process_alive(ours.pid, marker)
+        looks = []
+        monkeypatch.setattr(base, "same_files", lambda *a: looks.append(a) or False)
+        assert process_alive(ours.pid, marker) and looks == []  # (known: neither read nor stat again)
+        # a pid of ours whose process is another now (another start time): judged again, not ours
+        base._OURS[(theirs.pid, marker)] = "1"
+        assert not process_alive(theirs.pid, marker)
+        _stop(ours)
+        assert not process_alive(ours.pid, marker)  # (gone: its stat file with it)
+    finally:
+        for p in (ours, theirs):
+            if p.poll() is None:
+                _stop(p)
