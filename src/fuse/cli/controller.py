@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from .. import stalls
 from ..tokens import token_problem
 from .host import STARTUP_FAILURE, listen_address
 from .output import api_errors, emit_json, fail, table
@@ -86,7 +86,7 @@ def serve(
     _sound(ctl.store, db, state_dir)
     banner = f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}"
     try:  # (the banner once it accepts)
-        asyncio.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner.strip()))
+        stalls.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner.strip()))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(sock, "controller")
 

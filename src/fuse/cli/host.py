@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import ssl
@@ -11,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from .. import stalls
 from ..tokens import token_problem
 from .output import emit_json, fail, table
 
@@ -137,7 +137,7 @@ def serve(
                                   reserve_mib=reserve_mib))
     banner = f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}"
     try:  # (the banner once it accepts: its startup settles the accelerator, up to ~10 s)
-        asyncio.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts, banner=banner.strip()))
+        stalls.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts, banner=banner.strip()))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(socket, "host agent")
 

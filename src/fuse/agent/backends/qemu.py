@@ -49,7 +49,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from typing import Any
 from qemu.qmp import QMPClient, QMPError
 
 from ...paths import our_socket, private_dir, private_file, private_opener, private_runtime_dir, runtime_dir
+from ...stalls import ran
 from ..bundle import Bundle
 from .base import (ENTRY_START_MARK, STANDBY_MARK, Backend, BackendError, BootSpec, EntryCutOff, follow_agent_affinity,
                    hypervisors_naming, kill_and_wait, process_alive, read_pidfile, reap_exited_children,
@@ -190,14 +190,14 @@ async def qmp_session(path: Path, timeout: float | None = None, alive: Callable[
     them or its process is gone (a delete's kill hangs the socket up)."""
     timeout = QMP_TIMEOUT if timeout is None else timeout
     client = QMPClient("fuse-agent")
-    deadline = time.monotonic() + timeout
+    deadline = ran() + timeout  # (the loop's clock: time the agent ran, see fuse.stalls)
     while True:
         try:
             # Bounded: a stopped QEMU's socket accepts the connection but never greets.
-            await asyncio.wait_for(client.connect(str(path)), max(0.01, deadline - time.monotonic()))
+            await asyncio.wait_for(client.connect(str(path)), max(0.01, deadline - ran()))
             break
         except Exception as exc:  # ConnectError wraps OSError; both mean "not yet"
-            if time.monotonic() >= deadline or (alive is not None and not alive()):
+            if ran() >= deadline or (alive is not None and not alive()):
                 why = f"no greeting within {timeout:g} s (is its process stopped or hung?)" \
                     if isinstance(exc, TimeoutError) else exc
                 raise BackendError(f"cannot reach QMP at {path}: {why}") from exc
@@ -236,7 +236,7 @@ def _settle_later(client: QMPClient, commands: tuple[str, ...]) -> None:
 async def _await_migration(qmp: Qmp) -> None:
     """Poll a migration to its end: ``BackendError`` when it failed, or wrote
     nothing for ``MIGRATION_STALL_S``."""
-    progress, moved_at = None, time.monotonic()
+    progress, moved_at = None, ran()
     while True:
         info = await qmp.execute("query-migrate")
         status = info.get("status")
@@ -245,8 +245,8 @@ async def _await_migration(qmp: Qmp) -> None:
         if status in ("failed", "cancelled"):
             raise BackendError(f"saving state failed: {info.get('error-desc', status)}")
         if (now := (status, (info.get("ram") or {}).get("transferred"))) != progress:
-            progress, moved_at = now, time.monotonic()
-        elif time.monotonic() - moved_at > MIGRATION_STALL_S:
+            progress, moved_at = now, ran()
+        elif ran() - moved_at > MIGRATION_STALL_S:
             raise BackendError(f"saving state stalled: nothing written for {MIGRATION_STALL_S:g} s ({status})")
         await asyncio.sleep(0.005)
 
@@ -256,10 +256,10 @@ async def _loaded(qmp: Qmp, deadline: float) -> str:
     then. QEMU loads in its main loop, which serves QMP too: it may answer only between
     reads of the state, so each ask gets what is left of ``deadline``."""
     while True:
-        left = max(1.0, deadline - time.monotonic())
+        left = max(1.0, deadline - ran())
         if (status := (await qmp.execute("query-status", timeout=left))["status"]) != "inmigrate":
             return status
-        if time.monotonic() > deadline:
+        if ran() > deadline:
             raise BackendError("loading state timed out")
         await asyncio.sleep(0.005)
 
@@ -516,7 +516,7 @@ class QemuBackend(Backend):
                 await qmp.execute("migrate_cancel")
             status = (await qmp.execute("query-status"))["status"]
             if status == "inmigrate":  # (a wake's QEMU, still loading its state when that agent died)
-                status = await _loaded(qmp, time.monotonic() + LOAD_TIMEOUT)
+                status = await _loaded(qmp, ran() + LOAD_TIMEOUT)
             if status in ("paused", "postmigrate", "finish-migrate"):
                 await qmp.execute("cont")
         (spec.state_dir / (STATE_FILE + ".partial")).unlink(missing_ok=True)
@@ -573,7 +573,7 @@ class QemuBackend(Backend):
         pid = await self._launch(spec, incoming=state)
         # QEMU loads in its main loop, which serves QMP too: it may greet and answer
         # only between reads of the state, so here every step gets the load's deadline.
-        deadline = time.monotonic() + LOAD_TIMEOUT
+        deadline = ran() + LOAD_TIMEOUT
         try:
             async with qmp_session(qmp_path(spec.vm_dir), timeout=LOAD_TIMEOUT,
                                    alive=lambda: self.pid(spec) is not None) as qmp:
