@@ -290,12 +290,16 @@ def parse_listen(listen: str) -> tuple[str, int]:
 async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None = None,
                 ssl_options: dict[str, Any] | None = None, ready: asyncio.Event | None = None,
                 banner: str | None = None) -> None:
-    """Serve until cancelled or signalled. The first server runs the app's
-    lifespan; the second (if any) shares it. ``banner`` is printed once every
-    listener accepts (after the app's startup, which may take seconds: an agent
-    settles its accelerator), so a script that waits for it can connect at once."""
+    """Serve until cancelled or signalled. The app's lifespan runs here, around every
+    listener: its startup before any accepts, its shutdown (a controller closes its store
+    and its clients, an agent its event log) once each has answered its requests in flight
+    (review 36: run by the TCP listener, it closed them under a create still in flight on
+    the socket: the caller got a false 502, the agent's answer was a 500 and the VM's event
+    was lost). ``banner`` is printed once every listener accepts (after the app's startup,
+    which may take seconds: an agent settles its accelerator), so a script that waits for
+    it can connect at once."""
     servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = []
-    lifespan = "on"
+    lifespan = "off"  # (each listener's; the app's own is run below)
     # An app with a bulk server (the agent's) speaks its copy protocol on
     # plain listeners too; mutual-TLS listeners stay HTTP only.
     bulk = getattr(getattr(app, "state", None), "bulk", None)
@@ -309,7 +313,6 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
                              http=http(False, bool(ssl_options)), **(ssl_options or {}))
         servers.append((_Server(cfg), None))
-        lifespan = "off"
     if socket_path:
         sock = owner_only_socket(Path(socket_path))
         cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan, http=http(True))
@@ -331,7 +334,11 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop)
-    tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
+    life_cfg = uvicorn.Config(app, log_level="warning", lifespan="on")
+    life_cfg.load()
+    life = life_cfg.lifespan_class(life_cfg)
+    tasks: list[asyncio.Task] = []
+    done: set[asyncio.Task] = set()
 
     async def _ready():
         while not all(s.started for s, _ in servers):
@@ -341,13 +348,21 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         if ready:
             ready.set()
 
-    asyncio.create_task(_ready())
+    started = False
     try:
+        await life.startup()
+        if life.should_exit:  # (the app's startup failed: uvicorn logged why; nothing is served)
+            return
+        started = True
+        tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
+        asyncio.create_task(_ready())
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for s, _ in servers:
             s.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
+        if started:
+            await life.shutdown()
         if socket_path and Path(socket_path).exists():
             Path(socket_path).unlink()
         if socket_path:
