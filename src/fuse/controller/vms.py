@@ -18,7 +18,7 @@ from ..errors import (AmbiguousVm, Conflict, FleetFull, FuseError, HostFull, Hos
                       NotFound, VmExists)
 from ..models.vm import MAX_ENTRY_BYTES, CreateVmRequest
 from ..tasks import cancel_and_wait
-from .hosts import machine_names
+from .hosts import _said, machine_names
 from .placement import FleetArrays, rank, with_agent_limits
 from .pool.request import history_from_vms
 from .resources import Resources
@@ -72,17 +72,57 @@ AWAY_READ_S = 3.0  # a read of a host its poller holds disconnected (``VmService
 def host_error(resp, host: str) -> FuseError:
     """Re-raise a host's error answer as ours, keeping its code; but the agent refusing
     the controller's token (restarted with another --token) is 502 `unauthorized` naming
-    the host, as at registration: the caller's own credentials were fine."""
+    the host, as at registration: the caller's own credentials were fine. An error answer
+    without the agent's error body is not the agent's: `not_agents`."""
     if resp.status_code == 401:
         return HostUnreachable(f"host {host}: {TOKEN_REJECTED}", code="unauthorized")
-    try:
-        err = resp.json()["error"]
-        code, msg = err.get("code", "internal"), err.get("message", resp.text)
-    except Exception:
-        code, msg = "internal", resp.text[:300]
-    e = FuseError(f"host {host}: {msg}", code=code)
+    if (err := agent_error(resp)) is None:
+        return not_agents(resp, host)
+    msg = err.get("message")
+    e = FuseError(f"host {host}: {msg if isinstance(msg, str) else err['code']}", code=err["code"])
     e.http_status = resp.status_code
     return e
+
+
+def agent_error(resp) -> dict | None:
+    """The host agent's own error in ``resp``: its JSON error body's ``error``, an object
+    with a code. None for any other body (an HTML page, a proxy's own JSON, none at all)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) and isinstance(err.get("code"), str) else None
+
+
+def vm_record(resp, name: str) -> dict | None:
+    """The record of vm ``name`` in ``resp`` as its host agent sends one (a JSON object
+    with that name, a state and a shape of whole vCPUs and MiB), or None."""
+    try:
+        vm = resp.json()
+    except ValueError:
+        return None
+    if not isinstance(vm, dict) or vm.get("name") != name or not isinstance(vm.get("state"), str):
+        return None
+    shape = vm.get("shape")
+    whole = isinstance(shape, dict) and all(type(shape.get(k)) is int for k in ("vcpus", "mem_mib"))
+    return vm if whole else None
+
+
+def not_agents(resp, host: str, expected: int | None = None, body: str = "VM record") -> HostUnreachable:
+    """``host``'s answer ``resp`` that is not its agent's (an error status without the agent's
+    error body, a status the agent does not answer with, ``expected`` without its ``body``):
+    something in the way (a proxy, a gateway, a load balancer) answered in the agent's place,
+    and may have passed the request on first. So it is no answer: 502 host_unreachable that
+    may have been sent (a create tries no other host, a delete, sleep or wake "may still"),
+    quoting the status and a JSON error body's message at most, never the body itself."""
+    status = resp.status_code
+    what = (" with no fuse error body" if status >= 400 else f" with no {body}" if status == expected
+            else f" where its agent answers {expected}" if expected else "")
+    err = HostUnreachable(f"host {host} answered HTTP {status}{_said(resp)}{what}, which is not its agent's "
+                          "answer: a proxy or gateway in the way may have sent it", details={"host": host})
+    err.maybe_sent = True
+    return err
 
 
 def lacks_bundle(resp) -> bool:
@@ -121,11 +161,8 @@ async def _may_still(action: str, name: str, host: str, call):
 def agent_not_found(resp) -> bool:
     """Whether a 404 is the host agent saying it holds no such thing: its JSON error
     body with code ``not_found``, not any 404 something on the way sent."""
-    try:
-        body = resp.json()
-    except ValueError:
-        return False
-    return isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("code") == "not_found"
+    err = agent_error(resp)
+    return err is not None and err["code"] == "not_found"
 
 
 class VmService:
@@ -354,6 +391,7 @@ class VmService:
                 try:
                     read = self._summary(host)  # (the host's figures before it got the create)
                     resp = await self._create_on(host, host_body)
+                    created = await self._created(resp, host, name)  # (an answer not the agent's is none)
                 except HostUnreachable as exc:
                     if getattr(exc, "maybe_sent", True):
                         flying = None  # (its record is the unanswered create's from here)
@@ -375,9 +413,9 @@ class VmService:
                 flying = None
                 # a 5xx: the boot that failed leaves the host a `failed` record, removed here; one the
                 # host runs all the same (its answer was about something else) is the create's VM there
-                landed = await self._clear_failed(host, name) if resp.status_code >= 500 else None
-                if resp.status_code == 201 or landed is not None:
-                    vm = landed or resp.json()
+                landed = await self._clear_failed(host, name) if created is None and resp.status_code >= 500 else None
+                if created is not None or landed is not None:
+                    vm = created or landed
                     try:
                         if not taken_over:  # (else recorded, and said, by the replica that took it over)
                             self._record(host, vm)
@@ -1065,6 +1103,27 @@ class VmService:
                 out.append((r["record"] or {}) | {"name": r["name"], "host": r["host"], "state": r["state"]})
         return out
 
+    async def _created(self, resp, host: str, name: str) -> dict | None:
+        """What ``host`` answered the create of vm ``name``: the VM's record (its 201), or None
+        for its agent's refusal (an error status with the agent's error body, or its 401). Any
+        other answer is not the agent's: something in the way sent it, maybe after passing the
+        create on (review 36: a 200 or 404 page taken for a refusal had the VM made on the next
+        host too; a 201 that is not JSON was a 500 while the VM ran). The host is asked then,
+        as after a 5xx: a VM it is booting or running is the create's; else `not_agents`, a
+        create the host may have got (no other host is tried)."""
+        if resp.status_code == 401 or (resp.status_code >= 400 and agent_error(resp) is not None):
+            return None
+        if resp.status_code == 201 and (vm := vm_record(resp, name)) is not None:
+            return vm
+        try:
+            asked = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
+        except HostUnreachable:
+            asked = None
+        if asked is not None and asked.status_code == 200 and (vm := vm_record(asked, name)) is not None \
+                and vm["state"] in ("creating", "running"):
+            return vm
+        raise not_agents(resp, host, 201)
+
     async def _clear_failed(self, host: str, name: str) -> dict | None:
         """After ``host`` answered a create with a 5xx: remove the record it left there (its
         agent keeps a VM that failed to boot as ``failed``) before the create tries another
@@ -1086,11 +1145,24 @@ class VmService:
             log.warning("host %s: the failed create of vm %s left a record there: %s", host, name, exc)
         return None
 
-    async def _call(self, host: str, method: str, path: str, **kw):
+    async def _call(self, host: str, method: str, path: str, ok: int | None = None, **kw):
+        """``host``'s answer to the call; its error answer raised (`host_error`), and so is
+        a success status other than ``ok`` (when given): not the agent's (`not_agents`)."""
         resp = await self.fleet.conn(host).request(method, path, **kw)
         if resp.status_code >= 400:
             raise host_error(resp, host)
+        if ok is not None and resp.status_code != ok:
+            raise not_agents(resp, host, ok)
         return resp
+
+    async def _vm_call(self, host: str, name: str, method: str, path: str, **kw) -> dict:
+        """The record of vm ``name`` that ``host`` answers the call with (a get, sleep or wake:
+        200); an answer that is not the agent's raises `not_agents` (a page in its place was
+        a 500 JSONDecodeError, though a sleep may have been carried out: review 36)."""
+        resp = await self._call(host, method, path, ok=200, **kw)
+        if (vm := vm_record(resp, name)) is None:
+            raise not_agents(resp, host, 200)
+        return vm
 
     def _read_timeout(self, host: str) -> dict:
         """A read (a VM, its console) of a host its poller holds disconnected waits
@@ -1101,7 +1173,7 @@ class VmService:
 
     async def get(self, name: str, host: str | None = None) -> dict:
         host = self.locate(name, host)
-        vm = (await self._call(host, "GET", f"/v1/host/vms/{name}", **self._read_timeout(host))).json()
+        vm = await self._vm_call(host, name, "GET", f"/v1/host/vms/{name}", **self._read_timeout(host))
         self.fleet.upsert_vms(host, [vm])
         return vm | {"host": host}
 
@@ -1139,7 +1211,7 @@ class VmService:
         with self._act_on(name, host, "delete"):
             try:
                 await _may_still("delete", name, host, self._call(host, "DELETE", f"/v1/host/vms/{name}",
-                                                                  timeout=60))
+                                                                  ok=204, timeout=60))
             except FuseError as exc:
                 if exc.code != "not_found":
                     raise
@@ -1207,8 +1279,8 @@ class VmService:
         with self._act_on(name, host, action):
             ask = await self._wake_room(name, host) if action == "wake" else Resources()
             try:
-                vm = (await _may_still(action, name, host, self._call(
-                    host, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120))).json()
+                vm = await _may_still(action, name, host, self._vm_call(
+                    host, name, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120))
                 try:  # (before the reservation goes: the woken VM's row holds its room)
                     self.fleet.upsert_vms(host, [vm])
                 except DBAPIError as exc:  # (the poller records the VM's state once the database answers)
@@ -1302,8 +1374,15 @@ class VmService:
 
     async def console(self, name: str, offset: int = 0, host: str | None = None) -> dict:
         host = self.locate(name, host)
-        return (await self._call(host, "GET", f"/v1/host/vms/{name}/console", params={"offset": offset},
-                                 **self._read_timeout(host))).json()
+        resp = await self._call(host, "GET", f"/v1/host/vms/{name}/console", ok=200, params={"offset": offset},
+                                **self._read_timeout(host))
+        try:
+            out = resp.json()
+        except ValueError:
+            out = None
+        if not isinstance(out, dict):  # (a page in the agent's place)
+            raise not_agents(resp, host, 200, "console output")
+        return out
 
 
 def _db_why(exc: DBAPIError) -> str:
