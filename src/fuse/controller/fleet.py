@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -49,6 +50,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from ..errors import HostUnreachable, NotFound, NotTrusted
 from ..tasks import cancel_and_wait
 from ..transport import MAX_FACTS_BYTES, BadAddress, HostConnection, transport_kind
+from .hosts import ProbedFacts
 from .store import events as events_t, host_cursors, hosts as hosts_t, vms as vms_t
 from .store.outage import PassLog, db_unreachable
 
@@ -265,10 +267,10 @@ class Fleet:
                 raise HostUnreachable(TOKEN_REJECTED, code="unauthorized")
             if resp.status_code != 200:
                 raise HostUnreachable(f"host answered {resp.status_code}")
-            summary = resp.json()
+            summary = agent_object(resp, SUMMARY)
             if problem := summary_problem(summary):  # (one odd host must not fail every placement:
                 # its figures are read as numbers fleet-wide; it reads as out of reach, with why)
-                raise HostUnreachable(f"the host's summary (GET /v1/host) is not a fuse agent's: {problem}")
+                raise HostUnreachable(f"{SUMMARY} is not a fuse agent's: {problem}")
             ident = summary.get("agent_id", "")
             if (inst := summary.get("instance") or "") != view.instance:  # (an agent restarted, perhaps
                 view.instance, view.log_checked = inst, False  # unseen: its log may be an older copy)
@@ -323,7 +325,7 @@ class Fleet:
         resp = await conn.request("GET", "/v1/host/vms")
         if resp.status_code != 200:
             return
-        records = resp.json().get("vms", [])
+        records = agent_object(resp, "the host's VM list (GET /v1/host/vms)").get("vms", [])
         gone = None
         if not lost:
             listed = {r["name"] for r in records if r.get("state") != "deleted"}
@@ -458,7 +460,7 @@ class Fleet:
         resp = await conn.request("GET", "/v1/host/events", params={"since": cursor, "limit": EVENT_BATCH})
         if resp.status_code != 200:
             return 0
-        page = resp.json()
+        page = agent_object(resp, EVENTS)
         top = page.get("last_id")
         if agent_id and isinstance(top, int) and top < cursor:
             source = self._log_went_back(host_id, agent_id, cursor, top)
@@ -466,8 +468,11 @@ class Fleet:
             resp = await conn.request("GET", "/v1/host/events", params={"since": 0, "limit": EVENT_BATCH})
             if resp.status_code != 200:
                 return 0
-            page = resp.json()
+            page = agent_object(resp, EVENTS)
         batch = page.get("events", [])
+        if not isinstance(batch, list) or not all(isinstance(e, dict) and isinstance(e.get("id"), int)
+                                                  and isinstance(e.get("type"), str) for e in batch):
+            raise HostUnreachable(f"{EVENTS} is not a fuse agent's: its events hold an entry that is not an event")
         # (the backoff for an agent whose summary cannot say whether there is news)
         view.events_wait = 0.0 if batch else min(max(2 * view.events_wait, self.ctl.poll_interval), EVENT_BACKOFF_MAX)
         view.events_at = time.monotonic() + view.events_wait
@@ -487,7 +492,7 @@ class Fleet:
         resp = await conn.request("GET", "/v1/host/events", params={"since": cursor - 1, "limit": 1})
         if resp.status_code != 200:
             return None, None
-        page = resp.json()
+        page = agent_object(resp, EVENTS)
         if isinstance(page.get("last_id"), int) and page["last_id"] < cursor:
             return True, page["last_id"]
         events = page.get("events") or []
@@ -572,13 +577,34 @@ class Fleet:
         return vm_changed
 
 
+# What the poller reads, as its reasons name it
+SUMMARY, EVENTS = "the host's summary (GET /v1/host)", "the host's events (GET /v1/host/events)"
+
+
+def agent_object(resp, what: str) -> dict[str, Any]:
+    """A host's 200 answer to one of the poller's reads (``what``), read as its agent's JSON
+    object; else HostUnreachable saying what it is. A proxy or gateway in the way may answer
+    a page of its own, a 200 at that: that is a failed poll, as no answer is (review 36: a
+    traceback every poll, and the host held connected on the figures it had last)."""
+    try:
+        body = resp.json()
+    except (ValueError, RecursionError):  # (not JSON, not UTF-8, or nested past reading)
+        problem = "it is not JSON"
+    else:
+        if isinstance(body, dict):
+            return body
+        problem = f"a JSON {type(body).__name__}, not an object"
+    raise HostUnreachable(f"{what} is not a fuse agent's: {problem}")
+
+
 SUMMARY_INTS = ("free_vcpus", "free_mem_mib", "vm_count", "last_event_id", "max_vms")
 SUMMARY_OPTIONAL = ("last_event_id", "max_vms")  # (may be null or absent)
 
 
 def summary_problem(summary: Any) -> str | None:
-    """What makes an agent's summary unusable (the figures placement reads as numbers), if
-    anything (review 31: a null or huge figure from one host made every create a 500)."""
+    """What makes an agent's summary unusable (the figures placement reads as numbers, the
+    facts registration requires), if anything (review 31: a null or huge figure from one host
+    made every create a 500)."""
     if not isinstance(summary, dict):
         return f"a JSON {type(summary).__name__}, not an object"
     for key in SUMMARY_INTS:
@@ -592,6 +618,12 @@ def summary_problem(summary: Any) -> str | None:
             return f"{key} is not a {'string' if kind is str else 'list'}"
     if any(not isinstance(b, dict) for b in summary.get("bundles") or []):
         return "bundles holds an entry that is not an object"
+    try:  # the facts registration requires of an agent (a 200 `{}` read as a host with 0 MiB free)
+        ProbedFacts.model_validate(summary)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"it has no valid {where} ({first['msg'][:1].lower() + first['msg'][1:]})"
     return None
 
 

@@ -67,13 +67,16 @@ class UsageService:
                 resp = await self.ctl.fleet.conn(host).request("GET", "/v1/host/usage", params=params, timeout=15)
             except HostUnreachable as exc:
                 return host, None, exc.message
-            if resp.status_code == 400:
-                raise FuseError(resp.json()["error"]["message"], code="invalid_argument").with_status(400)
+            if resp.status_code == 400 and (said := _agent_refusal(resp)) is not None:
+                raise FuseError(said, code="invalid_argument").with_status(400)
             if resp.status_code == 401:
                 return host, None, TOKEN_REJECTED
-            if resp.status_code != 200:
+            if resp.status_code != 200:  # (a 400 too that is not the agent's: a proxy's page)
                 return host, None, f"host answered {resp.status_code}"
-            return host, json.loads(resp.content, parse_float=Decimal), ""
+            data, problem = _report(resp.content)
+            if problem:
+                return host, None, f"the host's usage report (GET /v1/host/usage) is not a fuse agent's: {problem}"
+            return host, data, ""
 
         results = await asyncio.gather(*(one(asked[g[0]]) for g in groups))
         names = {h: g for g in groups for h in g}
@@ -162,6 +165,36 @@ class UsageService:
                 created = record.get("created_at") if isinstance(record, dict) else None
                 out.setdefault((first[host], name), (host, created))
         return out
+
+
+def _agent_refusal(resp) -> str | None:
+    """The message of a host agent's JSON error body (its 400 for a window it refuses), or None
+    for any other body: a proxy's or gateway's page is that host's failure, not the caller's."""
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    msg = err.get("message") if isinstance(err, dict) else None
+    return msg if isinstance(msg, str) and msg else None
+
+
+def _report(content: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A host's usage answer, its numbers read as decimals, or (None, what makes it no fuse
+    agent's report). One host's odd answer (a proxy's 200 page, a JSON list) must not fail
+    the whole fleet's report (it was a 500): that host reads as out of reach, with why."""
+    try:
+        data = json.loads(content, parse_float=Decimal)
+    except (ValueError, RecursionError):  # (not JSON, or not UTF-8, or nested past reading)
+        return None, "it is not JSON"
+    if not isinstance(data, dict):
+        return None, f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("vms"), list):
+        return None, "it has no list of vms"
+    if any(not isinstance(r, dict) or not isinstance(r.get("vm"), str) for r in data["vms"]):
+        return None, "its vms hold an entry that is not a VM's row"
+    if not isinstance(data.get("totals"), dict):
+        return None, "it has no totals object"
+    return data, ""
 
 
 def _is_recorded(recorded: tuple[str, str | None] | None, row: dict[str, Any]) -> bool:

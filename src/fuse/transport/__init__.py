@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
 import functools
 import logging
 import os
@@ -397,11 +398,17 @@ def _words(chain: list[BaseException]) -> str:
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps, outermost first; an exception group's members (anyio's
+    "multiple connection attempts failed", one an address a name resolves to) in their turn."""
     chain: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and len(chain) < 8:
+    todo: list[BaseException] = [exc]
+    while todo and len(chain) < 8:
+        cur = todo.pop(0)
         chain.append(cur)
-        cur = cur.__cause__ or cur.__context__
+        if (under := cur.__cause__ or cur.__context__) is not None:
+            todo.insert(0, under)
+        elif isinstance(cur, BaseExceptionGroup):
+            todo[:0] = cur.exceptions
     return chain
 
 
@@ -539,7 +546,13 @@ _UNSAID = ((httpx.ConnectError, "the connection could not be opened"),
 
 
 def _said(chain: list[BaseException]) -> str:
-    """The first thing the exception chain says; never a bare class name."""
+    """The OS's own words for the error the chain holds (review 36: anyio's "All connection
+    attempts failed" wraps "[Errno 113] Connect call failed", which is "no route to host"),
+    else the first thing it says; never a bare class name."""
+    os_error = next((c for c in chain if isinstance(c, OSError) and not isinstance(c, ssl.SSLError)
+                     and c.errno in errno.errorcode), None)  # (an SSLError's errno is OpenSSL's)
+    if os_error is not None:
+        return os.strerror(os_error.errno).lower()
     said = next((str(c) for c in chain if str(c)), "")
     if said:
         return said
