@@ -584,16 +584,29 @@ class VmService:
             self._name(host, name, +1)  # a claim names the VM as a create's reservation does
             try:
                 await pause_point("claim")
-                resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",
-                                                           json={"name": name, "entry": req.entry}, timeout=90)
-                if resp.status_code != 200:  # another create took it first, or it is gone
+                try:
+                    resp = await self.fleet.conn(host).request("POST", f"/v1/host/vms/{v['name']}/claim",
+                                                               json={"name": name, "entry": req.entry}, timeout=90)
+                    vm = self._claim_answer(resp, host, name)  # (an answer not the agent's is none)
+                except HostUnreachable as exc:
+                    if not getattr(exc, "maybe_sent", True):
+                        continue  # (never sent: the connection failed; the next one may take it)
+                    # the host may have claimed it, and may still (review 36: a claim that landed late
+                    # on one host, and another claim or a create on the next, ran the VM twice). Unless
+                    # the host says it runs the VM under this name, it stays held as an unanswered
+                    # create's (recorded before the name goes below, so a deregister never slips in).
+                    if (vm := await self._claimed_there(host, name)) is None:
+                        self._unanswered_create(host, name, Resources.vm(req.shape.vcpus, req.shape.mem_mib))
+                        raise HostUnreachable(
+                            f"host {host} did not answer the claim of its standby vm {v['name']} for vm {name} "
+                            f"({exc.message}); it may still claim it (the VM list shows vm {name} once the host "
+                            "answers), so no other standby vm or host was tried",
+                            details={"host": host, "vm": name}) from None
+                if vm is None:  # its agent's refusal: another create took it first, or it is gone
                     continue
-                vm = resp.json()
                 with self.store.tx() as c:
                     c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == v["name"]))
                 self.fleet.upsert_vms(host, [vm])  # it holds the room its standby self held
-            except HostUnreachable:
-                continue
             finally:
                 self._name(host, name, -1)  # (claimed: the store has the name from here)
             self.store.add_event("placed", {"vm": name, "id": host, "vcpus": req.shape.vcpus,
@@ -605,6 +618,35 @@ class VmService:
             asyncio.get_running_loop().create_task(prewarm.fill())  # refill it in the background
             return vm | {"host": host}
         return None
+
+    @staticmethod
+    def _claim_answer(resp, host: str, name: str) -> dict | None:
+        """What ``host`` answered the claim of a standby VM as vm ``name``: the VM's record (its
+        200), or None for its agent's refusal (an error status with the agent's error body: the
+        VM gone or claimed by another create; or its 401). Any other answer is not the agent's
+        (review 36: a page taken for a refusal had the next host run the VM too; a 200 page was
+        a 500): `not_agents`, a claim the host may have carried out."""
+        if resp.status_code == 401 or (resp.status_code >= 400 and agent_error(resp) is not None):
+            return None
+        if resp.status_code == 200 and (vm := vm_record(resp, name)) is not None:
+            return vm
+        raise not_agents(resp, host, 200)
+
+    async def _claimed_there(self, host: str, name: str) -> dict | None:
+        """The record of vm ``name`` on ``host`` when the host says it runs it, claimed (no longer
+        standby: a claim renames its VM before the entry goes in, and renames it back if the guest
+        does not take it), else None (it says otherwise, or does not say)."""
+        vm = await self._asked(host, name)
+        return vm if vm is not None and vm["state"] == "running" and not vm.get("standby") else None
+
+    async def _asked(self, host: str, name: str) -> dict | None:
+        """Vm ``name``'s record as ``host``'s agent sends it, or None: the agent says it has no
+        such VM, or the host does not say (no answer, or one that is not its agent's)."""
+        try:
+            asked = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
+        except HostUnreachable:
+            return None
+        return vm_record(asked, name) if asked.status_code == 200 else None
 
     def pending_on(self, host: str) -> Resources:
         """What is being placed on ``host`` right now (reserved, not yet answered)."""
@@ -1115,12 +1157,7 @@ class VmService:
             return None
         if resp.status_code == 201 and (vm := vm_record(resp, name)) is not None:
             return vm
-        try:
-            asked = await self.fleet.conn(host).request("GET", f"/v1/host/vms/{name}", timeout=10)
-        except HostUnreachable:
-            asked = None
-        if asked is not None and asked.status_code == 200 and (vm := vm_record(asked, name)) is not None \
-                and vm["state"] in ("creating", "running"):
+        if (vm := await self._asked(host, name)) is not None and vm["state"] in ("creating", "running"):
             return vm
         raise not_agents(resp, host, 201)
 
