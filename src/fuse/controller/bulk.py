@@ -73,7 +73,17 @@ def _read_line(sock: socket.socket, host: str) -> dict[str, Any]:
         end = peek.find(b"\n")
         if end >= 0:
             line = sock.recv(end + 1, socket.MSG_WAITALL)
-            return json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                # (something other than its agent answered there: a proxy, another service)
+                raise HostUnreachable(f"host {host} answered the copy with a line that is not JSON, not a fuse "
+                                      "agent's reply") from None
+            if not isinstance(reply, dict):
+                kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(reply), "number")
+                raise HostUnreachable(f"host {host} answered the copy with a JSON {kind}, not the object a fuse "
+                                      "agent replies with")
+            return reply
         if len(peek) >= MAX_HEADER:
             raise HostUnreachable(f"host {host} sent a copy reply longer than {MAX_HEADER} bytes")
         # wait for more than what is there: a blocking peek of all of it and one byte more
@@ -81,9 +91,11 @@ def _read_line(sock: socket.socket, host: str) -> dict[str, Any]:
             raise HostUnreachable(f"host {host} closed the copy connection in the middle of its reply")
 
 
-def _open(ep: Endpoint, request: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
+def _open(ep: Endpoint, request: dict[str, Any], timeout: float,
+          opened: Callable[[socket.socket], None] = lambda s: None) -> tuple[socket.socket, dict[str, Any]]:
     sock = ep.connect(timeout)
     try:
+        opened(sock)  # (before its reply is waited for: a copy stopped meanwhile shuts it down at once)
         sock.sendall(MAGIC + json.dumps({**request, "token": ep.token}).encode() + b"\n")
         reply = _read_line(sock, ep.host)
     except BaseException:
@@ -91,9 +103,10 @@ def _open(ep: Endpoint, request: dict[str, Any], timeout: float) -> tuple[socket
         raise
     if not reply.get("ok"):
         sock.close()
-        err = reply.get("error") or {}
-        raise FuseError(f"host {ep.host}: {err.get('message', 'refused the copy')}",
-                        code=err.get("code")).with_status(reply.get("status", 502))
+        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        status = reply.get("status")
+        raise FuseError(f"host {ep.host}: {err.get('message') or 'refused the copy'}", code=err.get("code")
+                        ).with_status(status if isinstance(status, int) and 400 <= status < 600 else 502)
     return sock, reply
 
 
@@ -104,11 +117,9 @@ def copy_file(src: Endpoint, dst: Endpoint, *, vm: str, move: str, file: str, si
     raise to stop); ``corrupt(n)`` says whether to damage that chunk (a test
     hook: the target's verification must catch it). ``opened`` gets each
     socket, so whoever waits can shut them down to stop the copy at once."""
-    s, _ = _open(src, {"op": "read", "vm": vm, "file": file, "offset": 0, "length": size}, timeout)
-    opened(s)
+    s, _ = _open(src, {"op": "read", "vm": vm, "file": file, "offset": 0, "length": size}, timeout, opened)
     try:
-        d, _ = _open(dst, {"op": "write", "move": move, "file": file, "offset": 0, "length": size}, timeout)
-        opened(d)
+        d, _ = _open(dst, {"op": "write", "move": move, "file": file, "offset": 0, "length": size}, timeout, opened)
     except BaseException:
         s.close()
         raise

@@ -40,8 +40,9 @@ class MoveCopy(MoveRecords):
         source's."""
         row = await self._begin(row)
         rec = row["record"]
-        src, dst = self._bulk_endpoint(row["source"]), self._bulk_endpoint(row["target"])
-        self._set(row["id"], copy_path="bulk" if src and dst else "http")
+        src, dst = await self._outlast(f"move {row['id']}", lambda: (self._bulk_endpoint(row["source"]),
+                                                                     self._bulk_endpoint(row["target"])))
+        await self._write(row["id"], copy_path="bulk" if src and dst else "http")
         t0 = time.monotonic()
         if src and dst:
             await self._copy_bulk(row, src, dst)
@@ -52,8 +53,12 @@ class MoveCopy(MoveRecords):
         # for each VERIFY_RATE of it (a fixed 120 s kept a guest paused that long behind a
         # target that stopped once the last chunk was in)
         total = sum(f["size"] for f in rec["files"])
-        got = (await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/verify",
-                                timeout=IO_TIMEOUT + total / VERIFY_RATE)).json()
+        what = f"the check of move {row['id']}'s files (verify)"
+        got = self._answer(await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/verify",
+                                            timeout=IO_TIMEOUT + total / VERIFY_RATE), row["target"], what)
+        if not isinstance(got.get("files"), list) or not all(isinstance(f, dict) and "name" in f for f in got["files"]):
+            raise HostUnreachable(f"host {row['target']} answered {what} without the list of files a fuse agent "
+                                  "answers with")
         theirs = {f["name"]: f for f in got["files"]}
         for f in rec["files"]:
             have = theirs.get(f["name"], {})
@@ -61,7 +66,7 @@ class MoveCopy(MoveRecords):
                 raise FuseError(f"file {f['name']} does not match on {row['target']}: {have.get('size')} bytes "
                                 f"sha256 {str(have.get('sha256'))[:12]}, the source's {f['size']} bytes "
                                 f"sha256 {f['sha256'][:12]}")
-        self._set(row["id"], copy_secs=round(t1 - t0, 4), verify_secs=round(time.monotonic() - t1, 4))
+        await self._write(row["id"], copy_secs=round(t1 - t0, 4), verify_secs=round(time.monotonic() - t1, 4))
 
     def _bulk_endpoint(self, host: str):
         """Operators behind something that passes only HTTP can set
@@ -102,32 +107,40 @@ class MoveCopy(MoveRecords):
                 self._set(row["id"], copied_bytes=count["bytes"])
             hooks.crash_point(f"chunk:{count['chunks']}")
             if delay:
-                time.sleep(delay)
+                stop.wait(delay)  # (a stop, waited for, ends the test's pause at once)
 
         def run() -> None:
             for f in row["record"]["files"]:
+                if stop.is_set():
+                    raise FuseError("the copy was stopped")
                 copy_file(src, dst, vm=row["vm"], move=row["id"], file=f["name"], size=f["size"],
                           timeout=IO_TIMEOUT, on_chunk=on_chunk, opened=opened,
                           corrupt=lambda n: count["chunks"] + 1 == corrupt_at)
 
         job = asyncio.ensure_future(asyncio.to_thread(run))
+        job.add_done_callback(lambda f: f.cancelled() or f.exception())  # (read below, or this stop's)
         try:
             while True:
                 done, _ = await asyncio.wait({job}, timeout=0.25)
-                self._set(row["id"], copied_bytes=count["bytes"])
+                self._progress(row["id"], count["bytes"])
                 if done:
                     try:
                         return job.result()
                     except OSError as exc:  # (one while a copy connection opens comes unwrapped)
                         raise HostUnreachable(f"copying from {row['source']} to {row['target']} failed: "
                                               f"{exc}") from exc
-        except asyncio.CancelledError:
-            stop.set()
-            job.add_done_callback(lambda f: f.cancelled() or f.exception())  # (its error is this stop's)
-            for sock in sockets:  # the copying thread's splice fails at once, so shutdown does not wait on it
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            raise
+        finally:
+            if not job.done():
+                # Whatever ends the wait first (a cancel, the move taken over by another replica,
+                # a write that failed) stops the copying thread and waits for it: it read on from
+                # the source after a take-over, and its error was logged as a task's never read
+                # (review 36). Its sockets shut down, its splice or read fails at once; a connect
+                # still under way ends within the IO timeout, and `opened` closes its socket.
+                stop.set()
+                for sock in sockets:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                await asyncio.wait({job})
 
     async def _copy_http(self, row: dict) -> None:
         rec = row["record"]
@@ -156,7 +169,7 @@ class MoveCopy(MoveRecords):
                                  params={"offset": offset}, content=data, timeout=IO_TIMEOUT)
                 copied += length
                 if time.monotonic() - saved_at > 0.25 or i + 1 == len(plan) or os.environ.get("FUSE_TEST_CRASH_AT"):
-                    self._set(row["id"], copied_bytes=copied)
+                    self._progress(row["id"], copied)
                     saved_at = time.monotonic()
                 hooks.crash_point(f"chunk:{i + 1}")
                 if delay:

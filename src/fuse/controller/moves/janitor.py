@@ -29,6 +29,9 @@ passes = PassLog(log)  # (the database out of reach: a line, not a traceback a s
 # abort did not get through) before it starts; it waits this long for the host,
 # holding up other moves' starts meanwhile.
 LEFTOVER_TIMEOUT = 10.0
+# A janitor pass this long after the last one that read the store means this replica could not
+# look meanwhile (the database out of reach, or this process stalled)
+BLIND_S = 3.0
 
 
 class MoveJanitor(MoveRecords):
@@ -51,7 +54,7 @@ class MoveJanitor(MoveRecords):
             c.execute(update(moves_t).where(moves_t.c.id == move_id).values(record=rec))
             return dict(row, record=rec)
 
-    def _renew_and_recover(self) -> None:
+    def _renew_and_recover(self, claim: bool = True) -> None:
         with self.store.read() as c:
             rows = [dict(r) for r in c.execute(select(moves_t).where(moves_t.c.state.in_(ACTIVE))).mappings()]
         now = time.time()
@@ -66,7 +69,7 @@ class MoveJanitor(MoveRecords):
                     if now_row is not None and (now_row["record"] or {}).get("owner") == self.ctl.instance:
                         rec = dict(now_row["record"], lease_until=now + LEASE_S)
                         c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
-            elif not running and (claimed := self._claim(row["id"])) is not None:
+            elif not running and (claim or mine) and (claimed := self._claim(row["id"])) is not None:
                 log.warning("move %s: taking over from %s", row["id"], (row["record"] or {}).get("owner"))
                 self._tasks[row["id"]] = asyncio.create_task(self._recover(claimed))
 
@@ -74,9 +77,18 @@ class MoveJanitor(MoveRecords):
         """Renew leases, recover orphaned moves, and retry what a failed or
         finished move could not tidy at once."""
         tick = 0
+        looked = trust_at = None  # (monotonic) the last pass that read the store; when claims may resume
         while True:
+            now = time.monotonic()
+            if looked is not None and now - looked > BLIND_S:
+                # A lease that ran out while this replica could not look either is no sign its driver
+                # died: a database outage kept it from renewing as it kept this one from seeing (review
+                # 36: an 8 s stall of PostgreSQL, and a live replica's move was taken over and failed).
+                # Its driver gets a lease's time to renew once the store answers again.
+                trust_at = now + LEASE_S
             try:
-                self._renew_and_recover()
+                self._renew_and_recover(claim=trust_at is None or now >= trust_at)
+                looked = now
                 self.renew_drains()
                 self.resume_drains(takeover=True)  # (a replica that died mid-drain)
                 passes.ok("move leases")

@@ -15,22 +15,28 @@ out of time with the host and its limit (for the move's reason) and reads a 404 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
 
 import httpx
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 
 from ...envsettings import seconds
 from ...errors import HostUnreachable, NotFound
 from ..store import ACTIVE_MOVES, moves as moves_t
+from ..store.outage import PassLog, db_unreachable
 from ..vms import agent_not_found
 
 # (one logger for the whole service, under the name it has always had)
 log = logging.getLogger("fuse.controller.moves")
+# A move's driver waiting for a database out of reach says so in a line, not a traceback
+waits = PassLog(log)
+T = TypeVar("T")
 
 # every state but done and failed ("pending": an earlier version's "starting")
 ACTIVE = ACTIVE_MOVES
@@ -95,6 +101,12 @@ def timed_out(exc: BaseException) -> bool:
             return True
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (for a reason: "a JSON list")."""
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(value), "object")
 
 
 class MoveRecords:
@@ -175,6 +187,61 @@ class MoveRecords:
             self.fleet.changed.set()
         return self._row(move_id)
 
+    async def _write(self, move_id: str, state: str | None = None, **rec: Any) -> dict:
+        """`_set` as a move's driver (or its settling) writes: while the database is out of
+        reach (an outage, its server stalled) it waits for it and writes again, rather than
+        end the driver's task on the error (review 36: an 8 s stall of PostgreSQL mid-copy
+        killed it with a traceback; its own janitor then took the move over from itself and
+        failed it as a dead controller's). The writes are idempotent: a state already reached
+        is not a transition, and the fields are the same again."""
+        return await self._outlast(f"move {move_id}", lambda: self._set(move_id, state, **rec))
+
+    async def _read(self, move_id: str) -> dict:
+        """`_row`, waiting for a database out of reach as `_write` does."""
+        return await self._outlast(f"move {move_id}", lambda: self._row(move_id))
+
+    async def _outlast(self, kind: str, call: Callable[[], T]) -> T:
+        """``call()``, called again each second while the database is out of reach; ``kind``
+        names the waiter in the log's line."""
+        while True:
+            try:
+                got = call()
+            except DBAPIError as exc:
+                if not db_unreachable(exc):
+                    raise
+                waits.failed(kind, exc)  # (a line when it starts, once a minute, one when it is back)
+                await asyncio.sleep(1)
+                continue
+            waits.ok(kind)
+            return got
+
+    def _progress(self, move_id: str, copied: int) -> None:
+        """Record how far a copy got. With the database out of reach the copy goes on, and
+        the next write says it (a TakenOver still stops the copy)."""
+        try:
+            self._set(move_id, copied_bytes=copied)
+        except DBAPIError as exc:
+            if not db_unreachable(exc):
+                raise
+            waits.failed(f"move {move_id}", exc)
+
+    @staticmethod
+    def _answer(resp: httpx.Response, host: str, what: str) -> dict:
+        """The JSON object a host's answer carries; HostUnreachable naming the host and what
+        was wrong when it is not one (a proxy's or gateway's page in the agent's place, a body
+        cut short): the agent's own answer never came back (review 36: the move's reason was a
+        bare "JSONDecodeError: Expecting value" or "KeyError: 'files'")."""
+        try:
+            got = resp.json()
+        except ValueError:
+            kind = resp.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+            raise HostUnreachable(f"host {host} answered {what} with a {resp.status_code} whose body is not "
+                                  f"JSON ({kind}), not a fuse agent's answer") from None
+        if not isinstance(got, dict):
+            raise HostUnreachable(f"host {host} answered {what} with a JSON {json_kind(got)}, not the "
+                                  "object a fuse agent answers")
+        return got
+
     async def _host(self, host: str, method: str, path: str, ok=(200, 201, 204), **kw):
         if host in self._gone:  # removed with force, its agent gone for good: it holds nothing
             resp = httpx.Response(404, json={"error": {"code": "not_found", "message": (
@@ -183,8 +250,13 @@ class MoveRecords:
                 return resp
             from ..vms import host_error
             raise host_error(resp, host)
+        # (the host's address is read from the store: a move's driver waits out a database out of
+        # reach here too, rather than end on it (review 36); a request's caller gets its 503)
+        driving = DRIVING.get()
+        conn = await self._outlast(f"move {driving}", lambda: self.fleet.conn(host)) if driving \
+            else self.fleet.conn(host)
         try:
-            resp = await self.fleet.conn(host).request(method, path, **kw)
+            resp = await conn.request(method, path, **kw)
         except HostUnreachable as exc:
             if timed_out(exc) and kw.get("timeout"):
                 exc.hung = (host, kw["timeout"])  # (for the move's reason: `_failure`)

@@ -15,8 +15,11 @@ import asyncio
 import contextlib
 import time
 
+from sqlalchemy.exc import DBAPIError
+
 from ...errors import FuseError, HostUnreachable, NotFound
-from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log
+from ..store.outage import db_unreachable
+from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, waits
 
 
 WAKE_RETRY_FIRST_S, WAKE_RETRY_MAX_S = 2.0, 60.0  # a failed move's source wake, tried again (backing off)
@@ -119,7 +122,7 @@ class MoveRollback(MoveRecords):
         resp = await self._host(row["target"], "GET", f"/v1/host/vms/{row['vm']}", ok=(200, 404), timeout=30)
         if resp.status_code == 404:
             return None
-        vm = resp.json()
+        vm = self._answer(resp, row["target"], f"the look at vm {row['vm']}")
         return vm if vm.get("move_id") != row["id"] else None
 
     async def _wake_source(self, row: dict) -> None:
@@ -132,7 +135,7 @@ class MoveRollback(MoveRecords):
                                 json={"move_id": row["id"], "clear_mark": clear, "if_marked": True})
         if resp.status_code == 404:
             raise NotFound(f"vm {row['vm']} not found on {src}")
-        self.fleet.upsert_vms(src, [resp.json()])
+        self.fleet.upsert_vms(src, [self._answer(resp, src, f"the wake of vm {row['vm']}")])
 
     async def _recover(self, row: dict) -> None:
         """Settle a move, retrying while a host it needs does not answer
@@ -149,8 +152,12 @@ class MoveRollback(MoveRecords):
                     return
                 except FuseError as exc:
                     log.warning("move %s: settling waits for a host: %s", move_id, exc.message)
+                except DBAPIError as exc:  # (each step is taken again once it answers)
+                    if not db_unreachable(exc):
+                        raise
+                    waits.failed(f"move {move_id}", exc)
                 await asyncio.sleep(1)
-                row = self._row(move_id)
+                row = await self._read(move_id)
                 if row["state"] not in ACTIVE:
                     return
         finally:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from sqlalchemy.exc import DBAPIError
+
 from ...errors import FuseError, HostUnreachable
 from ..store import vms as vms_t
+from ..store.outage import db_unreachable
 from . import hooks
 from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
 
@@ -28,28 +31,32 @@ class MoveSteps(MoveRecords):
             await self._drive(move_id)
         except TakenOver as exc:
             log.warning("%s", exc)
+        except Exception:  # (a fault of the controller's own: said here, not as a task's unread error;
+            # the janitor settles the move, whose driver has ended, as a dead one's)
+            log.exception("move %s: its driver ended on an unexpected error; the move is settled as a dead "
+                          "driver's", move_id)
 
     async def _drive(self, move_id: str) -> None:
-        row = self._row(move_id)
+        row = await self._read(move_id)
         if row["state"] not in ("starting", "pending"):
             return
         step = "sleeping"
         woken = False  # whether the target has been asked to wake the VM
         try:
             await hooks.pause_point("starting")
-            row = self._set(move_id, "sleeping")
+            row = await self._write(move_id, "sleeping")
             hooks.crash_point("sleeping")
             await self._sleep(row)
             hooks.crash_point("slept")
             await hooks.pause_point("slept")
             step = "copying"
-            row = self._set(move_id, "copying")
+            row = await self._write(move_id, "copying")
             await self._copy(row)
             hooks.crash_point("copied")
             await hooks.pause_point("copied")
             hooks.fail_point("copied")
             step = "waking"
-            row = self._set(move_id, "waking")
+            row = await self._write(move_id, "waking")
             await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
             hooks.crash_point("installed")
             hooks.fail_point("installed")
@@ -66,26 +73,36 @@ class MoveSteps(MoveRecords):
             # this controller stops (close): the move is settled now, as the next run would
             # settle it, rather than left with its VM asleep until some controller starts
             asyncio.current_task().uncancel()
-            row = self._row(move_id)
-            if row["state"] in ACTIVE and not woken:
-                self._set(move_id, reason=f"the controller stopped during {row['state']}")
+            try:
+                row = self._row(move_id)
+                if row["state"] in ACTIVE and not woken:
+                    self._set(move_id, reason=f"the controller stopped during {row['state']}")
+            except DBAPIError as exc:
+                if not db_unreachable(exc):
+                    raise
+                # (nothing can be settled without it: the next controller to reach it settles the move)
+                log.warning("move %s: the controller stops with its database out of reach; the next controller "
+                            "settles the move", move_id)
+                return
             log.warning("move %s: the controller stops during %s; settling it", move_id, row["state"])
             await self._recover(self._row(move_id))
             return
+        except TakenOver:
+            raise  # (the replica that took it over settles it: nothing more is written here)
         except Exception as exc:
-            reason, target_hung = await self._failure(self._row(move_id), step, exc)
+            reason, target_hung = await self._failure(await self._read(move_id), step, exc)
             log.warning("move %s failed: %s", move_id, reason)
             # (a target that hung before it was asked to wake holds no copy that could run:
             # the VM goes home without waiting on it again, and the janitor aborts its side)
-            self._set(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
+            await self._write(move_id, reason=reason, **({"target_hung": True} if target_hung else {}))
             if step == "waking" and not woken:
                 # the install failed (or its answer was lost) and the target was never asked to
                 # wake: whatever it took in cannot run (only this move's wake runs it), so the
                 # VM goes home now, as after a failed copy, instead of asleep on its source
                 # until that target answers again (maybe never); its side is aborted, now or by
                 # the janitor once it answers
-                self._set(move_id, "rolling_back")
-        await self._recover(self._row(move_id))
+                await self._write(move_id, "rolling_back")
+        await self._recover(await self._read(move_id))
 
     async def _failure(self, row: dict, step: str, exc: Exception) -> tuple[str, bool]:
         """The reason a move failed at ``step``, and whether it was the target that
@@ -93,8 +110,12 @@ class MoveSteps(MoveRecords):
         time is named with its role and the limit it had ("target host h2 did not
         answer within 30 s during copying"), not with the OS error that ended the
         wait: an operator reads which host to look at."""
-        if not isinstance(exc, FuseError):
-            return f"{type(exc).__name__}: {exc}", False
+        if isinstance(exc, DBAPIError) and db_unreachable(exc):  # (a store call no step waits out)
+            return f"the controller lost its database during {step}: {' '.join(str(exc.orig or exc).split())}", False
+        if not isinstance(exc, FuseError):  # a fault of the controller's own: its traceback is logged
+            log.error("move %s: an unexpected error during %s", row["id"], step, exc_info=exc)
+            return (f"the controller failed during {step} on an unexpected error ({type(exc).__name__}: {exc}); "
+                    "its log has the details"), False
         hung = getattr(exc, "hung", None)
         if hung is None and step == "copying" and timed_out(exc):
             # The bulk copy's sockets ran out of time, which does not say which end stopped: a host
@@ -104,8 +125,11 @@ class MoveSteps(MoveRecords):
             if len(quiet) != 1:
                 quiet = await self._not_answering(ends)
             if not quiet:
-                return (f"the copy from {row['source']} to {row['target']} stalled: nothing moved for "
-                        f"{IO_TIMEOUT:g} s, though both hosts answer", False)
+                # (bytes may have moved all along, on a slow link: what is known is that one chunk
+                # took longer than its limit, not that nothing moved; review 36)
+                return (f"the copy from {row['source']} to {row['target']} was too slow: a 4 MiB chunk did not "
+                        f"get through within {IO_TIMEOUT:g} s (FUSE_MOVE_IO_TIMEOUT), though both hosts answer",
+                        False)
             hung = (quiet[0], IO_TIMEOUT)
         if hung is None:
             host = getattr(exc, "host", None)
@@ -123,7 +147,7 @@ class MoveSteps(MoveRecords):
         (asked side by side, so this costs ``timeout`` at most)."""
         async def answers(h: str) -> bool:
             try:
-                return (await self.fleet.conn(h).request("GET", "/v1/host", timeout=timeout)).status_code == 200
+                return (await self._host(h, "GET", "/v1/host", ok=(200,), timeout=timeout)).status_code == 200
             except FuseError:
                 return False
         ok = await asyncio.gather(*(answers(h) for h in hosts))
@@ -132,7 +156,7 @@ class MoveSteps(MoveRecords):
     async def _sleep(self, row: dict) -> None:
         vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
                               timeout=120)
-        rec = vm.json()
+        rec = self._answer(vm, row["source"], f"the sleep of vm {row['vm']}")
         files = rec.get("files", [])
         if not files:
             raise FuseError(f"vm {row['vm']} slept without state files")
@@ -141,8 +165,8 @@ class MoveSteps(MoveRecords):
         # sent in between was answered, and stands. The source keeps room for the VM it put to
         # sleep for this move (``return_room``); a VM it found asleep, it only marked.
         was_running = bool(rec.get("return_room", row["record"].get("was_running", True)))
-        self._set(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=rec,
-                  was_running=was_running)
+        await self._write(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=rec,
+                          was_running=was_running)
 
     async def _wake_target(self, row: dict) -> None:
         if row["record"].get("was_running", True):
@@ -151,7 +175,8 @@ class MoveSteps(MoveRecords):
         else:  # a sleeping VM stays asleep, now on the target and unmarked
             vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
                                   json={"move_id": row["id"], "clear_mark": True}, timeout=60)
-        self._reassign(row, vm.json())
+        woke = self._answer(vm, row["target"], f"the wake of vm {row['vm']}")
+        await self._outlast(f"move {row['id']}", lambda: self._reassign(row, woke))
 
     def _reassign(self, row: dict, vm: dict) -> None:
         with self.store.tx() as c:
@@ -171,11 +196,11 @@ class MoveSteps(MoveRecords):
         if removed:
             # the source's figures as they are now, not at its last poll: a move back to it
             # right after was refused by its agent's max_vms for up to a poll interval
-            with contextlib.suppress(FuseError):
+            with contextlib.suppress(FuseError, DBAPIError):
                 await self.fleet.refresh(row["source"])
         # (a reason a step left on the way, a wake's lost reply say, does not outlive the
         # move's success: `reason` says why a move failed)
-        self._set(row["id"], "done", source_removed=removed, reason="")
+        await self._write(row["id"], "done", source_removed=removed, reason="")
 
     async def _remove_source(self, row: dict) -> bool:
         """Delete the source copy this move holds; False if the source did not answer."""
