@@ -44,10 +44,27 @@ last write when its guest reported an exit, else the last moment it is known
 to have been alive — when an agent last saw it (persisted at least every
 ``SEEN_PERSIST_S``) or its console was last written, whichever is later — never
 to the restart that found it gone (an agent down an hour billed the hour).
+
+On disk. ``metering.json`` (``{"segments": [...], "writes": [...]}``, where
+older agents kept every record: their files load as before) holds the records
+that may still change: open segments, and records without ``created_at``, which
+``identify`` may still key. A record that can no longer change (a segment that
+has ended, a write, keyed by ``created_at``) goes once to ``metering.jsonl``
+beside it, one JSON line each (``{"segment": {...}}`` or ``{"write": {...}}``):
+appended, flushed and fsynced at the save after one that wrote it (fsynced) in
+``metering.json`` as it is, and only then is ``metering.json`` rewritten without
+it (while the disk refuses the append, it stays there). So a save, up to once a second while VMs run, writes what the running VMs
+hold, however long the host's history; a start reads both files. A record in
+both (an agent stopped between the append and the rewrite) is the same record
+there, which counts once. A last line cut short (an agent stopped as it
+appended) is skipped with a warning: its record is still in ``metering.json``.
+A file that cannot be read otherwise is kept aside as ``<name>.damaged-<time>``
+(``damaged`` says so) and the other file's figures count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -75,42 +92,154 @@ log = logging.getLogger("fuse.agent")
 
 
 class Metering:
-    """Per-VM usage segments, persisted to ``path`` (JSON)."""
+    """Per-VM usage segments and writes (``segments``, ``writes``: all of them), persisted
+    to ``path`` (JSON: the records that may still change) and ``archive`` beside it (the
+    records that no longer can, appended: see the module doc)."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.archive = path.with_suffix(".jsonl")
         self.segments: list[dict[str, Any]] = []
         self.writes: list[dict[str, Any]] = []
+        # What ``path`` holds: the records not in the archive, which a save writes. Every open
+        # segment is among them, so a VM's is looked up here, not through the whole history.
+        self._hot_segments: list[dict[str, Any]] = []
+        self._hot_writes: list[dict[str, Any]] = []
+        self._archive_end = 0  # bytes of whole lines in the archive: what an append goes after
+        # (the id()s of) the records of `path` that can no longer change and are in it on disk as
+        # they are now: the ones the next save appends to the archive
+        self._settled: set[int] = set()
+        self._append_failing: OSError | None = None  # why the last append failed, while it does
         self._dirty = False  # a CPU reading not on disk yet
         self._saved_at = -math.inf  # time.monotonic() of the last save
         self._unsaved: OSError | None = None  # why the last write failed, while it does
-        self.damaged: str | None = None  # why the file on disk could not be read, when it could not
-        if path.exists():
+        # why a file on disk could not be read, when one could not (the archive first: a record
+        # in both files is known as one by what the archive holds)
+        damaged = [why for why in (self._load_archive(), self._load_hot()) if why]
+        self.damaged: str | None = "; ".join(damaged) or None
+
+    def _load_archive(self) -> str | None:
+        """Read the archive; why it could not be read (it is kept aside) when it could not."""
+        try:
+            data = self.archive.read_bytes()
+        except FileNotFoundError:
+            return None
+        whole = data.rfind(b"\n") + 1
+        if whole < len(data):
+            # An agent stopped as it appended. Its records are all still in `path`, which is
+            # rewritten without them only once the whole append is on disk.
+            log.warning("metering %s: its last line is cut short (%d bytes: an agent stopped as it wrote it); "
+                        "skipped, its record is still in %s", self.archive, len(data) - whole, self.path.name)
+        records: dict[str, list[dict[str, Any]]] = {"segment": [], "write": []}
+        for n, line in enumerate(data[:whole].split(b"\n")[:-1], 1):
             try:
-                data = json.loads(path.read_text())
-                self.segments, self.writes = list(data["segments"]), list(data["writes"])
-            except (ValueError, KeyError, TypeError) as exc:
-                # Kept aside, not read: the agent serves (its VMs run on) and meters anew; the
-                # figures up to now are in the damaged file for whoever can mend it.
-                aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
-                os.replace(path, aside)
-                self.damaged = f"{path.name} could not be read ({exc}); kept as {aside.name}, metering starts anew"
-                log.warning("metering %s", self.damaged)
+                rec = json.loads(line)
+                kind, value = next(iter(rec.items())) if isinstance(rec, dict) and len(rec) == 1 else (None, None)
+                if kind not in records or not isinstance(value, dict):
+                    raise ValueError("not a segment or a write")
+            except ValueError as exc:
+                return self._put_aside(self.archive, f"line {n}: {exc}")
+            records[kind].append(value)
+        self.segments, self.writes, self._archive_end = records["segment"], records["write"], whole
+        return None
+
+    def _load_hot(self) -> str | None:
+        """Read ``path``; why it could not be read (it is kept aside) when it could not."""
+        if not self.path.exists():
+            return None
+        try:
+            data = json.loads(self.path.read_text())
+            segments, writes = list(data["segments"]), list(data["writes"])
+            if not all(isinstance(rec, dict) for rec in segments + writes):
+                raise TypeError("a record is not an object")
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._put_aside(self.path, exc)
+        # An agent stopped between an append and the rewrite of `path` left records in both, the
+        # same in each: counted once. (Only records that can no longer change can be in both.)
+        if any(_final(kind, rec) for kind, rec in _tagged(segments, writes)):
+            archived = {_content(kind, rec) for kind, rec in _tagged(self.segments, self.writes)}
+            segments = [s for s in segments if _content("segment", s) not in archived]
+            writes = [w for w in writes if _content("write", w) not in archived]
+        self._hot_segments, self._hot_writes = segments, writes
+        self._settled = {id(rec) for kind, rec in _tagged(segments, writes) if _final(kind, rec)}
+        self.segments += segments
+        self.writes += writes
+        return None
+
+    def _put_aside(self, path: Path, why: object) -> str:
+        # Kept aside, not read: the agent serves (its VMs run on) and meters on; the figures in
+        # it are in the damaged file for whoever can mend it.
+        aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+        os.replace(path, aside)
+        damaged = f"{path.name} could not be read ({why}); kept as {aside.name}, metering goes on without its figures"
+        log.warning("metering %s", damaged)
+        return damaged
 
     def save(self) -> None:
         """Write the figures to disk (raises what the write raised: a usage reply
-        reports only figures on disk)."""
+        reports only figures on disk): the records that can no longer change and
+        are in ``path`` as they are are appended to the archive, then ``path`` is
+        rewritten with the others."""
+        self._dirty = True  # until the writes below are done
+        hot = _tagged(self._hot_segments, self._hot_writes)
+        if settled := [(kind, rec) for kind, rec in hot if id(rec) in self._settled]:
+            # Only a record `path` holds as it is now: a copy left in both files (should this
+            # process stop before the rewrite below) is the same record, which a load counts
+            # once. (A segment appended as it ended would be there still open.)
+            try:
+                self._append(settled)
+            except OSError as exc:  # (they stay in `path`, on disk all the same: appended at a later save)
+                if self._append_failing is None:
+                    log.warning("metering %s: cannot append (%s); its records stay in %s until it can",
+                                self.archive, exc, self.path.name)
+                self._append_failing = exc
+            else:
+                self._append_failing = None
+                self._hot_segments = [s for s in self._hot_segments if id(s) not in self._settled]
+                self._hot_writes = [w for w in self._hot_writes if id(w) not in self._settled]
+                self._settled = set()
+        final = {id(rec) for kind, rec in _tagged(self._hot_segments, self._hot_writes) if _final(kind, rec)}
         tmp = self.path.with_suffix(".tmp")
-        self._dirty = True  # until the write below is done
         try:
             with open(tmp, "w", opener=private_opener) as f:  # 0600 whatever the umask
-                f.write(json.dumps({"segments": self.segments, "writes": self.writes}))
+                f.write(json.dumps({"segments": self._hot_segments, "writes": self._hot_writes}))
+                if final:  # (on disk before the next save appends them: a power cut finds them ended here)
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError:
             tmp.unlink(missing_ok=True)
             raise
+        if final:
+            _sync_dir(self.path.parent)
+        self._settled = final
         self._dirty, self._saved_at = False, time.monotonic()
         self._unsaved = None
+
+    def _append(self, records: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append ``records`` to the archive, on disk (fsynced) when this returns."""
+        data = memoryview("".join(json.dumps({kind: rec}) + "\n" for kind, rec in records).encode())
+        # (os-level writes: a buffered file's close would retry a write the disk refused, after
+        # the truncation below)
+        fd = private_opener(str(self.archive), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            base = min(size, self._archive_end)
+            try:
+                if size > base:  # the part an append cut short left (its records are all written here)
+                    os.ftruncate(fd, base)
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):  # (else the next append drops it)
+                    os.ftruncate(fd, base)
+                raise
+            self._archive_end = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if base == 0:  # (a new file: its name on disk too, before `path` is rewritten without them)
+            _sync_dir(self.archive.parent)
 
     def persist(self) -> None:
         """``save``, or when the disk refuses (full, read-only) keep the figures in memory
@@ -125,7 +254,7 @@ class Metering:
             self._unsaved = exc
 
     def _open_segment(self, vm: str) -> dict[str, Any] | None:
-        for seg in reversed(self.segments):
+        for seg in reversed(self._hot_segments):
             if seg["vm"] == vm and seg["end"] is None:
                 return seg
         return None
@@ -138,16 +267,19 @@ class Metering:
         if now is None:
             now = process_started(pid) or time.time()
         self.stop(vm, now=now)  # never two open segments for one VM
-        self.segments.append({"vm": vm, "created_at": created_at, "start": now, "end": None,
-                              "mem_mib": mem_mib, "pid": pid, "cpu_s": 0.0})
+        seg = {"vm": vm, "created_at": created_at, "start": now, "end": None, "mem_mib": mem_mib, "pid": pid,
+               "cpu_s": 0.0}
+        self.segments.append(seg)
+        self._hot_segments.append(seg)
         self.persist()
 
     def identify(self, vm: str, created_at: str, since: float) -> None:
         """Key the unkeyed segments and writes of name ``vm`` from ``since``
         on (the creation of the VM holding the name now) as that VM's: records
-        from an agent that keyed them by name alone."""
+        from an agent that keyed them by name alone (all in ``path``: the archive
+        holds keyed records only)."""
         changed = False
-        for rec in self.segments + self.writes:
+        for rec in self._hot_segments + self._hot_writes:
             if rec["vm"] == vm and rec.get("created_at") is None and rec.get("start", rec.get("time")) >= since:
                 rec["created_at"], changed = created_at, True
         if changed:
@@ -186,7 +318,9 @@ class Metering:
             self.persist()
 
     def state_written(self, vm: str, nbytes: int, now: float | None = None, created_at: str | None = None) -> None:
-        self.writes.append({"vm": vm, "created_at": created_at, "time": now or time.time(), "bytes": int(nbytes)})
+        write = {"vm": vm, "created_at": created_at, "time": now or time.time(), "bytes": int(nbytes)}
+        self.writes.append(write)
+        self._hot_writes.append(write)
         self.persist()
 
     def state_written_once(self, vm: str, nbytes: int, at: float, created_at: str | None = None) -> None:
@@ -237,6 +371,31 @@ class Metering:
             totals["state_bytes_written"] += r["state_bytes_written"]
             out_rows.append({"vm": vm, **({"created_at": created_at} if created_at else {}), **r})
         return {"from": start, "to": end, "vms": out_rows, "totals": totals}
+
+
+def _tagged(segments: list[dict[str, Any]], writes: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [("segment", s) for s in segments] + [("write", w) for w in writes]
+
+
+def _final(kind: str, rec: dict[str, Any]) -> bool:
+    """Whether a record can no longer change, so goes to the archive: keyed by its VM's
+    ``created_at`` (``identify`` keys the others) and, a segment, ended."""
+    return rec.get("created_at") is not None and (kind == "write" or rec.get("end") is not None)
+
+
+def _content(kind: str, rec: dict[str, Any]) -> str:
+    """A record's whole content, what tells it from any other (a record in both files is one)."""
+    return json.dumps([kind, rec], sort_keys=True)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync a directory (a file created in it, on disk), where the file system allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _dec(x: float) -> Decimal:
