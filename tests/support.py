@@ -542,3 +542,35 @@ def being_created(client, name: str) -> bool:
     except fuse.ApiError as err:
         return bool(err.details.get("being_created"))
     return False
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+def veth_netns(prefix: str):
+    """A network namespace of the test's own, joined to this one by a veth pair on a /30 of
+    10.200-249.x (a pytest generator fixture's body: ``yield from veth_netns("t")``): yields
+    ``name``, ``host_if``, ``ns_if`` and ``addr`` (the namespace's end); both go afterwards.
+    Skips without root or iproute2."""
+    import pytest
+    import secrets
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create a network namespace")
+    name = f"fuse-{prefix}{secrets.token_hex(3)}"
+    host_if, ns_if = f"{prefix}h{name[-6:]}", f"{prefix}n{name[-6:]}"
+    net = f"10.{200 + int(name[-2:], 16) % 50}.{int(name[-4:-2], 16)}"
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", name)
+        ip("addr", "add", f"{net}.1/30", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", name, "addr", "add", f"{net}.2/30", "dev", ns_if)
+        ip("-n", name, "link", "set", ns_if, "up")
+        ip("-n", name, "link", "set", "lo", "up")
+        yield {"name": name, "host_if": host_if, "ns_if": ns_if, "addr": f"{net}.2"}
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

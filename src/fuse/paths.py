@@ -140,3 +140,13 @@ def private_opener(path: str, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory (a file created or renamed in it, on disk), where the file system allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -5,41 +5,17 @@ target's half-copied incoming side is cleaned up."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 import subprocess
 
 import pytest
 
 import fuse
-from support import FUSE, Proc, fake_bundle, free_port, reap, start_agent, start_controller, wait_until
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+from support import FUSE, Proc, fake_bundle, free_port, ip, reap, start_agent, start_controller, veth_netns, wait_until
 
 
 @pytest.fixture
 def netns():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create a network namespace")
-    name = f"fuse-t{secrets.token_hex(3)}"
-    host_if, ns_if = f"fh{name[-6:]}", f"fn{name[-6:]}"
-    net = f"10.{200 + int(name[-2:], 16) % 50}.{int(name[-4:-2], 16)}"
-    ip("netns", "add", name)
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        ip("link", "set", ns_if, "netns", name)
-        ip("addr", "add", f"{net}.1/30", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("-n", name, "addr", "add", f"{net}.2/30", "dev", ns_if)
-        ip("-n", name, "link", "set", ns_if, "up")
-        ip("-n", name, "link", "set", "lo", "up")
-        yield {"name": name, "host_if": host_if, "addr": f"{net}.2"}
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    yield from veth_netns("t")
 
 
 def test_cutting_the_network_to_the_target_mid_copy_brings_the_vm_home(tmp_path, netns):

@@ -13,9 +13,6 @@ page, a 400 page, a JSON body of another shape), or the link to an agent is gone
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 import subprocess
 import threading
 import time
@@ -25,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from support import FUSE, Proc, fake_bundle, free_port, start_agent, start_controller, wait_until
+from support import FUSE, Proc, fake_bundle, free_port, ip, start_agent, start_controller, veth_netns, wait_until
 
 HTML = (200, "text/html", b"<html><body>gateway</body></html>")
 
@@ -186,30 +183,9 @@ def test_an_events_page_that_is_not_json_is_no_traceback_and_the_events_come_aft
 
 # ------------------------------------------------------------------ the OS's reason
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
 @pytest.fixture
 def netns():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create a network namespace")
-    name = f"fuse-r{secrets.token_hex(3)}"
-    host_if, ns_if = f"rh{name[-6:]}", f"rn{name[-6:]}"
-    net = f"10.{200 + int(name[-2:], 16) % 50}.{int(name[-4:-2], 16)}"
-    ip("netns", "add", name)
-    try:
-        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        ip("link", "set", ns_if, "netns", name)
-        ip("addr", "add", f"{net}.1/30", "dev", host_if)
-        ip("link", "set", host_if, "up")
-        ip("-n", name, "addr", "add", f"{net}.2/30", "dev", ns_if)
-        ip("-n", name, "link", "set", ns_if, "up")
-        ip("-n", name, "link", "set", "lo", "up")
-        yield {"name": name, "ns_if": ns_if, "addr": f"{net}.2"}
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    yield from veth_netns("r")
 
 
 def test_an_agent_whose_network_is_gone_is_no_route_to_host(tmp_path, procs, netns):

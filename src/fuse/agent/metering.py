@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..paths import private_opener
+from ..paths import private_opener, sync_dir
 from .backends.base import cpu_seconds
 
 _FIELDS = ("cpu_seconds", "mem_mib_seconds", "wall_seconds")
@@ -211,7 +211,7 @@ class Metering:
             tmp.unlink(missing_ok=True)
             raise
         if final:
-            _sync_dir(self.path.parent)
+            sync_dir(self.path.parent)
         self._settled = final
         self._dirty, self._saved_at = False, time.monotonic()
         self._unsaved = None
@@ -239,7 +239,7 @@ class Metering:
         finally:
             os.close(fd)
         if base == 0:  # (a new file: its name on disk too, before `path` is rewritten without them)
-            _sync_dir(self.archive.parent)
+            sync_dir(self.archive.parent)
 
     def persist(self) -> None:
         """``save``, or when the disk refuses (full, read-only) keep the figures in memory
@@ -388,14 +388,6 @@ def _content(kind: str, rec: dict[str, Any]) -> str:
     return json.dumps([kind, rec], sort_keys=True)
 
 
-def _sync_dir(path: Path) -> None:
-    """fsync a directory (a file created in it, on disk), where the file system allows it."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _dec(x: float) -> Decimal:

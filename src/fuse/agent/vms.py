@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import Conflict, FuseError, HostFull, InvalidArgument, NotFound, VmExists
 from ..models.vm import MAX_ENTRY_BYTES, ClaimRequest, CreateVmRequest, StateFile, Vm
-from ..paths import private_dir, private_file, private_opener
+from ..paths import private_dir, private_file, private_opener, sync_dir
 from ..tasks import cancel_and_wait
 from . import bundle as bundles
 from . import probe as probe_mod
@@ -176,7 +176,7 @@ class VmManager:
         except OSError:
             tmp.unlink(missing_ok=True)  # (a full disk: no empty or partial record left beside it)
             raise
-        _sync_dir(path.parent)  # (the rename itself: the record the crash finds is this one)
+        sync_dir(path.parent)  # (the rename itself: the record the crash finds is this one)
         if vm.name in self._unwritten:  # written at last: the sleep's mark that stood for it is done
             self._unwritten.discard(vm.name)
             with contextlib.suppress(OSError):  # (left, it is dropped at the next start)
@@ -1027,14 +1027,6 @@ def unrecorded(name: str, exc: OSError) -> FuseError:
     return FuseError(f"vm {name} could not be recorded on this host's disk: {exc}", code="io_error")
 
 
-def _sync_dir(path: Path) -> None:
-    """fsync a directory (its renames on disk), where the file system allows it."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _created(vm: Vm) -> str:
