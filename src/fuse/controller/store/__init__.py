@@ -607,8 +607,6 @@ class _Watchdog:
                 pass
 
     def _look(self) -> None:
-        from psycopg import pq
-
         now = time.monotonic()
         if now - self.looked >= STALL_S:
             # this process did not run (SIGSTOP, its VM paused, a starved machine): an answer that
@@ -617,7 +615,17 @@ class _Watchdog:
             # its connection cut as it resumed, and its drain's caller got 503 db_unavailable)
             self.busy.clear()
             self.began.clear()
-        self.looked = now
+        try:
+            self._judge(now)
+        finally:
+            # (when this look ended: its own probe of a frozen server takes seconds, which is no
+            # stall of this process — counted from its start, every look after a cut would reset
+            # the timers, and a younger statement would never be cut: the diff review)
+            self.looked = time.monotonic()
+
+    def _judge(self, now: float) -> None:
+        from psycopg import pq
+
         with self._lock:
             conns = list(self.conns)
         seen = set()
