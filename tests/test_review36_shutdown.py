@@ -78,3 +78,21 @@ def test_a_long_poll_on_the_agents_socket_still_ends_at_once_on_sigterm(tmp_path
             assert "Traceback" not in agent.logs(), agent.logs()[-3000:]
     finally:
         agent.stop()
+
+
+def test_an_agent_whose_startup_fails_exits_3(tmp_path):
+    """(the diff review: with the app's lifespan run by `serve` itself, a failed startup returned
+    and the process exited 0, so a supervisor's Restart=on-failure did not restart it; uvicorn's 3)"""
+    import subprocess
+
+    from support import FUSE, fake_bundle, free_port
+
+    state = tmp_path / "a1"
+    state.mkdir()
+    fake_bundle(state)
+    (state / "events.jsonl").mkdir()  # (its event log cannot be opened: the app's startup fails)
+    p = subprocess.run([*FUSE, "host", "serve", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(state),
+                        "--backend", "fake", "--socket", str(tmp_path / "a1.sock"), "--token", "t"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, (p.returncode, p.stderr[-2000:])
+    assert not (tmp_path / "a1.sock").exists()

@@ -287,6 +287,9 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+STARTUP_FAILED = 3  # the exit status of a server whose app did not start (uvicorn's)
+
+
 async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None = None,
                 ssl_options: dict[str, Any] | None = None, ready: asyncio.Event | None = None,
                 banner: str | None = None) -> None:
@@ -348,10 +351,11 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
         if ready:
             ready.set()
 
-    started = False
+    started = failed = False
     try:
         await life.startup()
         if life.should_exit:  # (the app's startup failed: uvicorn logged why; nothing is served)
+            failed = True
             return
         started = True
         tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
@@ -367,6 +371,8 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
             Path(socket_path).unlink()
         if socket_path:
             _unlock_socket(Path(socket_path))  # (after the unlink: a successor binds a fresh file)
+        if failed:  # (uvicorn's exit status for it, as when it ran the lifespan: a supervisor restarts it)
+            raise SystemExit(STARTUP_FAILED)
     # A server that failed to start (TLS files it cannot load, say) raised: say so, never a
     # quiet return that exits 0 as if asked to stop.
     for t in done:
