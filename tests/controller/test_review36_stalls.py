@@ -54,24 +54,70 @@ def test_a_controller_stopped_while_its_probe_is_out_registers_the_host_that_ans
         agent.stop()
 
 
-def test_a_peer_that_does_not_answer_is_still_cut_after_its_limit_of_run_time():
-    """On the loop itself: a stall (here the loop blocked 1.5 s, as a stopped process's is) is
-    left out of a timer's time; a wait for what never comes still ends after its limit."""
-    async def main() -> tuple[float, float, bool]:
+def _stop_me(after: float, secs: float) -> None:
+    """SIGSTOP this process ``after`` seconds from now and SIGCONT it ``secs`` later (a helper does)."""
+    import os
+    import subprocess
+
+    subprocess.Popen(["sh", "-c", f"sleep {after}; kill -STOP {os.getpid()}; sleep {secs}; kill -CONT {os.getpid()}"])
+
+
+def test_a_stop_is_left_out_of_a_timer_and_a_peer_that_does_not_answer_is_still_cut():
+    """On the loop itself: a stop (SIGSTOP, then SIGCONT) is left out of a timer's time; a wait for
+    what never comes still ends after its limit of time the process ran."""
+    async def main() -> tuple[float, float, int]:
         loop = asyncio.get_running_loop()
         start, mono = loop.time(), time.monotonic()
         never = loop.create_future()
-        loop.call_later(0.2, time.sleep, 1.5)  # (a turn of the loop that takes 1.5 s: a stall)
+        _stop_me(0.3, 2.0)
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(never, 1.0)
-        return loop.time() - start, time.monotonic() - mono, loop.clock.stalls > 0
+        return loop.time() - start, time.monotonic() - mono, loop.clock.stalls
 
     from fuse import stalls
 
-    ran, took, stalled = stalls.run(main())
-    assert stalled
-    assert 1.0 <= ran < 1.5, ran  # (its limit, of time the loop ran)
-    assert took >= 2.4, took  # (the 1.5 s stall on top)
+    ran, took, stalls_seen = stalls.run(main())
+    assert stalls_seen >= 1
+    assert 1.0 <= ran < 1.8, ran  # (its limit, of time the process ran)
+    assert took >= 2.9, took  # (the 2 s stop on top)
+
+
+def test_callbacks_that_hold_the_loop_do_not_stop_its_timers():
+    """(the diff review: counted as stalls, turns of 1.2 s one after another kept every timer from
+    coming due — a lease renewed each second went unrenewed for 12 s)"""
+    async def main() -> tuple[list[float], float]:
+        loop = asyncio.get_running_loop()
+        renewals: list[float] = []
+
+        async def renew():
+            while True:
+                renewals.append(time.monotonic())
+                await asyncio.sleep(1)
+
+        def hold():
+            time.sleep(1.2)
+            if time.monotonic() - began < 8:
+                loop.call_soon(hold)
+
+        began = time.monotonic()
+        task = asyncio.ensure_future(renew())
+        loop.call_soon(hold)
+        never = loop.create_future()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(never, 3.0)
+        waited = time.monotonic() - began
+        await asyncio.sleep(0)
+        task.cancel()
+        return renewals, waited
+
+    from fuse import stalls
+
+    plain_renewals, plain_waited = asyncio.run(main())  # (asyncio's own loop, the same turns: the baseline)
+    renewals, waited = stalls.run(main())
+    assert waited < plain_waited + 2.5, (waited, plain_waited)  # (as late as the turns made it, no later)
+    gaps = [b - a for a, b in zip(renewals, renewals[1:])]
+    plain_gaps = [b - a for a, b in zip(plain_renewals, plain_renewals[1:])]
+    assert gaps and max(gaps) < max(plain_gaps) + 2.5, (gaps, plain_gaps)
 
 
 def test_a_stall_leaves_the_loop_clock_never_running_backwards():
@@ -85,7 +131,8 @@ def test_a_stall_leaves_the_loop_clock_never_running_backwards():
             seen.append(loop.time())
 
         loop.call_soon(turn)
-        await asyncio.sleep(0.1)
+        _stop_me(0.5, 1.5)
+        await asyncio.sleep(2.5)
         seen.append(loop.time())
         return seen
 
