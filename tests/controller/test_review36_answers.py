@@ -211,3 +211,15 @@ def test_get_sleep_wake_delete_answered_by_something_in_the_way(hosts):
     assert "w" not in agent_states(agents[0]) and listed(client, "w") == []
     assert api_error(client.vms.get, "w").status == 404
     assert "Traceback" not in ctl.logs(), ctl.logs()[-3000:]
+
+
+def test_a_page_of_json_nested_past_reading_is_no_agents_answer_not_a_recursion_error():
+    """(the diff review: the checks caught ValueError only; a proxy's JSON nested deeper than the
+    decoder's recursion limit escaped as a RecursionError, a 500)"""
+    import httpx
+
+    from fuse.controller.vms import agent_error, not_agents, vm_record
+
+    deep = httpx.Response(404, content=b"[" * 200_000 + b"]" * 200_000, headers={"content-type": "application/json"})
+    assert agent_error(deep) is None and vm_record(deep, "v") is None
+    assert not_agents(deep, "h1").code == "host_unreachable"

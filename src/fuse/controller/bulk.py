@@ -75,7 +75,7 @@ def _read_line(sock: socket.socket, host: str) -> dict[str, Any]:
             line = sock.recv(end + 1, socket.MSG_WAITALL)
             try:
                 reply = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 # (something other than its agent answered there: a proxy, another service)
                 raise HostUnreachable(f"host {host} answered the copy with a line that is not JSON, not a fuse "
                                       "agent's reply") from None

@@ -196,7 +196,7 @@ def _said(resp) -> str:
     ' ("...")'; nothing for any other body (an HTML page is never quoted)."""
     try:
         data = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     err = data.get("error") if isinstance(data, dict) else None
     msg = err.get("message") if isinstance(err, dict) else data.get("detail") if isinstance(data, dict) else None

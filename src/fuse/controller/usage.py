@@ -172,7 +172,7 @@ def _agent_refusal(resp) -> str | None:
     for any other body: a proxy's or gateway's page is that host's failure, not the caller's."""
     try:
         err = resp.json().get("error")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     msg = err.get("message") if isinstance(err, dict) else None
     return msg if isinstance(msg, str) and msg else None

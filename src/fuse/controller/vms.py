@@ -89,7 +89,7 @@ def agent_error(resp) -> dict | None:
     with a code. None for any other body (an HTML page, a proxy's own JSON, none at all)."""
     try:
         body = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # (not JSON, or nested past reading)
         return None
     err = body.get("error") if isinstance(body, dict) else None
     return err if isinstance(err, dict) and isinstance(err.get("code"), str) else None
@@ -100,7 +100,7 @@ def vm_record(resp, name: str) -> dict | None:
     with that name, a state and a shape of whole vCPUs and MiB), or None."""
     try:
         vm = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(vm, dict) or vm.get("name") != name or not isinstance(vm.get("state"), str):
         return None
@@ -1415,7 +1415,7 @@ class VmService:
                                 **self._read_timeout(host))
         try:
             out = resp.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             out = None
         if not isinstance(out, dict):  # (a page in the agent's place)
             raise not_agents(resp, host, 200, "console output")

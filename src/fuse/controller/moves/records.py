@@ -233,7 +233,7 @@ class MoveRecords:
         bare "JSONDecodeError: Expecting value" or "KeyError: 'files'")."""
         try:
             got = resp.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             kind = resp.headers.get("content-type", "").split(";")[0].strip() or "no content type"
             raise HostUnreachable(f"host {host} answered {what} with a {resp.status_code} whose body is not "
                                   f"JSON ({kind}), not a fuse agent's answer") from None
