@@ -96,3 +96,25 @@ def test_an_agent_whose_startup_fails_exits_3(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 3, (p.returncode, p.stderr[-2000:])
     assert not (tmp_path / "a1.sock").exists()
+
+
+def test_an_agent_whose_port_is_taken_exits_3_in_one_line(tmp_path):
+    """(the diff review: uvicorn's own exit for the port, raised from its server's task, ended the
+    loop under the app's lifespan: a traceback of its cancellation followed the one-line error)"""
+    import socket
+    import subprocess
+
+    from support import FUSE, fake_bundle
+
+    state = tmp_path / "a1"
+    state.mkdir()
+    fake_bundle(state)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        p = subprocess.run([*FUSE, "host", "serve", "--listen", f"127.0.0.1:{taken.getsockname()[1]}",
+                            "--state-dir", str(state), "--backend", "fake", "--socket", str(tmp_path / "a1.sock"),
+                            "--token", "t"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, (p.returncode, p.stderr[-2000:])
+    assert "address already in use" in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert not (tmp_path / "a1.sock").exists()

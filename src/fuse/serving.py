@@ -358,7 +358,7 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
             failed = True
             return
         started = True
-        tasks = [asyncio.create_task(s.serve(sockets=socks)) for s, socks in servers]
+        tasks = [asyncio.create_task(_serving(s, socks)) for s, socks in servers]
         asyncio.create_task(_ready())
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -378,6 +378,20 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     for t in done:
         if not t.cancelled() and (exc := t.exception()) is not None:
             raise exc
+        if not t.cancelled() and t.result() is not None:  # (a listener that could not start: its status)
+            raise SystemExit(t.result())
+
+
+async def _serving(server: uvicorn.Server, socks: list[socket.socket] | None) -> Any:
+    """``server.serve``; uvicorn's own exit on a listener that cannot start (its port in use:
+    ``sys.exit(3)``) comes back as its status, for `serve` to exit with once the app's shutdown
+    has run (raised from the task, it ended the loop under the lifespan: a traceback of its
+    cancellation after the one-line error)."""
+    try:
+        await server.serve(sockets=socks)
+    except SystemExit as exc:
+        return exc.code if exc.code is not None else 0
+    return None
 
 
 def _bound(banner: str, listen: str | None, server: uvicorn.Server) -> str:
