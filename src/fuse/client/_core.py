@@ -254,7 +254,7 @@ def record(*keys: str, exact: bool = False,
     """The answer as the JSON object it is, once it holds ``keys`` (fields the API always
     writes in it): ``{}`` from a proxy's catch-all was a VM created, a drain done, a fleet
     of no hosts. ``exact``: numbers read as ``Decimal``. ``inner``: a field -> what it holds
-    where the answer has it: ``dict`` (an object), ``str`` (a list of strings) or a tuple of
+    where the answer has it: ``dict`` (an object), ``list`` (a list), ``str`` (a list of strings) or a tuple of
     names (a list of objects, each holding them): a usage report's rows, a drain's lists."""
     def parse(r: httpx.Response):
         data = json.loads(r.content, parse_float=Decimal) if exact else r.json()
@@ -275,7 +275,7 @@ def _holds(value: Any, key: str, holds: type | tuple[str, ...]) -> None:
         if not isinstance(value, dict):
             raise TypeError(f"a JSON {type(value).__name__} as {key}, where an object goes")
         return
-    for x in _items(value, None):
+    for x in _items(value, None):  # (``list``: a list of anything)
         if holds is str and not isinstance(x, str):
             raise TypeError(f"a JSON {type(x).__name__} in the list of {key}, where a string goes")
         if isinstance(holds, tuple):

@@ -34,7 +34,7 @@ def attach(client: Any, *, asynchronous: bool = False) -> None:
         the controller wrote as a `decimal.Decimal`, where the rows sum to the totals."""
         params = {k: v for k, v in (("from", from_), ("to", to)) if v is not None}
         return client._send(Call("GET", "/v1/usage", params=params, parse=record(
-            "vms", "totals", exact=exact, inner={"vms": ("host", "vm"), "totals": dict, "hosts": str, "unreachable": str})))
+            "vms", "totals", exact=exact, inner={"vms": ("host", "vm"), "totals": dict, "hosts": str, "unreachable": list})))  # (controllers before 2026-12-03 listed objects there)
 
     def health():
         """`{"status": "ok"}` from GET /v1/healthz (no token needed); the controller
