@@ -19,7 +19,9 @@ from support import Proxy, agent_vms, start_agent, start_controller, wait_until
 
 pytestmark = pytest.mark.postgres
 
-HOLD_S = 3.0  # each create's wait in the proxy
+HOLD_S = 2.0  # each create's wait in the proxy (with the controller's keep-alive of 2 s, a connection the proxy
+# holds a create on has been idle at most 4 s at the agent, under its 5 s keep-alive: at 3 s a loaded run's gap
+# between two creates crossed it, the agent closed the connection under the held create, and a's create failed)
 COUNT = 4
 
 
