@@ -198,6 +198,12 @@ class Store:
                 dbapi_conn.autocommit = True  # (a session setting, outside any transaction)
                 try:
                     dbapi_conn.execute(f"SET lock_timeout = {int(DB_LOCK_TIMEOUT_S * 1000)}")
+                    # a replica stopped inside a write transaction (SIGSTOP, its VM paused, its
+                    # network gone without a FIN) held the write lock, so every replica's writes
+                    # failed busy until it ran again (hours, for a partition: TCP keep-alive):
+                    # PostgreSQL ends such a session and its transaction, and the others go on
+                    dbapi_conn.execute(
+                        f"SET idle_in_transaction_session_timeout = {int(DB_IDLE_TX_TIMEOUT_S * 1000)}")
                 finally:
                     dbapi_conn.autocommit = autocommit
         if self.is_sqlite:
@@ -538,6 +544,9 @@ DB_OP_TIMEOUT_S = 4.5  # a statement PostgreSQL has not answered this long: its 
 # health check answers within 5 s)
 NOT_ANSWERING = f"the database did not answer within {DB_OP_TIMEOUT_S:g} s (not tried again until it answers)"
 DB_LOCK_TIMEOUT_S = 3.5  # a statement waiting on a lock this long fails (busy), well under DB_OP_TIMEOUT_S
+DB_IDLE_TX_TIMEOUT_S = 10.0  # a transaction this long without a statement (its replica stopped): PostgreSQL
+# ends its session, which frees the write lock (a transaction's statements come back to back: no await
+# between them)
 DB_PROBE_TIMEOUT_S = 3.0  # the watchdog's own question while the database is held out of reach
 STALL_S = 1.0  # the watchdog's looks this far apart: this process did not run meanwhile (its statements' clocks restart)
 
