@@ -251,3 +251,30 @@ def test_the_reason_under_a_group_of_attempts_is_the_oss():
     except httpx.ConnectError as exc:
         why, _ = _describe(exc, parse_address("http://agent.example:9"))
     assert why == "cannot reach http://agent.example:9: no route to host", why
+
+
+@pytest.mark.parametrize("page, why", [
+    ((200, "application/json", b'{"vms": [{"name": "v2", "state": "running"}]}'),
+     "the host's VM list (GET /v1/host/vms) is not a fuse agent's: vms[0]: shape None is not whole vcpus and mem_mib"),
+    ((200, "application/json", b'{"vms": {"v2": {}}}'),
+     "the host's VM list (GET /v1/host/vms) is not a fuse agent's: vms is a JSON dict, not a list"),
+    ((200, "application/json", b'{"vms": [{"state": "running", "shape": {"vcpus": 1, "mem_mib": 128}}]}'),
+     "the host's VM list (GET /v1/host/vms) is not a fuse agent's: vms[0]: name None is not a non-empty string"),
+], ids=["a record without its shape", "a list that is an object", "a record without its name"])
+def test_a_vm_list_that_is_not_an_agents_is_a_failed_poll_and_adopted_once_it_is(fleet, page, why):
+    """(review 37, the thirty-sixth session's known item: the adoption read each record field by
+    field, a KeyError each poll — a traceback — and the host's VMs were never adopted)"""
+    c, before = fleet.c, tracebacks(fleet.ctl)
+    fleet.gw.pages[("GET", "/v1/host")] = HTML  # (the adoption runs as the host connects again)
+    wait_until(lambda: host_view(c, "h2")["connected"] is False, timeout=15, what="h2 read as out of reach")
+    fleet.gw.pages[("GET", "/v1/host/vms")] = page
+    del fleet.gw.pages[("GET", "/v1/host")]
+    wait_until(lambda: fleet.gw.hits["/v1/host/vms"] >= 3, timeout=20, what="the VM list read 3 times")
+    assert host_view(c, "h2")["connected"] is False
+    r = c.post("/v1/vms", json={"name": "p2", "host": "h2", "shape": {"vcpus": 1, "mem_mib": 128}, "entry": "true"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "fleet_full", r.text
+    assert r.json()["error"]["hosts"]["h2"] == f"host is disconnected: {why}", r.text
+    assert tracebacks(fleet.ctl) == before, fleet.ctl.logs()[-3000:]
+    fleet.gw.pages.clear()
+    wait_until(lambda: host_view(c, "h2")["connected"] is True, timeout=15, what="h2 back")
+    assert {(v["host"], v["name"]) for v in c.get("/v1/vms").json()["vms"]} == {("h1", "v1"), ("h2", "v2")}

@@ -325,7 +325,10 @@ class Fleet:
         resp = await conn.request("GET", "/v1/host/vms")
         if resp.status_code != 200:
             return
-        records = agent_object(resp, "the host's VM list (GET /v1/host/vms)").get("vms", [])
+        records = agent_object(resp, VM_LIST).get("vms", [])
+        if problem := vm_list_problem(records):  # (read field by field below: a KeyError a poll, and
+            # the host's VMs never adopted, where it should read as a host out of reach, with why)
+            raise HostUnreachable(f"{VM_LIST} is not a fuse agent's: {problem}")
         gone = None
         if not lost:
             listed = {r["name"] for r in records if r.get("state") != "deleted"}
@@ -595,6 +598,33 @@ def agent_object(resp, what: str) -> dict[str, Any]:
             return body
         problem = f"a JSON {type(body).__name__}, not an object"
     raise HostUnreachable(f"{what} is not a fuse agent's: {problem}")
+
+
+VM_LIST = "the host's VM list (GET /v1/host/vms)"
+
+
+def vm_record_problem(vm: Any) -> str | None:
+    """What makes ``vm`` no VM record of an agent's (a JSON object with a name, a state and a
+    shape of whole vCPUs and MiB), if anything."""
+    if not isinstance(vm, dict):
+        return f"a JSON {type(vm).__name__}, not an object"
+    for key in ("name", "state"):
+        if not isinstance(vm.get(key), str) or not vm[key]:
+            return f"{key} {vm.get(key)!r} is not a non-empty string"
+    shape = vm.get("shape")
+    if not isinstance(shape, dict) or not all(type(shape.get(k)) is int for k in ("vcpus", "mem_mib")):
+        return f"shape {shape!r} is not whole vcpus and mem_mib"
+    return None
+
+
+def vm_list_problem(records: Any) -> str | None:
+    """What makes an agent's ``vms`` list unusable, if anything (its first bad record's fault)."""
+    if not isinstance(records, list):
+        return f"vms is a JSON {type(records).__name__}, not a list"
+    for i, vm in enumerate(records):
+        if problem := vm_record_problem(vm):
+            return f"vms[{i}]: {problem}"
+    return None
 
 
 SUMMARY_INTS = ("free_vcpus", "free_mem_mib", "vm_count", "last_event_id", "max_vms")

@@ -102,11 +102,9 @@ def vm_record(resp, name: str) -> dict | None:
         vm = resp.json()
     except (ValueError, RecursionError):
         return None
-    if not isinstance(vm, dict) or vm.get("name") != name or not isinstance(vm.get("state"), str):
-        return None
-    shape = vm.get("shape")
-    whole = isinstance(shape, dict) and all(type(shape.get(k)) is int for k in ("vcpus", "mem_mib"))
-    return vm if whole else None
+    from .fleet import vm_record_problem
+
+    return vm if vm_record_problem(vm) is None and vm["name"] == name else None
 
 
 def not_agents(resp, host: str, expected: int | None = None, body: str = "VM record") -> HostUnreachable:
