@@ -57,3 +57,36 @@ def test_bounded_knapsack_optimum_on_a_known_machine():
     knapsack.run(f, [(2, 1, 0, 3.0), (4, 2, 0, 6.0), (3, 4, 0, 5.0), (3, 4, 0, 5.0)])
     assert f[8, 8, 0] == 11.0  # two small and one large (7 vCPUs, 6 units); three small: 9; two large: 10
     assert f[6, 8, 0] == 10.0  # two large
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 40), copies, copies)
+def test_a_table_worked_out_to_its_row_limits_reads_as_the_whole_table(rows, cols, first, then):
+    """(review 37) Rows are worked out up to ⌊r·c⌋ memory units only (r: the most memory per
+    vCPU of any copy, of every stage of the table): each cell read through ``at`` holds what the
+    whole table holds there, stage by stage, and walking the masks back through the limits
+    gives a set of copies within the cell's capacity worth exactly its value."""
+    first = [(cw, mw, 0, v) for cw, mw, _, v in first]
+    then = [(cw, mw, 0, v) for cw, mw, _, v in then]
+    whole, part = np.zeros((rows, cols, 1)), np.zeros((rows, cols, 1))
+    lims = knapsack.row_limits(part, first + then)
+    assert all(0 <= lims[c] < cols for c in range(rows))
+    after_first = None
+    for stage in (first, then):
+        after_first = part.copy()  # (the second time round: the table the second stage starts from)
+        knapsack.run(whole, stage)
+        masks = knapsack.run(part, stage, record=True, lims=lims)
+        for c in range(rows):
+            for m in range(cols):
+                assert part[c, knapsack.at(lims, c, m), 0] == whole[c, m, 0], (c, m)
+    for c0 in range(rows):
+        for m0 in range(cols):
+            c, m, value, used_c, used_m = c0, knapsack.at(lims, c0, m0), 0.0, 0, 0
+            for p in range(len(then) - 1, -1, -1):
+                cw, mw, _, v = then[p]
+                if masks[p, c, m, 0]:
+                    value, used_c, used_m = value + v, used_c + cw, used_m + mw
+                    c, m = c - cw, knapsack.at(lims, c - cw, m - mw)
+            rest = after_first[c, m, 0]  # (what the first stage holds in what is left)
+            assert used_c <= c0 and used_m <= m0
+            assert abs(value + rest - whole[c0, m0, 0]) < 1e-9 * max(1.0, whole[c0, m0, 0])

@@ -139,16 +139,20 @@ def class_values(model: PlanModel, types: list[MachineType], pi: np.ndarray) -> 
         if (C + 1) * (M + 1) * (S + 1) > MAX_CELLS:
             raise TooBig
         f = np.zeros((C + 1, M + 1, S + 1))
+        stages = {d: [(cw, mw, sw, v * n) for g, v, wc, wm, u, per in items if groups[g].duration_secs == d
+                      for n, cw, mw, sw in split(u, wc, wm // unit, per if own is not None else 0, C, M, S)]
+                  for d in sorted({groups[g].duration_secs for g in gs})}
+        lims = knapsack.row_limits(f, [c for copies in stages.values() for c in copies])
         after: dict[int, np.ndarray] = {}  # duration -> the table's last VM layer after its groups
-        for d in sorted({groups[g].duration_secs for g in gs}):
-            knapsack.run(f, [(cw, mw, sw, v * n) for g, v, wc, wm, u, per in items if groups[g].duration_secs == d
-                             for n, cw, mw, sw in split(u, wc, wm // unit, per if own is not None else 0, C, M, S)])
+        for d, copies in stages.items():
+            knapsack.run(f, copies, lims=lims)
             after[d] = f[:, :, S].copy()
         durations = sorted(after)
         for ty in tys:
             for k, delta in enumerate(ty.deltas):
                 d = max((d for d in durations if d <= delta), default=None)
-                out[ty.key, k] = 0.0 if d is None else float(after[d][ty.cap_cpu, ty.cap_mem // unit])
+                cell = ty.cap_cpu, knapsack.at(lims, ty.cap_cpu, ty.cap_mem // unit)
+                out[ty.key, k] = 0.0 if d is None else float(after[d][cell])
     return out
 
 

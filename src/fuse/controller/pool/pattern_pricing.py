@@ -99,9 +99,10 @@ def _price(model: PlanModel, ty: MachineType, pi: np.ndarray, mu: list[float],
             for n, cw, mw, sw in split(u, wc, wm // unit, mult if ty.slots is not None else 0, C, M, S):
                 copies.append((g, n * mult, cw, mw, sw, v * n))
         stage_end[k] = len(copies)
-    masks = knapsack.run(f, [c[2:] for c in copies], record=True)
+    lims = knapsack.row_limits(f, [c[2:] for c in copies])
+    masks = knapsack.run(f, [c[2:] for c in copies], record=True, lims=lims)
     for k in promising:
-        counts = _backtrack(copies[:stage_end[k]], masks, C, M, S)
+        counts = _backtrack(copies[:stage_end[k]], masks, C, M, S, lims)
         val = sum(pi[g] * n for g, n in counts.items())
         rc = ty.kappa[k] + mu[k] - val
         floor[k] = max(floor[k], rc)  # the DP's optimum: exact
@@ -175,17 +176,18 @@ def _price_shared(model: PlanModel, ruled: tuple[int, ...], tys: list[tuple[Mach
         for n, cw, mw, _ in split(u, wc, wm // unit, 0, C, M, 0):
             copies.append((g, n * mult, cw, mw, v * n))
         ends[d] = len(copies)
-    masks = knapsack.run(f, [(cw, mw, 0, v) for _, _, cw, mw, v in copies], record=True)
+    lims = knapsack.row_limits(f, [(cw, mw) for _, _, cw, mw, _ in copies])
+    masks = knapsack.run(f, [(cw, mw, 0, v) for _, _, cw, mw, v in copies], record=True, lims=lims)
     out = []
     for ty, mu, floor, k in promising:
         stage = max((n for d, n in ends.items() if d <= ty.deltas[k]), default=0)
-        c, m, counts = ty.cap_cpu, ty.cap_mem // unit, {}
+        c, m, counts = ty.cap_cpu, knapsack.at(lims, ty.cap_cpu, ty.cap_mem // unit), {}
         for p in range(stage - 1, -1, -1):
             g, n, cw, mw, _ = copies[p]
             if masks[p, c, m, 0]:  # (false below the copy's weight)
                 counts[g] = counts.get(g, 0) + n
                 c -= cw
-                m -= mw
+                m = knapsack.at(lims, c, m - mw)
         rc = ty.kappa[k] + mu[k] - sum(pi[g] * n for g, n in counts.items())
         floor[k] = max(floor[k], rc)  # the DP's optimum: exact
         if rc < -1e-7 and counts:
@@ -226,17 +228,18 @@ def split(u: int, wc: int, wm: int, ws: int, C: int, M: int, S: int):
         yield n, wc * n, wm * n, ws * n
 
 
-def _backtrack(copies, masks: np.ndarray, C: int, M: int, S: int) -> dict[int, int]:
+def _backtrack(copies, masks: np.ndarray, C: int, M: int, S: int, lims: np.ndarray) -> dict[int, int]:
     """The pattern the DP took at (C, M, S) using the first ``len(copies)`` item copies.
 
     masks[i] marks the states where copy i improved the table at its stage; walking
-    the copies backwards from the full machine replays those choices."""
-    c, m, s, counts = C, M, S, {}
+    the copies backwards from the full machine replays those choices (through the
+    table's row limits, ``knapsack.at``)."""
+    c, m, s, counts = C, knapsack.at(lims, C, M), S, {}
     for p in range(len(copies) - 1, -1, -1):
         g, n, cw, mw, sw, _ = copies[p]
         if masks[p, c, m, s]:
             counts[g] = counts.get(g, 0) + n
             c -= cw
-            m -= mw
+            m = knapsack.at(lims, c, m - mw)
             s -= sw
     return counts
