@@ -58,3 +58,15 @@ def procs(tmp_path):
     for p in reversed(started):
         p.stop()
     reap(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _reap_what_the_test_left(request):
+    """After every test with a ``tmp_path`` (and after its own fixtures' teardown: this one is
+    set up first, so torn down last), kill whatever still mentions that dir: a test's agents
+    stopped, their VMs' processes go on by design, and a fixture that forgot ``reap`` left them
+    running for the rest of the run (a whole suite left ~30 fake VMs behind)."""
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if path is not None:
+        reap(path)
