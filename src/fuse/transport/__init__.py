@@ -195,6 +195,35 @@ def check_cert_dates(path: str, name: str, reissue: str, now: datetime.datetime 
                             "machine's clock right?)")
 
 
+CLOCK_HINT_S = 3600  # a certificate valid for less than this, or for at most this much longer: said
+
+
+def clock_hint(path: str, now: datetime.datetime | None = None) -> str:
+    """What to say of a certificate that a peer refused though it is valid on this machine's
+    clock, when its validity began or ends within ``CLOCK_HINT_S`` of now: a peer whose clock
+    is that far behind (or ahead) takes it for not valid yet (or expired), with the same alert
+    as a certificate signed by another CA, so the refusal alone cannot tell (review 37: issued
+    on a machine 15 minutes ahead; certificates are back-dated only 5). "" otherwise."""
+    try:
+        cert = _first_cert(path, "the controller's certificate")
+    except IdentityError:
+        return ""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if (now - start).total_seconds() < CLOCK_HINT_S:
+        return (f"; or the host's clock is behind this machine's: the certificate is valid only from "
+                f"{start:%Y-%m-%d %H:%M:%S} UTC ({_ago(now - start)} ago here)")
+    if (end - now).total_seconds() < CLOCK_HINT_S:
+        return (f"; or the host's clock is ahead of this machine's: the certificate expires at "
+                f"{end:%Y-%m-%d %H:%M:%S} UTC (in {_ago(end - now)} here)")
+    return ""
+
+
+def _ago(delta: datetime.timedelta) -> str:
+    secs = int(delta.total_seconds())
+    return f"{secs // 60} min {secs % 60} s" if secs >= 60 else f"{secs} s"
+
+
 def check_cert_purpose(path: str, name: str, *, client: bool) -> None:
     """IdentityError when the certificate at ``path`` is not for a TLS client (``client``)
     or server, by its extended key usage (none: any purpose)."""
@@ -499,6 +528,7 @@ def _describe_tls(chain: list[BaseException], low: str, addr: str, handshake: st
         if identity is not None:
             try:  # (the likeliest cause, when it is so, said: not left to a guess)
                 identity.check_dates()
+                why += clock_hint(identity.cert)
             except IdentityError as expired:
                 why = f"{why}: {expired}"
         return why, True
