@@ -71,15 +71,24 @@ async def fresh_probe(app: FastAPI) -> str:
         task = app.state.fresh_probe = asyncio.ensure_future(
             asyncio.to_thread(probe_mod.probe, cfg.state_dir, dict(cfg.facts)))
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is not None or apply(t.result()))
+
+    def which() -> str:
+        # (once an overrun probe has ended, the facts are no longer the start-up ones)
+        probed_at = getattr(app.state, "probed_at", None)
+        return ("the facts probed when the agent started" if probed_at is None else
+                f"the facts of its last probe to finish, {time.monotonic() - probed_at:.0f} s ago")
+
     try:
         await asyncio.wait_for(asyncio.shield(task), FRESH_PROBE_S)
     except asyncio.TimeoutError:
-        # (once an overrun probe has ended, the facts are no longer the start-up ones)
-        probed_at = getattr(app.state, "probed_at", None)
-        which = ("the facts probed when the agent started" if probed_at is None else
-                 f"the facts of its last probe to finish, {time.monotonic() - probed_at:.0f} s ago")
         return (f"the fresh probe did not finish within {FRESH_PROBE_S:g} s (a slow nvidia-smi, qemu or firecracker "
-                f"--version?): these are {which}")
+                f"--version?): these are {which()}")
+    except OSError as exc:
+        if not probe_mod.transient(exc):
+            raise
+        # (an agent at its fd limit cannot read /proc now: the facts it has stand, as for a slow
+        # probe, where a 500 failed the registration, review 37)
+        return f"the fresh probe could not read the machine now ({exc.strerror or exc}): these are {which()}"
     return ""
 
 
@@ -242,10 +251,11 @@ def create_app(cfg: AgentConfig) -> FastAPI:
         note = await fresh_probe(request.app) if fresh else ""
         facts = dict(cfg.facts)
         facts["storage_gb"] = probe_mod.storage_gb(cfg.state_dir)
-        live = {"free_vcpus": facts["cpus"], "free_mem_mib": max(0, probe_mod.mem_available_mb() - cfg.reserve_mib),
-                "vm_count": 0, "memory_pressure": False, "bundles": []}
-        if vms is not None:
-            live.update(vms.summary())
+        # (the VM manager's figures when there is one: /proc/meminfo read here as well, only to be
+        # replaced, made every summary of an agent at its fd limit a 500, review 37)
+        live = vms.summary() if vms is not None else {
+            "free_vcpus": facts["cpus"], "free_mem_mib": max(0, probe_mod.mem_available_mb() - cfg.reserve_mib),
+            "vm_count": 0, "memory_pressure": False, "bundles": []}
         return {"agent_id": ident, "instance": instance, "backend": cfg.backend, "features": [FEATURE],
                 "platform": f"linux/{facts['arch']}/{cfg.backend}",
                 "max_vms": cfg.max_vms, **facts, **live, **({"probe_note": note} if note else {})}

@@ -57,6 +57,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..models.vm import NAME_PATTERN
+from .probe import transient
 
 FORMAT = 1  # bump when the bundle layout or packing changes
 BOOT_FILES = ("vmlinux", "initrd.cpio.gz")  # what a bundle that boots must list
@@ -337,6 +338,8 @@ def _check(path: Path, needs: tuple[str, ...] = ()) -> Bundle | str:
     except FileNotFoundError:
         return "it has no manifest.json"
     except OSError as exc:
+        if transient(exc):  # (says nothing of the bundle: `_checked` answers for it)
+            raise
         return f"its manifest.json cannot be read ({exc.strerror or exc})"
     except ValueError:
         return "its manifest.json is not JSON"
@@ -365,7 +368,12 @@ def _check(path: Path, needs: tuple[str, ...] = ()) -> Bundle | str:
         if fp != fingerprint(files):
             return "its fingerprint is not the one its files' hashes give"
         for f, want in sorted(files.items()):
-            got = _cached_sha256(path / f)
+            try:
+                got = _cached_sha256(path / f)
+            except OSError as exc:
+                if transient(exc):
+                    raise
+                return f"its {f} cannot be read ({exc.strerror or exc})"
             if got is None:
                 return f"its {f} is missing"
             if got != want:
@@ -392,6 +400,40 @@ def _report(path: Path, result: Bundle | str) -> None:
         log.warning("bundle %s is not usable and is skipped: %s", path, result)
 
 
+# (bundle dir, files it must list) -> the Bundle its last check found, and those whose check
+# cannot be made now; bundles dir -> its last listing
+_last_good: dict[tuple[str, tuple[str, ...]], Bundle] = {}
+_unsure: set[tuple[str, tuple[str, ...]]] = set()
+_last_listing: dict[tuple[str, tuple[str, ...]], list[dict[str, str]]] = {}
+
+
+def _checked(path: Path, needs: tuple[str, ...]) -> Bundle | str:
+    """``_check``'s answer, reported (`_report`). A check that cannot be made now (``transient``:
+    an agent at its fd limit cannot open the manifest) says nothing of the bundle: its last
+    check's Bundle stands, logged once until a check can be made. Review 37: read as "not
+    usable", the bundle left the host's summary, and creates placed there were refused 400
+    "has no bundle" while it was there all along."""
+    at = (os.path.abspath(path), needs)
+    try:
+        result = _check(path, needs)
+    except OSError as exc:
+        if not transient(exc):  # (`_check` answers every other failure to read as a reason)
+            raise
+        last = _last_good.get(at)
+        if at not in _unsure:
+            _unsure.add(at)
+            log.warning("bundle %s cannot be checked now (%s): %s", path, exc.strerror or exc,
+                        "its last check stands until it can" if last else "it is left out until it can be")
+        return last if last is not None else f"it cannot be checked now ({exc.strerror or exc}); try again"
+    _unsure.discard(at)
+    if isinstance(result, Bundle):
+        _last_good[at] = result
+    else:
+        _last_good.pop(at, None)
+    _report(path, result)
+    return result
+
+
 def load_bundle(state_dir: Path, name: str, needs: tuple[str, ...] = ()) -> Bundle | str:
     """The built bundle ``name``, checked against its manifest and listing
     the files ``needs`` (what the caller's backend boots from), or why there
@@ -401,8 +443,7 @@ def load_bundle(state_dir: Path, name: str, needs: tuple[str, ...] = ()) -> Bund
     path = state_dir / "bundles" / name
     if not path.is_dir():
         return f"no bundle named {name} on this host (fuse bundle build --name {name})"
-    result = _check(path, needs)
-    _report(path, result)
+    result = _checked(path, needs)
     return result if isinstance(result, Bundle) else f"bundle {name} is not usable: {result}"
 
 
@@ -419,17 +460,25 @@ def list_bundles(state_dir: Path, needs: tuple[str, ...] = ()) -> list[dict[str,
     never an error: ``GET /v1/host`` lists these, and the controller places
     a VM only on a host that lists its bundle."""
     root = state_dir / "bundles"
-    out = []
+    out: list[dict[str, str]] = []
+    at = (os.path.abspath(root), needs)
     try:
         paths = sorted(root.iterdir())
-    except OSError:  # no bundles dir yet
-        return out
+    except OSError as exc:
+        if transient(exc):  # (listing a dir takes an fd too: the last listing stands, as in `_checked`)
+            if at not in _unsure:
+                _unsure.add(at)
+                log.warning("bundles dir %s cannot be listed now (%s): its last listing stands until it can",
+                            root, exc.strerror or exc)
+            return list(_last_listing.get(at, out))
+        return out  # no bundles dir yet
+    _unsure.discard(at)
     for path in paths:
         # dot dirs are builds under way (see build_bundle)
         if path.name.startswith(".") or not path.is_dir():
             continue
-        result = _check(path, needs)
-        _report(path, result)
+        result = _checked(path, needs)
         if isinstance(result, Bundle):
             out.append({"name": result.name, "fingerprint": result.fingerprint, "kernel": result.kernel})
-    return out
+    _last_listing[at] = out
+    return list(out)

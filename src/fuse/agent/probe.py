@@ -7,7 +7,9 @@ configuration: the controller trusts these over an operator's guess.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
+import logging
 import math
 import os
 import platform
@@ -21,6 +23,20 @@ from typing import Any
 # tested against (its API calls, snapshot format). Live migration needs the
 # same release on both hosts.
 FIRECRACKER_PINNED = "v1.10.1"
+
+log = logging.getLogger(__name__)
+
+# What a read of /proc or of the agent's own files fails with when the process or machine
+# is short of something for a moment (file descriptors, kernel memory), not because the
+# file says anything: the answer is "cannot tell now", never "none" (review 37).
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def transient(exc: OSError) -> bool:
+    """Whether ``exc`` says the read could not be made now (say, at the fd limit), rather
+    than anything of what was read."""
+    return exc.errno in _TRANSIENT
+
 
 _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _KVM_GET_API_VERSION = 0xAE00
@@ -57,7 +73,9 @@ def cgroup_cpu_limit(root: Path = Path("/")) -> int | None:
     fs = root / "sys/fs/cgroup"
     try:
         lines = (root / "proc/self/cgroup").read_text().splitlines()
-    except OSError:
+    except OSError as exc:
+        if transient(exc):  # (read as no procfs, the quota would go unseen: more CPUs than there are)
+            raise
         lines = ["0::/"]  # no procfs: at least the cgroup the mount shows
     quotas: list[float] = []
     for line in lines:
@@ -93,7 +111,11 @@ def _v2_quota(d: Path) -> float | None:
     try:
         quota, period = (d / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError, ZeroDivisionError):
+    except OSError as exc:
+        if transient(exc):
+            raise
+        return None
+    except (ValueError, ZeroDivisionError):
         return None
 
 
@@ -103,7 +125,11 @@ def _v1_quota(d: Path) -> float | None:
         quota = int((d / "cpu.cfs_quota_us").read_text())
         period = int((d / "cpu.cfs_period_us").read_text())
         return None if quota <= 0 else quota / period
-    except (OSError, ValueError, ZeroDivisionError):
+    except OSError as exc:
+        if transient(exc):
+            raise
+        return None
+    except (ValueError, ZeroDivisionError):
         return None
 
 
@@ -115,10 +141,34 @@ def mem_available_mb(meminfo: Path = Path("/proc/meminfo")) -> int:
     return _meminfo_kib(meminfo, "MemAvailable") // 1024
 
 
+# (meminfo path, key) -> its last figure read, and the keys whose reads fail now
+_last_meminfo: dict[tuple[str, str], int] = {}
+_meminfo_unread: set[tuple[str, str]] = set()
+
+
 def _meminfo_kib(meminfo: Path, key: str) -> int:
-    for line in meminfo.read_text().splitlines():
+    """``key``'s figure in ``meminfo``. A read that cannot be made now (``transient``: an
+    agent at its fd limit) gives the last figure read, logged once until a read works again:
+    review 37 found ``GET /v1/host`` answering 500 then, which a controller's poller takes
+    for a host gone (its creates in flight reported failed); with no figure read yet it raises."""
+    at = (str(meminfo), key)
+    try:
+        text = meminfo.read_text()
+    except OSError as exc:
+        if not transient(exc) or at not in _last_meminfo:
+            raise
+        if at not in _meminfo_unread:
+            _meminfo_unread.add(at)
+            log.warning("%s cannot be read now (%s): its %s stays %d kB, as last read, until it can",
+                        meminfo, exc.strerror or exc, key, _last_meminfo[at])
+        return _last_meminfo[at]
+    for line in text.splitlines():
         if line.startswith(key + ":"):
-            return int(line.split()[1])
+            if at in _meminfo_unread:
+                _meminfo_unread.discard(at)
+                log.info("%s is read again", meminfo)
+            _last_meminfo[at] = value = int(line.split()[1])
+            return value
     raise RuntimeError(f"{key} missing from {meminfo}")
 
 
