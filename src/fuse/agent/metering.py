@@ -60,6 +60,25 @@ there, which counts once. A last line cut short (an agent stopped as it
 appended) is skipped with a warning: its record is still in ``metering.json``.
 A file that cannot be read otherwise is kept aside as ``<name>.damaged-<time>``
 (``damaged`` says so) and the other file's figures count.
+
+Clocks. A segment's length is measured on CLOCK_BOOTTIME, which nobody sets (it
+counts from the boot, suspends included), and the wall clock only places it for
+windows: an open segment keeps, beside its wall ``start``, the boottime of its start
+(``boottime``, with the ``boot_id`` it counts in: VMs do not outlive a reboot, and
+neither does that count), and its now — what ``seen``, its ``end`` and a usage reply
+take — is ``start`` + the boottime since. So the wall clock stepped while a VM runs
+(NTP correcting it, someone setting it) changes neither the segment's length nor
+what a reply reports of it (the wall clock stepped back an hour hid every running VM
+from usage and left a segment slept meanwhile 0 s long; the correction billed each VM
+started meanwhile an extra hour). Once the two clocks disagree by more than ``STEP_S``
+an open segment is placed anew, to end now on the wall clock as it is (its length
+kept; the step is logged once): a running VM is in the window that ends now whatever
+the wall clock did, and one started while the clock was off is placed where it ran
+once it is right. An ended segment keeps the place it had as it ended, and loses
+``boottime`` and ``boot_id`` (the archive's records are as they were). Times callers
+give (a console's last write, a delete mark's mtime) are the wall clock's as it read
+then, taken as they are but never past the segment's now. Records without ``boottime``
+(an older agent's, one of an earlier boot) are measured on the wall clock, as before.
 """
 
 from __future__ import annotations
@@ -88,6 +107,9 @@ PERSIST_S = 1.0
 # (the end of a VM whose process ends while the agent is down)
 SEEN_PERSIST_S = 5.0
 _MICROSECOND = Decimal("0.000001")
+# The wall clock and CLOCK_BOOTTIME disagreeing by more than this since they were last
+# compared is the wall clock stepped (NTP slews both alike; only a step parts them).
+STEP_S = 1.0
 log = logging.getLogger("fuse.agent")
 
 
@@ -113,6 +135,7 @@ class Metering:
         self._dirty = False  # a CPU reading not on disk yet
         self._saved_at = -math.inf  # time.monotonic() of the last save
         self._unsaved: OSError | None = None  # why the last write failed, while it does
+        self._boot = _boot_id()  # the boot CLOCK_BOOTTIME counts in (None: no boottime kept)
         # why a file on disk could not be read, when one could not (the archive first: a record
         # in both files is known as one by what the archive holds)
         damaged = [why for why in (self._load_archive(), self._load_hot()) if why]
@@ -253,6 +276,28 @@ class Metering:
                             "until it can", self.path, exc)
             self._unsaved = exc
 
+    def _timed(self, seg: dict[str, Any]) -> bool:
+        """Whether open segment ``seg`` is measured on CLOCK_BOOTTIME: it holds a boottime of this boot."""
+        return seg.get("boottime") is not None and seg.get("boot_id") == self._boot
+
+    def _now_in(self, seg: dict[str, Any], clock: tuple[float, float] | None = None) -> float:
+        """Now on open segment ``seg``'s timeline: its wall ``start`` + the CLOCK_BOOTTIME since,
+        placed anew first if the wall clock stepped since it was placed (the module doc); the
+        wall clock for a segment without a boottime of this boot."""
+        wall, boottime = clock or CLOCK.read()
+        if not self._timed(seg):
+            return wall
+        at = seg["start"] + (boottime - seg["boottime"])
+        if abs(wall - at) > STEP_S:
+            shift = wall - at
+            seg["start"] += shift
+            if seg.get("seen") is not None:
+                seg["seen"] += shift
+            self._dirty = True
+            CLOCK.stepped(shift)  # (a step while no agent looked: this is the first to see it)
+            at = seg["start"] + (boottime - seg["boottime"])
+        return at
+
     def _open_segment(self, vm: str) -> dict[str, Any] | None:
         for seg in reversed(self._hot_segments):
             if seg["vm"] == vm and seg["end"] is None:
@@ -264,11 +309,18 @@ class Metering:
         """A process for ``vm`` (the VM created at ``created_at``) started
         holding ``mem_mib``: its segment starts at ``now``, by default when the
         process started (the time of this call when /proc cannot say)."""
+        _, boottime = CLOCK.read()
         if now is None:
-            now = process_started(pid) or time.time()
+            began = _started_boottime(pid)
+            began = boottime if began is None else min(began, boottime)
+            now = began + CLOCK.offset
+        else:  # (a wall time as the clock reads now: that long ago on CLOCK_BOOTTIME)
+            began = now - CLOCK.offset
         self.stop(vm, now=now)  # never two open segments for one VM
         seg = {"vm": vm, "created_at": created_at, "start": now, "end": None, "mem_mib": mem_mib, "pid": pid,
                "cpu_s": 0.0}
+        if self._boot is not None:
+            seg |= {"boottime": began, "boot_id": self._boot}
         self.segments.append(seg)
         self._hot_segments.append(seg)
         self.persist()
@@ -292,7 +344,7 @@ class Metering:
         seg = self._open_segment(vm)
         if seg is None or (cpu := cpu_seconds(seg["pid"])) is None:
             return
-        seg["seen"] = time.time()
+        seg["seen"] = self._now_in(seg)
         if cpu > seg["cpu_s"]:
             seg["cpu_s"] = cpu
             self._dirty = True
@@ -301,10 +353,13 @@ class Metering:
             self.persist()
 
     def last_seen(self, vm: str) -> float | None:
-        """When ``vm``'s open segment's process was last seen alive, as persisted
-        (None when it never was)."""
+        """When ``vm``'s open segment's process was last seen alive, as persisted, on the
+        wall clock as it reads now (None when it never was)."""
         seg = self._open_segment(vm)
-        return None if seg is None else seg.get("seen")
+        if seg is None or seg.get("seen") is None:
+            return None
+        self._now_in(seg)  # (placed as the wall clock reads now, as the end it goes to: ``stop``)
+        return seg["seen"]
 
     def stop(self, vm: str, now: float | None = None) -> None:
         """``vm``'s process ended (or is about to: call before killing it,
@@ -313,8 +368,16 @@ class Metering:
         seg = self._open_segment(vm)
         if seg:
             self.sample(vm)
-            end = time.time() if now is None else now
+            at = self._now_in(seg)  # (first: it places the segment anew after a step)
+            end = at if now is None else now
+            if now is not None and self._timed(seg):
+                # a wall time read before the clock stepped back is ahead of the segment's own
+                # now, and no process ends after now
+                end = min(end, at)
             seg["end"] = max(seg["start"], seg.get("seen", seg["start"]), end)
+            # ended, its length is fixed: what the archive gets is as it was
+            seg.pop("boottime", None)
+            seg.pop("boot_id", None)
             self.persist()
 
     def state_written(self, vm: str, nbytes: int, now: float | None = None, created_at: str | None = None) -> None:
@@ -332,8 +395,10 @@ class Metering:
     def usage(self, start: float = 0.0, end: float | None = None, now: float | None = None) -> dict[str, Any]:
         """Per-VM rows (one per VM: name and ``created_at``) and totals for
         the window [start, end), as exact decimals (serialise with
-        ``exact_json``)."""
-        now = now or time.time()
+        ``exact_json``); open segments end at ``now`` when given, else at their
+        own now (the module doc)."""
+        clock = CLOCK.read()
+        given, now = now is not None, now or clock[0]
         end = now if end is None else end
         rows: dict[tuple[str, str], dict[str, Decimal | int]] = {}
 
@@ -347,7 +412,7 @@ class Metering:
             if seg["end"] is None:
                 live = True
                 self.sample(seg["vm"])
-            s_end = now if seg["end"] is None else seg["end"]
+            s_end = seg["end"] if seg["end"] is not None else now if given else self._now_in(seg, clock)
             overlap = min(end, s_end) - max(start, seg["start"])
             if overlap <= 0:
                 continue
@@ -371,6 +436,39 @@ class Metering:
             totals["state_bytes_written"] += r["state_bytes_written"]
             out_rows.append({"vm": vm, **({"created_at": created_at} if created_at else {}), **r})
         return {"from": start, "to": end, "vms": out_rows, "totals": totals}
+
+
+class Clock:
+    """The wall clock and CLOCK_BOOTTIME as metering reads them. The wall clock is taken as
+    CLOCK_BOOTTIME + the offset between them, which changes only when the wall clock steps (by
+    more than ``STEP_S``; logged once a step): so every segment placed between two steps has
+    the same offset, and one history (a record given its times) is the same record whichever
+    ``Metering`` writes it. One for the process (the host has one wall clock)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # wall clock - CLOCK_BOOTTIME, from the first read on
+        self._read = False
+        self._told: float | None = None  # the offset a step was last logged at
+
+    def read(self) -> tuple[float, float]:
+        """The wall clock and CLOCK_BOOTTIME now."""
+        wall, boottime = _clocks()
+        if not self._read or abs(wall - boottime - self.offset) > STEP_S:
+            was, self.offset = self.offset, wall - boottime
+            if self._read:
+                self.stepped(self.offset - was)
+            self._read = True
+        return boottime + self.offset, boottime
+
+    def stepped(self, by: float) -> None:
+        """Log a step of ``by`` seconds, once a step."""
+        if self._told != self.offset:
+            log.warning("metering: the wall clock stepped %+.3f s; segments are measured on CLOCK_BOOTTIME, "
+                        "running VMs' are placed anew to end now on the wall clock", by)
+        self._told = self.offset
+
+
+CLOCK = Clock()
 
 
 def _tagged(segments: list[dict[str, Any]], writes: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -423,6 +521,14 @@ def process_started(pid: int | None) -> float | None:
     """When process ``pid`` started, unix seconds (None when /proc cannot say).
     Its start is in clock ticks since boot; the clock it counts on is
     CLOCK_BOOTTIME, so the difference to now is taken there."""
+    if (began := _started_boottime(pid)) is None:
+        return None
+    wall, boottime = _clocks()
+    return wall - max(0.0, boottime - began)
+
+
+def _started_boottime(pid: int | None) -> float | None:
+    """When process ``pid`` started on CLOCK_BOOTTIME (None when /proc cannot say)."""
     if not pid:
         return None
     try:
@@ -430,8 +536,27 @@ def process_started(pid: int | None) -> float | None:
         ticks = int(fields[19])  # field 22, starttime
     except (OSError, IndexError, ValueError):
         return None
-    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    return time.time() - max(0.0, age)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _clocks() -> tuple[float, float]:
+    """The wall clock and CLOCK_BOOTTIME, read together: boottime on each side of the wall
+    clock, again if far apart (a thread preempted between two reads looked like a step)."""
+    for _ in range(5):
+        before = time.clock_gettime(time.CLOCK_BOOTTIME)
+        wall = time.time()
+        after = time.clock_gettime(time.CLOCK_BOOTTIME)
+        if after - before < 0.001:
+            break
+    return wall, (before + after) / 2
+
+
+def _boot_id() -> str | None:
+    """This boot's id: what CLOCK_BOOTTIME readings are good in (None when Linux cannot say)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 _SECONDS = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
