@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
+import logging
 import os
+import resource
 import signal
 import socket
 import ssl
 import stat
+import struct
+import termios  # (here, never where it is used: importing it opens a file, and a server out of descriptors failed to)
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +63,6 @@ def _late(timer: asyncio.TimerHandle | None) -> bool:
 
 def _bytes_waiting(transport) -> bool:
     """Whether bytes the server has not read yet wait on ``transport``'s socket."""
-    import fcntl
-    import struct
-    import termios
     sock = transport.get_extra_info("socket")
     if sock is None:
         return False
@@ -67,11 +72,18 @@ def _bytes_waiting(transport) -> bool:
         return False
 
 
-def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+def with_head_deadline(base: type[asyncio.Protocol],
+                       accepted: Callable[[], None] | None = None) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol ``base``, closing a connection with no request in flight
     ``head_timeout_s()`` after it opened or answered (uvicorn's keep-alive timer starts only
     after an answer, and stops at the first byte of the next request), or whose request's
-    body has sent nothing for that long."""
+    body has sent nothing for that long. ``accepted`` is called as each connection is.
+
+    Its timers close the connection whatever goes wrong as they look at it (then raise, for
+    the loop to log): they are not armed again, and one that raised before closing kept its
+    connection for good (review 37: out of descriptors, a late timer's look at the bytes
+    waiting failed to import ``termios``, so no silent connection was ever closed and they
+    held every descriptor, the owner-only socket's included, until their clients let go)."""
     head_s = head_timeout_s()
 
     class HeadDeadline(base):  # type: ignore[misc, valid-type]
@@ -84,6 +96,8 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             # ``connection_made``, and the head's time counts from here (a peer that took 29 s
             # over its handshake had 30 s more to send nothing)
             self._opened = asyncio.get_running_loop().time()
+            if accepted is not None:
+                accepted()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -120,16 +134,29 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         def _no_head(self) -> None:
             late = _late(self._head_timer)
             self._head_timer = None
+            try:
+                if late and (t := self._idle()) is not None and _bytes_waiting(t):
+                    self._arm(WAITING_RECHECK_S)  # (a head came while the server was stopped: read, not cut)
+                    return
+            except BaseException:
+                self._close_idle()
+                raise
+            self._close_idle()
+
+        def _idle(self) -> asyncio.Transport | None:
+            """This connection's transport when it is ours still and no request is in flight."""
             t = getattr(self, "transport", None)
             if t is None or t.is_closing() or t.get_protocol() is not self:
-                return
-            if late and _bytes_waiting(t):  # (a head came while the server was stopped: read, not cut)
-                self._arm(WAITING_RECHECK_S)
-                return
+                return None
             if (conns := getattr(self, "connections", None)) is not None and self not in conns:
-                return  # (uvicorn's no longer: the agent's bulk copy has it)
+                return None  # (uvicorn's no longer: the agent's bulk copy has it)
             cycle = getattr(self, "cycle", None)
             if cycle is None or cycle.response_complete:  # (no request in flight: none came whole)
+                return t
+            return None
+
+        def _close_idle(self) -> None:
+            if (t := self._idle()) is not None:
                 t.close()
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -142,10 +169,15 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             # timer can run before the bytes are read, and closing with them unread resets the
             # connection (the request lost: a sleep sent while the agent was stopped 6 s)
             t = getattr(self, "transport", None)
-            if _late(self.timeout_keep_alive_task) and t is not None and not t.is_closing() and _bytes_waiting(t):
-                self.timeout_keep_alive_task = asyncio.get_running_loop().call_later(
-                    WAITING_RECHECK_S, self.timeout_keep_alive_handler)
-                return
+            try:
+                if (_late(self.timeout_keep_alive_task) and t is not None and not t.is_closing()
+                        and _bytes_waiting(t)):
+                    self.timeout_keep_alive_task = asyncio.get_running_loop().call_later(
+                        WAITING_RECHECK_S, self.timeout_keep_alive_handler)
+                    return
+            except BaseException:
+                super().timeout_keep_alive_handler()
+                raise
             super().timeout_keep_alive_handler()
 
         def on_response_complete(self) -> None:
@@ -162,6 +194,116 @@ def with_head_deadline(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
 
     HeadDeadline.__name__ = f"HeadDeadline{base.__name__}"
     return HeadDeadline
+
+
+log = logging.getLogger("fuse.serving")
+
+ACCEPT_REMIND_S = 60.0  # while accepts fail (out of descriptors), said again this often
+ACCEPT_SETTLE_S = 5.0  # accepts that worked this long with none failing: they work again
+# Connections a listener's queue holds, and accepts tried in a turn of the loop: asyncio tries
+# that many even once the first fails out of descriptors, each failure reported and a retry
+# timer armed (uvicorn's 2048 made a storm of them each second, review 37)
+LISTEN_BACKLOG = 512
+_ACCEPT_OUT_OF = "socket.accept() out of system resource"  # asyncio's words for it
+
+
+class AcceptFailures:
+    """A loop exception handler that says accepts failing for want of a resource (EMFILE:
+    the process's descriptors all held) in one line when they start, again every
+    ``ACCEPT_REMIND_S`` while they go on, and once when a connection was accepted and none
+    failed for ``ACCEPT_SETTLE_S`` (at the limit, each connection closed lets one in before
+    the next fails: said each time, it was a line a second), rather than asyncio's traceback
+    for each try (review 37: ~1.7 MB of log a second, the loop busy writing it). Anything
+    else goes to the handler it was installed over."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.before: Callable[..., Any] | None = None  # the handler installed over
+        self._said = 0.0  # when the failures were last said (0: none since accepts last worked)
+        self._started = 0.0
+        self._failed = 0  # accepts failed since they were last said
+        self._total = 0  # since they started
+        self._last_failed = 0.0
+        self._settle: asyncio.TimerHandle | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.before = loop, loop.get_exception_handler()
+        loop.set_exception_handler(self)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if context.get("message") != _ACCEPT_OUT_OF or not isinstance(exc, OSError):
+            if self.before is not None:
+                self.before(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        now = self._last_failed = time.monotonic()
+        self._failed += 1
+        self._total += 1
+        if not self._said:
+            self._started = now
+            limit = f" (the open-file limit is {_nofile()[0]})" if exc.errno == errno.EMFILE else ""
+            log.warning("accepting connections fails: %s%s: clients wait in the listen queue; said "
+                        "again every %g s while it lasts", exc.strerror or exc, limit, ACCEPT_REMIND_S)
+        elif now - self._said >= ACCEPT_REMIND_S:
+            log.warning("accepting connections still fails: %s (%d tries failed in %.0f s)",
+                        exc.strerror or exc, self._failed, now - self._said)
+        else:
+            return
+        self._said, self._failed = now, 0
+
+    def accepted(self) -> None:
+        """A connection was accepted: accepts work again once none failed for ``ACCEPT_SETTLE_S``."""
+        if self._said and self._settle is None and self.loop is not None:
+            self._settle = self.loop.call_later(ACCEPT_SETTLE_S, self._settled)
+
+    def _settled(self) -> None:
+        self._settle = None
+        if not self._said:
+            return
+        if (quiet := time.monotonic() - self._last_failed) < ACCEPT_SETTLE_S:
+            if self.loop is not None:  # (failed since: looked at again once it could have settled)
+                self._settle = self.loop.call_later(ACCEPT_SETTLE_S - quiet, self._settled)
+            return
+        log.warning("accepting connections works again (%d tries failed over %.0f s)",
+                    self._total, self._last_failed - self._started)
+        self._said, self._failed, self._total = 0.0, 0, 0
+
+    def remove(self) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
+            self._settle = None
+        if self.loop is not None and self.loop.get_exception_handler() is self:
+            self.loop.set_exception_handler(self.before)
+
+
+def _nofile() -> tuple[int, int]:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+LOW_NOFILE = 4096  # an open-file limit below this is said as a server starts: a connection holds one
+NOFILE_MOST = 65536  # the soft limit a server raises itself to, at most (its hard limit permitting)
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one (at most ``NOFILE_MOST``): each connection, each VM's sockets
+    and logs hold a descriptor, and the soft limit is often 1024 (systemd's default) while
+    the hard one allows far more (review 37: idle connections, no token needed, took them
+    all). A limit that stays low is said, with how to raise it."""
+    soft, hard = _nofile()
+    # at most NOFILE_MOST: the processes started from here (QEMU, Firecracker, a VM's tools)
+    # inherit it, and a program that closes every descriptor up to its limit, or sizes a
+    # table by it, takes a while over a billion (an unlimited hard limit is fs.nr_open)
+    want = NOFILE_MOST if hard == resource.RLIM_INFINITY else min(hard, NOFILE_MOST)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, _nofile()[1]))
+    soft = _nofile()[0]
+    if soft != resource.RLIM_INFINITY and soft < LOW_NOFILE:
+        log.warning("the open-file limit is %d (its hard limit %s): each connection holds one, so "
+                    "this many clients at once leave none to answer with; raise it "
+                    "(LimitNOFILE= in a systemd unit, ulimit -Hn)", soft, _nofile()[1])
 
 
 class SocketInUse(OSError):
@@ -307,21 +449,25 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
     # plain listeners too; mutual-TLS listeners stay HTTP only.
     bulk = getattr(getattr(app, "state", None), "bulk", None)
 
+    accepts = AcceptFailures()
+
     def http(trusted: bool, tls: bool = False) -> Any:
-        base = with_head_deadline(AutoHTTPProtocol)
+        base = with_head_deadline(AutoHTTPProtocol, accepts.accepted)
         return bulk.protocol(base, trusted) if bulk and not tls else base
 
     if listen:
         host, port = parse_listen(listen)
         cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan,
-                             http=http(False, bool(ssl_options)), **(ssl_options or {}))
+                             backlog=LISTEN_BACKLOG, http=http(False, bool(ssl_options)), **(ssl_options or {}))
         servers.append((_Server(cfg), None))
     if socket_path:
         sock = owner_only_socket(Path(socket_path))
-        cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan, http=http(True))
+        cfg = uvicorn.Config(trusted(app), log_level="warning", lifespan=lifespan, backlog=LISTEN_BACKLOG,
+                             http=http(True))
         servers.append((_Server(cfg), [sock]))
     if not servers:
         raise ValueError("nothing to serve on: give a listen address or a socket path")
+    raise_fd_limit()
     loop = asyncio.get_running_loop()
     if ssl_options:
         handshake_deadline(loop)
@@ -352,6 +498,7 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
             ready.set()
 
     started = failed = False
+    accepts.install(loop)
     try:
         await life.startup()
         if life.should_exit:  # (the app's startup failed: uvicorn logged why; nothing is served)
@@ -371,6 +518,7 @@ async def serve(app: Any, *, listen: str | None = None, socket_path: Path | None
             Path(socket_path).unlink()
         if socket_path:
             _unlock_socket(Path(socket_path))  # (after the unlink: a successor binds a fresh file)
+        accepts.remove()
         if failed:  # (uvicorn's exit status for it, as when it ran the lifespan: a supervisor restarts it)
             raise SystemExit(STARTUP_FAILED)
     # A server that failed to start (TLS files it cannot load, say) raised: say so, never a
