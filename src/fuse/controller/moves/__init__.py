@@ -37,7 +37,9 @@ half-copied file outlives the move.
 Several controller replicas may share one store: each move carries its
 driver (`owner`) and a lease the driver renews every second. Recovery takes
 over only moves whose lease ran out, under a row lock, so a live replica's
-move is never rolled back by another.
+move is never rolled back by another; a lease runs out once a replica has seen
+it unrenewed for its length on its own monotonic clock, so the replicas' wall
+clocks need not agree.
 
 The package, one module per responsibility; `MoveService` (``service.py``)
 composes the parts, each a mixin on `MoveRecords`:
@@ -49,6 +51,7 @@ composes the parts, each a mixin on `MoveRecords`:
     copying.py   the copy: 4 MiB chunks over bulk or HTTP, then every file verified
     rollback.py  settling a move that cannot go on: forward, or home
     janitor.py   leases across replicas, take-over of orphaned moves, leftovers
+    leases.py    whether another replica's lease ran out, judged on this one's clock
     drain.py     draining a host, and resuming drains at the controller's start
     hooks.py     the test hooks (crash, lost reply, pause) at named points
     service.py   MoveService: starting a move, and the service's start and close

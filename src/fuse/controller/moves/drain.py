@@ -10,8 +10,10 @@ lease (a ``settings`` row, renewed every second by the janitor beside the moves'
 leases). A replica asked to drain a host another one drains waits for that drain
 to end, then runs a round of its own (what is left, or arrived since); a
 replica that dies mid-drain leaves its lease to run out, and another takes the
-drain over (``host_drain_resumed``) where the moves left it. A drain that ended
-(its report given) marks its lease done, with its report: the next start of a
+drain over (``host_drain_resumed``) where the moves left it. A lease runs out once
+a replica has seen it unrenewed for `LEASE_S` on its own clock (leases.py), as a
+move's does: its ``until`` is the holder's wall clock, not compared with this
+one's. A drain that ended (its report given) marks its lease done, with its report: the next start of a
 controller resumes it, as it resumes every draining host's drain, but a live
 replica does not. A replica that stalled past its lease (a frozen process) stops
 its drain once it sees the lease taken, and its callers wait for the drain of the
@@ -35,6 +37,7 @@ from ...errors import FuseError
 from ..hosts import FINISHED  # the registry's: VMs whose run is over, which deregister lets go with the host
 from ..store import moves as moves_t
 from ..vms import CREATE_TIMEOUT_SECS
+from .leases import LeaseWatch, seen
 from .records import ACTIVE, LEASE_S, MoveRecords, log
 from .targets import refuse
 
@@ -113,6 +116,20 @@ class MoveDrains(MoveRecords):
                 return _merged(mine, theirs)
 
     @functools.cached_property
+    def _drain_leases(self) -> LeaseWatch:
+        """What this replica last saw of each drain's lease, and since when."""
+        return LeaseWatch()
+
+    def _drain_held(self, key: str, lease: dict | None) -> bool:
+        """Whether another replica holds drain lease ``lease`` (settings ``key``) live: not
+        done, not let go (``until`` 0), and seen renewed within `LEASE_S` of this replica's
+        looks. Its ``until`` is the holder's wall clock, not compared with this one's (review 37:
+        a replica 10 s ahead took over the drain a live one ran, and the move it drove)."""
+        if not lease or lease.get("done") or lease.get("owner") == self.ctl.instance or not lease.get("until"):
+            return False
+        return not self._drain_leases.ran_out(key, seen(lease.get("owner"), lease.get("until"), lease.get("n")))
+
+    @functools.cached_property
     def _drain_parts(self) -> weakref.WeakKeyDictionary[asyncio.Task, dict[str, Any]]:
         """Per drain task: what its drain has done so far (`_drain` fills it), kept past its
         end only when another replica took the drain over, for its callers (`drain`)."""
@@ -129,7 +146,7 @@ class MoveDrains(MoveRecords):
                 return None
             if lease.get("done"):
                 return lease.get("report")
-            if lease.get("until", 0) <= time.time():
+            if not self._drain_held(key, lease):  # (let go, or run out)
                 return None
             await asyncio.sleep(1)
 
@@ -170,7 +187,9 @@ class MoveDrains(MoveRecords):
         controller's start); with ``takeover``, only those whose drain a replica ran and
         left unfinished, its lease run out (the janitor's, every second)."""
         hosts = []
-        for r in self.store.list_hosts():
+        listed = self.store.list_hosts()
+        self._drain_leases.keep(_drain_key(r["id"]) for r in listed if r["state"] == "draining")
+        for r in listed:
             if r["state"] != "draining" or (r["id"] in self._drains and not self._drains[r["id"]].done()):
                 continue
             lease = self.store.get_setting(_drain_key(r["id"]))
@@ -187,13 +206,14 @@ class MoveDrains(MoveRecords):
     def _take_drain(self, host_id: str) -> bool:
         """Hold the drain's lease (in one write transaction: the replicas' write lock),
         unless another replica holds it live."""
-        key, now = _drain_key(host_id), time.time()
+        key = _drain_key(host_id)
         with self.store.tx() as c:
             lease = self.store.get_setting(key, conn=c)
-            if (lease and not lease.get("done") and lease.get("owner") != self.ctl.instance
-                    and lease.get("until", 0) > now):
+            if self._drain_held(key, lease):
                 return False
-            self.store.put_setting(key, {"host": host_id, "owner": self.ctl.instance, "until": now + LEASE_S}, c)
+            # (``until`` for older replicas and operators; ``n``, renewed, is what replicas watch)
+            self.store.put_setting(key, {"host": host_id, "owner": self.ctl.instance, "until": time.time() + LEASE_S,
+                                         "n": (lease or {}).get("n", 0) + 1}, c)
         return True
 
     def _end_drain(self, host_id: str, done: bool = True, report: dict[str, Any] | None = None) -> bool:
@@ -219,7 +239,7 @@ class MoveDrains(MoveRecords):
             with self.store.tx() as c:
                 lease = self.store.get_setting(key, conn=c)
                 if lease and lease.get("owner") == self.ctl.instance and not lease.get("done"):
-                    self.store.put_setting(key, lease | {"until": now + LEASE_S}, c)
+                    self.store.put_setting(key, lease | {"until": now + LEASE_S, "n": lease.get("n", 0) + 1}, c)
                     continue
             if lease and lease.get("owner") not in (None, self.ctl.instance):
                 # (another replica took the drain over while this one's renewals failed: one

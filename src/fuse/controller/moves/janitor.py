@@ -4,16 +4,20 @@ dead driver left, and removing what failed or finished moves left on hosts.
 Several replicas may share one store. Each move names its driver (``owner``),
 which renews a lease every second (`LEASE_S`); a move whose lease ran out is
 claimed under a row lock, so a live replica's move is never rolled back by
-another, and settled (`MoveRollback._recover`). The same loop retries, every 2 s
-and beside the lease renewal, the tidying a move could not do at once: aborting a
-target's incoming copy (``cleanup_pending``) and removing a done move's source
-copy (``source_removed`` false). A new move of a VM does the first at once for
-its own leftovers (`_clear_leftovers`) before it puts the VM to sleep.
+another, and settled (`MoveRollback._recover`). Whether it ran out is judged on
+this replica's own clock, by watching the lease go unrenewed (`leases.LeaseWatch`),
+never by comparing the driver's wall-clock stamp with this machine's. The same
+loop retries, every 2 s and beside the lease renewal, the tidying a move could
+not do at once: aborting a target's incoming copy (``cleanup_pending``) and
+removing a done move's source copy (``source_removed`` false). A new move of a
+VM does the first at once for its own leftovers (`_clear_leftovers`) before it
+puts the VM to sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from sqlalchemy import and_, false, func, or_, select, true, update
@@ -21,6 +25,7 @@ from sqlalchemy import and_, false, func, or_, select, true, update
 from ...errors import FuseError, HostUnreachable
 from ..store import moves as moves_t
 from ..store.outage import PassLog
+from .leases import BLIND_S, LeaseWatch, seen
 from .records import ACTIVE, LEASE_S, MoveRecords, log
 
 passes = PassLog(log)  # (the database out of reach: a line, not a traceback a second)
@@ -29,13 +34,24 @@ passes = PassLog(log)  # (the database out of reach: a line, not a traceback a s
 # abort did not get through) before it starts; it waits this long for the host,
 # holding up other moves' starts meanwhile.
 LEFTOVER_TIMEOUT = 10.0
-# A janitor pass this long after the last one that read the store means this replica could not
-# look meanwhile (the database out of reach, or this process stalled)
-BLIND_S = 3.0
 
 
 class MoveJanitor(MoveRecords):
     """Leases, take-over of orphaned moves, and clean-up of leftovers."""
+
+    @functools.cached_property
+    def _move_leases(self) -> LeaseWatch:
+        """What this replica last saw of each active move's lease, and since when."""
+        return LeaseWatch()
+
+    def _lease_ran_out(self, move_id: str, rec: dict) -> bool:
+        """Whether the driver of move ``move_id`` (its record ``rec``) has left its lease unrenewed
+        for `LEASE_S` of this replica's looks. Its ``lease_until`` is the driver's wall clock, so
+        not compared with this one's (review 37: a replica 10 s ahead took every move over from
+        the live one driving it, and a controller restarted with its clock stepped back an hour
+        left the move its crash cut asleep, its VM unwakeable, for that hour): a restarted
+        controller, a new instance, settles its last run's moves `LEASE_S` after its first look."""
+        return self._move_leases.ran_out(move_id, seen(rec.get("owner"), rec.get("lease_until"), rec.get("lease_n")))
 
     def _claim(self, move_id: str) -> dict | None:
         """Take over an active move whose lease ran out (row-locked, so two
@@ -48,26 +64,33 @@ class MoveJanitor(MoveRecords):
             if row is None or row["state"] not in ACTIVE:
                 return None
             rec = dict(row["record"] or {})
-            if rec.get("owner") != self.ctl.instance and rec.get("lease_until", 0) > time.time():
+            if rec.get("owner") != self.ctl.instance and not self._lease_ran_out(move_id, rec):
                 return None
-            rec.update(owner=self.ctl.instance, lease_until=time.time() + LEASE_S)
+            # (the stamp for older replicas and for operators; the count, changed, is the renewal here)
+            rec.update(owner=self.ctl.instance, lease_until=time.time() + LEASE_S, lease_n=rec.get("lease_n", 0) + 1)
             c.execute(update(moves_t).where(moves_t.c.id == move_id).values(record=rec))
             return dict(row, record=rec)
 
     def _renew_and_recover(self, claim: bool = True) -> None:
         with self.store.read() as c:
             rows = [dict(r) for r in c.execute(select(moves_t).where(moves_t.c.state.in_(ACTIVE))).mappings()]
+        self._move_leases.keep(r["id"] for r in rows)
         now = time.time()
         for row in rows:
             mine = (row["record"] or {}).get("owner") == self.ctl.instance
             running = row["id"] in self._tasks and not self._tasks[row["id"]].done()
+            if not mine:
+                # (every pass looks, claiming or not: the time a lease goes unrenewed is counted
+                # through the blind period's wait below too, so both end together)
+                self._lease_ran_out(row["id"], row["record"] or {})
             if mine and running:
                 with self.store.tx() as c:  # renew (the row read again, locked: another replica may
                     # have taken the move over since the read above, and its claim must stand)
                     q = select(moves_t).where(moves_t.c.id == row["id"])
                     now_row = c.execute(q if self.store.is_sqlite else q.with_for_update()).mappings().first()
                     if now_row is not None and (now_row["record"] or {}).get("owner") == self.ctl.instance:
-                        rec = dict(now_row["record"], lease_until=now + LEASE_S)
+                        rec = dict(now_row["record"], lease_until=now + LEASE_S,
+                                   lease_n=now_row["record"].get("lease_n", 0) + 1)
                         c.execute(update(moves_t).where(moves_t.c.id == row["id"]).values(record=rec))
             elif not running and (claim or mine) and (claimed := self._claim(row["id"])) is not None:
                 log.warning("move %s: taking over from %s", row["id"], (row["record"] or {}).get("owner"))

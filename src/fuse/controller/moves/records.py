@@ -43,7 +43,8 @@ ACTIVE = ACTIVE_MOVES
 STATES = ("starting", "sleeping", "copying", "waking", "done", "failed")  # the wire's (seed 004)
 # A move belongs to the controller that drives it for as long as it renews
 # its lease; with several replicas on one PostgreSQL store, a replica takes
-# over (finishes or rolls back) only moves whose driver stopped renewing.
+# over (finishes or rolls back) only moves whose driver stopped renewing: whose
+# lease it has seen unrenewed this long on its own clock (leases.py).
 LEASE_S = seconds("FUSE_MOVE_LEASE_S", 5.0)
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -164,8 +165,9 @@ class MoveRecords:
                 raise TakenOver(f"move {move_id}: replica {owner} took it over while this one stalled past its "
                                 f"lease (it is {row['state']} there); this one stops driving it")
             record = dict(row["record"] or {}, **rec)
-            if record.get("owner") == self.ctl.instance:
+            if record.get("owner") == self.ctl.instance:  # (every write of the driver renews its lease)
                 record["lease_until"] = time.time() + LEASE_S
+                record["lease_n"] = record.get("lease_n", 0) + 1  # (what other replicas watch: leases.py)
             values: dict[str, Any] = {"record": record, "updated_at": time.time()}
             if state is not None and state != row["state"]:
                 if state not in TRANSITIONS[row["state"]]:
