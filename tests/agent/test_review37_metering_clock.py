@@ -17,14 +17,10 @@ from decimal import Decimal
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
-from fuse import http_errors
 from fuse.agent import metering
-from fuse.agent.api.vms import router
 from fuse.agent.metering import Metering, window
-from fuse.agent.vms import VmManager
-from support import fake_bundle, start_agent
+from support import start_agent
 
 C = "2026-12-07T15:55:00Z"
 HOUR = 3600.0
@@ -190,7 +186,7 @@ def test_records_without_a_boottime_of_this_boot_are_measured_on_the_wall_clock_
     assert m.usage(0, math.ceil(clocks.wall))["vms"][-1]["wall_seconds"] == Decimal("6.750001")
 
 
-async def test_an_agent_whose_wall_clock_steps_meters_its_fake_vms_by_how_long_they_ran(tmp_path, monkeypatch):
+async def test_an_agent_whose_wall_clock_steps_meters_its_fake_vms_by_how_long_they_ran(make_host, monkeypatch):
     # A real VmManager and router (in-process) with the fake backend's real processes; the wall
     # clock metering reads steps back an hour and forward again, CLOCK_BOOTTIME runs as it does.
     offset = [0.0]
@@ -204,49 +200,35 @@ async def test_an_agent_whose_wall_clock_steps_meters_its_fake_vms_by_how_long_t
 
     monkeypatch.setattr(metering, "time", Stepped())
     fresh_clock(monkeypatch)
-    state = tmp_path / "agent"
-    state.mkdir()
-    fake_bundle(state)
-    vms = VmManager(state, "fake", ram_mb=4096, cpus=2)
-    await vms.start()
-    app = FastAPI()
-    http_errors.install(app)
-    app.include_router(router)
-    app.state.vms, app.state.events = vms, vms.events
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent")
+    host = await make_host("agent", backend="fake")  # (its VMs deleted, its client closed after)
+    vms, client = host.vms, host.client
 
     async def rows() -> dict[str, Decimal]:
         r = await client.get("/v1/host/usage")
         assert r.status_code == 200, r.text
         return {row["vm"]: row["wall_seconds"] for row in json.loads(r.content, parse_float=Decimal)["vms"]}
 
-    try:
-        began = time.monotonic()  # (before any VM: none can have run longer)
-        for name in ("v1", "v2"):
-            r = await client.post("/v1/host/vms", json={"name": name, "shape": {"vcpus": 1, "mem_mib": 128},
-                                                        "entry": "true"})
-            assert r.status_code == 201, r.text
-        await asyncio.sleep(1.5)
-        offset[0] = -HOUR
-        running = await rows()
-        # both still there, each having run more than the 1.5 s waited (was: {})
-        assert set(running) == {"v1", "v2"} and min(running.values()) > 1.4, running
-        assert (await client.post("/v1/host/vms/v1/sleep")).status_code == 200
-        slept = vms.metering.segments[0]
-        assert slept["vm"] == "v1" and slept["end"] - slept["start"] > 1.4, slept  # (was 0 s)
-        r = await client.post("/v1/host/vms/v1/wake", json={})
-        assert r.status_code == 200, r.text
-        offset[0] = 0.0
-        await asyncio.sleep(1)
-        after = await rows()
-        ran = time.monotonic() - began
-        # no VM billed beyond the time that passed (was: v1 an extra hour)
-        assert set(after) == {"v1", "v2"} and all(1.4 < s <= ran + 1 for s in after.values()), (after, ran)
-    finally:
-        for name in list(vms.vms):
-            await vms.delete(name)
-        await vms.close()
-        await client.aclose()
+    began = time.monotonic()  # (before any VM: none can have run longer)
+    for name in ("v1", "v2"):
+        r = await client.post("/v1/host/vms", json={"name": name, "shape": {"vcpus": 1, "mem_mib": 128},
+                                                    "entry": "true"})
+        assert r.status_code == 201, r.text
+    await asyncio.sleep(1.5)
+    offset[0] = -HOUR
+    running = await rows()
+    # both still there, each having run more than the 1.5 s waited (was: {})
+    assert set(running) == {"v1", "v2"} and min(running.values()) > 1.4, running
+    assert (await client.post("/v1/host/vms/v1/sleep")).status_code == 200
+    slept = vms.metering.segments[0]
+    assert slept["vm"] == "v1" and slept["end"] - slept["start"] > 1.4, slept  # (was 0 s)
+    r = await client.post("/v1/host/vms/v1/wake", json={})
+    assert r.status_code == 200, r.text
+    offset[0] = 0.0
+    await asyncio.sleep(1)
+    after = await rows()
+    ran = time.monotonic() - began
+    # no VM billed beyond the time that passed (was: v1 an extra hour)
+    assert set(after) == {"v1", "v2"} and all(1.4 < s <= ran + 1 for s in after.values()), (after, ran)
 
 
 def _libfaketime() -> str | None:
