@@ -311,3 +311,29 @@ def test_a_controller_restarted_with_its_clock_an_hour_behind_settles_the_move_i
         for p in procs:
             p.stop()
         reap(tmp_path)
+
+
+async def test_a_caller_waiting_for_a_dead_replicas_drain_of_a_host_no_longer_draining_gets_its_answer(tmp_path):
+    """(the diff review) Replica a's caller waits for the drain replica b took over; b dies, and the
+    operator uncordons the host: a's janitor, every pass, forgot the leases of hosts not draining,
+    so each of the waiting caller's looks was the first and the wait never ended (before this
+    session's change it ended once b's stamp passed, ~5 s). The real janitor loop, a real store."""
+    store = Store(f"sqlite:///{tmp_path / 'fuse.db'}")
+    now = time.time()
+    with store.tx() as c:
+        c.execute(insert(fuse.controller.store.hosts).values(
+            id="h1", url="http://127.0.0.1:1", backend="fake", capacity={}, state="draining",
+            last_seen=now, created_at=now, updated_at=now))
+    store.put_setting(_drain_key("h1"), {"host": "h1", "owner": "b", "until": now + LEASE_S, "n": 7})
+    a = _replica(store, "a")
+    store.set_host_state("h1", "active")
+    janitor = asyncio.create_task(a._janitor_loop())
+    try:
+        t0 = time.monotonic()
+        got = await asyncio.wait_for(a._their_report("h1"), LEASE_S + 15)
+        assert got is None and time.monotonic() - t0 >= LEASE_S - 1.5, got  # (b's lease ran out: a goes on)
+    finally:
+        janitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await janitor
+        store.close()

@@ -24,6 +24,7 @@ from .records import LEASE_S
 # outage), so a lease seen unchanged across such a gap has its time start again at the next look,
 # and the janitor claims no move for one more lease after such a pass (review 36)
 BLIND_S = 3.0
+FORGET_S = 30.0  # a lease no one looked at this long, and no longer listed, is forgotten
 
 
 def seen(holder: Any, stamp: Any, count: Any) -> tuple:
@@ -52,7 +53,10 @@ class LeaseWatch:
         return now - last[1] >= self.term
 
     def keep(self, keys: Iterable[Hashable]) -> None:
-        """Forget the leases not among ``keys`` (moves ended, drains gone)."""
-        keys = set(keys)
-        for key in [k for k in self._seen if k not in keys]:
+        """Forget the leases not among ``keys`` (moves ended, hosts no longer draining) that no one
+        has looked at for ``FORGET_S``: a caller still waiting on one (the drain a replica took
+        over, of a host uncordoned or removed since) keeps its count going. Forgotten on every
+        janitor pass, that wait counted each look as the first and never ended (the diff review)."""
+        keys, now = set(keys), time.monotonic()
+        for key in [k for k, (_, _, last) in self._seen.items() if k not in keys and now - last > FORGET_S]:
             del self._seen[key]
