@@ -92,7 +92,7 @@ def test_the_commands_make_a_ca_and_purpose_bound_certificates_with_private_keys
     host = x509.load_pem_x509_certificate((pki.host / "127.0.0.1.pem").read_bytes())
     assert list(host.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.SERVER_AUTH]
     sans = host.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {str(v) for v in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1"}
+    assert {str(v) for v in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
     assert "localhost" in sans.get_values_for_type(x509.DNSName)
     client = x509.load_pem_x509_certificate((pki.controller / "controller.pem").read_bytes())
     assert list(client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.CLIENT_AUTH]

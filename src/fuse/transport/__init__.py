@@ -11,6 +11,9 @@ An address names its transport:
 An address is parsed once, by `address.parse_address`, before anything is
 stored or dialled: one that cannot be an address (a port out of range, an IP
 literal that is not one, no host) is `BadAddress`, 400 `invalid_argument`.
+A host is dialled at that address and nowhere else: no transport goes through
+a proxy named in the controller's environment (HTTP_PROXY, HTTPS_PROXY,
+ALL_PROXY), which would be handed the agents' tokens.
 
 Whatever the transport, callers get a `HostConnection` whose `request` speaks
 the same host API and turns every way of not getting there into
@@ -682,15 +685,24 @@ class HostConnection:
         self._ssh = None
         self._busy = 0  # requests under way: a retired connection closes once none is
         self._retired = False
+        # Every client is made with trust_env=False: a host is dialled at the address it was
+        # registered with, never through HTTP_PROXY / HTTPS_PROXY / ALL_PROXY in the controller's
+        # environment (httpx's default followed them: with the proxy down every http:// host was
+        # "refused ... is the host agent running?", the agents' tokens went to it, and a socks5://
+        # ALL_PROXY failed each connection's making, httpx lacking socksio). Set on the clients
+        # with a transport of their own too, whose proxies httpx does not read today.
         if self.kind == "local":
             path = self.address.path or str(default_agent_socket())
             self._client = httpx.AsyncClient(
                 transport=httpx.AsyncHTTPTransport(uds=path, limits=_LIMITS, verify=_plain_context()),
-                base_url="http://agent", headers=headers, timeout=timeout)
+                base_url="http://agent", headers=headers, timeout=timeout, trust_env=False)
         elif self.kind == "http":
-            plain = {"verify": _plain_context()} if addr.lower().startswith("http://") else {}
+            # (an https:// one verifies as httpx does: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR
+            # where the controller runs, which trust_env=False would otherwise drop; read per client,
+            # so a bundle changed since is the next connection's)
+            verify = _plain_context() if addr.lower().startswith("http://") else httpx.create_ssl_context()
             self._client = httpx.AsyncClient(base_url=addr, headers=headers, timeout=timeout, limits=_LIMITS,
-                                             **plain)  # (an https:// one verifies as httpx does: certifi, SSL_CERT_FILE)
+                                             verify=verify, trust_env=False)
         elif self.kind == "tls":
             if tls is None:
                 err = NotTrusted(f"{addr} is a mutual-TLS address but the controller has no "
@@ -699,12 +711,12 @@ class HostConnection:
                 raise err
             self._ctx = _identity_context(tls, addr)
             self._client = httpx.AsyncClient(base_url=f"https://{addr}", verify=self._ctx,
-                                             headers=headers, timeout=timeout, limits=_LIMITS)
+                                             headers=headers, timeout=timeout, limits=_LIMITS, trust_env=False)
         else:
             from .ssh import SshTransport  # imported only where used: asyncssh is heavy
             self._ssh = SshTransport(addr)
             self._client = httpx.AsyncClient(transport=self._ssh, base_url="http://agent",
-                                             headers=headers, timeout=timeout)
+                                             headers=headers, timeout=timeout, trust_env=False)
 
     async def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                       content: bytes | None = None, timeout: float | None = None,

@@ -10,7 +10,8 @@
 `parse_address` either returns an `Address` or raises `BadAddress` (400
 `invalid_argument`) naming the address and what is wrong with it: a port
 outside 1-65535 or not a number, an IP literal that is not one (999.1.1.1,
-an unclosed `[::1`), no host, a host name with an empty label, a label over 63 characters or an `xn--`
+an unclosed `[::1`) or holds an IPv6 zone id (`[fe80::1%eth0]`, which nothing
+dials), no host, a host name with an empty label, a label over 63 characters or an `xn--`
 label that is no IDNA (which the resolver and httpx refuse with a UnicodeError), no
 socket path, an http(s) address with a user
 or password (the agent's token is the credential: userinfo would be sent in
@@ -193,9 +194,11 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
             raise _bad(addr, "the IPv6 address after '[' has no closing ']'")
         host, after = authority[1:end], authority[end + 1:]
         try:
-            ipaddress.IPv6Address(host)
+            ip = ipaddress.IPv6Address(host)
         except ValueError as exc:
             raise _bad(addr, f"[{host}] is not an IPv6 address ({_lower_first(str(exc))})") from None
+        if ip.scope_id is not None:
+            raise _bad(addr, _zone_problem(host))
         if after and not after.startswith(":"):
             raise _bad(addr, f"{after!r} follows the IPv6 address; only :PORT may")
         port_text = after[1:] if after else None
@@ -227,6 +230,19 @@ def _authority(addr: str, authority: str, userinfo: bool = True) -> tuple[str, s
     if user.startswith("-"):  # (an ssh command line would read it as an option)
         raise _bad(addr, f"user {_shown(user)} is not a login name (it starts with '-')")
     return user, password, host.lower(), _port(addr, port_text)
+
+
+def _zone_problem(host: str) -> str:
+    """Why the IPv6 literal `host` with a zone id (`fe80::1%eth0`, RFC 6874's `::1%25lo`) is
+    refused (review 38). `ipaddress` takes one, but no transport here dials it: httpx hands the
+    whole text to the resolver ("name or service not known"), and following that message's
+    advice to declare capacity stored a host that never connected."""
+    bare, _, zone = host.partition("%")
+    shown = f"%{zone}" if _HOST_NAME.fullmatch(zone) else _shown(f"%{zone}", 40)
+    if ipaddress.IPv6Address(bare).is_link_local:  # (fe80::/10 is reached through no interface without one)
+        return (f"IPv6 zone ids ({shown}) are not supported, and a link-local address is not reached without "
+                "one; give another of the host's addresses, or its name")
+    return f"IPv6 zone ids ({shown}) are not supported; give the address without one ([{bare}])"
 
 
 def _name_problem(host: str) -> str:

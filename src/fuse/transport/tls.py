@@ -209,7 +209,11 @@ def _alt_names(name: str) -> list[x509.GeneralName]:
         names.append(x509.IPAddress(ipaddress.ip_address(name)))
     except ValueError:
         names.append(x509.DNSName(name))
-    for extra in (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")):
+    # the loopback names, for an agent on the controller's own machine; ::1 too, for one listening
+    # only on IPv6 loopback (registered as [::1]:PORT or https://[::1]:PORT, it failed "IP address
+    # mismatch" without it)
+    for extra in (x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1")),
+                  x509.DNSName("localhost")):
         if extra not in names:
             names.append(extra)
     return names

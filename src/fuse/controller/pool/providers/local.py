@@ -153,7 +153,8 @@ class LocalProvider(Provider):
 
     async def describe(self, ids: list[str]) -> dict[str, Machine]:
         found = await asyncio.to_thread(lambda: {i: self._read_live(i) for i in ids})
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        # (never through a proxy named in the environment: the agents are on this machine)
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as http:
             states = await asyncio.gather(*(self._probe(http, i, rec) for i, rec in found.items()))
         return dict(zip(found, states))
 
