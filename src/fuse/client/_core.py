@@ -11,13 +11,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Union
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
 DEFAULT_TIMEOUT = 60.0
+# What a client's `timeout` may be (README): seconds, None for no limit, an httpx.Timeout or its tuple
+TimeoutArg = Union[float, None, httpx.Timeout, "tuple[float | None, ...]"]
+CLOSED = "this fuse client is closed"  # the ValueError of a call on a client after its close()
 # A kept-alive connection idle longer than this is not used again: the controller's server
 # closes one idle 5 s (httpx's own default expiry), and a request sent on one just then met
 # it closing: a create the controller never read, reported `unreachable`.
@@ -31,12 +34,18 @@ class ApiError(Exception):
     e.g. "conflict"), `message` (for people), `details` (the rest of the
     error object, e.g. `hosts` for fleet_full). A controller that could not
     be reached (refused, reset, no answer in time) is status 0, code
-    "unreachable", with httpx's error as the `__cause__`."""
+    "unreachable", with httpx's error as the `__cause__` and `details["sent"]`:
+    True when the request went out (then the controller may have carried it out)."""
 
-    def __init__(self, status: int, code: str = "", message: str = "", details: dict | None = None):
+    def __init__(self, status: int, code: str = "", message: str = "", details: dict[str, Any] | None = None):
         self.status, self.code, self.message = status, code, message
         self.details = details or {}
         super().__init__(f"{status} {code}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (pickle's default re-calls the class with `args`, the one formatted line, taken for the
+        # status: an error from a worker process came back as "404 not_found: ... : " (review 38))
+        return type(self), (self.status, self.code, self.message, self.details), self.__dict__
 
 
 def _api_error(err: object) -> ApiError | None:
@@ -214,11 +223,30 @@ def check(resp: httpx.Response) -> None:
     raise ApiError(resp.status_code, code, message, details)
 
 
-def unreachable(exc: httpx.TransportError, where: str) -> ApiError:
-    """The ApiError for a request that got no answer (raise it `from exc`)."""
+# The errors of a request that never left this machine: no connection made (refused, no such
+# name, none in time, none free in the pool), or no url httpx sends. Every other transport error
+# came after the request was written, wholly or in part: the controller may have read it and
+# done the work (a create: the VM may exist), so it is never worded as "cannot reach" (review 38).
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
+            httpx.ProxyError, httpx.LocalProtocolError)
+
+
+def unreachable(exc: httpx.TransportError, where: str, proxy: str | None = None) -> ApiError:
+    """The ApiError for a request that got no answer (raise it `from exc`): `details["sent"]`
+    says whether it was sent (then the controller may have carried it out)."""
+    at = f"the controller at {where}" + (f" (through the proxy {proxy})" if proxy else "")
+    why = str(exc) or type(exc).__name__
+    if isinstance(exc, NOT_SENT):
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiError(0, UNREACHABLE, f"{at} did not answer in time (no connection made: nothing was sent)",
+                            {"sent": False})
+        return ApiError(0, UNREACHABLE, f"cannot reach {at}: {why}", {"sent": False})
     if isinstance(exc, httpx.TimeoutException):
-        return ApiError(0, UNREACHABLE, f"the controller at {where} did not answer in time")
-    return ApiError(0, UNREACHABLE, f"cannot reach the controller at {where}: {str(exc) or type(exc).__name__}")
+        said = "did not answer in time"
+    else:
+        said = f"closed the connection before answering ({why})"
+    return ApiError(0, UNREACHABLE, f"{at} {said}: the request was sent and may have been carried out",
+                    {"sent": True})
 
 
 def unsendable(exc: httpx.InvalidURL, call: Call) -> ValueError:
@@ -385,6 +413,98 @@ def _check_http_url(url: str) -> None:
         raise ValueError(f"url {url!r} has a query or fragment: give http(s)://host:port[/path]")
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"url {url!r} has port {port}: a port is 1-65535")
+
+
+def proxy_for(base: str, uds: str | None) -> str | None:
+    """The proxy a request to ``base`` goes through, as Go's tools (kubectl) choose it from the
+    environment: ``HTTPS_PROXY`` for an https url, ``HTTP_PROXY`` for an http one (each also in
+    lower case), unless ``NO_PROXY`` names the host; never for a unix socket or a loopback
+    address (localhost, 127.0.0.0/8, ::1), as Go's ``ProxyFromEnvironment``. (httpx's own
+    reading of the environment sent a controller on 127.0.0.1 to a proxy: a proxy in a
+    shell's environment made a local controller "unreachable" (review 38).)"""
+    if uds:
+        return None
+    url = httpx.URL(base)
+    host = url.host.lower()
+    if host == "localhost" or host.endswith(".localhost") or _loopback(host):
+        return None
+    proxy = _env("HTTPS_PROXY" if url.scheme == "https" else "HTTP_PROXY")
+    if not proxy or _no_proxy(host, url.port or (443 if url.scheme == "https" else 80)):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"  # (Go's rule: a bare host:port is an http proxy)
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name) or os.environ.get(name.lower()) or ""
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _no_proxy(host: str, port: int) -> bool:
+    """Whether ``NO_PROXY`` names ``host`` (Go's rules: ``*``; an IP address or a CIDR range;
+    a domain, with or without a leading dot, matching itself and its subdomains; any of these
+    with ``:port``, matching that port only)."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        ip = None
+    for entry in (e.strip().lower() for e in _env("NO_PROXY").split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        try:
+            net = ipaddress.ip_network(entry.strip("[]"), strict=False)
+        except ValueError:
+            net = None
+        if net is not None:  # (an address or a range: matches addresses only, as Go's)
+            if ip is not None and ip in net:
+                return True
+            continue
+        name, _, want = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if want and want != str(port):
+            continue
+        name = name.strip("[]").lstrip("*").lstrip(".")
+        if name and (host == name or host.endswith("." + name)):
+            return True
+    return False
+
+
+def transport(uds: str | None, proxy: str | None, *, asynchronous: bool) -> Any:
+    """A new httpx transport (a pool of its own) to the controller at ``uds``, or through
+    ``proxy`` (``proxy_for``'s): the clients pass one, so httpx reads no proxy from the
+    environment itself, while TLS still takes ``SSL_CERT_FILE``/``SSL_CERT_DIR`` as before."""
+    cls = httpx.AsyncHTTPTransport if asynchronous else httpx.HTTPTransport
+    if uds:
+        return cls(uds=uds, limits=LIMITS)
+    try:
+        return cls(limits=LIMITS, proxy=proxy)
+    except (ValueError, ImportError) as exc:  # (a proxy url httpx cannot use, socks without socksio: said here)
+        raise ValueError(f"the proxy {proxy!r} from the environment (HTTP(S)_PROXY): {exc}") from None
+
+
+def interrupt(transport: Any) -> None:
+    """Shut down the sockets of ``transport``'s connections, those in use too: closing a socket
+    does not wake a thread blocked reading it (a sync ``events.follow`` in its long poll waited
+    out its ``wait_s`` after ``close()``), shutting it down does. Best effort: it reaches into
+    httpcore's pool, and does nothing where that is not as it was written for (httpcore 1.0)."""
+    import socket
+
+    for conn in getattr(getattr(transport, "_pool", None), "connections", ()):
+        stream = getattr(getattr(conn, "_connection", None), "_network_stream", None)
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # (already closed, or never connected)
+                pass
 
 
 def headers(token: str | None) -> dict[str, str]:

@@ -122,9 +122,11 @@ class ControllerCaller:
     def __init__(self, url: str | None = None, token: str | None = None, *,
                  transport: httpx.AsyncBaseTransport | None = None, timeout: float = REQUEST_TIMEOUT):
         base, uds = _core.resolve_url(url)
-        self.where = f"unix://{uds}" if uds else base
-        if transport is None and uds:
-            transport = httpx.AsyncHTTPTransport(uds=uds, limits=_core.LIMITS)
+        # (HTTP(S)_PROXY/NO_PROXY as the SDK reads them: never for loopback or a socket)
+        self.proxy = None if transport is not None else _core.proxy_for(base, uds)
+        self.where = (f"unix://{uds}" if uds else base) + (f" (through the proxy {self.proxy})" if self.proxy else "")
+        if transport is None:
+            transport = _core.transport(uds, self.proxy, asynchronous=True)
         self.timeout = timeout
         self._http = httpx.AsyncClient(base_url=base, headers=_core.headers(token), timeout=timeout,
                                        transport=transport, limits=_core.LIMITS)
