@@ -306,7 +306,7 @@ def test_the_tool_says_its_version_its_verbs_and_words_bad_arguments_in_one_sent
 
 @pytest.mark.parametrize("method, path, secs", [
     ("GET", "/v1/hosts", 60), ("GET", "/v1/events?since=3&wait_s=25", 55), ("GET", "/v1/events?wait_s=600", 90),
-    ("POST", "/v1/vms", 900), ("POST", "/v1/vms/a/sleep", 180), ("DELETE", "/v1/vms/a", 120),
+    ("POST", "/v1/vms", 900), ("POST", "/v1/vms/a/sleep", 600), ("DELETE", "/v1/vms/a", 120),
     ("POST", "/v1/moves", 120), ("POST", "/v1/hosts/h1?action=drain", 3600), ("POST", "/v1/pool/plan", 600),
     ("GET", "/v1/pool/hosts", 600), ("GET", "/v1/prewarms", 600), ("GET", "/v1/vms", 60),
 ])

@@ -50,7 +50,7 @@ def memory_pressure(ask_mib: int, reserve_mib: int, proc: Path = Path("/proc"), 
             if line.startswith("some"):
                 avg10 = float(line.split()[1].split("=")[1])
                 if avg10 >= PRESSURE_AVG10:
-                    return f"host under memory pressure (PSI some avg10={avg10})"
+                    return f"host under memory pressure (PSI some avg10={avg10}, at or above {PRESSURE_AVG10:g})"
     except (OSError, ValueError, IndexError):
         pass  # no PSI on this kernel: MemAvailable alone decides
     try:

@@ -273,6 +273,7 @@ class VmManager:
     def summary(self) -> dict[str, Any]:
         """Live room for ``GET /v1/host``."""
         running = [v for v in self.vms.values() if v.state in ("creating", "running")]
+        pressure = self.pressure(0)
         return {
             # vCPUs are time-shared and may be oversubscribed; free never reads below 0.
             "free_vcpus": max(0, self.cpus - sum(v.shape.vcpus for v in running)),
@@ -282,7 +283,11 @@ class VmManager:
                                        self._available_mib() - self.reserve_mib - self.untouched_mib())),
             "vm_count": sum(1 for v in self.vms.values() if _holds_memory(v)),
             "vms_total": len(self.vms),
-            "memory_pressure": self.pressure(0) is not None,
+            "memory_pressure": pressure is not None,
+            # why, in admission's words (PSI's avg10, or MemAvailable under the host reserve):
+            # the controller quotes it where it passes the host by (review 38: an operator
+            # who over-reserved read "memory pressure" and looked for stalls there were none of)
+            "memory_pressure_reason": pressure,
             "accel": getattr(self.backend, "accel", None),
             # usable KVM: what the backend settled on, not just /dev/kvm answering
             "kvm": self.backend.kvm_usable(self.kvm_device),

@@ -52,6 +52,41 @@ PLACING_LEASE_SECS = seconds("FUSE_PLACING_LEASE_S", 60.0)
 # A replica takes over, every quarter of that lease (as its rows are renewed), the creates
 # another one sent and left unanswered when it died (``adopt_unanswered``): this many a pass
 ADOPT_BATCH = 100
+# A sleep writes the guest's memory out and a wake reads it back, so the wait for either
+# (and for a move's install, which hashes the copied state again where its verify no
+# longer stands) grows with the VM's memory: a fixed 120 s would roll back every move of a
+# 16 GiB guest on a busy host. Measured (review 38, QEMU under TCG, 2 cores): a 2 GiB guest
+# (1.7 GB of state) slept in 25 s and woke in up to 48 s at load 28 (~24 s a GiB); a 4 GiB
+# one took 12 s and 20 s at load 4. So the first 2 GiB get 120 s (2.5 times the worst
+# seen) and each GiB past them 30 s more (1.25 times the worst rate seen): 180 s for
+# 4 GiB, 540 s for 16 GiB. A host that hangs holds a big VM's move that much longer
+# before it rolls back: the price of not rolling back every move of it.
+STATE_WAIT_S = 120.0
+STATE_WAIT_PER_GIB_S = 30.0
+STATE_WAIT_FREE_GIB = 2
+MAX_MEM_MIB = 1_048_576  # (the largest shape a VM may have: ``VmShape``)
+
+
+def state_wait_s(mem_mib: Any) -> float:
+    """Seconds the controller waits for a host to sleep, wake or (moved) install a VM of
+    ``mem_mib`` MiB: ``STATE_WAIT_S``, and ``STATE_WAIT_PER_GIB_S`` more for each GiB of its
+    memory past ``STATE_WAIT_FREE_GIB`` (pro rata). A size not known (not a whole number of
+    MiB: a record older than its shape, say) gets ``STATE_WAIT_S``."""
+    if isinstance(mem_mib, bool) or not isinstance(mem_mib, int):
+        mem_mib = 0
+    past = max(0.0, min(mem_mib, MAX_MEM_MIB) / 1024 - STATE_WAIT_FREE_GIB)
+    return STATE_WAIT_S + STATE_WAIT_PER_GIB_S * past
+
+
+def pressure_reason(summary: dict) -> str:
+    """Why a host's agent says it is under memory pressure, in its words (its summary's
+    ``memory_pressure_reason``: its reserve above what the machine has available, or the
+    kernel's PSI figures), so an operator who over-reserved is not sent looking for memory
+    stalls there are none of (review 38). An agent older than the reason: the flag's words."""
+    why = summary.get("memory_pressure_reason")
+    if isinstance(why, str) and (why := " ".join(why.split())[:300]):  # (one line, bounded: a host's text)
+        return why
+    return "host is under memory pressure"
 
 
 class ControllerCreateVm(CreateVmRequest):
@@ -258,7 +293,7 @@ class VmService:
             elif view is None or not view.connected:
                 reasons[hid] = "host is disconnected" + (f": {view.error}" if view and view.error else "")
             elif s.get("memory_pressure"):
-                reasons[hid] = "host is under memory pressure"
+                reasons[hid] = pressure_reason(s)
             elif bundle and s.get("bundles") is not None and bundle not in {b.get("name") for b in s["bundles"]}:
                 reasons[hid] = f"host has no bundle {bundle}"
             usable.append(hid not in reasons)
@@ -1311,11 +1346,13 @@ class VmService:
 
     async def act(self, name: str, action: str, host: str | None = None, body: dict | None = None) -> dict:
         host = self.locate(name, host)
+        row = next((r for r in self.store.vms_named(name) if r["host"] == host), None)
+        wait = state_wait_s((row or {}).get("mem_mib"))  # (a big guest's sleep or wake takes longer)
         with self._act_on(name, host, action):
             ask = await self._wake_room(name, host) if action == "wake" else Resources()
             try:
                 vm = await _may_still(action, name, host, self._vm_call(
-                    host, name, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=120))
+                    host, name, "POST", f"/v1/host/vms/{name}/{action}", json=body or {}, timeout=wait))
                 try:  # (before the reservation goes: the woken VM's row holds its room)
                     self.fleet.upsert_vms(host, [vm])
                 except DBAPIError as exc:  # (the poller records the VM's state once the database answers)

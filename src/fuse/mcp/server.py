@@ -104,7 +104,7 @@ def call_timeout(method: str, path: str, default: float = REQUEST_TIMEOUT) -> fl
         if method == "POST" and len(parts) == 2:
             return 900.0  # a create waits for its VM to boot
         if method == "POST" and len(parts) == 4 and parts[3] in ("sleep", "wake"):
-            return 180.0
+            return 600.0  # (the SDK's: the controller's wait for a 16 GiB VM, and a minute)
         if method == "DELETE" and len(parts) == 3:
             return 120.0
     if route == "/v1/moves" and method == "POST":

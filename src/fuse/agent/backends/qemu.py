@@ -146,6 +146,14 @@ QMP_TIMEOUT = 10.0
 # It may take as long as it needs while it moves (a large guest, a slow disk).
 MIGRATION_STALL_S = 60.0
 LOAD_TIMEOUT = 120.0  # seconds a wake may take to load the state
+LOAD_PER_GIB = 30.0  # ... and this much more for each GiB of the guest's memory past 2 GiB
+
+
+def load_timeout(mem_mib: int) -> float:
+    """Seconds a wake of a guest of ``mem_mib`` MiB may take to load its state: the controller's
+    wait for it grows the same way (``controller.vms.state_wait_s``), so a 16 GiB guest's load
+    is not cut at 120 s while the controller waits 540 s for it (review 38)."""
+    return LOAD_TIMEOUT + LOAD_PER_GIB * max(0.0, mem_mib / 1024 - 2)
 # Seconds QEMU may take to set itself up and detach (-daemonize): a live one takes well under
 # one; this bound is for one stopped (SIGSTOP) or hung before it detached.
 LAUNCH_TIMEOUT = 60.0
@@ -516,7 +524,7 @@ class QemuBackend(Backend):
                 await qmp.execute("migrate_cancel")
             status = (await qmp.execute("query-status"))["status"]
             if status == "inmigrate":  # (a wake's QEMU, still loading its state when that agent died)
-                status = await _loaded(qmp, ran() + LOAD_TIMEOUT)
+                status = await _loaded(qmp, ran() + load_timeout(spec.mem_mib))
             if status in ("paused", "postmigrate", "finish-migrate"):
                 await qmp.execute("cont")
         (spec.state_dir / (STATE_FILE + ".partial")).unlink(missing_ok=True)
@@ -573,9 +581,9 @@ class QemuBackend(Backend):
         pid = await self._launch(spec, incoming=state)
         # QEMU loads in its main loop, which serves QMP too: it may greet and answer
         # only between reads of the state, so here every step gets the load's deadline.
-        deadline = ran() + LOAD_TIMEOUT
+        deadline = ran() + (load := load_timeout(spec.mem_mib))
         try:
-            async with qmp_session(qmp_path(spec.vm_dir), timeout=LOAD_TIMEOUT,
+            async with qmp_session(qmp_path(spec.vm_dir), timeout=load,
                                    alive=lambda: self.pid(spec) is not None) as qmp:
                 status = await _loaded(qmp, deadline)
                 if status not in ("paused", "postmigrate", "running"):

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from ...errors import FuseError, HostUnreachable
 from ..store import vms as vms_t
 from ..store.outage import db_unreachable
+from ..vms import state_wait_s
 from . import hooks
 from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, timed_out
 
@@ -57,7 +58,7 @@ class MoveSteps(MoveRecords):
             hooks.fail_point("copied")
             step = "waking"
             row = await self._write(move_id, "waking")
-            await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install", timeout=120)
+            await self._install(row)
             hooks.crash_point("installed")
             hooks.fail_point("installed")
             woken = True
@@ -153,9 +154,17 @@ class MoveSteps(MoveRecords):
         ok = await asyncio.gather(*(answers(h) for h in hosts))
         return [h for h, good in zip(hosts, ok) if not good]
 
+    @staticmethod
+    def _state_wait(row: dict) -> float:
+        """Seconds a host may take to sleep, install or wake the VM of move ``row``:
+        ``state_wait_s`` of its memory, from the VM's record the move was asked with."""
+        vm = (row.get("record") or {}).get("vm")
+        shape = vm.get("shape") if isinstance(vm, dict) else None
+        return state_wait_s(shape.get("mem_mib") if isinstance(shape, dict) else None)
+
     async def _sleep(self, row: dict) -> None:
         vm = await self._host(row["source"], "POST", f"/v1/host/vms/{row['vm']}/sleep", json={"move_id": row["id"]},
-                              timeout=120)
+                              timeout=self._state_wait(row))
         rec = self._answer(vm, row["source"], f"the sleep of vm {row['vm']}")
         files = rec.get("files", [])
         if not files:
@@ -168,10 +177,15 @@ class MoveSteps(MoveRecords):
         await self._write(row["id"], files=files, total_bytes=sum(f["size"] for f in files), vm=rec,
                           was_running=was_running)
 
+    async def _install(self, row: dict) -> None:
+        """Have the target take in the copied files as the VM (sleeping, still marked)."""
+        await self._host(row["target"], "POST", f"/v1/host/incoming/{row['id']}/install",
+                         timeout=self._state_wait(row))
+
     async def _wake_target(self, row: dict) -> None:
         if row["record"].get("was_running", True):
             vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
-                                  json={"move_id": row["id"]}, timeout=120)
+                                  json={"move_id": row["id"]}, timeout=self._state_wait(row))
         else:  # a sleeping VM stays asleep, now on the target and unmarked
             vm = await self._host(row["target"], "POST", f"/v1/host/vms/{row['vm']}/wake",
                                   json={"move_id": row["id"], "clear_mark": True}, timeout=60)
