@@ -466,3 +466,14 @@ def test_close_from_another_thread_ends_a_follow_in_its_long_poll(controller):
     assert isinstance(got[0], ValueError) and str(got[0]) == "this fuse client is closed", repr(got[0])
     assert took < 20, took  # (not the long poll's 30 s: its socket was shut down)
 
+
+
+@pytest.mark.parametrize("url", ["http://[::1%25lo]:21000", "http://[::1%lo]:21000", "https://[fe80::1%eth0]:8443"])
+def test_a_url_with_an_ipv6_zone_id_is_a_value_error_where_the_client_is_made(url):
+    """A zone id passed the url's check and every call was "unreachable ... Name or service not
+    known" (httpx hands the text to the resolver): refused where the client is made, as the
+    controller refuses a host address with one."""
+    with pytest.raises(ValueError, match="zone id"):
+        fuse.Client(url)
+    with pytest.raises(ValueError, match="zone id"):
+        fuse.AsyncClient(url)

@@ -406,6 +406,9 @@ def _check_http_url(url: str) -> None:
     except UnicodeError:
         raise ValueError(f"url {url!r} names no valid host: {host!r} has an empty label (two dots in a row, "
                          "a dot at its start) or one longer than 63 characters") from None
+    if ":" in host and "%" in host:  # (an IPv6 zone id: httpx hands it to the resolver, "name not known")
+        raise ValueError(f"url {url!r} has an IPv6 zone id ({host[host.index('%'):]}): not supported; give the "
+                         "controller's address without one, or its name")
     if parsed.userinfo:  # (the HTTP library sends it as Basic auth in place of the bearer token)
         raise ValueError(f"url {parsed.copy_with(username=None, password=None)} carries a user or password: "
                          "give the controller's token as token=, not in the url")
