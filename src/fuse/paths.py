@@ -25,6 +25,27 @@ def socket_dir_problem(directory: Path, any_owner: bool = False) -> str | None:
     another user, with no ``XDG_RUNTIME_DIR``; or made a link to /tmp). ``any_owner``: a
     directory the caller named itself may be another user's (a root relay to an agent that
     runs as its own user, in its own directory): only one others may write to is refused."""
+    return unsafe_dir_problem(directory, "the socket's directory", "could put their own socket in its place",
+                              "give --socket in a directory of your own", "--socket", any_owner=any_owner,
+                              or_else=", or set XDG_RUNTIME_DIR")
+
+
+def state_dir_access_problem(directory: Path, server: str) -> str | None:
+    """Why ``server`` ("host agent", "controller") may not keep its state in ``directory``
+    (one line), or None (it is missing: it will be made 0700). Another user who owns it, or
+    may write to it (group or anyone, sticky or not), could rename its ``vms/`` or its
+    SQLite store and put their own in its place, which the server, root as a rule, would
+    then read and make files in: forged VM records, links it follows. The socket's rule."""
+    return unsafe_dir_problem(directory, "the state dir", f"could put their own files where the {server} keeps "
+                              "its state", "give a --state-dir of your own", "--state-dir")
+
+
+def unsafe_dir_problem(directory: Path, name: str, harm: str, instead: str, option: str, *,
+                       any_owner: bool = False, or_else: str = "") -> str | None:
+    """Why a server may not keep what it keeps in ``directory`` (one line, ``name`` being
+    what it is to the reader, ``harm`` what others could then do, ``instead`` the way out
+    but chmod), or None: it, or the symbolic link naming it, belongs to another user than
+    this one or root (unless ``any_owner``), or others may write to it."""
     import stat
     mine = (os.geteuid(), 0)
     try:
@@ -32,20 +53,17 @@ def socket_dir_problem(directory: Path, any_owner: bool = False) -> str | None:
         st = os.stat(directory)  # (followed: a symbolic link to another user's directory is theirs)
     except FileNotFoundError:
         return None if not os.path.islink(directory) else (
-            f"the socket's directory {directory} is a symbolic link to nowhere: give --socket elsewhere")
+            f"{name} {directory} is a symbolic link to nowhere: give {option} elsewhere")
     except OSError as exc:
-        return f"the socket's directory {directory}: {exc.strerror or exc}"
+        return f"{name} {directory}: {exc.strerror or exc}"
     # (a link is named as one only when it is one: a plain directory has lstat == stat)
     owners = [("is a symbolic link that ", link)] if stat.S_ISLNK(link.st_mode) else []
     for what, s in (*owners, ("", st)):
         if s.st_uid not in mine and not any_owner:
-            return (f"the socket's directory {directory} {what}belongs to another user (uid {s.st_uid}), who "
-                    "could put their own socket in its place: give --socket in a directory of your own, or set "
-                    "XDG_RUNTIME_DIR")
+            return f"{name} {directory} {what}belongs to another user (uid {s.st_uid}), who {harm}: {instead}{or_else}"
     if st.st_mode & 0o022:
-        return (f"the socket's directory {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), "
-                f"who could put their own socket in its place: chmod go-w {directory}, or give --socket in a "
-                "directory of your own")
+        return (f"{name} {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), who {harm}: "
+                f"chmod go-w {directory}, or {instead}")
     return None
 
 

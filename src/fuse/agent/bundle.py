@@ -222,6 +222,23 @@ def fingerprint(files: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _make_parents(path: Path) -> None:
+    """Create ``path`` and its missing parents 0755 whatever the umask: an agent refuses a state
+    dir the group or others may write to, and `mkdir(parents=True)` under umask 002 made the state
+    dir a first `fuse bundle build` (or `fuse up`) created 0775 (review 38). Readable by all, as the
+    bundle's own dir is; directories that already exist are left as they are."""
+    missing = []
+    while not path.exists() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:  # (made meanwhile, by someone else: not ours to change)
+            continue
+        d.chmod(0o755)
+
+
 def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None = None,
                  kernel_deb: Path | None = None, busybox: Path = Path("/bin/busybox"),
                  progress: Progress = print) -> dict[str, Any]:
@@ -256,7 +273,7 @@ def build_bundle(state_dir: Path, name: str = "linux", *, cache_dir: Path | None
                 "files": files, "fingerprint": fingerprint(files), "inputs": inputs}
     # Write into a sibling dir and swap it in, so a crash never leaves a
     # half-written bundle that running VMs or the probe would see.
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(dest.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
     tmp.chmod(0o755)
     (tmp / "vmlinux").write_bytes(vmlinux)

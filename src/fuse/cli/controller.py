@@ -84,9 +84,10 @@ def serve(
         exit_socket_in_use(sock, "controller")
     ctl = _open(lambda: Controller(state_dir, db=db, token=token), db, state_dir)
     _sound(ctl.store, db, state_dir)
-    banner = f"fuse controller: {'socket ' + str(sock) if sock else ''} {'listen ' + listen if listen else ''}"
+    banner = "fuse controller: " + " ".join(([f"socket {sock}"] if sock else []) +
+                                            ([f"listen {listen}"] if listen else []))
     try:  # (the banner once it accepts)
-        stalls.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner.strip()))
+        stalls.run(run(create_app(ctl), listen=listen, socket_path=sock, banner=banner))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(sock, "controller")
 

@@ -13,7 +13,7 @@ import typer
 
 from ..client import ApiError
 from ..client.events import RECONNECT_S
-from .output import api_errors, emit_json, fail, table
+from .output import api_errors, emit_json, fail, local_time, table
 
 vms_app = typer.Typer(help="VMs placed by the controller (no sub-command: list them).")
 
@@ -227,7 +227,7 @@ def events(since: int = typer.Option(0), follow: bool = typer.Option(True, help=
                     typer.echo(json.dumps(e, sort_keys=True))
                 else:
                     rest = {k: v for k, v in e.items() if k not in ("id", "time", "type", "host", "host_event_id")}
-                    stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+                    stamp = local_time(e["time"])  # (with its date and zone: a listing may span days)
                     typer.echo(f"{e['id']:>6} {stamp} {e['host'] or '-':<14} {e['type']:<18} "
                                f"{json.dumps(rest, sort_keys=True)}")
         except BrokenPipeError:

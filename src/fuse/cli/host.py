@@ -50,16 +50,20 @@ def state_dir_problem(state_dir: Path, exc: OSError) -> str:
 
 
 def hold_state_dir(state_dir: Path, what: str, *, lock: bool = True) -> None:
-    """Lock ``state_dir`` for this server (making it if missing), or exit: 3 when another
+    """Lock ``state_dir`` for this server (making it 0700 if missing), or exit: 3 when another
     running ``what`` holds it, as a port in use; 1 (``io_error``, one line) when it cannot be
-    made or locked (a path under a regular file, no permission). ``lock=False`` only makes it."""
+    made or locked (a path under a regular file, no permission), or when another user owns it
+    or others may write to it, as for a ``--socket``'s directory (``state_dir_access_problem``:
+    they could swap its ``vms/`` or store for their own). ``lock=False`` only makes and checks it."""
     from .. import statelock
-    from ..paths import private_dir
+    from ..paths import private_dir, state_dir_access_problem
 
     try:
+        if not private_dir(state_dir).is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(state_dir))
+        if why := state_dir_access_problem(state_dir, what):  # (before a lock file or anything is made in it)
+            fail("io_error", why)
         if not lock:  # (nothing else looks at the dir before the controller uses it)
-            if not private_dir(state_dir).is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(state_dir))
             return
         held = statelock.hold(state_dir)
     except OSError as exc:
@@ -135,9 +139,10 @@ def serve(
     become_subreaper()  # a deleted or finished VM's QEMU is reaped at once, not left a zombie for init
     app_ = create_app(AgentConfig(state_dir=state_dir, token=token, backend=backend, max_vms=max_vms,
                                   reserve_mib=reserve_mib))
-    banner = f"fuse host agent: {'listen ' + listen if listen else ''} {'socket ' + str(socket) if socket else ''}"
+    banner = "fuse host agent: " + " ".join(([f"listen {listen}"] if listen else []) +
+                                            ([f"socket {socket}"] if socket else []))
     try:  # (the banner once it accepts: its startup settles the accelerator, up to ~10 s)
-        stalls.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts, banner=banner.strip()))
+        stalls.run(run(app_, listen=listen, socket_path=socket, ssl_options=ssl_opts, banner=banner))
     except SocketInUse:  # (one bound it since the check above)
         exit_socket_in_use(socket, "host agent")
 
@@ -160,8 +165,11 @@ def probe(state_dir: Path = typer.Option(None, help="The agent's state dir (its 
     if backend not in ("qemu", "firecracker", "fake"):
         raise typer.BadParameter("backend must be qemu or firecracker")
     state_dir = (state_dir or default_state_dir()).absolute()
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+    from ..paths import private_dir
+    try:  # (0700 whatever the umask, as the agent makes it: one it would refuse to serve is not made here)
+        private_dir(state_dir)
+        if not state_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(state_dir))
     except OSError as exc:  # (a path under a regular file, no permission: one line, as bundle build says it)
         fail("io_error", state_dir_problem(state_dir, exc), json_=json_)
     if backend == "qemu" and (missing := qemu_missing()):

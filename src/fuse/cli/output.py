@@ -11,8 +11,10 @@ error body on one line, ``{"error": {"code", "message", ...details}}``
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
+from datetime import datetime
 from typing import Any, Iterable, Iterator, NoReturn
 
 import httpx
@@ -25,8 +27,26 @@ from rich.table import Table
 from ..client import ApiError
 from ..errors import error_body
 
+# A stdout whose encoding cannot hold a host id or a VM's entry (a latin-1 or ASCII locale,
+# PYTHONIOENCODING) shows "?" for what it cannot, one character each as rich measured the
+# table, in tables and lines alike, rather than ending in a traceback (stderr does likewise,
+# with backslash escapes: Python's default there).
+if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+    sys.stdout.reconfigure(errors="replace")
+
 # Wide enough for the host table when piped (rich assumes 80 columns then).
 console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def local_time(t: float, *, seconds: bool = True) -> str:
+    """``t`` (unix seconds) in this machine's zone, with the date and the zone's UTC offset
+    then, ``2026-12-07 13:14:43 -05:00``: a listing across days, a DST change or machines in
+    other zones still reads back to one instant. ``seconds=False``: to the minute."""
+    at = datetime.fromtimestamp(t).astimezone()  # (the offset of that day, not today's)
+    minutes = round(at.utcoffset().total_seconds() / 60)
+    sign, minutes = "-" if minutes < 0 else "+", abs(minutes)
+    when = at.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+    return f"{when} {sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 def plain(obj: Any) -> Any:

@@ -42,7 +42,7 @@ from fuse.errors import FuseError, InvalidArgument
 from fuse.models.pool import (ElasticBudget, ElasticBudgetUpdate, ElasticHost, ElasticPlan, ElasticPlanRequest,
                               Prewarm, PrewarmOptions)
 
-from .output import emit_json, fail, table
+from .output import emit_json, fail, local_time, table
 
 app = typer.Typer(help="The elastic pool: plans, linked clouds, cloud hosts, budget, scale-in and prewarm.",
                   no_args_is_help=True)
@@ -150,7 +150,7 @@ def _show(items: list, as_json: bool, render: Callable[[list], None], empty: str
 
 
 def _when(t: int | float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+    return local_time(t, seconds=False) if t else "-"  # (to the minute: a table's width)
 
 
 # ---- plan ---------------------------------------------------------------------
@@ -483,7 +483,7 @@ def _backoff(p: Prewarm) -> str:
     the machines bought for it); "-" when it may buy now."""
     if not p.backoff_until or p.backoff_until <= time.time():
         return "-"
-    at = time.strftime("%H:%M:%S", time.localtime(p.backoff_until))
+    at = local_time(p.backoff_until)
     return f"{at} ({p.backoff_reason})" if p.backoff_reason else at
 
 
