@@ -179,10 +179,20 @@ class Vm(Record):
     _times_in_utc = field_validator("created_at", "updated_at")(lambda v: _utc_if_naive(v))
 
 
+# A move's id, as the agent's incoming side has taken it since its first release: every
+# controller's (``mv-<12 hex>``) is one, and so are the ids other callers and the tests give.
+# Not "." or ".." (a URL path resolves those away, so DELETE .../incoming/.. could not abort it);
+# no control or non-ASCII character (review 38: a mark of any string held its VM for good, the
+# raw characters quoted in every 409).
+MOVE_ID_PATTERN = r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+MOVE_ID_MAX = 128
+
+
 class SleepRequest(Record):
     """``POST /v1/host/vms/{name}/sleep``: a move marks the copy it sleeps."""
 
-    move_id: Optional[str] = Field(None, min_length=1)  # ("" is no move's: never read as none)
+    # ("" is no move's: never read as none)
+    move_id: Optional[str] = Field(None, min_length=1, max_length=MOVE_ID_MAX, pattern=MOVE_ID_PATTERN)
 
 
 class WakeRequest(Record):
@@ -191,6 +201,8 @@ class WakeRequest(Record):
     ``if_marked`` acts only on a VM this move holds (else replies with the VM
     as it is), after any sleep or wake under way on it has finished."""
 
+    # (any string: a mark an older agent took must stay wakeable by its own id; the route
+    # refuses one not of `MOVE_ID_PATTERN` that is not the VM's mark)
     move_id: Optional[str] = Field(None, min_length=1)
     clear_mark: bool = False
     if_marked: bool = False
@@ -210,8 +222,7 @@ class IncomingVm(Record):
 class IncomingRequest(Record):
     """``POST /v1/host/incoming``: the receiving side of a move."""
 
-    # (not "." or "..": a URL path resolves those away, so DELETE .../incoming/.. could not abort it)
-    move_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+    move_id: str = Field(min_length=1, max_length=MOVE_ID_MAX, pattern=MOVE_ID_PATTERN)
     vm: IncomingVm
     platform: dict[str, Any]
     files: list[DeclaredFile] = Field(min_length=1)

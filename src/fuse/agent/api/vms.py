@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from ...controller.validation import JSON_HINT, reject_unknown_fields
 from ...errors import InvalidArgument, NotFound
 from ...models.errors import ErrorBody
-from ...models.vm import ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest, WakeRequest
+from ...models.vm import (MOVE_ID_MAX, MOVE_ID_PATTERN, ClaimRequest, CreateVmRequest, IncomingRequest, SleepRequest,
+                          WakeRequest)
 from ..metering import exact_json, window
 from ..vms import VmManager
 
@@ -50,6 +52,27 @@ def _dump(vm) -> dict[str, Any]:
     return vm.model_dump(mode="json")
 
 
+# An incoming move's id in its path: only one of these was ever begun (`IncomingRequest`)
+IncomingId = Annotated[str, Path(max_length=MOVE_ID_MAX, pattern=MOVE_ID_PATTERN,
+                                 description="the move's id: letters, digits, '-', '_' and '.'")]
+
+
+def _move_id(request: Request, name: str, move_id: str | None) -> str | None:
+    """A wake's or delete's ``move_id``, refused (400) unless it is one a move may have
+    (`MOVE_ID_PATTERN`), or the mark VM ``name`` holds already: an agent before this one
+    marked a VM with any string it was given, and that VM must stay wakeable and removable
+    by its own move's id (review 38)."""
+    if move_id is None or (len(move_id) <= MOVE_ID_MAX and re.fullmatch(MOVE_ID_PATTERN, move_id)):
+        return move_id
+    try:
+        if _vms(request).get(name).move_id == move_id:
+            return move_id
+    except NotFound:
+        pass
+    raise InvalidArgument(f"move_id {ascii(move_id)[:80]} is not a move's id: letters, digits, '-', '_' and '.' "
+                          f"only, {MOVE_ID_MAX} at most, not '.' or '..'")
+
+
 @router.post("/v1/host/vms", status_code=201, summary="Create a VM: admit it and boot it.")
 async def create_vm(request: Request, body: CreateVmRequest) -> dict[str, Any]:
     return _dump(await _vms(request).create(body))
@@ -76,7 +99,7 @@ async def get_console(request: Request, name: str, offset: int = 0) -> dict[str,
                summary="Stop and remove a VM (a VM held by a move needs its move_id).")
 async def delete_vm(request: Request, name: str,
                     move_id: str | None = Query(None, min_length=1)) -> Response:  # ("": no move's, not none)
-    await _vms(request).delete(name, move_id)
+    await _vms(request).delete(name, _move_id(request, name, move_id))
     return Response(status_code=204)
 
 
@@ -94,7 +117,8 @@ async def sleep_vm(request: Request, name: str, body: SleepRequest | None = None
 @router.post("/v1/host/vms/{name}/wake", summary="Resume a sleeping VM from its files, or clear its mark.")
 async def wake_vm(request: Request, name: str, body: WakeRequest | None = None) -> dict[str, Any]:
     body = body or WakeRequest()
-    return _dump(await _vms(request).wake(name, body.move_id, body.clear_mark, body.if_marked))
+    return _dump(await _vms(request).wake(name, _move_id(request, name, body.move_id), body.clear_mark,
+                                          body.if_marked))
 
 
 @router.get("/v1/host/vms/{name}/files", summary="A sleeping VM's state files, with sizes and SHA-256.")
@@ -155,7 +179,7 @@ async def list_incoming(request: Request) -> dict[str, Any]:
                                            "description": "the chunk's raw bytes, written at offset (64 MiB at "
                                                           "most)"}},
             responses={413: {"model": ErrorBody, "description": "invalid_argument: the chunk is over 64 MiB"}})
-async def put_incoming_file(request: Request, move_id: str, file: str, offset: int = 0) -> dict[str, Any]:
+async def put_incoming_file(request: Request, move_id: IncomingId, file: str, offset: int = 0) -> dict[str, Any]:
     # Refused before its body is read (a chunk past MAX_CHUNK is 413 before this): with the length
     # it declares, or, chunked, as far as its offset says (``write`` checks the length it had)
     declared = request.headers.get("content-length", "")
@@ -164,17 +188,17 @@ async def put_incoming_file(request: Request, move_id: str, file: str, offset: i
 
 
 @router.post("/v1/host/incoming/{move_id}/verify", summary="Sizes and SHA-256 of the files as received.")
-async def verify_incoming(request: Request, move_id: str) -> dict[str, Any]:
+async def verify_incoming(request: Request, move_id: IncomingId) -> dict[str, Any]:
     return await _vms(request).incoming.verify(move_id)
 
 
 @router.post("/v1/host/incoming/{move_id}/install", summary="Verify the files; install as a sleeping VM.")
-async def install_incoming(request: Request, move_id: str) -> dict[str, Any]:
+async def install_incoming(request: Request, move_id: IncomingId) -> dict[str, Any]:
     return _dump(await _vms(request).incoming.install(move_id))
 
 
 @router.delete("/v1/host/incoming/{move_id}", status_code=204, summary="Abort an incoming move (idempotent).")
-async def abort_incoming(request: Request, move_id: str) -> Response:
+async def abort_incoming(request: Request, move_id: IncomingId) -> Response:
     await _vms(request).incoming.abort(move_id)
     return Response(status_code=204)
 
