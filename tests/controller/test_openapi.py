@@ -165,8 +165,8 @@ def test_every_operation_documents_the_400_and_500_it_may_answer(served):
 
 
 @pytest.mark.parametrize("method, path, allow", [
-    ("PATCH", "/v1/vms", "GET, POST"), ("PATCH", "/v1/controller", "GET, PUT"), ("HEAD", "/v1/vms", "GET, POST"),
-    ("PUT", "/v1/vms/a", "DELETE, GET"),
+    ("PATCH", "/v1/vms", "GET, HEAD, POST"), ("PATCH", "/v1/controller", "GET, HEAD, PUT"),
+    ("HEAD", "/v1/pool/reconcile", "POST"), ("PUT", "/v1/vms/a", "DELETE, GET, HEAD"),
 ])
 def test_a_405_names_every_method_the_path_takes(tmp_path, method, path, allow):
     client = TestClient(create_app(Controller(tmp_path, token="t0ken")))

@@ -10,11 +10,12 @@ import os
 import copy
 import re
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 
 from .. import http_errors
@@ -33,7 +34,7 @@ from .service import Controller
 from .store import DB_LOCK_TIMEOUT_S
 from .store.outage import db_busy, db_unreachable  # (here too: its older home)
 from .validation import install as install_validation
-from .validation import LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
+from .validation import MAX_BODY_BYTES, LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
 
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
@@ -42,6 +43,56 @@ OPEN_PATHS = ("/v1/healthz",)
 
 HEALTH_DB_SECS = 5.0  # the health check's wait for the database's answer
 log = logging.getLogger("fuse.controller")
+
+# What every route does beside its own statuses, said once (review 38: a client generated
+# from the document, or a tool checking answers against it, met these unannounced).
+DESCRIPTION = (
+    "Places VMs across hosts by best fit, moves them, merges events and usage, and runs the elastic pool.\n\n"
+    "Every route: a method its path does not take is `405 method_not_allowed`, its `Allow` header naming the "
+    "methods the path takes; `HEAD` is served wherever `GET` is (the same status and headers, no body). A path "
+    "no route takes is `404 no_route` (`404 not_found` is a route's: no such host, VM, move...). A path or "
+    "query holding a control character, or percent-escapes that are not UTF-8, is `400 invalid_argument`. A "
+    f"request body over {MAX_BODY_BYTES // 2**20} MiB is `413`, whatever the route (listed on each). Integer "
+    "fields of a JSON body take JSON integers only: `1.0`, `true` and `\"1\"` are `400 invalid_argument`, "
+    "though JSON Schema counts `1.0` as an integer.")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class ServeHead:
+    """HEAD wherever GET is served (RFC 9110 section 9.3.2; a load balancer's health check
+    may send it): the request goes through as a GET, its answer with its status and headers
+    (Content-Length included) and no body. Elsewhere it is 405, as any method a path does not
+    take, and a 405's ``Allow`` names HEAD beside GET. One rule for the app, not a HEAD route
+    beside each GET one, which the document would list twice."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        head = scope["method"] == "HEAD"
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                message = {**message, "headers": [(k, _with_head(v) if k.lower() == b"allow" else v)
+                                                  for k, v in message.get("headers", [])]}
+            elif head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+        await self.app({**scope, "method": "GET"} if head else scope, receive, sending)
+
+
+def _with_head(allow: bytes) -> bytes:
+    """An ``Allow`` value with HEAD after GET (``ServeHead`` serves it; no route names it)."""
+    methods = [m.strip() for m in allow.split(b",") if m.strip()]
+    if b"GET" in methods and b"HEAD" not in methods:
+        methods.insert(methods.index(b"GET") + 1, b"HEAD")
+    return b", ".join(methods)
 
 
 def operation_id(route: APIRoute) -> str:
@@ -82,6 +133,44 @@ def document_strict_bodies(doc: dict[str, Any]) -> dict[str, Any]:
     return close_request_objects(doc)
 
 
+def document_every_route(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the app does before any route, and what services check in their own words, said
+    in the document (review 38). ``LimitBody`` answers 413 to a body over the limit on every
+    route, one that takes no body included. A create's ``entry`` and a move's names are
+    checked by their services, whose messages a schema constraint checked first would
+    replace: their limits are stated here (a key the model states itself is left as it is)."""
+    from ..models.vm import MAX_ENTRY_BYTES
+
+    envelope = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for ops in doc.get("paths", {}).values():
+        for op in ops.values():
+            op.setdefault("responses", {}).setdefault("413", {
+                "description": f"invalid_argument: the request body is over {MAX_BODY_BYTES // 2**20} MiB",
+                "content": envelope})
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    if (create := schemas.get("ControllerCreateVm")) is not None:
+        # (a create here is never standby: the route refuses one, so the entry is always required)
+        props = create["properties"]
+        entry = dict(_text(props["entry"]))  # (null is refused as missing: the string alone)
+        entry.setdefault("maxLength", MAX_ENTRY_BYTES)
+        props["entry"] = entry | {"title": "Entry", "description": (
+            f"The command the VM runs: at most {MAX_ENTRY_BYTES} bytes of UTF-8, as the host holds it "
+            "(maxLength counts characters, and a character may take several bytes), with no NUL. "
+            "Required here; only a standby VM is created without one, and standby VMs are kept by prewarms.")}
+        create["required"] = sorted(set(create.get("required", [])) | {"entry"})
+        props["standby"] |= {"enum": [False], "description": "Only false here: standby VMs are kept by prewarms "
+                                                              "(POST /v1/prewarms); true is 400."}
+    if (move := schemas.get("MoveRequest")) is not None:
+        for name in ("vm", "flashvm", "to", "host"):  # (blank is refused too: MoveRequest says so)
+            _text(move["properties"][name]).setdefault("minLength", 1)
+    return doc
+
+
+def _text(prop: dict[str, Any]) -> dict[str, Any]:
+    """The string branch of an optional string property's schema (``anyOf: [string, null]``)."""
+    return next((s for s in prop.get("anyOf", []) if s.get("type") == "string"), prop)
+
+
 def document_bearer(doc: dict[str, Any]) -> dict[str, Any]:
     """The controller's token as the document's bearer scheme. The owner-only unix socket
     needs no token, which OpenAPI cannot say per transport: the scheme's description does."""
@@ -109,8 +198,7 @@ def create_app(ctl: Controller) -> FastAPI:
                   generate_unique_id_function=operation_id,
                   openapi_url=None, docs_url=None, redoc_url=None,
                   dependencies=[Depends(reject_unknown_fields), Depends(reject_unknown_query)],  # known fields/params only
-                  description="Places VMs across hosts by best fit, moves them, merges events and usage, "
-                              "and runs the elastic pool.")
+                  description=DESCRIPTION)
     # A path with an empty segment (`/v1/prewarms/` for an id of "") names nothing:
     # 404, not a redirect to the collection that a client would take for success.
     app.router.redirect_slashes = False
@@ -119,6 +207,7 @@ def create_app(ctl: Controller) -> FastAPI:
     app.add_middleware(RefuseBadPath)  # (added first: the token is checked before it)
     app.add_middleware(LimitBody)  # (after the token: an unauthorised caller is told 401, not 413)
     app.add_middleware(BearerFirst, token=ctl.token, open=OPEN_PATHS)  # every other route needs it
+    app.add_middleware(ServeHead)  # (last: everything inside sees the GET it is served as)
     app.state.ctl = ctl
     app.state.stopping = ctl.events.stop_waiting  # (fuse.serving: a long poll answers at once on a stop)
     app.state.pool_snapshot = ctl.pool_snapshot
@@ -142,7 +231,7 @@ def create_app(ctl: Controller) -> FastAPI:
 
     @app.get("/v1/healthz", summary="Liveness check (no token needed): 503 db_unavailable when the "
              "controller cannot reach its database.", tags=["controller"],
-             response_model=dict[str, str],
+             response_model=Health,
              responses={503: {"model": ErrorBody, "description": "The controller cannot reach its database."}})
     async def healthz():
         try:
@@ -160,7 +249,8 @@ def create_app(ctl: Controller) -> FastAPI:
 
     def documented() -> dict:
         if app.openapi_schema is None:
-            app.openapi_schema = document_bearer(document_strict_bodies(document_400_not_422(plain_openapi())))
+            app.openapi_schema = document_bearer(document_strict_bodies(document_every_route(
+                document_400_not_422(plain_openapi()))))
         return app.openapi_schema
 
     app.openapi = documented  # type: ignore[method-assign]

@@ -621,10 +621,26 @@ class HostRegistry:
         names = machine_names(rows)
         return [self._to_host(r, alloc, names[r["id"]]) for r in rows]
 
-    def set_state(self, host_id: str, state: str) -> None:
-        if not self.store.set_host_state(host_id, state):
-            raise NotFound(f"host {host_id} not found")
-        self.store.add_event(f"host_{state}" if state != "active" else "host_uncordoned", {"id": host_id}, host=host_id)
+    def set_state(self, host_id: str, state: str) -> bool:
+        """Put the host in ``state`` (``HostState``), with its event (``host_cordoned``,
+        ``host_draining``, ``host_uncordoned``) only when that changed it: a cordon of a
+        cordoned host changed nothing, and its event told an event follower it had (review
+        38). False when it was so already; 404 for no such host. The row and the event are
+        one write: another replica's same call in between finds the state already set."""
+        from sqlalchemy import update
+
+        from .store import hosts as hosts_t
+
+        with self.store.tx() as conn:
+            changed = conn.execute(update(hosts_t).where(hosts_t.c.id == host_id, hosts_t.c.state != state)
+                                   .values(state=state, updated_at=time.time())).rowcount
+            if not changed:
+                if self.store.get_host(host_id, conn) is None:
+                    raise NotFound(f"host {host_id} not found")
+                return False
+            self.store.add_event(f"host_{state}" if state != "active" else "host_uncordoned", {"id": host_id},
+                                 host=host_id, conn=conn)
+        return True
 
     def deregister(self, host_id: str, force: bool = False) -> None:
         """Remove the host: 409 while a VM that is not `FINISHED` is assigned to it (the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -80,9 +80,14 @@ class HostCapacity(Asked):
         return v
 
 
+# (said, not checked here: the registry refuses an empty one in its own words, naming the
+# field as the caller spelt it, and the SDK builds requests with this record)
+NOT_EMPTY = {"minLength": 1}
+
+
 class RegisterHostRequest(Asked):
-    id: str
-    url: str
+    id: str = Field(json_schema_extra=NOT_EMPTY)
+    url: str = Field(json_schema_extra=NOT_EMPTY)
     token: Optional[str] = None
     region: Optional[str] = None
     backend: Optional[str] = None
@@ -97,7 +102,9 @@ class Host(Record):
     id: str = ""
     url: str = ""
     region: str = ""
-    state: str = ""
+    # (one of HostState's in the document, read as any string: an SDK parses a newer
+    # controller's host in a state this release does not know)
+    state: str = Field("active", json_schema_extra={"enum": list(get_args(HostState))})
     backend: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     capacity: HostCapacity = Field(default_factory=HostCapacity)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field
 
 from ...errors import InvalidArgument
 from ...models.base import Record
@@ -23,6 +25,15 @@ class ControllerSettings(Record):
     placement: Literal["best_fit"] = "best_fit"
 
 
+class ControllerSettingsView(Record):
+    """The settings as GET and PUT answer them: the key's path is never shown, only whether
+    one is set."""
+    cert: Optional[str] = Field(description="The client certificate's path; null: none set.")
+    ca: Optional[str] = Field(description="The CA file's path; null: none set.")
+    placement: Literal["best_fit"]
+    key_set: bool = Field(description="Whether a key is set (its path is a secret's location).")
+
+
 def _public(s: dict) -> dict:
     # The key's path is a secret's location; the settings never show it. The
     # shape is the same before any PUT: fields not set are null.
@@ -30,12 +41,14 @@ def _public(s: dict) -> dict:
     return shown | {k: v for k, v in s.items() if k != "key"} | {"key_set": bool(s.get("key"))}
 
 
-@router.get("/v1/controller", summary="getController: settings, without the key.")
-async def get_controller(request: Request) -> dict:
-    return _public(request.app.state.ctl.settings())
+@router.get("/v1/controller", response_model=ControllerSettingsView,
+            summary="getController: settings, without the key.")
+async def get_controller(request: Request) -> JSONResponse:
+    return JSONResponse(_public(request.app.state.ctl.settings()))
 
 
-@router.put("/v1/controller", summary="putController: replace the settings (certificate, key, CA, placement).",
+@router.put("/v1/controller", response_model=ControllerSettingsView,
+            summary="putController: replace the settings (certificate, key, CA, placement).",
             responses=responses(s400="invalid_argument: cert, key and ca not all given (or none), one of them empty, "
                                      "none of them "
                                      "given while the controller has an identity (null each to clear it), a relative "
@@ -45,7 +58,7 @@ async def get_controller(request: Request) -> dict:
                                      "the message names the file and its dates), a certificate that is not a "
                                      "client's (a host's serverAuth one), a CA file holding a certificate that is "
                                      "no CA, or a body that does not parse"))
-async def put_controller(request: Request, body: ControllerSettings) -> dict:
+async def put_controller(request: Request, body: ControllerSettings) -> JSONResponse:
     for f in ("cert", "key", "ca"):
         if getattr(body, f) is not None and not getattr(body, f).strip():
             # (empty strings read as not given: they cleared the identity past the check below)
@@ -88,4 +101,4 @@ async def put_controller(request: Request, body: ControllerSettings) -> dict:
             raise InvalidArgument(str(exc)) from None
     ctl = request.app.state.ctl
     ctl.store.put_setting("controller", body.model_dump(exclude_none=True))
-    return _public(ctl.settings())
+    return JSONResponse(_public(ctl.settings()))
