@@ -98,6 +98,17 @@ def test_head_on_the_health_check_is_its_get_without_the_body(fleet):
     assert f"content-length: {len(got.content)}".encode() in head.lower()
 
 
+def test_an_agent_serves_head_wherever_it_serves_get(fleet):
+    """The agent's `HEAD /v1/host` was 405 too (rB): the same rule as the controller's."""
+    auth = {"Authorization": f"Bearer {fleet.agent.token}"}
+    with httpx.Client(base_url=fleet.agent.url, timeout=30) as a:
+        got = a.get("/v1/host", headers=auth)
+        r = a.head("/v1/host", headers=auth)
+        assert r.status_code == 200 and r.content == b"", (r.status_code, r.headers)
+        assert got.status_code == 200 and got.content
+        assert a.head("/v1/host").status_code == 401
+
+
 def test_head_is_served_on_every_get_route_and_named_in_a_405s_allow(fleet):
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{fleet.port}", timeout=30) as tcp:

@@ -20,7 +20,7 @@ from .. import http_errors
 from ..models.errors import bearer_scheme, close_request_objects, document_400_not_422
 from ..auth import BearerFirst
 from ..controller.validation import install as install_validation
-from ..controller.validation import LimitBody, RefuseBadPath, reject_unknown_query
+from ..controller.validation import LimitBody, RefuseBadPath, ServeHead, reject_unknown_query
 from ..envsettings import seconds
 from ..paths import private_dir, private_opener
 from . import probe as probe_mod
@@ -240,6 +240,7 @@ def create_app(cfg: AgentConfig) -> FastAPI:
     # Bodies as the controller's: over 16 MiB is 413 unread; a move's raw file chunk may be 64 MiB.
     app.add_middleware(LimitBody, larger={r"/v1/host/incoming/[^/]+/files/[^/]+": MAX_CHUNK})
     app.add_middleware(BearerFirst, token=cfg.token)
+    app.add_middleware(ServeHead)  # (last: HEAD wherever GET is, as the controller's)
     app.state.config = cfg
     app.state.bulk = BulkServer(lambda: getattr(app.state, "vms", None), cfg.token)
 

@@ -34,7 +34,7 @@ from .service import Controller
 from .store import DB_LOCK_TIMEOUT_S
 from .store.outage import db_busy, db_unreachable  # (here too: its older home)
 from .validation import install as install_validation
-from .validation import MAX_BODY_BYTES, LimitBody, RefuseBadPath, reject_unknown_fields, reject_unknown_query
+from .validation import MAX_BODY_BYTES, LimitBody, RefuseBadPath, ServeHead, reject_unknown_fields, reject_unknown_query
 
 # Paths served without the token on the TCP listener; the middleware and the
 # OpenAPI document both read this, so what is documented is what is enforced.
@@ -59,40 +59,6 @@ DESCRIPTION = (
 
 class Health(BaseModel):
     status: Literal["ok"]
-
-
-class ServeHead:
-    """HEAD wherever GET is served (RFC 9110 section 9.3.2; a load balancer's health check
-    may send it): the request goes through as a GET, its answer with its status and headers
-    (Content-Length included) and no body. Elsewhere it is 405, as any method a path does not
-    take, and a 405's ``Allow`` names HEAD beside GET. One rule for the app, not a HEAD route
-    beside each GET one, which the document would list twice."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        head = scope["method"] == "HEAD"
-
-        async def sending(message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 405:
-                message = {**message, "headers": [(k, _with_head(v) if k.lower() == b"allow" else v)
-                                                  for k, v in message.get("headers", [])]}
-            elif head and message["type"] == "http.response.body":
-                message = {**message, "body": b""}
-            await send(message)
-        await self.app({**scope, "method": "GET"} if head else scope, receive, sending)
-
-
-def _with_head(allow: bytes) -> bytes:
-    """An ``Allow`` value with HEAD after GET (``ServeHead`` serves it; no route names it)."""
-    methods = [m.strip() for m in allow.split(b",") if m.strip()]
-    if b"GET" in methods and b"HEAD" not in methods:
-        methods.insert(methods.index(b"GET") + 1, b"HEAD")
-    return b", ".join(methods)
 
 
 def operation_id(route: APIRoute) -> str:
