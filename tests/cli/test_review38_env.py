@@ -67,22 +67,34 @@ def test_a_state_dir_another_user_owns_is_refused_at_start(tmp_path, what):
     assert not (state / "lock").exists()
 
 
-@pytest.mark.parametrize("what", ["agent", "controller"])
-def test_a_server_starts_on_a_state_dir_of_its_own_mode_700(tmp_path, what):
-    state = tmp_path / "state"
-    fake_bundle(state)
-    os.chmod(state, 0o700)
+def _serve(what: str, tmp_path, state, **popen) -> subprocess.Popen:
+    """``fuse host serve`` / ``fuse controller serve`` on ``state``, once it answers on its socket
+    (the caller terminates it)."""
     log = open(tmp_path / "server.log", "wb")
     p = subprocess.Popen(FUSE + server_args(what, tmp_path, state), stdout=log, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+                         stdin=subprocess.DEVNULL, start_new_session=True, **popen)
     log.close()
     sock = tmp_path / ("a.sock" if what == "agent" else "c.sock")
     path = "/v1/host" if what == "agent" else "/v1/healthz"
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
             wait_until(lambda: p.poll() is not None or (sock.exists() and c.get(path, timeout=5).status_code == 200),
-                       timeout=120, what=f"{what} on a 0700 state dir")
+                       timeout=120, what=f"{what} on {state}")
         assert p.poll() is None, (tmp_path / "server.log").read_text()
+    except BaseException:
+        p.terminate()
+        p.wait(timeout=60)
+        raise
+    return p
+
+
+@pytest.mark.parametrize("what", ["agent", "controller"])
+def test_a_server_starts_on_a_state_dir_of_its_own_mode_700(tmp_path, what):
+    state = tmp_path / "state"
+    fake_bundle(state)
+    os.chmod(state, 0o700)
+    p = _serve(what, tmp_path, state)
+    try:
         assert (state / "lock").exists() and mode(state) == 0o700
     finally:
         p.terminate()
@@ -93,17 +105,8 @@ def test_a_server_starts_on_a_state_dir_of_its_own_mode_700(tmp_path, what):
 def test_a_state_dir_the_server_makes_under_umask_000_is_700_and_served(tmp_path, what):
     """The dirs fuse makes are 0700 whatever the umask, so the rule never refuses its own."""
     state = tmp_path / "made" / "here"
-    log = open(tmp_path / "server.log", "wb")
-    p = subprocess.Popen(FUSE + server_args(what, tmp_path, state), stdout=log, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True, umask=0)
-    log.close()
-    sock = tmp_path / ("a.sock" if what == "agent" else "c.sock")
-    path = "/v1/host" if what == "agent" else "/v1/healthz"
+    p = _serve(what, tmp_path, state, umask=0)
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://x") as c:
-            wait_until(lambda: p.poll() is not None or (sock.exists() and c.get(path, timeout=5).status_code == 200),
-                       timeout=120, what=f"{what} under umask 000")
-        assert p.poll() is None, (tmp_path / "server.log").read_text()
         assert mode(state) == 0o700 and mode(state.parent) == 0o700
     finally:
         p.terminate()

@@ -36,6 +36,24 @@ def _closed_port() -> int:
 
 # ---- 1: a client across os.fork() ---------------------------------------------------------
 
+def _fork_asking(asks, out) -> int:
+    """Fork; the child writes what ``asks()`` got wrong (or its exception) to ``out`` and leaves
+    at once (no pytest teardown in it). The child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                wrong = asks()
+            except Exception as exc:
+                wrong = [f"{type(exc).__name__}: {exc}"]
+            out.write_text("\n".join(wrong))
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
 def _asks(client: fuse.Client, who: str, n: int) -> list[str]:
     """``n`` lookups of VMs named after ``who``: what went wrong in each (the controller's
     not_found names the VM asked for, so an answer to another request shows)."""
@@ -55,18 +73,7 @@ def test_a_forked_child_and_its_parent_each_get_their_own_answers(controller, tm
     with fuse.Client(controller.url) as client:
         client.vms.list()  # (a kept-alive connection in the pool, which the child inherits)
         out = tmp_path / "child.txt"
-        pid = os.fork()
-        if pid == 0:  # the child: its answers to a file, then out at once (no pytest teardown here)
-            code = 1
-            try:
-                try:
-                    wrong = _asks(client, "child-", 60)
-                except Exception as exc:
-                    wrong = [f"{type(exc).__name__}: {exc}"]
-                out.write_text("\n".join(wrong))
-                code = 0
-            finally:
-                os._exit(code)
+        pid = _fork_asking(lambda: _asks(client, "child-", 60), out)
         parent_wrong = _asks(client, "parent-", 60)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
@@ -90,19 +97,8 @@ def test_a_forked_async_client_opens_its_own_connections(controller, tmp_path):
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(client.vms.list())
-        out = tmp_path / "child.txt"
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:  # (in a loop of its own, as a forked worker starts one)
-                try:
-                    wrong = asyncio.run(asks(client, "child-"))
-                except Exception as exc:
-                    wrong = [f"{type(exc).__name__}: {exc}"]
-                out.write_text("\n".join(wrong))
-                code = 0
-            finally:
-                os._exit(code)
+        out = tmp_path / "child.txt"  # (the child in a loop of its own, as a forked worker starts one)
+        pid = _fork_asking(lambda: asyncio.run(asks(client, "child-")), out)
         parent_wrong = loop.run_until_complete(asks(client, "parent-"))
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
