@@ -37,15 +37,17 @@ def state_dir_access_problem(directory: Path, server: str) -> str | None:
     SQLite store and put their own in its place, which the server, root as a rule, would
     then read and make files in: forged VM records, links it follows. The socket's rule."""
     return unsafe_dir_problem(directory, "the state dir", f"could put their own files where the {server} keeps "
-                              "its state", "give a --state-dir of your own", "--state-dir")
+                              "its state", "give a --state-dir of your own", "--state-dir", sticky_ok=True)
 
 
 def unsafe_dir_problem(directory: Path, name: str, harm: str, instead: str, option: str, *,
-                       any_owner: bool = False, or_else: str = "") -> str | None:
+                       any_owner: bool = False, or_else: str = "", sticky_ok: bool = False) -> str | None:
     """Why a server may not keep what it keeps in ``directory`` (one line, ``name`` being
     what it is to the reader, ``harm`` what others could then do, ``instead`` the way out
     but chmod), or None: it, or the symbolic link naming it, belongs to another user than
-    this one or root (unless ``any_owner``), or others may write to it."""
+    this one or root (unless ``any_owner``), or others may write to it (unless it is sticky and
+    ``sticky_ok``: a state dir on a tmpfs mounted as it comes, 1777 — others may then add entries
+    but not rename or remove ours, as in /tmp)."""
     import stat
     mine = (os.geteuid(), 0)
     try:
@@ -61,7 +63,7 @@ def unsafe_dir_problem(directory: Path, name: str, harm: str, instead: str, opti
     for what, s in (*owners, ("", st)):
         if s.st_uid not in mine and not any_owner:
             return f"{name} {directory} {what}belongs to another user (uid {s.st_uid}), who {harm}: {instead}{or_else}"
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         return (f"{name} {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), who {harm}: "
                 f"chmod go-w {directory}, or {instead}")
     return None
