@@ -328,7 +328,7 @@ def test_registering_at_a_silent_ssh_address_fails_within_the_time_its_reason_qu
         assert r.status_code == 502, r.text
         assert r.json()["error"]["message"].startswith(f"SSH to 127.0.0.1:{silent} did not connect, shake hands "
                                                        "and log in within 2 s;"), r.text  # (then: declare capacity)
-        assert took < 2.9, took  # (it was 4 s: a look at what listens there came after, 1 s + 1 s)
+        assert took < 3.5, took  # (it was 4 s: a look at what listens there came after, 1 s + 1 s; 2.92 s seen under load)
 
         # The look still tells an HTTP agent at an ssh:// address, whose answer only the look
         # brings (the SSH attempt waits its whole bound there), within the same time.
