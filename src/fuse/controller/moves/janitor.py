@@ -12,14 +12,6 @@ not do at once: aborting a target's incoming copy (``cleanup_pending``) and
 removing a done move's source copy (``source_removed`` false). A new move of a
 VM does the first at once for its own leftovers (`_clear_leftovers`) before it
 puts the VM to sleep.
-
-It also releases a VM held by the mark of a move the store has no record of (the
-store lost or restored from before the move; a mark something else gave the agent):
-every call on it was 409 ``move_in_progress`` naming a move that reads 404, for good
-(review 38). A move is recorded before its VM is marked (`MoveService.create` commits
-the row, then its task asks for the sleep), so a mark read from the agent before the
-store is read is one the store would show if it had the move. Seen so on two looks a
-lease apart (`LEASE_S`), the mark is settled as a failed move's (`_settle_unknown`).
 """
 
 from __future__ import annotations
@@ -31,10 +23,10 @@ import time
 from sqlalchemy import and_, false, func, or_, select, true, update
 
 from ...errors import FuseError, HostUnreachable
-from ..store import moves as moves_t, vms as vms_t
+from ..store import moves as moves_t
 from ..store.outage import PassLog
 from .leases import BLIND_S, LeaseWatch, seen
-from .records import ACTIVE, LEASE_S, QUICK_TIMEOUT, MoveRecords, log
+from .records import ACTIVE, LEASE_S, MoveRecords, log
 
 passes = PassLog(log)  # (the database out of reach: a line, not a traceback a second)
 
@@ -51,12 +43,6 @@ class MoveJanitor(MoveRecords):
     def _move_leases(self) -> LeaseWatch:
         """What this replica last saw of each active move's lease, and since when."""
         return LeaseWatch()
-
-    @functools.cached_property
-    def _unknown_marks(self) -> dict[tuple[str, str, str], float]:
-        """(host, VM, move id) -> when (monotonic) this replica first saw the VM marked by that
-        move with no record of the move in the store; dropped once a look finds otherwise."""
-        return {}
 
     def _lease_ran_out(self, move_id: str, rec: dict) -> bool:
         """Whether the driver of move ``move_id`` (its record ``rec``) has left its lease unrenewed
@@ -180,44 +166,6 @@ class MoveJanitor(MoveRecords):
                     await self._retry_wake(row)
             except FuseError:
                 pass
-        await self._release_unknown_marks()
-
-    async def _release_unknown_marks(self) -> None:
-        """Settle the marks of moves the store has no record of (module docstring): a VM the
-        store's list shows marked by such a move is looked at on its host, then the store is
-        read for the move; a mark seen unknown so on looks `LEASE_S` apart is settled. The
-        store's list only picks what to look at, so this costs one query while there is none."""
-        mark = vms_t.c.record["move_id"].as_string()
-        with self.store.read() as c:
-            rows = c.execute(select(vms_t.c.host, vms_t.c.name, mark.label("move_id")).where(mark.isnot(None))).all()
-            ids = {r.move_id for r in rows}
-            known = set(c.execute(select(moves_t.c.id).where(moves_t.c.id.in_(ids))).scalars()) if ids else set()
-        looking = {(r.host, r.name, r.move_id) for r in rows if r.move_id not in known}
-        for key in [k for k in self._unknown_marks if k not in looking]:
-            del self._unknown_marks[key]
-        for key in sorted(looking):
-            host, name, move_id = key
-            try:  # the agent's word first: a move whose mark it shows was recorded before it
-                resp = await self._host(host, "GET", f"/v1/host/vms/{name}", ok=(200, 404), timeout=QUICK_TIMEOUT)
-                vm = self._answer(resp, host, f"the look at vm {name}") if resp.status_code == 200 else None
-            except FuseError:
-                continue  # (not answering: looked at again next pass, its first sighting kept)
-            with self.store.read() as c:
-                recorded = c.execute(select(moves_t.c.id).where(moves_t.c.id == move_id)).first() is not None
-            if vm is None or vm.get("move_id") != move_id or recorded:
-                self._unknown_marks.pop(key, None)
-                continue
-            now = time.monotonic()
-            if now - self._unknown_marks.setdefault(key, now) < LEASE_S:
-                continue
-            try:
-                done = await self._settle_unknown(host, vm, move_id)
-            except FuseError as exc:  # (a host it must hear from first: the next pass tries again)
-                log.warning("move %s (no record of it here): vm %s on %s stays held for now: %s", move_id, name,
-                            host, exc.message)
-                continue
-            self._unknown_marks.pop(key, None)
-            log.warning("move %s (no record of it here): %s", move_id, done)
 
     async def _clear_leftovers(self, name: str, source: str, to: str | None) -> dict[str, str]:
         """Remove now what failed moves of vm ``name`` left on their targets (an

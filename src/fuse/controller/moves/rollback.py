@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 
 from sqlalchemy.exc import DBAPIError
 
 from ...errors import FuseError, HostUnreachable, NotFound
-from ...models.vm import MOVE_ID_PATTERN
-from ..store import vms as vms_t
 from ..store.outage import db_unreachable
 from .records import ACTIVE, DRIVING, IO_TIMEOUT, QUICK_TIMEOUT, MoveRecords, TakenOver, log, waits
 
@@ -112,80 +109,6 @@ class MoveRollback(MoveRecords):
         self._set(row["id"], source_wake_pending=False)
         self.store.add_event("move_source_woken", {"move": row["id"], "vm": name}, host=src)
 
-    async def _settle_unknown(self, host: str, vm: dict, move_id: str) -> str:
-        """Settle the mark of move ``move_id``, which the store has no record of, on VM ``vm`` of
-        ``host`` as a failed move's (`_settle`): the move's incoming copy on any host aborted
-        first (which waits for a wake under way there and never touches a woken VM), then the
-        hosts' own word decides. A copy this move woke on another host is the VM now: the marked
-        one is removed, as a done move's source copy is. Else the VM is home: woken there if its
-        sleep was this move's (``return_room``), only unmarked if it was asleep before the move
-        or another host has a VM of its name now, with ``if_marked`` so that an owner's action
-        since stands; a wake its host refuses leaves it asleep and unmarked. Every host must
-        answer first (else FuseError, and the caller tries again): one that does not may hold
-        the move's copy. What was done, said in a ``move_mark_settled`` event, is returned."""
-        name = vm["name"]
-        row = {"id": move_id, "vm": name, "source": host, "target": host, "record": {}}
-        if vm.get("move_role") == "target" or vm.get("state") == "incoming":
-            await self._abort_target(row, timeout=QUICK_TIMEOUT)
-            done = f"its copy of vm {name} on {host} aborted"
-        else:
-            others = [h["id"] for h in self.store.list_hosts()
-                      if h["id"] != host and not self._same_machine(h["id"], host)]
-            aborted: list[str] = []
-
-            async def abort(h: str) -> None:
-                got = self._answer(await self._host(h, "GET", "/v1/host/incoming", timeout=30), h,
-                                   "the list of its incoming moves").get("incoming")
-                if any(isinstance(e, dict) and e.get("move_id") == move_id for e in got or []):
-                    await self._abort_target(row | {"target": h}, timeout=QUICK_TIMEOUT)
-                    aborted.append(h)
-
-            async def listed(h: str) -> list[dict]:
-                got = self._answer(await self._host(h, "GET", "/v1/host/vms", timeout=30), h, "its VM list")
-                return [v for v in got.get("vms") or [] if isinstance(v, dict) and v.get("name") == name
-                        and v.get("state") != "deleted"]
-
-            if re.fullmatch(MOVE_ID_PATTERN, move_id):  # (no agent ever began an incoming move of another id)
-                await asyncio.gather(*(abort(h) for h in others))
-            named = dict(zip(others, await asyncio.gather(*(listed(h) for h in others))))
-            woke = [(h, v) for h, vs in named.items() for v in vs if v.get("move_id") != move_id
-                    and v.get("state") != "incoming" and _arrived_by(v) == move_id]
-            gone = f"; its incoming copy on {', '.join(sorted(aborted))} aborted" if aborted else ""
-            if woke:
-                there, copy = woke[0]
-                await self._host(host, "DELETE", f"/v1/host/vms/{name}", ok=(204, 404), params={"move_id": move_id},
-                                 timeout=QUICK_TIMEOUT)
-                with self.store.tx() as c:
-                    c.execute(vms_t.delete().where(vms_t.c.host == host, vms_t.c.name == name))
-                self.fleet.upsert_vms(there, [copy])
-                done = (f"vm {name} runs on {there}, which this move woke it on: its marked copy on {host} "
-                        "removed") + gone
-            else:
-                elsewhere = sorted(h for h, vs in named.items() if vs)
-                home = row | {"record": {"was_running": bool(vm.get("return_room")) and not elsewhere}}
-                try:
-                    await self._wake_source(home)
-                    done = (f"vm {name} woken at {host}" if home["record"]["was_running"] else
-                            f"vm {name} unmarked at {host}, asleep (" + (
-                                f"a vm of its name is on {', '.join(elsewhere)} now)" if elsewhere
-                                else "it was asleep before the move)")) + gone
-                except NotFound:
-                    done = f"vm {name} is no longer on {host}" + gone
-                except HostUnreachable:
-                    raise
-                except FuseError as exc:  # it answers but cannot wake it: unmarked, the owner's to act on
-                    left = await self._host(host, "POST", f"/v1/host/vms/{name}/wake", timeout=30,
-                                            json={"move_id": move_id, "clear_mark": True, "if_marked": True})
-                    self.fleet.upsert_vms(host, [self._answer(left, host, f"the unmarking of vm {name}")])
-                    done = f"vm {name} unmarked at {host}, asleep: waking it failed: {exc.message}" + gone
-        self.store.add_event("move_mark_settled", {
-            "move": move_id, "vm": name, "id": host, "done": done,
-            "reason": f"vm {name} on {host} was held by move {move_id}, of which the controller's store has no "
-                      "record (the store lost or restored from before the move, or a mark given by something "
-                      "else): settled as a failed move's"}, host=host)
-        self.fleet.changed.set()
-        return done
-
     async def _abort_target(self, row: dict, timeout: float = IO_TIMEOUT) -> None:
         await self._host(row["target"], "DELETE", f"/v1/host/incoming/{row['id']}", ok=(204, 404), timeout=timeout)
 
@@ -240,12 +163,6 @@ class MoveRollback(MoveRecords):
                     return
         finally:
             DRIVING.reset(driving)
-
-
-def _arrived_by(vm: dict) -> str | None:
-    """The move that brought ``vm`` to its host: its first history entry names it."""
-    first = (vm.get("history") or [{}])[0]
-    return first.get("move_id") if isinstance(first, dict) and first.get("state") == "incoming" else None
 
 
 def _as_left(vm: dict) -> dict:

@@ -267,9 +267,8 @@ class MoveService(MoveDrains, MoveJanitor, MoveRollback, MoveSteps, MoveCopy, Mo
         asleep before the move or another host has a VM of its name now: then only its mark is
         dropped); the source copy of a done move is removed. Each was refused to every caller
         (409 ``move_in_progress``, naming a move long over) and held its room for good. Moves
-        still active are left alone, and so are the marks of moves the store has no record of
-        here: the janitor settles those once it has seen them so a lease apart
-        (`MoveJanitor._release_unknown_marks`). The moves settled, as ``"<move id>: what was done"``."""
+        still active, and moves this controller does not know, are left alone. The moves
+        settled, as ``"<move id>: what was done"``."""
         try:
             vms = (await self._host(host_id, "GET", "/v1/host/vms", timeout=30)).json()["vms"]
             incoming = (await self._host(host_id, "GET", "/v1/host/incoming", timeout=30)).json()["incoming"]
