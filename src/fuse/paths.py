@@ -36,8 +36,21 @@ def state_dir_access_problem(directory: Path, server: str) -> str | None:
     may write to it (group or anyone, sticky or not), could rename its ``vms/`` or its
     SQLite store and put their own in its place, which the server, root as a rule, would
     then read and make files in: forged VM records, links it follows. The socket's rule."""
-    return unsafe_dir_problem(directory, "the state dir", f"could put their own files where the {server} keeps "
-                              "its state", "give a --state-dir of your own", "--state-dir", sticky_ok=True)
+    harm = f"could put their own files where the {server} keeps its state"
+    problem = unsafe_dir_problem(directory, "the state dir", harm, "give a --state-dir of your own", "--state-dir",
+                                 sticky_ok=True)
+    if problem is None and directory.is_dir() and directory.stat().st_mode & 0o002:
+        # Sticky and open to all (a tmpfs as mounted): others cannot rename or remove the server's
+        # entries, but one made before the server's first start is theirs (a `vms/` another user
+        # made there would hold its VMs: the diff review), so none may belong to another user.
+        mine = (os.geteuid(), 0)
+        for entry in sorted(directory.iterdir()):
+            uid = entry.lstat().st_uid
+            if uid not in mine:
+                return (f"the state dir {directory} is open to all (mode {directory.stat().st_mode & 0o7777:o}) "
+                        f"and holds {entry.name}, which belongs to another user (uid {uid}), who {harm}: "
+                        f"remove it, or give a --state-dir of your own")
+    return problem
 
 
 def unsafe_dir_problem(directory: Path, name: str, harm: str, instead: str, option: str, *,

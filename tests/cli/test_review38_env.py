@@ -267,3 +267,19 @@ def test_a_sticky_state_dir_as_a_tmpfs_mounts_is_served(tmp_path, what):
     finally:
         p.terminate()
         p.wait(timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving an entry to another user needs root")
+@pytest.mark.parametrize("what", ["agent", "controller"])
+def test_a_sticky_state_dir_holding_another_users_entry_is_refused(tmp_path, what):
+    """In a sticky dir open to all, another user may make `vms/` before the server's first start;
+    the server would then keep its VMs in a directory that user owns (the diff review)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o1777)
+    (state / "vms").mkdir()
+    os.chown(state / "vms", 65534, 65534)
+    r = subprocess.run(FUSE + server_args(what, tmp_path, state), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "holds vms, which belongs to another user (uid 65534)" in r.stderr, r.stderr
+    assert not (state / "lock").exists()

@@ -473,3 +473,15 @@ def test_a_url_with_an_ipv6_zone_id_is_a_value_error_where_the_client_is_made(ur
         fuse.Client(url)
     with pytest.raises(ValueError, match="zone id"):
         fuse.AsyncClient(url)
+
+
+def test_an_unreachable_error_through_a_proxy_does_not_show_its_password(monkeypatch):
+    """A proxy's user and password in HTTP_PROXY were printed in every `unreachable` error (the
+    CLI's stderr, the MCP tool's answers: the diff review)."""
+    port = _closed_port()
+    monkeypatch.setenv("HTTP_PROXY", f"http://alice:s3cret@127.0.0.1:{port}")
+    with fuse.Client("http://fuse-controller.example:8080", timeout=5) as c:
+        with pytest.raises(fuse.ApiError) as err:
+            c.vms.list()
+    assert f"through the proxy http://127.0.0.1:{port}" in err.value.message, err.value.message
+    assert "s3cret" not in str(err.value) and "alice" not in str(err.value)

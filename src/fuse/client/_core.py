@@ -234,7 +234,7 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.U
 def unreachable(exc: httpx.TransportError, where: str, proxy: str | None = None) -> ApiError:
     """The ApiError for a request that got no answer (raise it `from exc`): `details["sent"]`
     says whether it was sent (then the controller may have carried it out)."""
-    at = f"the controller at {where}" + (f" (through the proxy {proxy})" if proxy else "")
+    at = f"the controller at {where}" + (f" (through the proxy {shown_proxy(proxy)})" if proxy else "")
     why = str(exc) or type(exc).__name__
     if isinstance(exc, NOT_SENT):
         if isinstance(exc, httpx.TimeoutException):
@@ -437,6 +437,17 @@ def proxy_for(base: str, uds: str | None) -> str | None:
     return proxy if "://" in proxy else f"http://{proxy}"  # (Go's rule: a bare host:port is an http proxy)
 
 
+def shown_proxy(proxy: str | None) -> str:
+    """``proxy`` as an error may show it: without a user and password (a proxy's credentials in
+    HTTP(S)_PROXY were printed in every error, the CLI's stderr and the MCP tool's answers)."""
+    try:
+        url = httpx.URL(proxy or "")
+        shown = str(url.copy_with(username=None, password=None)) if url.userinfo else (proxy or "")
+    except Exception:  # (not a url httpx reads)
+        shown = proxy or ""
+    return shown.rpartition("@")[2] if "@" in shown else shown
+
+
 def _env(name: str) -> str:
     return os.environ.get(name) or os.environ.get(name.lower()) or ""
 
@@ -490,7 +501,7 @@ def transport(uds: str | None, proxy: str | None, *, asynchronous: bool) -> Any:
     try:
         return cls(limits=LIMITS, proxy=proxy)
     except (ValueError, ImportError) as exc:  # (a proxy url httpx cannot use, socks without socksio: said here)
-        raise ValueError(f"the proxy {proxy!r} from the environment (HTTP(S)_PROXY): {exc}") from None
+        raise ValueError(f"the proxy {shown_proxy(proxy)!r} from the environment (HTTP(S)_PROXY): {exc}") from None
 
 
 def interrupt(transport: Any) -> None:
