@@ -283,3 +283,12 @@ def test_a_sticky_state_dir_holding_another_users_entry_is_refused(tmp_path, wha
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "holds vms, which belongs to another user (uid 65534)" in r.stderr, r.stderr
     assert not (state / "lock").exists()
+
+
+def test_a_time_past_year_9999_is_shown_as_its_number():
+    """`fuse controller events` exited 2 `invalid_argument` on an event whose time is past year
+    9999 (a server's answer the SDK takes): the line shows the number as sent (the diff review)."""
+    from fuse.cli.output import local_time
+
+    assert local_time(1e12) == "1e+12"
+    assert local_time(0).startswith(("1970-01-01", "1969-12-31"))

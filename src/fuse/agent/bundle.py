@@ -233,7 +233,7 @@ def _make_parents(path: Path) -> None:
         path = path.parent
     for d in reversed(missing):
         try:
-            d.mkdir()
+            d.mkdir(mode=0o755)  # (never, for a moment, what the umask leaves: 0777 under umask 000)
         except FileExistsError:  # (made meanwhile, by someone else: not ours to change)
             continue
         d.chmod(0o755)

@@ -42,7 +42,10 @@ def local_time(t: float, *, seconds: bool = True) -> str:
     """``t`` (unix seconds) in this machine's zone, with the date and the zone's UTC offset
     then, ``2026-12-07 13:14:43 -05:00``: a listing across days, a DST change or machines in
     other zones still reads back to one instant. ``seconds=False``: to the minute."""
-    at = datetime.fromtimestamp(t).astimezone()  # (the offset of that day, not today's)
+    try:
+        at = datetime.fromtimestamp(t).astimezone()  # (the offset of that day, not today's)
+    except (OverflowError, OSError, ValueError):  # (past year 9999, or no time at all: the number as sent)
+        return f"{t:g}"
     minutes = round(at.utcoffset().total_seconds() / 60)
     sign, minutes = "-" if minutes < 0 else "+", abs(minutes)
     when = at.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
