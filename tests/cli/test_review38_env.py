@@ -88,13 +88,16 @@ def _serve(what: str, tmp_path, state, **popen) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("what", ["agent", "controller"])
-def test_a_server_starts_on_a_state_dir_of_its_own_mode_700(tmp_path, what):
+@pytest.mark.parametrize("dir_mode", [0o700, 0o1777], ids=["its own", "sticky, as a tmpfs mounts"])
+def test_a_server_starts_on_a_state_dir_of_its_own_or_a_sticky_one(tmp_path, what, dir_mode):
+    """A tmpfs mounted as it comes is 1777: others may add entries there but not rename or
+    remove the server's (the sticky bit), so it is served (a full-disk rig is such a mount)."""
     state = tmp_path / "state"
     fake_bundle(state)
-    os.chmod(state, 0o700)
+    os.chmod(state, dir_mode)
     p = _serve(what, tmp_path, state)
     try:
-        assert (state / "lock").exists() and mode(state) == 0o700
+        assert (state / "lock").exists() and mode(state) == dir_mode
     finally:
         p.terminate()
         p.wait(timeout=60)
@@ -252,21 +255,6 @@ def test_a_bundle_built_under_umask_002_makes_a_state_dir_the_agent_takes(tmp_pa
     for d in (state.parent, state, state / "bundles"):
         assert d.stat().st_mode & 0o777 == 0o755, d
     assert state_dir_access_problem(state, "host agent") is None
-
-
-@pytest.mark.parametrize("what", ["agent", "controller"])
-def test_a_sticky_state_dir_as_a_tmpfs_mounts_is_served(tmp_path, what):
-    """A tmpfs mounted as it comes is 1777: others may add entries there but not rename or
-    remove the server's (the sticky bit), so it is served (a full-disk rig is such a mount)."""
-    state = tmp_path / "state"
-    fake_bundle(state)
-    os.chmod(state, 0o1777)
-    p = _serve(what, tmp_path, state)
-    try:
-        assert (state / "lock").exists() and mode(state) == 0o1777
-    finally:
-        p.terminate()
-        p.wait(timeout=60)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving an entry to another user needs root")
